@@ -1,0 +1,44 @@
+# cyclepool: `make run` starts the platform, `make test` runs every test.
+GO      ?= go
+BIN     := bin/cyclepool
+DATA    ?= data
+ADDR    ?= :8080
+SLOTS   ?= 2
+
+.PHONY: all build tasks run test fuzz bench vet clean
+
+all: build
+
+build: tasks
+	$(GO) build -o $(BIN) ./cmd/cyclepool
+
+tasks:
+	sh tasks/build.sh bin/tasks
+
+# Starts the server on the embedded PostgreSQL (under $(DATA)) with a local
+# headless worker, and prints the URL and an owner token.
+run: build
+	$(BIN) serve --addr $(ADDR) --data-dir $(DATA) --local-worker $(SLOTS)
+
+vet:
+	$(GO) vet ./...
+	GOOS=wasip1 GOARCH=wasm $(GO) vet ./tasks/...
+	GOOS=js GOARCH=wasm $(GO) vet ./wasmworker/ ./internal/protocol/
+
+# Unit, integration and end-to-end tests against a real PostgreSQL (started
+# by the tests from the installed binaries), real WebSockets and real wazero,
+# then a short run of each fuzz target.
+test: build vet
+	$(GO) test -count=1 -timeout 20m ./...
+	$(MAKE) fuzz
+
+FUZZTIME ?= 10s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/workflow/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./internal/protocol/
+
+bench: build
+	$(GO) run ./cmd/cyclepool bench
+
+clean:
+	rm -rf bin

@@ -1,0 +1,610 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"testing/iotest"
+	"time"
+)
+
+// fakeServer implements the documented owner API well enough for the
+// client's unit tests.
+type fakeServer struct {
+	t *testing.T
+
+	mu        sync.Mutex
+	modules   map[string][]byte // id -> bytes
+	pushes    int
+	submitted [][]byte
+	statuses  map[string]*Status
+	outputs   map[string][]byte // "task\x00output" -> bytes
+	paths     []string          // escaped request paths
+	events    func(w http.ResponseWriter, r *http.Request, flush func())
+}
+
+func newFakeServer(t *testing.T) (*fakeServer, *Client) {
+	f := &fakeServer{t: t, modules: map[string][]byte{}, statuses: map[string]*Status{}, outputs: map[string][]byte{}}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api/v1/modules", f.pushModule)
+	mux.HandleFunc("POST /api/v1/workflows", f.submit)
+	mux.HandleFunc("GET /api/v1/workflows/{id}", f.status)
+	mux.HandleFunc("GET /api/v1/workflows/{id}/events", func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		h := f.events
+		f.mu.Unlock()
+		if h == nil {
+			http.Error(w, `{"error":"no events"}`, http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		h(w, r, func() { w.(http.Flusher).Flush() })
+	})
+	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/outputs/{output}", f.output)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer tok" {
+			w.WriteHeader(http.StatusUnauthorized)
+			io.WriteString(w, `{"error":"missing or unknown token"}`)
+			return
+		}
+		f.mu.Lock()
+		f.paths = append(f.paths, r.URL.EscapedPath())
+		f.mu.Unlock()
+		mux.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return f, New(srv.URL, "tok", WithPollInterval(20*time.Millisecond))
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
+
+func (f *fakeServer) pushModule(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	if !bytes.HasPrefix(b, []byte("\x00asm")) {
+		writeJSON(w, 400, map[string]string{"error": "not a WebAssembly module"})
+		return
+	}
+	sum := sha256.Sum256(b)
+	id := "sha256:" + hex.EncodeToString(sum[:])
+	f.mu.Lock()
+	f.modules[id] = b
+	f.pushes++
+	f.mu.Unlock()
+	writeJSON(w, 201, Module{ID: id, Size: int64(len(b)), Imports: []string{}, CreatedAt: time.Now().UTC()})
+}
+
+func (f *fakeServer) submit(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	var wf struct {
+		Name  string `json:"name"`
+		Tasks []struct {
+			Name   string `json:"name"`
+			Module string `json:"module"`
+		} `json:"tasks"`
+	}
+	if err := json.Unmarshal(b, &wf); err != nil {
+		writeJSON(w, 400, map[string]string{"error": err.Error()})
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, t := range wf.Tasks {
+		if _, ok := f.modules[t.Module]; !ok {
+			writeJSON(w, 400, map[string]string{"error": fmt.Sprintf("task %q: unknown module %q", t.Name, t.Module), "task": t.Name, "field": "module"})
+			return
+		}
+	}
+	f.submitted = append(f.submitted, b)
+	writeJSON(w, 201, Submitted{ID: "wf1", Name: wf.Name, Tasks: len(wf.Tasks)})
+}
+
+func (f *fakeServer) status(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	st := f.statuses[r.PathValue("id")].Clone()
+	f.mu.Unlock()
+	if st == nil {
+		writeJSON(w, 404, map[string]string{"error": "no such workflow"})
+		return
+	}
+	writeJSON(w, 200, st)
+}
+
+func (f *fakeServer) setStatus(st *Status) {
+	f.mu.Lock()
+	f.statuses[st.ID] = st.Clone()
+	f.mu.Unlock()
+}
+
+func (f *fakeServer) output(w http.ResponseWriter, r *http.Request) {
+	f.mu.Lock()
+	b, ok := f.outputs[r.PathValue("task")+"\x00"+r.PathValue("output")]
+	f.mu.Unlock()
+	if !ok {
+		writeJSON(w, 404, map[string]string{"error": "no such output"})
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Write(b)
+}
+
+func moduleIDOf(b []byte) string {
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+func TestSubmitFileRewritesPathsAndKeepsEverythingElse(t *testing.T) {
+	f, c := newFakeServer(t)
+	work := t.TempDir()
+	t.Chdir(work)
+	must(t, os.MkdirAll("wf/tasks", 0o755))
+	must(t, os.MkdirAll("tasks", 0o755))
+	cwdWasm := []byte("\x00asm cwd")
+	wfWasm := []byte("\x00asm wfdir")
+	onlyWf := []byte("\x00asm only-in-wf-dir")
+	must(t, os.WriteFile("tasks/a.wasm", cwdWasm, 0o644))   // found relative to the cwd
+	must(t, os.WriteFile("wf/tasks/a.wasm", wfWasm, 0o644)) // shadowed by the cwd's
+	must(t, os.WriteFile("wf/tasks/b.wasm", onlyWf, 0o644)) // found relative to the file
+	known := moduleIDOf([]byte("\x00asm known"))
+	f.modules[known] = []byte("\x00asm known")
+
+	// Odd spacing, key order, unknown fields and a module id that must stay.
+	src := `{"x-owner-note": {"keep": [1, 2.50, "me"]},
+  "tasks": [
+    {"module" :   "./tasks/a.wasm", "name": "a", "args": ["0"], "future_field": true},
+    {"name": "b", "module":"tasks/b.wasm", "inputs": {"in": {"from": "a"}}},
+    {"name": "c", "module": "` + known + `"},
+    {"name": "d", "module": "./tasks/a.wasm", "timeout": "10m", "max_attempts": 5}
+  ],
+  "name": "demo", "priority": "batch"
+}
+`
+	must(t, os.WriteFile("wf/flow.json", []byte(src), 0o644))
+
+	sub, err := c.SubmitFile(t.Context(), "wf/flow.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sub.ID != "wf1" || sub.Tasks != 4 || sub.Name != "demo" {
+		t.Errorf("Submitted = %+v", sub)
+	}
+	want := strings.NewReplacer(
+		`"./tasks/a.wasm"`, `"`+moduleIDOf(cwdWasm)+`"`,
+		`"tasks/b.wasm"`, `"`+moduleIDOf(onlyWf)+`"`,
+	).Replace(src)
+	if got := string(f.submitted[0]); got != want {
+		t.Errorf("submitted body:\n%s\nwant:\n%s", got, want)
+	}
+	if f.pushes != 2 {
+		t.Errorf("pushed %d modules, want 2 (one per distinct file)", f.pushes)
+	}
+	wantMods := map[string]string{"./tasks/a.wasm": moduleIDOf(cwdWasm), "tasks/b.wasm": moduleIDOf(onlyWf)}
+	if fmt.Sprint(sub.Modules) != fmt.Sprint(wantMods) {
+		t.Errorf("Modules = %v, want %v", sub.Modules, wantMods)
+	}
+}
+
+func TestSubmitFileErrors(t *testing.T) {
+	tests := []struct {
+		name, file, want string
+	}{
+		{"missing module", `{"tasks":[{"name":"sum","module":"./nope.wasm"}]}`, `task "sum": module "./nope.wasm" is neither a module id`},
+		{"name after module", `{"tasks":[{"module":"nope.wasm","name":"late"}]}`, `task "late": module`},
+		{"short id is a path", `{"tasks":[{"name":"x","module":"sha256:abc"}]}`, `module "sha256:abc" is neither`},
+		{"not json", "{\n  \"tasks\": [,]\n}", "not valid JSON: line 2, column 13"},
+		{"server refuses", `{"tasks":[{"name":"t","module":"` + moduleIDOf([]byte("x")) + `"}]}`, `unknown module`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, c := newFakeServer(t)
+			dir := t.TempDir()
+			t.Chdir(dir)
+			must(t, os.WriteFile("w.json", []byte(tt.file), 0o644))
+			_, err := c.SubmitFile(t.Context(), "w.json")
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.HasPrefix(err.Error(), "submit w.json: ") {
+				t.Fatalf("err = %v, want it to start with %q and contain %q", err, "submit w.json: ", tt.want)
+			}
+			if tt.name != "server refuses" && len(f.submitted) != 0 {
+				t.Errorf("something was submitted")
+			}
+		})
+	}
+}
+
+func TestSubmitFileLeavesOddShapesToTheServer(t *testing.T) {
+	for _, src := range []string{
+		`[]`,
+		`{"tasks": {"a": 1}}`,
+		`{"tasks": [1, "x", {"module": 5}, {"module": ""}]}`,
+	} {
+		refs, err := findModules([]byte(src))
+		if err != nil {
+			t.Errorf("%s: %v", src, err)
+		}
+		for _, r := range refs {
+			if r.value != "" {
+				t.Errorf("%s: found module %q", src, r.value)
+			}
+		}
+	}
+}
+
+func TestAPIErrorDecoding(t *testing.T) {
+	tests := []struct {
+		name   string
+		status int
+		body   string
+		want   APIError
+		text   string
+	}{
+		{"json with task and field", 400,
+			`{"error": "task \"sum\": input \"a\" names unknown task \"count-9\"", "task": "sum", "field": "inputs.a"}`,
+			APIError{400, `task "sum": input "a" names unknown task "count-9"`, "sum", "inputs.a"},
+			`task "sum": input "a" names unknown task "count-9" (task "sum", field "inputs.a", HTTP 400)`},
+		{"json without pointers", 404, `{"error":"no such workflow"}`,
+			APIError{Status: 404, Message: "no such workflow"}, `no such workflow (HTTP 404)`},
+		{"plain text", 502, "bad gateway\n", APIError{Status: 502, Message: "bad gateway"}, `bad gateway (HTTP 502)`},
+		{"empty", 503, "", APIError{Status: 503}, `service unavailable (HTTP 503)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(tt.status)
+				io.WriteString(w, tt.body)
+			}))
+			defer srv.Close()
+			_, err := New(srv.URL, "").Status(t.Context(), "x")
+			var ae *APIError
+			if !errors.As(err, &ae) {
+				t.Fatalf("err = %v, not an *APIError", err)
+			}
+			if *ae != tt.want {
+				t.Errorf("APIError = %#v, want %#v", *ae, tt.want)
+			}
+			if ae.Error() != tt.text {
+				t.Errorf("Error() = %q, want %q", ae.Error(), tt.text)
+			}
+			if IsNotFound(err) != (tt.status == 404) {
+				t.Errorf("IsNotFound = %v", IsNotFound(err))
+			}
+		})
+	}
+}
+
+func TestUnauthorized(t *testing.T) {
+	_, c := newFakeServer(t)
+	c.token = "wrong"
+	_, err := c.Modules(t.Context())
+	var ae *APIError
+	if !errors.As(err, &ae) || ae.Status != 401 {
+		t.Fatalf("err = %v, want a 401 APIError", err)
+	}
+}
+
+func TestEventReader(t *testing.T) {
+	tests := []struct {
+		name  string
+		input string
+		want  []Event
+		err   error
+	}{
+		{"documented example",
+			"event: task\ndata: {\"name\": \"count-0\", \"state\": \"running\"}\n\nevent: workflow\ndata: {\"id\": \"6b0c\", \"state\": \"done\"}\n\n",
+			[]Event{{Type: "task", Data: []byte(`{"name": "count-0", "state": "running"}`)}, {Type: "workflow", Data: []byte(`{"id": "6b0c", "state": "done"}`)}},
+			nil},
+		{"multi-line data, comments, no space after colon",
+			": keep-alive\nevent:status\ndata: {\"a\":\ndata:1,\ndata:  \"b\": 2}\n: another comment\n\n",
+			[]Event{{Type: "status", Data: []byte("{\"a\":\n1,\n \"b\": 2}")}},
+			nil},
+		{"CRLF and CR line ends, BOM, id",
+			"\xef\xbb\xbfid: 7\r\nevent: task\r\ndata: x\r\n\r\nevent: task\rdata: y\r\r",
+			[]Event{{Type: "task", ID: "7", Data: []byte("x")}, {Type: "task", ID: "7", Data: []byte("y")}},
+			nil},
+		{"default type, empty data line, field without colon, unknown field, retry",
+			"retry: 1000\nfoo: bar\ndata\n\ndata: \ndata: z\n\n",
+			[]Event{{Type: "message", Data: []byte("")}, {Type: "message", Data: []byte("\nz")}},
+			nil},
+		{"event without data is not dispatched",
+			"event: task\n\ndata: d\n\n",
+			[]Event{{Type: "message", Data: []byte("d")}},
+			nil},
+		{"event cut off by the end of the stream",
+			"data: whole\n\nevent: task\ndata: half",
+			[]Event{{Type: "message", Data: []byte("whole")}},
+			io.ErrUnexpectedEOF},
+	}
+	for _, tt := range tests {
+		for _, oneByte := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/onebyte=%v", tt.name, oneByte), func(t *testing.T) {
+				var r io.Reader = strings.NewReader(tt.input)
+				if oneByte {
+					r = iotest.OneByteReader(r)
+				}
+				er := newEventReader(r)
+				var got []Event
+				var err error
+				for {
+					var ev Event
+					ev, err = er.next()
+					if err != nil {
+						break
+					}
+					got = append(got, ev)
+				}
+				if err == io.EOF {
+					err = nil
+				}
+				if !errors.Is(err, tt.err) && err != tt.err {
+					t.Errorf("err = %v, want %v", err, tt.err)
+				}
+				if fmt.Sprintf("%q", got) != fmt.Sprintf("%q", tt.want) {
+					t.Errorf("events:\n%q\nwant:\n%q", got, tt.want)
+				}
+			})
+		}
+	}
+}
+
+func sampleStatus(state string) *Status {
+	return &Status{
+		ID: "wf1", Name: "primes", Priority: "batch", State: state,
+		CreatedAt: time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC),
+		Counts:    Counts{Running: 1, Blocked: 1},
+		Tasks: []Task{
+			{Name: "count-0", State: "running", Attempts: 1, MaxAttempts: 3, Progress: 0.25, Checkpoints: 1},
+			{Name: "sum", State: "blocked", MaxAttempts: 3},
+		},
+	}
+}
+
+func TestEventsSplitAcrossWrites(t *testing.T) {
+	f, c := newFakeServer(t)
+	st, _ := json.Marshal(sampleStatus("running"))
+	f.events = func(w http.ResponseWriter, r *http.Request, flush func()) {
+		chunks := []string{"event: sta", "tus\ndata: ", string(st[:10]), string(st[10:]) + "\n", "\n: ping\n\nevent: task\r", "\ndata: {\"name\":\"count-0\",", "\ndata: \"progress\":0.5}\n\n"}
+		for _, ch := range chunks {
+			io.WriteString(w, ch)
+			flush()
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	events, errc := c.Events(t.Context(), "wf1")
+	var got []Event
+	for ev := range events {
+		got = append(got, ev)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Type != "status" || string(got[0].Data) != string(st) || got[1].Type != "task" {
+		t.Fatalf("events = %q", got)
+	}
+	s := new(Status)
+	for _, ev := range got {
+		if _, err := s.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if tk := s.Task("count-0"); tk.Progress != 0.5 || tk.State != "running" || tk.Checkpoints != 1 {
+		t.Errorf("task after events = %+v: fields the event did not carry must be kept", tk)
+	}
+}
+
+func TestApplyAdjustsCounts(t *testing.T) {
+	s := sampleStatus("running")
+	for _, data := range []string{
+		`{"name": "count-0", "state": "done", "progress": 1}`,
+		`{"name": "sum", "state": "ready"}`,
+		`{"name": "sum", "state": "running", "attempts": 1}`,
+	} {
+		if _, err := s.Apply(Event{Type: EventTask, Data: []byte(data)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := (Counts{Done: 1, Running: 1}); s.Counts != want {
+		t.Errorf("counts = %+v, want %+v", s.Counts, want)
+	}
+	if _, err := s.Apply(Event{Type: EventWorkflow, Data: []byte(`{"id":"wf1","state":"done"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Finished() || len(s.Tasks) != 2 || s.Name != "primes" {
+		t.Errorf("after workflow event: %+v", s)
+	}
+}
+
+func TestWaitFollowsTheStream(t *testing.T) {
+	f, c := newFakeServer(t)
+	running := sampleStatus("running")
+	f.setStatus(running)
+	first, _ := json.Marshal(running)
+	f.events = func(w http.ResponseWriter, r *http.Request, flush func()) {
+		fmt.Fprintf(w, "event: status\ndata: %s\n\n", first)
+		flush()
+		done := sampleStatus("done")
+		now := time.Now().UTC()
+		done.FinishedAt = &now
+		f.setStatus(done)
+		fmt.Fprint(w, "event: workflow\ndata: {\"id\":\"wf1\",\"state\":\"done\"}\n\n")
+	}
+	var seen []string
+	st, err := c.Watch(t.Context(), "wf1", func(s *Status) { seen = append(seen, s.State) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != "done" || st.FinishedAt == nil {
+		t.Errorf("final status = %+v, want done with finished_at from the status object", st)
+	}
+	if strings.Join(seen, ",") != "running,done,done" {
+		t.Errorf("states seen = %v", seen)
+	}
+}
+
+func TestWaitFallsBackToPolling(t *testing.T) {
+	f, c := newFakeServer(t)
+	f.setStatus(sampleStatus("running"))
+	var mu sync.Mutex
+	connects := 0
+	f.events = func(w http.ResponseWriter, r *http.Request, flush func()) {
+		mu.Lock()
+		connects++
+		n := connects
+		mu.Unlock()
+		st, _ := json.Marshal(sampleStatus("running"))
+		fmt.Fprintf(w, "event: status\ndata: %s\n\n", st)
+		flush()
+		if n == 3 {
+			f.setStatus(sampleStatus("failed"))
+		}
+		// The connection drops without a final workflow event.
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	st, err := c.Wait(ctx, "wf1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != "failed" {
+		t.Errorf("state = %s, want failed", st.State)
+	}
+	if connects < 3 {
+		t.Errorf("stream opened %d times, want it reopened after breaking", connects)
+	}
+}
+
+func TestWaitGivesUpOnUnknownWorkflow(t *testing.T) {
+	_, c := newFakeServer(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	_, err := c.Wait(ctx, "nope")
+	if !IsNotFound(err) {
+		t.Fatalf("err = %v, want not found", err)
+	}
+}
+
+func TestWaitReturnsLastStatusOnTimeout(t *testing.T) {
+	f, c := newFakeServer(t)
+	f.setStatus(sampleStatus("running"))
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	st, err := c.Wait(ctx, "wf1")
+	if !errors.Is(err, context.DeadlineExceeded) || st == nil || st.State != "running" {
+		t.Fatalf("Wait = %v, %v; want the running status and a deadline error", st, err)
+	}
+}
+
+func TestResultsDownloadsEveryOutput(t *testing.T) {
+	f, c := newFakeServer(t)
+	st := sampleStatus("done")
+	st.Tasks[0].State = "done"
+	st.Tasks[0].Outputs = []Output{{Name: "stdout", Size: 3}, {Name: "plots/a b.png", Size: 2}}
+	st.Tasks[1].State = "failed"
+	st.Tasks[1].Outputs = []Output{{Name: "stdout"}}
+	f.setStatus(st)
+	f.outputs["count-0\x00stdout"] = []byte("42\n")
+	f.outputs["count-0\x00plots/a b.png"] = []byte("PN")
+	dir := filepath.Join(t.TempDir(), "out")
+	if err := c.Results(t.Context(), "wf1", dir); err != nil {
+		t.Fatal(err)
+	}
+	for rel, want := range map[string]string{"count-0/stdout": "42\n", "count-0/plots/a b.png": "PN"} {
+		got, err := os.ReadFile(filepath.Join(dir, rel))
+		if err != nil || string(got) != want {
+			t.Errorf("%s = %q, %v; want %q", rel, got, err, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "sum")); !os.IsNotExist(err) {
+		t.Errorf("the failed task's directory exists: %v", err)
+	}
+	found := false
+	for _, p := range f.paths {
+		if p == "/api/v1/workflows/wf1/tasks/count-0/outputs/plots%2Fa%20b.png" {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("output with a slash was not requested as one escaped segment: %q", f.paths)
+	}
+}
+
+func TestResultsRefusesEscapingNames(t *testing.T) {
+	tests := []struct{ task, output string }{
+		{"..", "stdout"},
+		{"a/b", "stdout"},
+		{`a\b`, "stdout"},
+		{"", "stdout"},
+		{"t", "../../etc/passwd"},
+		{"t", "/etc/passwd"},
+		{"t", "a/../../b"},
+		{"t", "a//b"},
+		{"t", "./x"},
+		{"t", ".."},
+		{"t", ""},
+		{"t", `..\x`},
+		{"t", "x\x00"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.task+"|"+tt.output, func(t *testing.T) {
+			f, c := newFakeServer(t)
+			st := &Status{ID: "wf1", State: "done", Tasks: []Task{
+				{Name: "ok", State: "done", Outputs: []Output{{Name: "stdout"}}},
+				{Name: tt.task, State: "done", Outputs: []Output{{Name: tt.output}}},
+			}}
+			f.setStatus(st)
+			f.outputs["ok\x00stdout"] = []byte("fine")
+			dir := t.TempDir()
+			err := c.Results(t.Context(), "wf1", dir)
+			if err == nil || !strings.Contains(err.Error(), "refusing") {
+				t.Fatalf("err = %v, want a refusal", err)
+			}
+			if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+				t.Errorf("files were written before the refusal: %v", ents)
+			}
+		})
+	}
+	for _, ok := range []string{"stdout", "a/b/c.txt", "x.part", "..x", "a..b"} {
+		if err := checkOutputName(ok); err != nil {
+			t.Errorf("checkOutputName(%q) = %v, want nil", ok, err)
+		}
+	}
+}
+
+func TestListQuery(t *testing.T) {
+	var got string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = r.URL.RequestURI()
+		io.WriteString(w, `{"workflows": [{"id": "a", "state": "done", "created_at": "2026-11-22T10:00:00Z", "finished_at": null, "counts": {"done": 2}}], "total": 7}`)
+	}))
+	defer srv.Close()
+	l, err := New(strings.TrimPrefix(srv.URL, "http://")+"/", "").List(t.Context(), ListOptions{State: "done", Limit: 5, Query: "pri mes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != "/api/v1/workflows?limit=5&q=pri+mes&state=done" {
+		t.Errorf("request = %s", got)
+	}
+	if l.Total != 7 || len(l.Workflows) != 1 || l.Workflows[0].Counts.Done != 2 {
+		t.Errorf("list = %+v", l)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

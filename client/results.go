@@ -1,0 +1,117 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+)
+
+// Results downloads every output of every done task of a workflow to
+// dir/<task>/<output>, creating directories as needed (an output named
+// "plots/a.png" becomes dir/<task>/plots/a.png). Existing files are
+// replaced. Task and output names that would leave dir (absolute paths,
+// ".." elements, and so on) are refused before anything is downloaded, and
+// every file is written through an os.Root on dir, so a symbolic link inside
+// dir cannot lead outside it either. Tasks that are not done are skipped;
+// call Results after Wait to get everything.
+func (c *Client) Results(ctx context.Context, id, dir string) error {
+	st, err := c.Status(ctx, id)
+	if err != nil {
+		return fmt.Errorf("results: %w", err)
+	}
+	type file struct{ task, output, rel string }
+	var files []file
+	for _, t := range st.Tasks {
+		if t.State != TaskDone {
+			continue
+		}
+		if err := checkTaskName(t.Name); err != nil {
+			return fmt.Errorf("results of workflow %s: %w", id, err)
+		}
+		for _, o := range t.Outputs {
+			if err := checkOutputName(o.Name); err != nil {
+				return fmt.Errorf("results of workflow %s: task %q: %w", id, t.Name, err)
+			}
+			files = append(files, file{t.Name, o.Name, t.Name + "/" + o.Name})
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("results of workflow %s: %w", id, err)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("results of workflow %s: %w", id, err)
+	}
+	defer root.Close()
+	for _, f := range files {
+		if err := c.download(ctx, root, id, f.task, f.output, filepath.FromSlash(f.rel)); err != nil {
+			return fmt.Errorf("results of workflow %s: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// download writes one output to rel under root, through a temporary file
+// renamed into place once complete.
+func (c *Client) download(ctx context.Context, root *os.Root, id, task, output, rel string) error {
+	if d := filepath.Dir(rel); d != "." {
+		if err := root.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("task %q output %q: %w", task, output, err)
+		}
+	}
+	body, err := c.Output(ctx, id, task, output)
+	if err != nil {
+		return err
+	}
+	defer body.Close()
+	tmp := rel + ".part"
+	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("task %q output %q: %w", task, output, err)
+	}
+	_, err = io.Copy(f, body)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = root.Rename(tmp, rel)
+	}
+	if err != nil {
+		_ = root.Remove(tmp)
+		return fmt.Errorf("task %q output %q: %w", task, output, err)
+	}
+	return nil
+}
+
+// checkTaskName refuses task names that cannot be one directory name.
+func checkTaskName(name string) error {
+	switch {
+	case name == "", name == ".", name == "..":
+		return fmt.Errorf("refusing task name %q: not usable as a directory name", name)
+	case strings.ContainsAny(name, "/\\\x00"):
+		return fmt.Errorf("refusing task name %q: it contains a path separator", name)
+	case !filepath.IsLocal(name):
+		return fmt.Errorf("refusing task name %q: it would escape the results directory", name)
+	}
+	return nil
+}
+
+// checkOutputName refuses output names that are not clean relative
+// slash-separated paths inside the task's directory.
+func checkOutputName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("refusing empty output name")
+	case strings.ContainsAny(name, "\\\x00"):
+		return fmt.Errorf("refusing output name %q: it contains a backslash or NUL", name)
+	case path.IsAbs(name), path.Clean(name) != name, name == ".", strings.HasPrefix(name, "../"), name == "..":
+		return fmt.Errorf("refusing output name %q: it would escape the task's directory or is not a clean path", name)
+	case !filepath.IsLocal(filepath.FromSlash(name)):
+		return fmt.Errorf("refusing output name %q: it would escape the task's directory", name)
+	}
+	return nil
+}

@@ -1,0 +1,241 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cyclepool/cyclepool/client"
+)
+
+func TestReorderArgs(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"flags after the id", []string{"ID", "--watch", "--json"}, []string{"--watch", "--json", "--", "ID"}},
+		{"flags before the id", []string{"--watch", "ID"}, []string{"--watch", "--", "ID"}},
+		{"value flag with separate value", []string{"ID", "-o", "out", "--watch"}, []string{"-o", "out", "--watch", "--", "ID"}},
+		{"value flag with =", []string{"ID", "--timeout=10m"}, []string{"--timeout=10m", "--", "ID"}},
+		{"value flag value looks like a positional", []string{"--timeout", "10m", "ID"}, []string{"--timeout", "10m", "--", "ID"}},
+		{"bool flag does not eat the id", []string{"--watch", "ID", "-o", "d"}, []string{"--watch", "-o", "d", "--", "ID"}},
+		{"double dash keeps the rest positional", []string{"ID", "--", "--watch"}, []string{"--", "ID", "--watch"}},
+		{"single dash is positional", []string{"-", "--json"}, []string{"--json", "--", "-"}},
+		{"unknown flag left for Parse", []string{"ID", "--nope"}, []string{"--nope", "--", "ID"}},
+		{"no positionals", []string{"--json"}, []string{"--json"}},
+		{"value flag at the end", []string{"ID", "-o"}, []string{"-o", "--", "ID"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fs := flag.NewFlagSet("x", flag.ContinueOnError)
+			fs.Bool("watch", false, "")
+			fs.Bool("json", false, "")
+			fs.String("o", "", "")
+			fs.Duration("timeout", 0, "")
+			got := reorderArgs(fs, tt.args)
+			if strings.Join(got, " ") != strings.Join(tt.want, " ") {
+				t.Errorf("reorderArgs(%q) = %q, want %q", tt.args, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseFlagsAfterPositional(t *testing.T) {
+	fs := newFlagSet("results")
+	fs.SetOutput(io.Discard)
+	dir := fs.String("o", "", "")
+	rest, err := parseFlags(fs, []string{"wf1", "-o", "out dir"})
+	if err != nil || *dir != "out dir" || len(rest) != 1 || rest[0] != "wf1" {
+		t.Fatalf("rest=%q dir=%q err=%v", rest, *dir, err)
+	}
+}
+
+func TestBar(t *testing.T) {
+	for _, tt := range []struct {
+		p    float64
+		want string
+	}{
+		{0, "[..........]   0%"},
+		{0.62, "[######....]  62%"},
+		{0.999, "[#########.]  99%"},
+		{1, "[##########] 100%"},
+		{1.5, "[##########] 100%"},
+		{-1, "[..........]   0%"},
+	} {
+		if got := bar(tt.p, 10); got != tt.want {
+			t.Errorf("bar(%v) = %q, want %q", tt.p, got, tt.want)
+		}
+	}
+}
+
+var (
+	t0  = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+	now = t0.Add(83 * time.Second)
+)
+
+func exampleStatus() *client.Status {
+	return &client.Status{
+		ID: "6b0c", Name: "primes", Priority: "batch", State: "running", CreatedAt: t0,
+		Counts: client.Counts{Done: 1, Running: 1, Failed: 1, Blocked: 1},
+		Tasks: []client.Task{
+			{Name: "count-0", State: "done", Attempts: 1, MaxAttempts: 3, Progress: 1, Checkpoints: 4},
+			{Name: "count-1", State: "running", Attempts: 2, MaxAttempts: 3, Progress: 0.62, Checkpoints: 2},
+			{Name: "count-2", State: "failed", Attempts: 3, MaxAttempts: 3, Error: "memory limit exceeded: 512 pages\nmore detail"},
+			{Name: "sum", State: "blocked", MaxAttempts: 3},
+		},
+	}
+}
+
+func TestRenderStatusTable(t *testing.T) {
+	got := strings.Join(renderStatus(exampleStatus(), 80, 0, now), "\n")
+	want := strings.Join([]string{
+		`workflow 6b0c "primes"  RUNNING  batch  elapsed 1m23s`,
+		`4 tasks: 1 blocked, 1 running, 1 done, 1 failed`,
+		``,
+		`TASK     STATE    ATT  PROGRESS                       CKPT  ERROR`,
+		`count-0  done     1/3  [######################] 100%     4`,
+		`count-1  running  2/3  [#############.........]  62%     2`,
+		`count-2  failed   3/3  [......................]   0%     0  memory limit exceed…`,
+		`sum      blocked  0/3  [......................]   0%     0`,
+	}, "\n")
+	if got != want {
+		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+	for _, w := range []int{40, 60, 80, 100, 200} {
+		for _, l := range renderStatus(exampleStatus(), w, 0, now) {
+			if n := len([]rune(l)); n > w {
+				t.Errorf("width %d: line of %d columns: %q", w, n, l)
+			}
+		}
+	}
+}
+
+func TestRenderStatusFitsHeight(t *testing.T) {
+	st := &client.Status{ID: "w", Name: "big", State: "running", CreatedAt: t0}
+	for i := range 50 {
+		state := "done"
+		switch {
+		case i == 7 || i == 30:
+			state = "running"
+		case i == 12:
+			state = "failed"
+		case i > 40:
+			state = "blocked"
+		}
+		st.Tasks = append(st.Tasks, client.Task{Name: "t" + string(rune('A'+i%26)) + string(rune('a'+i/26)), State: state})
+	}
+	st.Counts = client.CountTasks(st.Tasks)
+	lines := renderStatus(st, 80, 10, now)
+	if len(lines) > 10 {
+		t.Fatalf("%d lines for a height of 10:\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+	text := strings.Join(lines, "\n")
+	for _, name := range []string{st.Tasks[7].Name, st.Tasks[30].Name, st.Tasks[12].Name} {
+		if !strings.Contains(text, name+" ") {
+			t.Errorf("running or failed task %s not shown:\n%s", name, text)
+		}
+	}
+	if last := lines[len(lines)-1]; !strings.HasPrefix(last, "… 45 more: 7 blocked, 38 done") {
+		t.Errorf("summary line = %q", last)
+	}
+}
+
+func TestChangeLines(t *testing.T) {
+	a := exampleStatus()
+	first := changeLines(nil, a, now)
+	if want := `10:01:23 workflow 6b0c "primes": running (4 tasks: 1 blocked, 1 running, 1 done, 1 failed)`; first[0] != want {
+		t.Errorf("first line = %q, want %q", first[0], want)
+	}
+	b := a.Clone()
+	b.Tasks[1].Progress = 0.9 // progress alone prints nothing
+	if got := changeLines(a, b, now); len(got) != 0 {
+		t.Errorf("progress change printed %q", got)
+	}
+	c := b.Clone()
+	c.Tasks[1].State = "done"
+	c.Tasks[3].State = "running"
+	c.Tasks[3].Attempts = 1
+	got := changeLines(b, c, now)
+	want := []string{
+		"10:01:23 task count-1: running -> done",
+		"10:01:23 task sum: blocked -> running (attempt 1/3)",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	d := c.Clone()
+	d.State = "failed"
+	fin := t0.Add(90 * time.Second)
+	d.FinishedAt = &fin
+	got = changeLines(c, d, now)
+	if len(got) != 1 || got[0] != `10:01:23 workflow 6b0c failed after 1m30s (4 tasks: 1 blocked, 1 running, 1 done, 1 failed); task "count-2" failed: memory limit exceeded: 512 pages …` {
+		t.Errorf("final = %q", got)
+	}
+}
+
+func TestDispatchHelpAndUnknown(t *testing.T) {
+	var buf bytes.Buffer
+	if code := dispatch(t.Context(), []string{"help"}, &buf); code != 0 {
+		t.Errorf("help exit = %d", code)
+	}
+	for _, name := range []string{"serve", "worker", "token", "module push FILE.wasm", "submit", "status ID", "wait ID", "results ID -o DIR", "cancel ID", "list"} {
+		if !strings.Contains(buf.String(), name) {
+			t.Errorf("help does not list %q:\n%s", name, buf.String())
+		}
+	}
+	buf.Reset()
+	if code := dispatch(t.Context(), []string{"frobnicate"}, &buf); code != 1 || !strings.HasPrefix(buf.String(), "cyclepool: unknown command") {
+		t.Errorf("unknown: exit %d, %q", code, buf.String())
+	}
+	buf.Reset()
+	if code := dispatch(t.Context(), []string{"status"}, &buf); code != 1 || !strings.Contains(buf.String(), "cyclepool: status: expected one workflow ID") {
+		t.Errorf("status without id: exit %d, %q", code, buf.String())
+	}
+}
+
+func TestWaitExitCodes(t *testing.T) {
+	for _, tt := range []struct {
+		state string
+		code  int
+	}{{"done", 0}, {"failed", 1}, {"cancelled", 2}, {"running", 3}} {
+		t.Run(tt.state, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if strings.HasSuffix(r.URL.Path, "/events") {
+					http.Error(w, `{"error":"no stream here"}`, http.StatusServiceUnavailable)
+					return
+				}
+				st := exampleStatus()
+				st.State = tt.state
+				json.NewEncoder(w).Encode(st)
+			}))
+			defer srv.Close()
+			t.Setenv("CYCLEPOOL_SERVER", srv.URL)
+			var buf bytes.Buffer
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			if code := dispatch(ctx, []string{"wait", "6b0c", "--timeout", "300ms"}, &buf); code != tt.code {
+				t.Errorf("exit = %d, want %d (%s)", code, tt.code, buf.String())
+			}
+		})
+	}
+}
+
+func TestRenderStatusWithoutErrorsWidensTheBar(t *testing.T) {
+	st := exampleStatus()
+	st.Tasks[2].Error = ""
+	lines := renderStatus(st, 100, 0, now)
+	if lines[3] != "TASK     STATE    ATT  PROGRESS                               CKPT" {
+		t.Errorf("header = %q", lines[3])
+	}
+	if want := "count-1  running  2/3  [##################............]  62%     2"; lines[5] != want {
+		t.Errorf("row = %q, want %q", lines[5], want)
+	}
+}

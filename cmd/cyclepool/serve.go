@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/pgembed"
+	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/store"
+	"github.com/cyclepool/cyclepool/server"
+	"github.com/cyclepool/cyclepool/wasmworker"
+	"github.com/cyclepool/cyclepool/wasmworker/headless"
+)
+
+// runServe runs a server replica, with the embedded PostgreSQL unless a
+// database URL is given, and optionally a local headless worker.
+func runServe(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	addr := fs.String("addr", ":8080", "address to listen on")
+	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL; empty starts a private cluster under --data-dir")
+	dataDir := fs.String("data-dir", "data", "directory for the embedded PostgreSQL, the owner token and caches")
+	localSlots := fs.Int("local-worker", 0, "also run a headless worker with this many slots in this process (0: none)")
+	lease := fs.Duration("lease", 15*time.Second, "how long an attempt survives without a heartbeat before its task is requeued")
+	replica := fs.String("replica", "", "name of this replica (default: host name and port)")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log := newLogger(*logLevel)
+	if *dbURL == "" {
+		c, err := pgembed.Start(ctx, pgembed.Config{Dir: filepath.Join(*dataDir, "postgres"), Logger: log})
+		if err != nil {
+			return fmt.Errorf("start the embedded PostgreSQL: %w", err)
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := c.Stop(sctx); err != nil {
+				log.Error("stop PostgreSQL", "err", err)
+			}
+		}()
+		*dbURL = c.URL()
+	}
+	st, err := store.Open(ctx, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", *addr, err)
+	}
+	if *replica == "" {
+		host, _ := os.Hostname()
+		*replica = fmt.Sprintf("%s:%d", host, ln.Addr().(*net.TCPAddr).Port)
+	}
+	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Logger: log})
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Run(sctx)
+	}()
+	go func() {
+		<-sctx.Done()
+		shctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(shctx)
+	}()
+	url := "http://" + displayAddr(ln.Addr().(*net.TCPAddr))
+	fmt.Printf("cyclepool serving at %s\n", url)
+	if tok, err := ensureLocalOwner(ctx, st, *dataDir); err != nil {
+		log.Warn("owner token", "err", err)
+	} else if tok != "" {
+		fmt.Printf("owner token (also in %s):\n  export CYCLEPOOL_SERVER=%s CYCLEPOOL_TOKEN=%s\n",
+			filepath.Join(*dataDir, "owner.token"), url, tok)
+	}
+	if *localSlots > 0 {
+		go func() {
+			if err := runLocalWorker(sctx, url, *localSlots, filepath.Join(*dataDir, "cache"), log); err != nil {
+				log.Error("local worker", "err", err)
+			}
+		}()
+	}
+	err = hs.Serve(ln)
+	stop()
+	<-done
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func displayAddr(a *net.TCPAddr) string {
+	if a.IP.IsUnspecified() {
+		return fmt.Sprintf("localhost:%d", a.Port)
+	}
+	return a.String()
+}
+
+// ensureLocalOwner makes sure the owner "local" exists and returns its
+// token, kept in DATA_DIR/owner.token so that it survives restarts.
+func ensureLocalOwner(ctx context.Context, st *store.Store, dataDir string) (string, error) {
+	path := filepath.Join(dataDir, "owner.token")
+	if b, err := os.ReadFile(path); err == nil {
+		tok := strings.TrimSpace(string(b))
+		if _, err := st.OwnerByToken(ctx, tok); err == nil {
+			return tok, nil
+		}
+	}
+	name := "local"
+	tok, err := st.CreateOwner(ctx, name)
+	if err != nil {
+		// "local" exists but its token file is gone: make another owner.
+		name = fmt.Sprintf("local-%d", time.Now().Unix())
+		if tok, err = st.CreateOwner(ctx, name); err != nil {
+			return "", err
+		}
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return tok, err
+	}
+	return tok, os.WriteFile(path, []byte(tok+"\n"), 0o600)
+}
+
+func runLocalWorker(ctx context.Context, url string, slots int, cacheDir string, log *slog.Logger) error {
+	r, err := headless.New(ctx, headless.Config{CacheDir: cacheDir, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer r.Close(context.Background())
+	w := wasmworker.New(wasmworker.Config{Servers: []string{url}, Slots: slots, Kind: protocol.KindHeadless, Runner: r,
+		Logger: log.With("component", "local-worker"), Device: headlessDevice})
+	return w.Run(ctx)
+}
+
+func newLogger(level string) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}

@@ -1,0 +1,209 @@
+// Package protocol holds the frames that workers and servers exchange over the
+// worker WebSocket (/ws/worker) and the codec that turns them into bytes.
+//
+// Every frame is a JSON header. A frame that carries payloads (task inputs,
+// checkpoints, outputs, logs) is sent as a binary WebSocket message laid out
+// as a 4-byte big-endian header length, the JSON header, then the payload
+// bytes of every Blob in the header, concatenated in the order they appear.
+// A frame without payload may be sent as a text message holding only the JSON
+// header. docs/PROTOCOL.md is the normative description.
+package protocol
+
+// Version is the protocol version spoken by this build. A hello with another
+// version is refused with an error frame.
+const Version = 1
+
+// Frame types.
+const (
+	TypeHello      = "hello"
+	TypeWelcome    = "welcome"
+	TypeAssign     = "assign"
+	TypeHeartbeat  = "heartbeat"
+	TypeCheckpoint = "checkpoint"
+	TypeResult     = "result"
+	TypeFail       = "fail"
+	TypeCancel     = "cancel"
+	TypeAck        = "ack"
+	TypeError      = "error"
+)
+
+// Worker kinds reported in hello.
+const (
+	KindHeadless = "headless"
+	KindBrowser  = "browser"
+)
+
+// Frame is one protocol message. Type says which of the other fields is set.
+type Frame struct {
+	Type       string      `json:"t"`
+	Hello      *Hello      `json:"hello,omitempty"`
+	Welcome    *Welcome    `json:"welcome,omitempty"`
+	Assign     []Assign    `json:"assign,omitempty"`
+	Heartbeat  *Heartbeat  `json:"heartbeat,omitempty"`
+	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
+	Results    []Result    `json:"results,omitempty"`
+	Fails      []Fail      `json:"fails,omitempty"`
+	Cancel     *Cancel     `json:"cancel,omitempty"`
+	Acks       []Ack       `json:"acks,omitempty"`
+	Error      *Error      `json:"error,omitempty"`
+}
+
+// Blob is a named payload. Only Name and Size travel in the header; Data is
+// the matching slice of the frame's payload, filled in by Decode.
+type Blob struct {
+	Name string `json:"name,omitempty"`
+	Size int    `json:"size"`
+	Data []byte `json:"-"`
+}
+
+// Unknown is the value a worker reports for a device property it cannot
+// observe; it never guesses.
+const Unknown = "unknown"
+
+// Device is what a worker knows of the machine it runs on. String fields hold
+// Unknown when the platform does not expose the property; numeric fields are
+// pointers and are nil when unknown.
+type Device struct {
+	Battery       *float64 `json:"battery,omitempty"`  // 0..1
+	Charging      string   `json:"charging,omitempty"` // "yes", "no" or "unknown"
+	Connection    string   `json:"connection,omitempty"`
+	DownlinkMbps  *float64 `json:"downlink_mbps,omitempty"`
+	RTTMillis     *float64 `json:"rtt_ms,omitempty"`
+	SaveData      string   `json:"save_data,omitempty"`  // "yes", "no" or "unknown"
+	Online        string   `json:"online,omitempty"`     // "yes", "no" or "unknown"
+	Visibility    string   `json:"visibility,omitempty"` // "visible", "hidden" or "unknown"
+	Cores         int      `json:"cores,omitempty"`
+	MemoryGiB     *float64 `json:"memory_gib,omitempty"`
+	UserAgent     string   `json:"user_agent,omitempty"`
+	Paused        bool     `json:"paused,omitempty"` // the volunteer's settings forbid work now
+	PausedBecause string   `json:"paused_because,omitempty"`
+}
+
+// Hello is the first frame a worker sends.
+type Hello struct {
+	Version int    `json:"version"`
+	Kind    string `json:"kind"`
+	Slots   int    `json:"slots"`
+	// WorkerID and ReconnectToken, when set, resume an earlier identity so
+	// that attempts held by that identity can still report.
+	WorkerID       string `json:"worker_id,omitempty"`
+	ReconnectToken string `json:"reconnect_token,omitempty"`
+	// Running lists attempts the worker is still running from an earlier
+	// connection; the server keeps their leases if they are still held.
+	Running   []int64 `json:"running,omitempty"`
+	Volunteer string  `json:"volunteer,omitempty"` // browser volunteer id, kept in the browser
+	Device    Device  `json:"device"`
+}
+
+// Welcome answers hello.
+type Welcome struct {
+	WorkerID       string `json:"worker_id"`
+	ReconnectToken string `json:"reconnect_token"`
+	HeartbeatMS    int    `json:"heartbeat_ms"`
+	LeaseMS        int    `json:"lease_ms"`
+	MaxFrameBytes  int    `json:"max_frame_bytes"`
+	// Lost lists attempts from Hello.Running that no longer hold a lease;
+	// the worker must stop them.
+	Lost []int64 `json:"lost,omitempty"`
+}
+
+// Limits bound one attempt.
+type Limits struct {
+	MemoryPages uint32 `json:"memory_pages"` // 64 KiB pages
+	WallMS      int64  `json:"wall_ms"`
+	OutputBytes int64  `json:"output_bytes"` // stdout plus every file under /out
+	LogBytes    int64  `json:"log_bytes"`    // stderr
+}
+
+// Assign gives one task attempt to the worker.
+type Assign struct {
+	Attempt  int64    `json:"attempt"`
+	Task     string   `json:"task"`     // "<workflow id>/<task name>", for logs and display
+	Module   string   `json:"module"`   // "sha256:<hex>"
+	Args     []string `json:"args"`     // argv[1..]
+	Stdin    Blob     `json:"stdin"`    // may be empty
+	Inputs   []Blob   `json:"inputs"`   // files under /in
+	Restore  Blob     `json:"restore"`  // latest checkpoint, may be empty
+	Seed     uint64   `json:"seed"`     // seeds the deterministic random source
+	Limits   Limits   `json:"limits"`   //
+	CkptMS   int64    `json:"ckpt_ms"`  // wanted checkpoint interval; 0 = never due
+	Priority string   `json:"priority"` // "interactive" or "batch"
+}
+
+// Progress reports one running attempt in a heartbeat.
+type Progress struct {
+	Attempt  int64   `json:"attempt"`
+	Fraction float64 `json:"fraction"`
+}
+
+// Heartbeat renews the leases of the listed attempts and reports device state.
+type Heartbeat struct {
+	Running []Progress `json:"running"`
+	Free    int        `json:"free"` // idle slots
+	Device  *Device    `json:"device,omitempty"`
+}
+
+// Checkpoint saves the state of a running attempt; its Blob carries the state.
+type Checkpoint struct {
+	Attempt int64 `json:"attempt"`
+	Seq     int   `json:"seq"` // 1, 2, ... per attempt
+	State   Blob  `json:"state"`
+}
+
+// Result ends an attempt successfully.
+type Result struct {
+	Attempt    int64  `json:"attempt"`
+	Outputs    []Blob `json:"outputs"` // "stdout" and every file under /out
+	Log        Blob   `json:"log"`     // stderr, capped
+	DurationMS int64  `json:"duration_ms"`
+}
+
+// Failure reasons, reported in Fail.Reason.
+const (
+	ReasonMemory    = "limit_memory"    // memory limit exceeded
+	ReasonWallTime  = "limit_wall_time" // wall time limit exceeded
+	ReasonOutput    = "limit_output"    // output size limit exceeded
+	ReasonLog       = "limit_log"       // log size limit exceeded
+	ReasonExit      = "exit"            // non-zero exit code
+	ReasonTrap      = "trap"            // the module trapped (panic, unreachable, ...)
+	ReasonModule    = "module"          // the module could not be fetched, compiled or instantiated
+	ReasonCancelled = "cancelled"       // stopped because the server said cancel
+	ReasonWorker    = "worker"          // the worker stopped it (volunteer paused, shutting down)
+)
+
+// Fail ends an attempt unsuccessfully.
+type Fail struct {
+	Attempt    int64  `json:"attempt"`
+	Reason     string `json:"reason"`
+	Message    string `json:"message"`
+	Log        Blob   `json:"log"`
+	DurationMS int64  `json:"duration_ms"`
+}
+
+// Cancel tells a worker to stop attempts.
+type Cancel struct {
+	Attempts []int64 `json:"attempts"`
+	Reason   string  `json:"reason"`
+}
+
+// Ack kinds.
+const (
+	AckCheckpoint = "checkpoint"
+	AckResult     = "result"
+	AckFail       = "fail"
+)
+
+// Ack answers a checkpoint, result or fail after it is committed, or refuses
+// it (OK false) when the attempt no longer holds its lease.
+type Ack struct {
+	Attempt int64  `json:"attempt"`
+	Of      string `json:"of"`
+	Seq     int    `json:"seq,omitempty"`
+	OK      bool   `json:"ok"`
+	Error   string `json:"error,omitempty"`
+}
+
+// Error is sent before the server closes a socket for a protocol violation.
+type Error struct {
+	Message string `json:"message"`
+}

@@ -1,0 +1,320 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Output is one named output of a finished attempt.
+type Output struct {
+	Name string
+	Data []byte
+}
+
+// Completion is how a worker says an attempt ended.
+type Completion struct {
+	Attempt int64
+	Worker  string
+	OK      bool
+	Outputs []Output // when OK
+	Log     []byte
+	Reason  string // when not OK: a protocol reason code
+	Message string
+	// Permanent marks a failure that another attempt cannot fix (an input
+	// that does not exist): the task fails at once.
+	Permanent bool
+	// Uncounted marks a failure that is not the task's fault (the volunteer
+	// paused, the worker shut down): the task is queued again without using
+	// up one of its attempts.
+	Uncounted bool
+}
+
+// Complete commits a batch of completions in one transaction and reports,
+// for each, whether it was accepted. A completion is refused when its
+// attempt is no longer running on that worker (lease lost, cancelled,
+// already completed): fencing by attempt id. Accepted successes store the
+// outputs, mark the task done and make dependents whose last upstream task
+// this was ready, in the same transaction. Accepted failures queue the task
+// again, or fail it (and its dependents) after max_attempts.
+func (s *Store) Complete(ctx context.Context, cs []Completion) ([]bool, error) {
+	if len(cs) == 0 {
+		return nil, nil
+	}
+	order := make([]int, len(cs))
+	for i := range order {
+		order[i] = i
+	}
+	// Lock attempts in id order so concurrent batches cannot deadlock.
+	slices.SortFunc(order, func(a, b int) int { return int(cs[a].Attempt - cs[b].Attempt) })
+	ids := make([]int64, len(cs))
+	workers := make([]string, len(cs))
+	oks := make([]bool, len(cs))
+	logs := make([][]byte, len(cs))
+	reasons := make([]string, len(cs))
+	for j, i := range order {
+		c := &cs[i]
+		ids[j], workers[j], oks[j], logs[j] = c.Attempt, c.Worker, c.OK, c.Log
+		if !c.OK {
+			reasons[j] = c.reason()
+		}
+	}
+	accepted := make([]bool, len(cs))
+	err := s.tx(ctx, func(tx pgx.Tx) error {
+		clear(accepted)
+		rows, err := tx.Query(ctx, `UPDATE attempts a SET state = CASE WHEN u.ok THEN 'succeeded' ELSE 'failed' END,
+			ended_at = now(), log = u.log, reason = u.reason
+			FROM unnest($1::bigint[], $2::uuid[], $3::bool[], $4::bytea[], $5::text[]) AS u(id, w, ok, log, reason)
+			WHERE a.id = u.id AND a.worker_id = u.w AND a.state = 'running'
+			RETURNING a.id, a.task_id`, ids, workers, oks, logs, reasons)
+		if err != nil {
+			return err
+		}
+		taskOf := map[int64]int64{}
+		for rows.Next() {
+			var a, t int64
+			if err := rows.Scan(&a, &t); err != nil {
+				rows.Close()
+				return err
+			}
+			taskOf[a] = t
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		var done []int64
+		var outTask []int64
+		var outName []string
+		var outData [][]byte
+		var ends []attemptEnd
+		for i := range cs {
+			t, ok := taskOf[cs[i].Attempt]
+			if !ok {
+				continue
+			}
+			accepted[i] = true
+			if cs[i].OK {
+				done = append(done, t)
+				for _, o := range cs[i].Outputs {
+					outTask, outName, outData = append(outTask, t), append(outName, o.Name), append(outData, o.Data)
+				}
+			} else {
+				ends = append(ends, attemptEnd{task: t, reason: cs[i].reason(), uncounted: cs[i].Uncounted, permanent: cs[i].Permanent})
+			}
+		}
+		if err := countWorkerResults(ctx, tx, cs, accepted); err != nil {
+			return err
+		}
+		if len(outTask) > 0 {
+			if _, err := tx.Exec(ctx, `INSERT INTO task_outputs (task_id, name, data)
+				SELECT * FROM unnest($1::bigint[], $2::text[], $3::bytea[])`, outTask, outName, outData); err != nil {
+				return fmt.Errorf("store outputs: %w", err)
+			}
+		}
+		return s.settle(ctx, tx, done, ends)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("complete %d attempts: %w", len(cs), err)
+	}
+	return accepted, nil
+}
+
+// reason is how a failed completion is written in the attempt's record.
+func (c *Completion) reason() string {
+	if c.Message == "" {
+		return c.Reason
+	}
+	return c.Reason + ": " + c.Message
+}
+
+// attemptEnd is an attempt that ended without a result.
+type attemptEnd struct {
+	task      int64
+	reason    string
+	uncounted bool
+	permanent bool
+}
+
+// settle moves tasks on after their attempts ended: done tasks release their
+// dependents, ended attempts queue their task again or fail it after its
+// last attempt, failed tasks fail their descendants, and workflows whose
+// every task reached a final state finish. Everything happens in tx.
+func (s *Store) settle(ctx context.Context, tx pgx.Tx, done []int64, ends []attemptEnd) error {
+	type wfDelta struct{ finished, failed int }
+	deltas := map[string]*wfDelta{}
+	delta := func(wf string) *wfDelta {
+		d := deltas[wf]
+		if d == nil {
+			d = &wfDelta{}
+			deltas[wf] = d
+		}
+		return d
+	}
+	readied := int64(0)
+	if len(done) > 0 {
+		slices.Sort(done)
+		rows, err := tx.Query(ctx, `UPDATE tasks SET state = 'done', finished_at = now(), updated_at = now(), error = ''
+			WHERE id = ANY($1) AND state = 'running' RETURNING workflow_id::text`, done)
+		if err != nil {
+			return fmt.Errorf("mark tasks done: %w", err)
+		}
+		wfs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("mark tasks done: %w", err)
+		}
+		for _, wf := range wfs {
+			delta(wf).finished++
+		}
+		rows, err = tx.Query(ctx, `WITH d AS (
+				SELECT ti.task_id, count(DISTINCT ti.from_task) AS n FROM task_inputs ti
+				WHERE ti.from_task = ANY($1) GROUP BY ti.task_id ORDER BY ti.task_id)
+			UPDATE tasks t SET deps_left = t.deps_left - d.n, updated_at = now(),
+				state = CASE WHEN t.deps_left - d.n = 0 THEN 'ready' ELSE 'blocked' END,
+				sort_key = CASE WHEN t.deps_left - d.n = 0 THEN
+					now() - CASE WHEN t.priority = 'interactive' THEN $2 * interval '1 millisecond' ELSE interval '0' END END
+			FROM d WHERE t.id = d.task_id AND t.state = 'blocked'
+			RETURNING t.state = 'ready'`, done, s.interactiveHeadStart.Milliseconds())
+		if err != nil {
+			return fmt.Errorf("release dependents: %w", err)
+		}
+		nowReady, err := pgx.CollectRows(rows, pgx.RowTo[bool])
+		if err != nil {
+			return fmt.Errorf("release dependents: %w", err)
+		}
+		for _, r := range nowReady {
+			if r {
+				readied++
+			}
+		}
+	}
+	if len(ends) > 0 {
+		slices.SortFunc(ends, func(a, b attemptEnd) int { return int(a.task - b.task) })
+		ids := make([]int64, len(ends))
+		reasons := make([]string, len(ends))
+		uncounted := make([]bool, len(ends))
+		permanent := make([]bool, len(ends))
+		for i, e := range ends {
+			ids[i], reasons[i], uncounted[i], permanent[i] = e.task, e.reason, e.uncounted, e.permanent
+		}
+		rows, err := tx.Query(ctx, `UPDATE tasks t SET updated_at = now(),
+				attempts = CASE WHEN u.uncounted THEN t.attempts - 1 ELSE t.attempts END,
+				state = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts) THEN 'failed' ELSE 'ready' END,
+				sort_key = now() - CASE WHEN t.priority = 'interactive' THEN $4 * interval '1 millisecond' ELSE interval '0' END,
+				finished_at = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts) THEN now() END,
+				error = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts)
+					THEN format('failed after %s attempts; last: %s', t.attempts, u.reason) ELSE u.reason END
+			FROM unnest($1::bigint[], $2::text[], $3::bool[], $5::bool[]) AS u(id, reason, uncounted, permanent)
+			WHERE t.id = u.id AND t.state = 'running'
+			RETURNING t.id, t.workflow_id::text, t.state`, ids, reasons, uncounted, s.interactiveHeadStart.Milliseconds(), permanent)
+		if err != nil {
+			return fmt.Errorf("requeue tasks: %w", err)
+		}
+		var failed []int64
+		for rows.Next() {
+			var id int64
+			var wf, state string
+			if err := rows.Scan(&id, &wf, &state); err != nil {
+				rows.Close()
+				return err
+			}
+			if state == StateFailed {
+				failed = append(failed, id)
+				d := delta(wf)
+				d.finished++
+				d.failed++
+			} else {
+				readied++
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("requeue tasks: %w", err)
+		}
+		if len(failed) > 0 {
+			rows, err := tx.Query(ctx, `WITH RECURSIVE down(id) AS (
+					SELECT task_id FROM task_inputs WHERE from_task = ANY($1)
+					UNION SELECT ti.task_id FROM task_inputs ti JOIN down ON ti.from_task = down.id)
+				UPDATE tasks SET state = 'upstream_failed', finished_at = now(), updated_at = now(), error = 'an upstream task failed'
+				WHERE id IN (SELECT id FROM down) AND state = 'blocked' RETURNING workflow_id::text`, failed)
+			if err != nil {
+				return fmt.Errorf("fail dependents: %w", err)
+			}
+			wfs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				return fmt.Errorf("fail dependents: %w", err)
+			}
+			for _, wf := range wfs {
+				d := delta(wf)
+				d.finished++
+				d.failed++
+			}
+		}
+	}
+	if len(deltas) > 0 {
+		wfs := make([]string, 0, len(deltas))
+		for wf := range deltas {
+			wfs = append(wfs, wf)
+		}
+		slices.Sort(wfs)
+		fin := make([]int32, len(wfs))
+		fail := make([]int32, len(wfs))
+		for i, wf := range wfs {
+			fin[i], fail[i] = int32(deltas[wf].finished), int32(deltas[wf].failed)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE workflows w SET tasks_left = w.tasks_left - c.n, tasks_failed = w.tasks_failed + c.f,
+				state = CASE WHEN w.tasks_left - c.n > 0 THEN w.state WHEN w.tasks_failed + c.f > 0 THEN 'failed' ELSE 'done' END,
+				finished_at = CASE WHEN w.tasks_left - c.n > 0 THEN NULL ELSE now() END
+			FROM unnest($1::uuid[], $2::int[], $3::int[]) AS c(id, n, f)
+			WHERE w.id = c.id AND w.state = 'running'`, wfs, fin, fail); err != nil {
+			return fmt.Errorf("count down workflows: %w", err)
+		}
+	}
+	if readied > 0 {
+		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, ChannelReady); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// countWorkerResults adds accepted completions to their workers' tallies.
+func countWorkerResults(ctx context.Context, tx pgx.Tx, cs []Completion, accepted []bool) error {
+	type tally struct{ done, failed int32 }
+	by := map[string]*tally{}
+	for i, c := range cs {
+		if !accepted[i] {
+			continue
+		}
+		t := by[c.Worker]
+		if t == nil {
+			t = &tally{}
+			by[c.Worker] = t
+		}
+		if c.OK {
+			t.done++
+		} else {
+			t.failed++
+		}
+	}
+	ws := make([]string, 0, len(by))
+	for w := range by {
+		ws = append(ws, w)
+	}
+	if len(ws) == 0 {
+		return nil
+	}
+	slices.Sort(ws)
+	done := make([]int32, len(ws))
+	failed := make([]int32, len(ws))
+	for i, w := range ws {
+		done[i], failed[i] = by[w].done, by[w].failed
+	}
+	if _, err := tx.Exec(ctx, `UPDATE workers w SET tasks_done = w.tasks_done + c.d, tasks_failed = w.tasks_failed + c.f, last_seen = now()
+		FROM unnest($1::uuid[], $2::int[], $3::int[]) AS c(id, d, f) WHERE w.id = c.id`, ws, done, failed); err != nil {
+		return fmt.Errorf("count worker results: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,109 @@
+// Package store keeps all of cyclepool's SQL: the schema is in migrations/,
+// every query the server runs is here. It speaks to PostgreSQL through pgx.
+//
+// PostgreSQL is the one source of truth; the store's write paths are built to
+// be batched (claims, lease renewals and completions each take one statement
+// per batch, not one per task) and fenced by attempt id, so that a worker's
+// word is accepted only for an attempt it still holds.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/cyclepool/cyclepool/migrations"
+)
+
+// Channel names used with LISTEN/NOTIFY.
+const (
+	// ChannelReady is notified when tasks become ready.
+	ChannelReady = "cyclepool_ready"
+	// ChannelCancel is notified with a comma-separated list of attempt ids
+	// that must be stopped on their workers.
+	ChannelCancel = "cyclepool_cancel"
+)
+
+// Store is a handle on the database.
+type Store struct {
+	pool *pgxpool.Pool
+	// InteractiveHeadStart is how far ahead of batch work an interactive
+	// task is queued; a batch task that waited longer overtakes it.
+	interactiveHeadStart time.Duration
+}
+
+// Open connects to the database at url, applies pending migrations and
+// returns a Store.
+func Open(ctx context.Context, url string) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("store: parse database url: %w", err)
+	}
+	if cfg.MaxConns < 16 {
+		cfg.MaxConns = 16
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("store: connect: %w", err)
+	}
+	s := &Store{pool: pool, interactiveHeadStart: 5 * time.Minute}
+	if err := s.migrate(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// migrate applies the embedded migrations under a session lock, so that
+// replicas starting together apply them once.
+func (s *Store) migrate(ctx context.Context) error {
+	db := stdlib.OpenDBFromPool(s.pool)
+	defer db.Close()
+	locker, err := lock.NewPostgresSessionLocker()
+	if err != nil {
+		return fmt.Errorf("store: migration lock: %w", err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS, goose.WithSessionLocker(locker))
+	if err != nil {
+		return fmt.Errorf("store: migrations: %w", err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("store: apply migrations: %w", err)
+	}
+	return nil
+}
+
+// Close closes the connection pool.
+func (s *Store) Close() { s.pool.Close() }
+
+// Pool exposes the pool for LISTEN connections and health checks.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
+// tx runs fn in a transaction and retries it when PostgreSQL reports a
+// deadlock or a serialization failure, which batched writes from several
+// replicas can provoke.
+func (s *Store) tx(ctx context.Context, fn func(pgx.Tx) error) error {
+	for attempt := 0; ; attempt++ {
+		err := pgx.BeginFunc(ctx, s.pool, fn)
+		var pgErr *pgconn.PgError
+		if err != nil && attempt < 5 && errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") {
+			continue
+		}
+		return err
+	}
+}
+
+// ErrNotFound is returned when a workflow, task or output does not exist or
+// belongs to another owner.
+var ErrNotFound = errors.New("not found")

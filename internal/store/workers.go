@@ -1,0 +1,123 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// WorkerHello is what a connecting worker says of itself.
+type WorkerHello struct {
+	ID        string // earlier identity, if any
+	Token     string // its reconnect token
+	Kind      string
+	Slots     int
+	Volunteer string
+	Device    any // stored as JSON
+	Replica   string
+	Running   []int64 // attempts it still runs from an earlier connection
+}
+
+// RegisterWorker records a connected worker. A worker that proves an
+// earlier identity with its reconnect token keeps it, and keeps those of
+// its running attempts that still hold their lease (renewed to now+lease);
+// the others are returned as lost. A new worker gets a new id and token.
+func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Duration) (id, token string, lost []int64, err error) {
+	dev, err := json.Marshal(h.Device)
+	if err != nil {
+		return "", "", nil, fmt.Errorf("register worker: %w", err)
+	}
+	err = s.tx(ctx, func(tx pgx.Tx) error {
+		id, token, lost = "", "", nil
+		if h.ID != "" && looksLikeUUID(h.ID) {
+			tag, err := tx.Exec(ctx, `UPDATE workers SET kind = $3, slots = $4, volunteer = $5, device = $6, replica = $7,
+				connected = true, connected_at = now(), last_seen = now() WHERE id = $1 AND token_hash = $2`,
+				h.ID, HashToken(h.Token), h.Kind, h.Slots, h.Volunteer, dev, h.Replica)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() == 1 {
+				id, token = h.ID, h.Token
+			}
+		}
+		if id == "" {
+			token = NewToken("cw_")
+			if err := tx.QueryRow(ctx, `INSERT INTO workers (id, token_hash, kind, slots, volunteer, device, replica)
+				VALUES (gen_random_uuid(), $1, $2, $3, $4, $5, $6) RETURNING id::text`,
+				HashToken(token), h.Kind, h.Slots, h.Volunteer, dev, h.Replica).Scan(&id); err != nil {
+				return err
+			}
+		}
+		if len(h.Running) == 0 {
+			return nil
+		}
+		rows, err := tx.Query(ctx, `UPDATE attempts SET lease_until = now() + $3 * interval '1 millisecond'
+			WHERE id = ANY($1) AND worker_id = $2 AND state = 'running' RETURNING id`, h.Running, id, lease.Milliseconds())
+		if err != nil {
+			return err
+		}
+		held, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		for _, a := range h.Running {
+			if !slices.Contains(held, a) {
+				lost = append(lost, a)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return "", "", nil, fmt.Errorf("register worker: %w", err)
+	}
+	return id, token, lost, nil
+}
+
+// UpdateDevice records a worker's latest device state.
+func (s *Store) UpdateDevice(ctx context.Context, id string, device any) error {
+	dev, err := json.Marshal(device)
+	if err != nil {
+		return fmt.Errorf("update device of %s: %w", id, err)
+	}
+	if _, err := s.pool.Exec(ctx, `UPDATE workers SET device = $2, last_seen = now() WHERE id = $1`, id, dev); err != nil {
+		return fmt.Errorf("update device of %s: %w", id, err)
+	}
+	return nil
+}
+
+// WorkerGone records that a worker's connection closed. Its attempts keep
+// their leases until they lapse, so that a worker that reconnects in time
+// can still deliver.
+func (s *Store) WorkerGone(ctx context.Context, id string) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE workers SET connected = false, last_seen = now() WHERE id = $1`, id); err != nil {
+		return fmt.Errorf("disconnect worker %s: %w", id, err)
+	}
+	return nil
+}
+
+// ForgetReplicaWorkers marks workers of replicas that stopped answering as
+// disconnected: those connected to a replica but not seen for longer than
+// after.
+func (s *Store) ForgetReplicaWorkers(ctx context.Context, after time.Duration) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE workers SET connected = false
+		WHERE connected AND last_seen < now() - $1 * interval '1 millisecond'`, after.Milliseconds()); err != nil {
+		return fmt.Errorf("forget stale workers: %w", err)
+	}
+	return nil
+}
+
+// TouchWorkers records that the listed workers are still connected.
+func (s *Store) TouchWorkers(ctx context.Context, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	slices.Sort(ids)
+	if _, err := s.pool.Exec(ctx, `UPDATE workers SET last_seen = now() WHERE id = ANY($1::uuid[])`, ids); err != nil {
+		return fmt.Errorf("touch workers: %w", err)
+	}
+	return nil
+}

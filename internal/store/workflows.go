@@ -1,0 +1,483 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// NewWorkflow is a validated workflow ready to be written.
+type NewWorkflow struct {
+	Name     string
+	Priority string // "interactive" or "batch"
+	Tasks    []NewTask
+}
+
+// NewTask is one task of a NewWorkflow.
+type NewTask struct {
+	Name        string
+	Module      string
+	Args        []string
+	Stdin       []byte     // inline stdin
+	Inputs      []NewInput // files under /in, and stdin from a task (Name "")
+	Seed        int64
+	TimeoutMS   int64
+	MaxAttempts int
+	MemoryPages int
+	OutputBytes int64
+	LogBytes    int64
+	CkptMS      int64
+}
+
+// NewInput maps an output of an upstream task (by index in Tasks) to a file
+// name under /in; Name "" means stdin.
+type NewInput struct {
+	Name   string
+	From   int
+	Output string
+}
+
+// Workflow and task states.
+const (
+	StateRunning        = "running"
+	StateDone           = "done"
+	StateFailed         = "failed"
+	StateCancelled      = "cancelled"
+	StateBlocked        = "blocked"
+	StateReady          = "ready"
+	StateUpstreamFailed = "upstream_failed"
+)
+
+// CreateWorkflow writes the whole DAG in one transaction and returns the
+// workflow id. Tasks without upstream tasks are ready at once; the commit
+// wakes the dispatchers of every replica.
+func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflow) (string, error) {
+	var id string
+	err := s.tx(ctx, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `INSERT INTO workflows (owner_id, name, priority, task_count, tasks_left)
+			VALUES ($1, $2, $3, $4, $4) RETURNING id`, ownerID, w.Name, w.Priority, len(w.Tasks)).Scan(&id); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT nextval('tasks_id_seq') FROM generate_series(1, $1)`, len(w.Tasks))
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		var now time.Time
+		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+			return err
+		}
+		readyKey := now
+		if w.Priority == "interactive" {
+			readyKey = now.Add(-s.interactiveHeadStart)
+		}
+		ready := 0
+		_, err = tx.CopyFrom(ctx, pgx.Identifier{"tasks"},
+			[]string{"id", "workflow_id", "name", "module_id", "args", "stdin", "priority", "state", "deps_left", "sort_key",
+				"max_attempts", "timeout_ms", "memory_pages", "output_bytes", "log_bytes", "ckpt_ms", "seed"},
+			pgx.CopyFromSlice(len(w.Tasks), func(i int) ([]any, error) {
+				t := &w.Tasks[i]
+				deps := distinctDeps(t.Inputs)
+				state, key := StateBlocked, any(nil)
+				if deps == 0 {
+					state, key = StateReady, readyKey
+					ready++
+				}
+				args := t.Args
+				if args == nil {
+					args = []string{}
+				}
+				return []any{ids[i], id, t.Name, t.Module, args, t.Stdin, w.Priority, state, deps, key,
+					t.MaxAttempts, t.TimeoutMS, t.MemoryPages, t.OutputBytes, t.LogBytes, t.CkptMS, t.Seed}, nil
+			}))
+		if err != nil {
+			return err
+		}
+		var edges [][]any
+		for i, t := range w.Tasks {
+			for _, in := range t.Inputs {
+				edges = append(edges, []any{ids[i], in.Name, ids[in.From], in.Output})
+			}
+		}
+		if len(edges) > 0 {
+			if _, err := tx.CopyFrom(ctx, pgx.Identifier{"task_inputs"}, []string{"task_id", "name", "from_task", "output"},
+				pgx.CopyFromRows(edges)); err != nil {
+				return err
+			}
+		}
+		if ready > 0 {
+			_, err = tx.Exec(ctx, `SELECT pg_notify($1, '')`, ChannelReady)
+		}
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("create workflow %q: %w", w.Name, err)
+	}
+	return id, nil
+}
+
+func distinctDeps(ins []NewInput) int {
+	seen := map[int]bool{}
+	for _, in := range ins {
+		seen[in.From] = true
+	}
+	return len(seen)
+}
+
+// Counts holds the number of tasks in each state.
+type Counts struct {
+	Blocked        int `json:"blocked"`
+	Ready          int `json:"ready"`
+	Running        int `json:"running"`
+	Done           int `json:"done"`
+	Failed         int `json:"failed"`
+	UpstreamFailed int `json:"upstream_failed"`
+	Cancelled      int `json:"cancelled"`
+}
+
+func (c *Counts) add(state string, n int) {
+	switch state {
+	case StateBlocked:
+		c.Blocked += n
+	case StateReady:
+		c.Ready += n
+	case StateRunning:
+		c.Running += n
+	case StateDone:
+		c.Done += n
+	case StateFailed:
+		c.Failed += n
+	case StateUpstreamFailed:
+		c.UpstreamFailed += n
+	case StateCancelled:
+		c.Cancelled += n
+	}
+}
+
+// OutputInfo names one output of a task.
+type OutputInfo struct {
+	Name string `json:"name"`
+	Size int    `json:"size"`
+}
+
+// TaskStatus is a task as the API shows it.
+type TaskStatus struct {
+	Name        string       `json:"name"`
+	State       string       `json:"state"`
+	Attempts    int          `json:"attempts"`
+	MaxAttempts int          `json:"max_attempts"`
+	Progress    float64      `json:"progress"`
+	Module      string       `json:"module"`
+	Checkpoints int          `json:"checkpoints"`
+	StartedAt   *time.Time   `json:"started_at"`
+	FinishedAt  *time.Time   `json:"finished_at"`
+	Error       string       `json:"error"`
+	Outputs     []OutputInfo `json:"outputs"`
+	UpdatedAt   time.Time    `json:"-"`
+}
+
+// WorkflowStatus is a workflow as the API shows it.
+type WorkflowStatus struct {
+	ID         string       `json:"id"`
+	Name       string       `json:"name"`
+	Priority   string       `json:"priority"`
+	State      string       `json:"state"`
+	CreatedAt  time.Time    `json:"created_at"`
+	FinishedAt *time.Time   `json:"finished_at"`
+	TaskCount  int          `json:"task_count"`
+	Counts     *Counts      `json:"counts,omitempty"`
+	Tasks      []TaskStatus `json:"tasks,omitempty"`
+}
+
+// ownedWorkflow reads a workflow's summary, or ErrNotFound when it does not
+// exist or belongs to another owner.
+func (s *Store) ownedWorkflow(ctx context.Context, q pgx.Tx, ownerID int64, id string) (*WorkflowStatus, error) {
+	if !looksLikeUUID(id) {
+		return nil, ErrNotFound
+	}
+	w := &WorkflowStatus{}
+	var row pgx.Row
+	const sql = `SELECT id::text, name, priority, state, created_at, finished_at, task_count FROM workflows WHERE id = $1 AND owner_id = $2`
+	if q != nil {
+		row = q.QueryRow(ctx, sql, id, ownerID)
+	} else {
+		row = s.pool.QueryRow(ctx, sql, id, ownerID)
+	}
+	err := row.Scan(&w.ID, &w.Name, &w.Priority, &w.State, &w.CreatedAt, &w.FinishedAt, &w.TaskCount)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read workflow %s: %w", id, err)
+	}
+	return w, nil
+}
+
+func looksLikeUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i, c := range s {
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return false
+			}
+		case !strings.ContainsRune("0123456789abcdefABCDEF", c):
+			return false
+		}
+	}
+	return true
+}
+
+const taskStatusSQL = `SELECT t.name, t.state, t.attempts, t.max_attempts,
+	CASE WHEN t.state = 'done' THEN 1 ELSE coalesce((SELECT a.progress FROM attempts a WHERE a.task_id = t.id AND a.state = 'running' ORDER BY a.id DESC LIMIT 1), 0) END,
+	t.module_id, t.checkpoint_seq, t.started_at, t.finished_at, t.error, t.updated_at,
+	coalesce((SELECT array_agg(o.name ORDER BY o.name) FROM task_outputs o WHERE o.task_id = t.id), '{}'),
+	coalesce((SELECT array_agg(length(o.data) ORDER BY o.name) FROM task_outputs o WHERE o.task_id = t.id), '{}')
+	FROM tasks t`
+
+func scanTaskStatus(rows pgx.Rows) ([]TaskStatus, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (TaskStatus, error) {
+		var t TaskStatus
+		var progress float32
+		var names []string
+		var sizes []int32
+		err := r.Scan(&t.Name, &t.State, &t.Attempts, &t.MaxAttempts, &progress, &t.Module, &t.Checkpoints,
+			&t.StartedAt, &t.FinishedAt, &t.Error, &t.UpdatedAt, &names, &sizes)
+		t.Progress = float64(progress)
+		t.Outputs = make([]OutputInfo, len(names))
+		for i := range names {
+			t.Outputs[i] = OutputInfo{Name: names[i], Size: int(sizes[i])}
+		}
+		return t, err
+	})
+}
+
+// Status returns a workflow with all its tasks, in submission order.
+func (s *Store) Status(ctx context.Context, ownerID int64, id string) (*WorkflowStatus, error) {
+	w, err := s.ownedWorkflow(ctx, nil, ownerID, id)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.pool.Query(ctx, taskStatusSQL+` WHERE t.workflow_id = $1 ORDER BY t.id`, id)
+	if err != nil {
+		return nil, fmt.Errorf("read tasks of %s: %w", id, err)
+	}
+	w.Tasks, err = scanTaskStatus(rows)
+	if err != nil {
+		return nil, fmt.Errorf("read tasks of %s: %w", id, err)
+	}
+	w.Counts = &Counts{}
+	for _, t := range w.Tasks {
+		w.Counts.add(t.State, 1)
+	}
+	return w, nil
+}
+
+// TaskChanges returns the tasks of a workflow changed since since, plus every
+// running task (whose progress moves without a change of row).
+func (s *Store) TaskChanges(ctx context.Context, id string, since time.Time) ([]TaskStatus, error) {
+	rows, err := s.pool.Query(ctx, taskStatusSQL+` WHERE t.workflow_id = $1 AND (t.updated_at > $2 OR t.state = 'running') ORDER BY t.id`, id, since)
+	if err != nil {
+		return nil, fmt.Errorf("read task changes of %s: %w", id, err)
+	}
+	ts, err := scanTaskStatus(rows)
+	if err != nil {
+		return nil, fmt.Errorf("read task changes of %s: %w", id, err)
+	}
+	return ts, nil
+}
+
+// WorkflowState returns the state of a workflow (no owner check: callers
+// checked it already).
+func (s *Store) WorkflowState(ctx context.Context, id string) (string, error) {
+	var st string
+	err := s.pool.QueryRow(ctx, `SELECT state FROM workflows WHERE id = $1`, id).Scan(&st)
+	if err != nil {
+		return "", fmt.Errorf("read workflow state %s: %w", id, err)
+	}
+	return st, nil
+}
+
+// ListOptions filters List.
+type ListOptions struct {
+	State  string
+	Query  string // substring of the name
+	Limit  int
+	Offset int
+}
+
+// List returns an owner's workflows, newest first, and the total matching.
+func (s *Store) List(ctx context.Context, ownerID int64, o ListOptions) ([]WorkflowStatus, int, error) {
+	if o.Limit <= 0 || o.Limit > 500 {
+		o.Limit = 50
+	}
+	rows, err := s.pool.Query(ctx, `SELECT id::text, name, priority, state, created_at, finished_at, task_count, count(*) OVER ()
+		FROM workflows WHERE owner_id = $1 AND ($2 = '' OR state = $2) AND ($3 = '' OR strpos(lower(name), lower($3)) > 0)
+		ORDER BY created_at DESC, id LIMIT $4 OFFSET $5`, ownerID, o.State, o.Query, o.Limit, o.Offset)
+	if err != nil {
+		return nil, 0, fmt.Errorf("list workflows: %w", err)
+	}
+	total := 0
+	ws, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (WorkflowStatus, error) {
+		var w WorkflowStatus
+		err := r.Scan(&w.ID, &w.Name, &w.Priority, &w.State, &w.CreatedAt, &w.FinishedAt, &w.TaskCount, &total)
+		return w, err
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("list workflows: %w", err)
+	}
+	return ws, total, nil
+}
+
+// Attempt is one attempt of a task as the API shows it.
+type Attempt struct {
+	ID           int64      `json:"id"`
+	State        string     `json:"state"`
+	Worker       string     `json:"worker"`
+	Reason       string     `json:"reason"`
+	StartedAt    time.Time  `json:"started_at"`
+	EndedAt      *time.Time `json:"ended_at"`
+	RestoredFrom int        `json:"restored_from"`
+}
+
+// Attempts lists the attempts of a task, oldest first.
+func (s *Store) Attempts(ctx context.Context, ownerID int64, id, task string) ([]Attempt, error) {
+	if _, err := s.ownedWorkflow(ctx, nil, ownerID, id); err != nil {
+		return nil, err
+	}
+	rows, err := s.pool.Query(ctx, `SELECT a.id, a.state, a.worker_id::text, a.reason, a.started_at, a.ended_at, a.restored_seq
+		FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = $1 AND t.name = $2 ORDER BY a.id`, id, task)
+	if err != nil {
+		return nil, fmt.Errorf("list attempts: %w", err)
+	}
+	as, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Attempt, error) {
+		var a Attempt
+		err := r.Scan(&a.ID, &a.State, &a.Worker, &a.Reason, &a.StartedAt, &a.EndedAt, &a.RestoredFrom)
+		return a, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list attempts: %w", err)
+	}
+	if len(as) == 0 {
+		var exists bool
+		if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tasks WHERE workflow_id = $1 AND name = $2)`, id, task).Scan(&exists); err != nil {
+			return nil, fmt.Errorf("list attempts: %w", err)
+		}
+		if !exists {
+			return nil, ErrNotFound
+		}
+	}
+	return as, nil
+}
+
+// Output returns one output of a task.
+func (s *Store) Output(ctx context.Context, ownerID int64, id, task, output string) ([]byte, error) {
+	if _, err := s.ownedWorkflow(ctx, nil, ownerID, id); err != nil {
+		return nil, err
+	}
+	var data []byte
+	err := s.pool.QueryRow(ctx, `SELECT o.data FROM task_outputs o JOIN tasks t ON t.id = o.task_id
+		WHERE t.workflow_id = $1 AND t.name = $2 AND o.name = $3`, id, task, output).Scan(&data)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read output: %w", err)
+	}
+	return data, nil
+}
+
+// Log returns the log of a task's latest finished attempt.
+func (s *Store) Log(ctx context.Context, ownerID int64, id, task string) ([]byte, error) {
+	if _, err := s.ownedWorkflow(ctx, nil, ownerID, id); err != nil {
+		return nil, err
+	}
+	var log []byte
+	err := s.pool.QueryRow(ctx, `SELECT coalesce((SELECT a.log FROM attempts a WHERE a.task_id = t.id AND a.log IS NOT NULL ORDER BY a.id DESC LIMIT 1), '')
+		FROM tasks t WHERE t.workflow_id = $1 AND t.name = $2`, id, task).Scan(&log)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read log: %w", err)
+	}
+	return log, nil
+}
+
+// Cancel cancels every unfinished task of a workflow, ends its running
+// attempts as cancelled and tells every replica (ChannelCancel) to stop them
+// on their workers. It returns the workflow status after the change and the
+// attempts that were running.
+func (s *Store) Cancel(ctx context.Context, ownerID int64, id string) ([]int64, error) {
+	var attempts []int64
+	err := s.tx(ctx, func(tx pgx.Tx) error {
+		w, err := s.ownedWorkflow(ctx, tx, ownerID, id)
+		if err != nil {
+			return err
+		}
+		if w.State != StateRunning {
+			return nil
+		}
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM workflows WHERE id = $1 FOR UPDATE`, id); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `UPDATE attempts a SET state = 'cancelled', ended_at = now(), reason = 'workflow cancelled'
+			FROM tasks t WHERE t.id = a.task_id AND t.workflow_id = $1 AND a.state = 'running' RETURNING a.id`, id)
+		if err != nil {
+			return err
+		}
+		if attempts, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE tasks SET state = 'cancelled', finished_at = now(), updated_at = now()
+			WHERE workflow_id = $1 AND state IN ('blocked', 'ready', 'running')`, id); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE workflows SET state = 'cancelled', finished_at = now(), tasks_left = 0 WHERE id = $1`, id); err != nil {
+			return err
+		}
+		return notifyCancel(ctx, tx, attempts)
+	})
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("cancel workflow %s: %w", id, err)
+	}
+	return attempts, nil
+}
+
+// notifyCancel sends the attempt ids on ChannelCancel in chunks that fit a
+// NOTIFY payload.
+func notifyCancel(ctx context.Context, tx pgx.Tx, attempts []int64) error {
+	var b strings.Builder
+	flush := func() error {
+		if b.Len() == 0 {
+			return nil
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, ChannelCancel, b.String())
+		b.Reset()
+		return err
+	}
+	for _, a := range attempts {
+		if b.Len() > 7000 {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprint(&b, a)
+	}
+	return flush()
+}

@@ -1,0 +1,370 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/store"
+	"github.com/cyclepool/cyclepool/internal/workflow"
+)
+
+const moduleCheckTimeout = 30 * time.Second
+
+// routeAPI registers the owners' REST API (docs/API.md).
+func (s *Server) routeAPI(mux *http.ServeMux) {
+	mux.HandleFunc("POST /api/v1/modules", s.authed(s.handlePushModule))
+	mux.HandleFunc("GET /api/v1/modules", s.authed(s.handleModules))
+	mux.HandleFunc("POST /api/v1/workflows", s.authed(s.handleSubmit))
+	mux.HandleFunc("GET /api/v1/workflows", s.authed(s.handleList))
+	mux.HandleFunc("GET /api/v1/workflows/{id}", s.authed(s.handleStatus))
+	mux.HandleFunc("POST /api/v1/workflows/{id}/cancel", s.authed(s.handleCancel))
+	mux.HandleFunc("GET /api/v1/workflows/{id}/events", s.authed(s.handleEvents))
+	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/attempts", s.authed(s.handleAttempts))
+	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/log", s.authed(s.handleLog))
+	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/outputs/{output...}", s.authed(s.handleOutput))
+	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such endpoint: %s %s (see docs/API.md)", r.Method, r.URL.Path)
+	})
+}
+
+// authed resolves the bearer token to an owner, or answers 401.
+func (s *Server) authed(h func(http.ResponseWriter, *http.Request, store.Owner)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || token == "" {
+			writeError(w, http.StatusUnauthorized, "missing owner token: send Authorization: Bearer <token> (cyclepool token create NAME)")
+			return
+		}
+		if o, ok := s.owners.Load(token); ok {
+			h(w, r, o.(store.Owner))
+			return
+		}
+		o, err := s.store.OwnerByToken(r.Context(), token)
+		if errors.Is(err, store.ErrNotFound) {
+			writeError(w, http.StatusUnauthorized, "unknown owner token")
+			return
+		}
+		if err != nil {
+			s.serverError(w, "look up token", err)
+			return
+		}
+		s.owners.Store(token, o)
+		h(w, r, o)
+	}
+}
+
+type apiError struct {
+	Error string `json:"error"`
+	Task  string `json:"task,omitempty"`
+	Field string `json:"field,omitempty"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, format string, args ...any) {
+	writeJSON(w, status, apiError{Error: fmt.Sprintf(format, args...)})
+}
+
+func (s *Server) serverError(w http.ResponseWriter, what string, err error) {
+	s.log.Error(what, "err", err)
+	writeError(w, http.StatusInternalServerError, "server error while trying to %s", what)
+}
+
+// notFoundOr answers 404 for ErrNotFound and 500 otherwise.
+func (s *Server) notFoundOr(w http.ResponseWriter, what string, err error) {
+	if errors.Is(err, store.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "%s not found", what)
+		return
+	}
+	s.serverError(w, "read "+what, err)
+}
+
+func (s *Server) handleModules(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	ms, err := s.store.Modules(r.Context(), owner.ID)
+	if err != nil {
+		s.serverError(w, "list modules", err)
+		return
+	}
+	if ms == nil {
+		ms = []store.Module{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"modules": ms})
+}
+
+// handleSubmit validates a workflow file and writes it whole, or refuses it
+// whole with an error naming the problem.
+func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, workflow.MaxFileSize+1))
+	if err != nil || len(body) > workflow.MaxFileSize {
+		writeError(w, http.StatusRequestEntityTooLarge, "workflow file is larger than %d MiB", workflow.MaxFileSize>>20)
+		return
+	}
+	spec, err := workflow.Parse(body)
+	if err != nil {
+		var we *workflow.Error
+		if errors.As(err, &we) {
+			writeJSON(w, http.StatusBadRequest, apiError{Error: we.Error(), Task: we.Task, Field: we.Field})
+			return
+		}
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	if paths := spec.ModulePaths(); len(paths) > 0 {
+		i := firstTaskWithModule(spec, paths[0])
+		writeJSON(w, http.StatusBadRequest, apiError{Task: spec.Tasks[i].Name, Field: "module",
+			Error: fmt.Sprintf("task %q: module %q is a path: push it first (cyclepool submit does) and use its sha256: id", spec.Tasks[i].Name, paths[0])})
+		return
+	}
+	ids := map[string]bool{}
+	var list []string
+	for _, t := range spec.Tasks {
+		if !ids[t.Module] {
+			ids[t.Module] = true
+			list = append(list, t.Module)
+		}
+	}
+	missing, err := s.store.MissingModules(r.Context(), owner.ID, list)
+	if err != nil {
+		s.serverError(w, "check modules", err)
+		return
+	}
+	if len(missing) > 0 {
+		i := firstTaskWithModule(spec, missing[0])
+		writeJSON(w, http.StatusBadRequest, apiError{Task: spec.Tasks[i].Name, Field: "module",
+			Error: fmt.Sprintf("task %q: unknown module %s: push it first (cyclepool module push FILE.wasm)", spec.Tasks[i].Name, missing[0])})
+		return
+	}
+	nw := toNewWorkflow(spec)
+	id, err := s.store.CreateWorkflow(r.Context(), owner.ID, nw)
+	if err != nil {
+		s.serverError(w, "create workflow", err)
+		return
+	}
+	s.wake()
+	s.log.Info("workflow submitted", "workflow", id, "name", spec.Name, "tasks", len(spec.Tasks), "owner", owner.Name)
+	writeJSON(w, http.StatusCreated, map[string]any{"id": id, "name": spec.Name, "tasks": len(spec.Tasks)})
+}
+
+func firstTaskWithModule(spec *workflow.Spec, m string) int {
+	for i, t := range spec.Tasks {
+		if t.Module == m {
+			return i
+		}
+	}
+	return 0
+}
+
+func toNewWorkflow(spec *workflow.Spec) *store.NewWorkflow {
+	nw := &store.NewWorkflow{Name: spec.Name, Priority: string(spec.Priority), Tasks: make([]store.NewTask, len(spec.Tasks))}
+	for i, t := range spec.Tasks {
+		h := fnv.New64a()
+		fmt.Fprintf(h, "%s\x00%d\x00%s", spec.Name, i, t.Name)
+		nt := store.NewTask{
+			Name: t.Name, Module: t.Module, Args: t.Args, Seed: int64(h.Sum64() >> 1),
+			TimeoutMS: t.Timeout.Milliseconds(), MaxAttempts: t.MaxAttempts, MemoryPages: int(t.MemoryPages()),
+			OutputBytes: t.OutputBytes, LogBytes: t.LogBytes, CkptMS: t.CheckpointInterval.Milliseconds(),
+		}
+		for _, in := range t.Inputs {
+			nt.Inputs = append(nt.Inputs, store.NewInput{Name: in.File, From: in.Task, Output: in.Output})
+		}
+		if t.Stdin != nil {
+			if t.Stdin.Source != nil {
+				nt.Inputs = append(nt.Inputs, store.NewInput{Name: "", From: t.Stdin.Source.Task, Output: t.Stdin.Source.Output})
+			} else {
+				nt.Stdin = []byte(t.Stdin.Data)
+			}
+		}
+		nw.Tasks[i] = nt
+	}
+	return nw
+}
+
+func (s *Server) handleList(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	q := r.URL.Query()
+	limit, _ := strconv.Atoi(q.Get("limit"))
+	offset, _ := strconv.Atoi(q.Get("offset"))
+	ws, total, err := s.store.List(r.Context(), owner.ID, store.ListOptions{State: q.Get("state"), Query: q.Get("q"), Limit: limit, Offset: max(offset, 0)})
+	if err != nil {
+		s.serverError(w, "list workflows", err)
+		return
+	}
+	if ws == nil {
+		ws = []store.WorkflowStatus{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"workflows": ws, "total": total})
+}
+
+func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	st, err := s.store.Status(r.Context(), owner.ID, r.PathValue("id"))
+	if err != nil {
+		s.notFoundOr(w, "workflow", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	id := r.PathValue("id")
+	attempts, err := s.store.Cancel(r.Context(), owner.ID, id)
+	if err != nil {
+		s.notFoundOr(w, "workflow", err)
+		return
+	}
+	s.log.Info("workflow cancelled", "workflow", id, "running_attempts", len(attempts))
+	st, err := s.store.Status(r.Context(), owner.ID, id)
+	if err != nil {
+		s.notFoundOr(w, "workflow", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Server) handleAttempts(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	as, err := s.store.Attempts(r.Context(), owner.ID, r.PathValue("id"), r.PathValue("task"))
+	if err != nil {
+		s.notFoundOr(w, "task", err)
+		return
+	}
+	if as == nil {
+		as = []store.Attempt{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"attempts": as})
+}
+
+func (s *Server) handleLog(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	log, err := s.store.Log(r.Context(), owner.ID, r.PathValue("id"), r.PathValue("task"))
+	if err != nil {
+		s.notFoundOr(w, "task", err)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write(log)
+}
+
+func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	data, err := s.store.Output(r.Context(), owner.ID, r.PathValue("id"), r.PathValue("task"), r.PathValue("output"))
+	if err != nil {
+		s.notFoundOr(w, "output", err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+	_, _ = w.Write(data)
+}
+
+// handleEvents streams a workflow's changes as Server-Sent Events. It reads
+// the database (every replica sees every change there) a few times a second
+// and sends what changed since the last look.
+func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	ctx := r.Context()
+	id := r.PathValue("id")
+	st, err := s.store.Status(ctx, owner.ID, id)
+	if err != nil {
+		s.notFoundOr(w, "workflow", err)
+		return
+	}
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		writeError(w, http.StatusInternalServerError, "streaming unsupported")
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("X-Accel-Buffering", "no")
+	send := func(event string, v any) error {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, b); err != nil {
+			return err
+		}
+		fl.Flush()
+		return nil
+	}
+	if err := send("status", st); err != nil {
+		return
+	}
+	type seen struct {
+		state    string
+		attempts int
+		progress float64
+	}
+	last := map[string]seen{}
+	since := time.Time{}
+	for _, t := range st.Tasks {
+		last[t.Name] = seen{t.State, t.Attempts, t.Progress}
+		if t.UpdatedAt.After(since) {
+			since = t.UpdatedAt
+		}
+	}
+	state := st.State
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	keepalive := time.Now()
+	for state == store.StateRunning {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		changes, err := s.store.TaskChanges(ctx, id, since.Add(-time.Second))
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("read task changes", "workflow", id, "err", err)
+			}
+			continue
+		}
+		for _, t := range changes {
+			if t.UpdatedAt.After(since) {
+				since = t.UpdatedAt
+			}
+			now := seen{t.State, t.Attempts, t.Progress}
+			old := last[t.Name]
+			if old.state == now.state && old.attempts == now.attempts && absDiff(old.progress, now.progress) < 0.005 {
+				continue
+			}
+			last[t.Name] = now
+			ev := map[string]any{"name": t.Name, "state": t.State, "attempts": t.Attempts, "progress": t.Progress,
+				"checkpoints": t.Checkpoints, "error": t.Error}
+			if err := send("task", ev); err != nil {
+				return
+			}
+			keepalive = time.Now()
+		}
+		if state, err = s.store.WorkflowState(ctx, id); err != nil {
+			return
+		}
+		if time.Since(keepalive) > 15*time.Second {
+			if _, err := io.WriteString(w, ": keepalive\n\n"); err != nil {
+				return
+			}
+			fl.Flush()
+			keepalive = time.Now()
+		}
+	}
+	_ = send("workflow", map[string]string{"id": id, "state": state})
+}
+
+func absDiff(a, b float64) float64 {
+	if a > b {
+		return a - b
+	}
+	return b - a
+}
+
+var _ = context.Background

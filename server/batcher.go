@@ -1,0 +1,69 @@
+package server
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// batcher groups items submitted from many goroutines into batches handled
+// by one flush call each. There is no timer: a flusher takes everything
+// queued when it becomes free, so a lone item is flushed at once (low
+// latency) and items that arrive while a flush runs form the next batch
+// (high throughput). A full queue blocks submitters (back-pressure).
+type batcher[T any] struct {
+	in       chan T
+	max      int
+	flushers int
+	flush    func(ctx context.Context, batch []T)
+}
+
+func newBatcher[T any](queue, max, flushers int, flush func(context.Context, []T)) *batcher[T] {
+	return &batcher[T]{in: make(chan T, queue), max: max, flushers: flushers, flush: flush}
+}
+
+// submit queues an item, waiting while the queue is full.
+func (b *batcher[T]) submit(ctx context.Context, item T) error {
+	select {
+	case b.in <- item:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// run flushes batches until ctx is done.
+func (b *batcher[T]) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range b.flushers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			batch := make([]T, 0, b.max)
+			for {
+				batch = batch[:0]
+				select {
+				case <-ctx.Done():
+					return
+				case item := <-b.in:
+					batch = append(batch, item)
+				}
+			fill:
+				for len(batch) < b.max {
+					select {
+					case item := <-b.in:
+						batch = append(batch, item)
+					default:
+						break fill
+					}
+				}
+				// Outlive ctx for the batch in hand: these items were
+				// promised an answer.
+				fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+				b.flush(fctx, batch)
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+}

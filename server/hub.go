@@ -1,0 +1,451 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/store"
+)
+
+// conn is one connected worker.
+type conn struct {
+	id    string
+	kind  string
+	slots int
+	ws    *websocket.Conn
+	send  chan outFrame
+	done  chan struct{}
+	log   *slog.Logger
+
+	// Guarded by hub.mu.
+	free    int
+	paused  bool
+	running map[int64]struct{}
+}
+
+type outFrame struct {
+	data   []byte
+	binary bool
+}
+
+// enqueue queues a frame for the writer. It never blocks: a worker that
+// cannot keep up with its frames is disconnected.
+func (c *conn) enqueue(f *protocol.Frame) {
+	data, bin, err := protocol.Encode(f)
+	if err != nil {
+		c.log.Error("encode frame", "type", f.Type, "err", err)
+		return
+	}
+	select {
+	case c.send <- outFrame{data, bin}:
+	case <-c.done:
+	default:
+		c.log.Warn("worker send queue full; closing connection")
+		c.ws.Close(websocket.StatusTryAgainLater, "send queue full")
+	}
+}
+
+// hub holds this replica's connected workers.
+type hub struct {
+	mu       sync.Mutex
+	conns    map[string]*conn
+	attempts map[int64]*conn
+}
+
+func newHub() *hub {
+	return &hub{conns: map[string]*conn{}, attempts: map[int64]*conn{}}
+}
+
+// reserve takes up to max free slots, spread round-robin over the workers,
+// and returns one worker id per slot. The slots stay taken until assigned
+// or given back with release.
+func (h *hub) reserve(max int) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var slots []string
+	for more := true; more && len(slots) < max; {
+		more = false
+		for _, c := range h.conns {
+			if c.free > 0 && !c.paused && len(slots) < max {
+				c.free--
+				slots = append(slots, c.id)
+				more = more || c.free > 0
+			}
+		}
+	}
+	return slots
+}
+
+// release gives back reserved slots that received no task.
+func (h *hub) release(ids []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, id := range ids {
+		if c := h.conns[id]; c != nil {
+			c.free++
+		}
+	}
+}
+
+// started records attempts now running on worker id and returns its conn,
+// or nil if it disconnected meanwhile.
+func (h *hub) started(id string, attempts []int64) *conn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.conns[id]
+	if c == nil {
+		return nil
+	}
+	for _, a := range attempts {
+		c.running[a] = struct{}{}
+		h.attempts[a] = c
+	}
+	return c
+}
+
+// finished records that an attempt stopped on c and frees its slot. It
+// reports whether c was running it.
+func (h *hub) finished(c *conn, attempt int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := c.running[attempt]; !ok {
+		return false
+	}
+	delete(c.running, attempt)
+	delete(h.attempts, attempt)
+	c.free++
+	return true
+}
+
+// cancel sends cancel frames for those attempts that run on this replica.
+func (h *hub) cancel(attempts []int64, reason string) {
+	by := map[*conn][]int64{}
+	h.mu.Lock()
+	for _, a := range attempts {
+		if c := h.attempts[a]; c != nil {
+			by[c] = append(by[c], a)
+		}
+	}
+	h.mu.Unlock()
+	for c, as := range by {
+		c.enqueue(&protocol.Frame{Type: protocol.TypeCancel, Cancel: &protocol.Cancel{Attempts: as, Reason: reason}})
+	}
+}
+
+func (h *hub) add(c *conn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if old := h.conns[c.id]; old != nil {
+		// The same worker reconnected before its old socket was noticed gone.
+		old.ws.Close(websocket.StatusPolicyViolation, "replaced by a newer connection")
+		h.dropLocked(old)
+	}
+	h.conns[c.id] = c
+	for a := range c.running {
+		h.attempts[a] = c
+	}
+}
+
+func (h *hub) remove(c *conn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.conns[c.id] == c {
+		h.dropLocked(c)
+	}
+}
+
+func (h *hub) dropLocked(c *conn) {
+	delete(h.conns, c.id)
+	for a := range c.running {
+		if h.attempts[a] == c {
+			delete(h.attempts, a)
+		}
+	}
+}
+
+// ids lists the connected workers.
+func (h *hub) ids() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ids := make([]string, 0, len(h.conns))
+	for id := range h.conns {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func (h *hub) countByKind() map[string]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	m := map[string]int{}
+	for _, c := range h.conns {
+		m[c.kind]++
+	}
+	return m
+}
+
+// handleWorker serves /ws/worker: one WebSocket per worker.
+func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+		InsecureSkipVerify: true, // workers need no origin: volunteers' pages may be served from anywhere
+		CompressionMode:    websocket.CompressionDisabled,
+	})
+	if err != nil {
+		return
+	}
+	ws.SetReadLimit(int64(s.cfg.MaxFrameBytes))
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	c, err := s.greet(ctx, ws, r)
+	if err != nil {
+		s.log.Info("worker refused", "remote", r.RemoteAddr, "err", err)
+		s.sendError(ctx, ws, err.Error())
+		ws.Close(websocket.StatusPolicyViolation, truncate(err.Error(), 120))
+		return
+	}
+	s.metrics.workerConnects.WithLabelValues(c.kind).Inc()
+	s.hub.add(c)
+	defer func() {
+		s.hub.remove(c)
+		close(c.done)
+		gctx, gcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer gcancel()
+		if err := s.store.WorkerGone(gctx, c.id); err != nil {
+			s.log.Warn("record worker gone", "worker", c.id, "err", err)
+		}
+	}()
+	go s.writeLoop(ctx, c)
+	s.wake()
+	err = s.readLoop(ctx, c)
+	var ce websocket.CloseError
+	switch {
+	case err == nil, errors.As(err, &ce), errors.Is(err, context.Canceled):
+		c.log.Debug("worker disconnected", "err", err)
+	default:
+		c.log.Info("worker connection closed", "err", err)
+		var perr protocolError
+		if errors.As(err, &perr) {
+			s.sendError(ctx, ws, perr.Error())
+			ws.Close(websocket.StatusPolicyViolation, truncate(perr.Error(), 120))
+		}
+	}
+	ws.CloseNow()
+}
+
+// protocolError is a frame that breaks the protocol; it closes that socket only.
+type protocolError struct{ error }
+
+func (s *Server) sendError(ctx context.Context, ws *websocket.Conn, msg string) {
+	data, _, _ := protocol.Encode(&protocol.Frame{Type: protocol.TypeError, Error: &protocol.Error{Message: msg}})
+	wctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_ = ws.Write(wctx, websocket.MessageText, data)
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// greet reads hello, registers the worker and sends welcome.
+func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request) (*conn, error) {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	typ, data, err := ws.Read(rctx)
+	if err != nil {
+		return nil, fmt.Errorf("read hello: %w", err)
+	}
+	f, err := protocol.Decode(data, typ == websocket.MessageBinary)
+	if err != nil {
+		return nil, err
+	}
+	if f.Type != protocol.TypeHello {
+		return nil, fmt.Errorf("first frame must be hello, got %q", f.Type)
+	}
+	h := f.Hello
+	switch {
+	case h.Version != protocol.Version:
+		return nil, fmt.Errorf("protocol version %d is not supported (server speaks %d)", h.Version, protocol.Version)
+	case h.Kind != protocol.KindHeadless && h.Kind != protocol.KindBrowser:
+		return nil, fmt.Errorf("unknown worker kind %q", h.Kind)
+	case h.Slots < 1 || h.Slots > 256:
+		return nil, fmt.Errorf("slots must be 1 to 256, got %d", h.Slots)
+	case len(h.Running) > h.Slots:
+		return nil, fmt.Errorf("%d running attempts for %d slots", len(h.Running), h.Slots)
+	}
+	id, token, lost, err := s.store.RegisterWorker(ctx, store.WorkerHello{
+		ID: h.WorkerID, Token: h.ReconnectToken, Kind: h.Kind, Slots: h.Slots, Volunteer: truncate(h.Volunteer, 100),
+		Device: h.Device, Replica: s.cfg.Replica, Running: h.Running,
+	}, s.cfg.Lease)
+	if err != nil {
+		return nil, err
+	}
+	c := &conn{
+		id: id, kind: h.Kind, slots: h.Slots, ws: ws,
+		send: make(chan outFrame, 64), done: make(chan struct{}),
+		log:     s.log.With("worker", id, "kind", h.Kind),
+		running: map[int64]struct{}{}, paused: h.Device.Paused,
+	}
+	for _, a := range h.Running {
+		if !containsInt(lost, a) {
+			c.running[a] = struct{}{}
+		}
+	}
+	c.free = c.slots - len(c.running)
+	welcome := &protocol.Frame{Type: protocol.TypeWelcome, Welcome: &protocol.Welcome{
+		WorkerID: id, ReconnectToken: token, HeartbeatMS: int(s.cfg.Heartbeat.Milliseconds()),
+		LeaseMS: int(s.cfg.Lease.Milliseconds()), MaxFrameBytes: s.cfg.MaxFrameBytes, Lost: lost,
+	}}
+	data, _, err = protocol.Encode(welcome)
+	if err != nil {
+		return nil, err
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	if err := ws.Write(wctx, websocket.MessageText, data); err != nil {
+		return nil, fmt.Errorf("send welcome: %w", err)
+	}
+	c.log.Debug("worker connected", "slots", h.Slots, "resumed", len(c.running))
+	return c, nil
+}
+
+func containsInt(xs []int64, x int64) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) writeLoop(ctx context.Context, c *conn) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.done:
+			return
+		case f := <-c.send:
+			typ := websocket.MessageText
+			if f.binary {
+				typ = websocket.MessageBinary
+			}
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := c.ws.Write(wctx, typ, f.data)
+			cancel()
+			if err != nil {
+				c.ws.CloseNow()
+				return
+			}
+		}
+	}
+}
+
+// readLoop handles the worker's frames until the socket closes. A worker
+// that says nothing for three heartbeat intervals is gone.
+func (s *Server) readLoop(ctx context.Context, c *conn) error {
+	idle := 3 * s.cfg.Heartbeat
+	if idle < 5*time.Second {
+		idle = 5 * time.Second
+	}
+	for {
+		rctx, cancel := context.WithTimeout(ctx, idle)
+		typ, data, err := c.ws.Read(rctx)
+		cancel()
+		if err != nil {
+			return err
+		}
+		f, err := protocol.Decode(data, typ == websocket.MessageBinary)
+		if err != nil {
+			s.metrics.badFrames.Inc()
+			return protocolError{err}
+		}
+		if err := s.handleFrame(ctx, c, f); err != nil {
+			s.metrics.badFrames.Inc()
+			return protocolError{err}
+		}
+	}
+}
+
+func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) error {
+	switch f.Type {
+	case protocol.TypeHeartbeat:
+		hb := f.Heartbeat
+		if hb.Device != nil {
+			s.hub.mu.Lock()
+			was := c.paused
+			c.paused = hb.Device.Paused
+			s.hub.mu.Unlock()
+			if was && !hb.Device.Paused {
+				s.wake()
+			}
+			go func(d protocol.Device) {
+				if err := s.store.UpdateDevice(ctx, c.id, d); err != nil {
+					c.log.Warn("update device", "err", err)
+				}
+			}(*hb.Device)
+		}
+		for _, p := range hb.Running {
+			if err := s.renewals.submit(ctx, renewal{c: c, r: store.Renewal{Attempt: p.Attempt, Worker: c.id, Progress: p.Fraction}}); err != nil {
+				return nil
+			}
+		}
+	case protocol.TypeCheckpoint:
+		cp := f.Checkpoint
+		go func() {
+			ok, err := s.store.SaveCheckpoint(ctx, cp.Attempt, c.id, cp.State.Data, s.cfg.Lease)
+			ack := protocol.Ack{Attempt: cp.Attempt, Of: protocol.AckCheckpoint, Seq: cp.Seq, OK: ok}
+			switch {
+			case err != nil:
+				ack.Error = "checkpoint not saved: server error"
+				c.log.Error("save checkpoint", "attempt", cp.Attempt, "err", err)
+			case !ok:
+				ack.Error = "attempt no longer holds its lease"
+			default:
+				s.metrics.checkpoints.Inc()
+			}
+			c.enqueue(&protocol.Frame{Type: protocol.TypeAck, Acks: []protocol.Ack{ack}})
+		}()
+	case protocol.TypeResult:
+		for _, r := range f.Results {
+			comp := store.Completion{Attempt: r.Attempt, Worker: c.id, OK: true, Log: r.Log.Data}
+			for _, o := range r.Outputs {
+				comp.Outputs = append(comp.Outputs, store.Output{Name: o.Name, Data: o.Data})
+			}
+			if err := s.finish(ctx, c, comp, protocol.AckResult); err != nil {
+				return err
+			}
+		}
+	case protocol.TypeFail:
+		for _, fl := range f.Fails {
+			comp := store.Completion{Attempt: fl.Attempt, Worker: c.id, Log: fl.Log.Data,
+				Reason: fl.Reason, Message: truncate(fl.Message, 2000),
+				Uncounted: fl.Reason == protocol.ReasonWorker || fl.Reason == protocol.ReasonCancelled}
+			if err := s.finish(ctx, c, comp, protocol.AckFail); err != nil {
+				return err
+			}
+		}
+	default:
+		return fmt.Errorf("a worker may not send %q frames", f.Type)
+	}
+	return nil
+}
+
+// finish frees the attempt's slot and queues its completion; the ack goes
+// out once the batch holding it is committed.
+func (s *Server) finish(ctx context.Context, c *conn, comp store.Completion, of string) error {
+	if s.hub.finished(c, comp.Attempt) {
+		s.wake()
+	}
+	return s.completions.submit(ctx, completion{c: c, comp: comp, of: of})
+}

@@ -1,0 +1,149 @@
+package server
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/cyclepool/cyclepool/internal/store"
+)
+
+// listen keeps a LISTEN connection open and turns notifications into
+// dispatcher wake-ups (ChannelReady) and cancel frames (ChannelCancel). When
+// the connection breaks it reconnects; the dispatcher's polling covers the
+// gap.
+func (s *Server) listen(ctx context.Context) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := s.listenOnce(ctx, s.store.Pool())
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.Warn("listen for notifications", "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func (s *Server) listenOnce(ctx context.Context, pool *pgxpool.Pool) error {
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	for _, ch := range []string{store.ChannelReady, store.ChannelCancel} {
+		if _, err := c.Exec(ctx, "LISTEN "+ch); err != nil {
+			c.Conn().Close(ctx)
+			return err
+		}
+	}
+	// Tasks may have become ready while we were not listening.
+	s.wake()
+	for {
+		n, err := c.Conn().WaitForNotification(ctx)
+		if err != nil {
+			c.Conn().Close(context.WithoutCancel(ctx))
+			return err
+		}
+		switch n.Channel {
+		case store.ChannelReady:
+			s.wake()
+		case store.ChannelCancel:
+			var ids []int64
+			for _, f := range strings.Split(n.Payload, ",") {
+				if id, err := strconv.ParseInt(f, 10, 64); err == nil {
+					ids = append(ids, id)
+				}
+			}
+			s.hub.cancel(ids, "cancelled by the owner")
+		}
+	}
+}
+
+// maintain runs the leader-only maintenance: one replica at a time (a
+// leader row with a TTL in PostgreSQL) expires lapsed leases, queueing their
+// tasks again, and marks workers of vanished replicas as disconnected.
+func (s *Server) maintain(ctx context.Context) {
+	const name = "maintenance"
+	ttl := 3 * s.cfg.Heartbeat
+	if ttl < 3*time.Second {
+		ttl = 3 * time.Second
+	}
+	tick := s.cfg.Heartbeat / 2
+	if tick > time.Second {
+		tick = time.Second
+	}
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	leading := false
+	lastElect := time.Time{}
+	lastForget := time.Time{}
+	defer func() {
+		if leading {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			defer cancel()
+			_ = s.store.Resign(rctx, name, s.cfg.Replica)
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if time.Since(lastElect) >= ttl/3 {
+			lead, err := s.store.TryLead(ctx, name, s.cfg.Replica, ttl)
+			if err != nil {
+				if ctx.Err() == nil {
+					s.log.Warn("leader election", "err", err)
+				}
+				leading = false
+				continue
+			}
+			if lead != leading {
+				s.log.Info("maintenance leadership changed", "leading", lead)
+			}
+			leading, lastElect = lead, time.Now()
+			s.metrics.leader.Set(b2f(leading))
+		}
+		if !leading {
+			continue
+		}
+		for {
+			n, err := s.store.ExpireLeases(ctx, 1000)
+			if err != nil {
+				if ctx.Err() == nil {
+					s.log.Error("expire leases", "err", err)
+				}
+				break
+			}
+			if n > 0 {
+				s.log.Info("leases expired", "attempts", n)
+				s.metrics.leaseExpiries.Add(float64(n))
+			}
+			if n < 1000 {
+				break
+			}
+		}
+		if time.Since(lastForget) > 30*time.Second {
+			lastForget = time.Now()
+			if err := s.store.ForgetReplicaWorkers(ctx, time.Minute); err != nil && ctx.Err() == nil {
+				s.log.Warn("forget stale workers", "err", err)
+			}
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,101 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metrics are this replica's Prometheus metrics, in a registry of its own.
+type metrics struct {
+	reg            *prometheus.Registry
+	dispatched     prometheus.Counter
+	completions    *prometheus.CounterVec
+	checkpoints    prometheus.Counter
+	leaseExpiries  prometheus.Counter
+	workerConnects *prometheus.CounterVec
+	badFrames      prometheus.Counter
+	leader         prometheus.Gauge
+	batchSize      *prometheus.HistogramVec
+	batchSeconds   *prometheus.HistogramVec
+}
+
+func newMetrics(s *Server) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		dispatched: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cyclepool_tasks_dispatched_total", Help: "Task attempts assigned to workers by this replica."}),
+		completions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cyclepool_attempt_completions_total", Help: "Attempt results and failures received, by outcome (succeeded, failed, refused)."}, []string{"outcome"}),
+		checkpoints: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cyclepool_checkpoints_total", Help: "Checkpoints saved."}),
+		leaseExpiries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cyclepool_lease_expiries_total", Help: "Attempts lost because their lease lapsed (counted by the maintenance leader)."}),
+		workerConnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cyclepool_worker_connections_total", Help: "Worker connections accepted, by kind."}, []string{"kind"}),
+		badFrames: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cyclepool_bad_frames_total", Help: "Malformed or forbidden worker frames (each closed its socket)."}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cyclepool_maintenance_leader", Help: "1 when this replica runs the maintenance (lease reaper)."}),
+		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "cyclepool_db_batch_size", Help: "Items per database batch, by operation (claim, renew, complete).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 12)}, []string{"op"}),
+		batchSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "cyclepool_db_batch_seconds", Help: "Latency of database batches, by operation.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}, []string{"op"}),
+	}
+	m.reg.MustRegister(m.dispatched, m.completions, m.checkpoints, m.leaseExpiries, m.workerConnects, m.badFrames,
+		m.leader, m.batchSize, m.batchSeconds,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&stateCollector{s: s,
+			tasks: prometheus.NewDesc("cyclepool_tasks", "Unfinished tasks over all workflows, by state (from the database).", []string{"state"}, nil),
+			workersDB: prometheus.NewDesc("cyclepool_workers_connected", "Connected workers over all replicas, by kind (from the database).", []string{"kind"}, nil),
+			workersHere: prometheus.NewDesc("cyclepool_replica_workers", "Workers connected to this replica, by kind.", []string{"kind"}, nil),
+		})
+	return m
+}
+
+func (m *metrics) observeBatch(op string, n int, start time.Time) {
+	if n == 0 {
+		return
+	}
+	m.batchSize.WithLabelValues(op).Observe(float64(n))
+	m.batchSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
+}
+
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// stateCollector reads task and worker counts at scrape time.
+type stateCollector struct {
+	s                               *Server
+	tasks, workersDB, workersHere *prometheus.Desc
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.tasks
+	ch <- c.workersDB
+	ch <- c.workersHere
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	tasks, workers, err := c.s.store.ActiveCounts(ctx)
+	if err == nil {
+		for st, n := range tasks {
+			ch <- prometheus.MustNewConstMetric(c.tasks, prometheus.GaugeValue, float64(n), st)
+		}
+		for k, n := range workers {
+			ch <- prometheus.MustNewConstMetric(c.workersDB, prometheus.GaugeValue, float64(n), k)
+		}
+	}
+	for k, n := range c.s.hub.countByKind() {
+		ch <- prometheus.MustNewConstMetric(c.workersHere, prometheus.GaugeValue, float64(n), k)
+	}
+}

@@ -1,0 +1,350 @@
+// Package server is cyclepool's server: the owners' REST API, the worker
+// WebSocket hub, the dispatcher that hands ready tasks to idle worker slots,
+// and the maintenance (lease reaper) that one replica at a time runs.
+//
+// A server keeps no state of its own besides its open sockets: every
+// decision is committed to PostgreSQL (package store) before it is
+// acknowledged, so that any number of replicas can share one database and
+// any of them can die.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/store"
+)
+
+// Config configures a Server. Zero fields take the defaults given.
+type Config struct {
+	// Replica names this process among the replicas sharing the database
+	// (default: a random name).
+	Replica string
+	// Lease is how long an attempt stays held without a heartbeat before
+	// it is lost and its task queued again (default 15s).
+	Lease time.Duration
+	// Heartbeat is the interval at which workers are asked to heartbeat
+	// (default Lease/5).
+	Heartbeat time.Duration
+	// Poll is how often the dispatcher looks for ready tasks when no
+	// notification woke it (default 1s).
+	Poll time.Duration
+	// MaxFrameBytes bounds one worker frame (default 64 MiB).
+	MaxFrameBytes int
+	// MaxModuleBytes bounds an uploaded module (default 64 MiB).
+	MaxModuleBytes int
+	Logger         *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.Replica == "" {
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		c.Replica = "replica-" + hex.EncodeToString(b)
+	}
+	if c.Lease <= 0 {
+		c.Lease = 15 * time.Second
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = c.Lease / 5
+	}
+	if c.Poll <= 0 {
+		c.Poll = time.Second
+	}
+	if c.MaxFrameBytes <= 0 {
+		c.MaxFrameBytes = protocol.DefaultMaxFrameBytes
+	}
+	if c.MaxModuleBytes <= 0 {
+		c.MaxModuleBytes = 64 << 20
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Server is one cyclepool replica.
+type Server struct {
+	cfg     Config
+	store   *store.Store
+	log     *slog.Logger
+	hub     *hub
+	metrics *metrics
+	wakeC   chan struct{}
+	ctx     context.Context // the Run context; sockets live under it
+
+	renewals    *batcher[renewal]
+	completions *batcher[completion]
+
+	owners  sync.Map // token -> store.Owner, positive cache
+	modules *moduleCache
+	ready   chan struct{} // closed when Run has started its services
+}
+
+type renewal struct {
+	c *conn
+	r store.Renewal
+}
+
+type completion struct {
+	c    *conn
+	comp store.Completion
+	of   string
+}
+
+// New returns a server on st. Call Run to start its services and serve
+// Handler over HTTP.
+func New(st *store.Store, cfg Config) *Server {
+	cfg.setDefaults()
+	s := &Server{
+		cfg: cfg, store: st, log: cfg.Logger.With("replica", cfg.Replica),
+		hub: newHub(), wakeC: make(chan struct{}, 1), ready: make(chan struct{}),
+		modules: newModuleCache(64 << 20),
+	}
+	s.metrics = newMetrics(s)
+	s.renewals = newBatcher(4096, 2000, 1, s.flushRenewals)
+	s.completions = newBatcher(8192, 1000, 2, s.flushCompletions)
+	return s
+}
+
+// Config returns the configuration in force, defaults filled in.
+func (s *Server) Config() Config { return s.cfg }
+
+// Run starts the dispatcher, the batchers, the notification listener and the
+// maintenance loop, and returns when ctx is done and they have stopped.
+func (s *Server) Run(ctx context.Context) error {
+	s.ctx = ctx
+	var wg sync.WaitGroup
+	for _, f := range []func(context.Context){s.renewals.run, s.completions.run, s.dispatch, s.listen, s.maintain, s.touchWorkers} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(ctx)
+		}()
+	}
+	close(s.ready)
+	wg.Wait()
+	return nil
+}
+
+// wake asks the dispatcher for a round soon.
+func (s *Server) wake() {
+	select {
+	case s.wakeC <- struct{}{}:
+	default:
+	}
+}
+
+// dispatch matches ready tasks with free slots of this replica's workers
+// whenever woken (a task became ready, a slot came free, a worker arrived),
+// and at least every Poll.
+func (s *Server) dispatch(ctx context.Context) {
+	t := time.NewTicker(s.cfg.Poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wakeC:
+		case <-t.C:
+		}
+		for ctx.Err() == nil {
+			slots := s.hub.reserve(1000)
+			if len(slots) == 0 {
+				break
+			}
+			n, err := s.assign(ctx, slots)
+			if err != nil {
+				if ctx.Err() == nil {
+					s.log.Error("dispatch", "err", err)
+				}
+				break
+			}
+			if n < len(slots) {
+				break
+			}
+		}
+	}
+}
+
+// assign claims tasks for the reserved slots and sends them out; it returns
+// how many were claimed and gives back the slots it did not use.
+func (s *Server) assign(ctx context.Context, slots []string) (int, error) {
+	start := time.Now()
+	claimed, err := s.store.Claim(ctx, slots, s.cfg.Lease)
+	s.metrics.observeBatch("claim", len(claimed), start)
+	if err != nil {
+		s.hub.release(slots)
+		return 0, err
+	}
+	used := map[string]int{}
+	byWorker := map[string][]protocol.Assign{}
+	var missing []store.Completion
+	for _, c := range claimed {
+		used[c.Worker]++
+		if c.Missing != "" {
+			missing = append(missing, store.Completion{Attempt: c.Attempt, Worker: c.Worker, Reason: "input", Message: c.Missing, Permanent: true})
+			continue
+		}
+		byWorker[c.Worker] = append(byWorker[c.Worker], toAssign(&c))
+	}
+	var unused []string
+	for _, w := range slots {
+		if used[w] > 0 {
+			used[w]--
+		} else {
+			unused = append(unused, w)
+		}
+	}
+	s.hub.release(unused)
+	for w, as := range byWorker {
+		ids := make([]int64, len(as))
+		for i := range as {
+			ids[i] = as[i].Attempt
+		}
+		c := s.hub.started(w, ids)
+		if c == nil {
+			continue // gone meanwhile: the leases will lapse and the reaper requeues
+		}
+		c.enqueue(&protocol.Frame{Type: protocol.TypeAssign, Assign: as})
+	}
+	s.metrics.dispatched.Add(float64(len(claimed)))
+	if len(missing) > 0 {
+		s.hub.release(workersOf(missing))
+		if _, err := s.store.Complete(ctx, missing); err != nil {
+			s.log.Error("fail tasks with missing inputs", "err", err)
+		}
+		s.wake()
+	}
+	return len(claimed), nil
+}
+
+func workersOf(cs []store.Completion) []string {
+	ws := make([]string, len(cs))
+	for i, c := range cs {
+		ws[i] = c.Worker
+	}
+	return ws
+}
+
+func toAssign(c *store.Claimed) protocol.Assign {
+	a := protocol.Assign{
+		Attempt: c.Attempt, Task: c.WorkflowID + "/" + c.Name, Module: c.Module, Args: c.Args,
+		Stdin: protocol.Blob{Data: c.Stdin}, Restore: protocol.Blob{Data: c.Restore},
+		Seed: uint64(c.Seed), CkptMS: c.CkptMS, Priority: c.Priority,
+		Limits: protocol.Limits{MemoryPages: uint32(c.MemoryPages), WallMS: c.TimeoutMS, OutputBytes: c.OutputBytes, LogBytes: c.LogBytes},
+	}
+	for _, in := range c.Inputs {
+		a.Inputs = append(a.Inputs, protocol.Blob{Name: in.Name, Data: in.Data})
+	}
+	return a
+}
+
+func (s *Server) flushRenewals(ctx context.Context, batch []renewal) {
+	rs := make([]store.Renewal, len(batch))
+	conns := map[int64]*conn{}
+	for i, b := range batch {
+		rs[i] = b.r
+		conns[b.r.Attempt] = b.c
+	}
+	start := time.Now()
+	lost, err := s.store.Renew(ctx, rs, s.cfg.Lease)
+	s.metrics.observeBatch("renew", len(batch), start)
+	if err != nil {
+		s.log.Error("renew leases", "err", err)
+		return
+	}
+	by := map[*conn][]int64{}
+	for _, a := range lost {
+		if c := conns[a]; c != nil {
+			by[c] = append(by[c], a)
+			s.hub.finished(c, a)
+		}
+	}
+	for c, as := range by {
+		c.enqueue(&protocol.Frame{Type: protocol.TypeCancel, Cancel: &protocol.Cancel{Attempts: as, Reason: "the attempt no longer holds its lease"}})
+	}
+}
+
+func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
+	cs := make([]store.Completion, len(batch))
+	for i, b := range batch {
+		cs[i] = b.comp
+	}
+	start := time.Now()
+	accepted, err := s.store.Complete(ctx, cs)
+	s.metrics.observeBatch("complete", len(batch), start)
+	acks := map[*conn][]protocol.Ack{}
+	for i, b := range batch {
+		ack := protocol.Ack{Attempt: b.comp.Attempt, Of: b.of}
+		switch {
+		case err != nil:
+			ack.Error = "not committed: server error; send it again"
+		case accepted[i]:
+			ack.OK = true
+			if b.comp.OK {
+				s.metrics.completions.WithLabelValues("succeeded").Inc()
+			} else {
+				s.metrics.completions.WithLabelValues("failed").Inc()
+			}
+		default:
+			ack.Error = "refused: the attempt no longer holds its lease"
+			s.metrics.completions.WithLabelValues("refused").Inc()
+		}
+		acks[b.c] = append(acks[b.c], ack)
+	}
+	if err != nil {
+		s.log.Error("complete attempts", "n", len(batch), "err", err)
+	}
+	for c, as := range acks {
+		c.enqueue(&protocol.Frame{Type: protocol.TypeAck, Acks: as})
+	}
+}
+
+// touchWorkers records every minute or so that this replica's workers are
+// still connected, so that the leader can tell workers of dead replicas.
+func (s *Server) touchWorkers(ctx context.Context) {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := s.store.TouchWorkers(ctx, s.hub.ids()); err != nil && ctx.Err() == nil {
+				s.log.Warn("touch workers", "err", err)
+			}
+		}
+	}
+}
+
+var errShuttingDown = errors.New("server shutting down")
+
+// Handler returns the HTTP handler: the API, the worker socket, modules and
+// the operations endpoints.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /ws/worker", s.handleWorker)
+	mux.HandleFunc("GET /modules/{id}", s.handleModule)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", s.handleReady)
+	mux.Handle("GET /metrics", s.metrics.handler())
+	s.routeAPI(mux)
+	return mux
+}
+
+func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.store.Ping(ctx); err != nil {
+		http.Error(w, "database unavailable: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	_, _ = w.Write([]byte("ready\n"))
+}

@@ -1,0 +1,22 @@
+#!/bin/sh
+# Builds every example task (each tasks/<name>/ holding a main.go, tasks/sdk
+# excepted) to bin/tasks/<name>.wasm as a WASI preview 1 command module.
+# The build is reproducible: -trimpath, no build ID, no VCS stamping, so the
+# same source and Go version give the same bytes (and the same module id).
+#
+# usage: tasks/build.sh [OUTDIR]      (default bin/tasks, from the repo root)
+set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-bin/tasks}
+cd "$root"
+mkdir -p "$out"
+built=0
+for dir in tasks/*/; do
+	name=$(basename "$dir")
+	[ "$name" = sdk ] && continue
+	[ -f "$dir/main.go" ] || continue
+	GOOS=wasip1 GOARCH=wasm CGO_ENABLED=0 go build -trimpath -buildvcs=false \
+		-ldflags='-s -w -buildid=' -o "$out/$name.wasm" "./$dir"
+	built=$((built + 1))
+done
+echo "built $built task modules in $out" >&2

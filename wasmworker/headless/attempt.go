@@ -1,0 +1,244 @@
+package headless
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/experimental"
+	experimentalsysfs "github.com/tetratelabs/wazero/experimental/sysfs"
+	"github.com/tetratelabs/wazero/sys"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/wasmworker"
+)
+
+// argv0 is argv[0] of every task: a constant, so that it is the same on
+// every runner.
+const argv0 = "task"
+
+// attempt is the state of one Run.
+type attempt struct {
+	r      *Runner
+	job    *wasmworker.Job
+	mod    *compiled
+	limits protocol.Limits
+	wall   time.Duration
+	dir    string // temp dir holding in/ and out/
+
+	stop     context.CancelCauseFunc // stops the module early, with a limit error
+	mem      *memoryLimit
+	stdout   *cappedWriter
+	stderr   *cappedWriter
+	clock    deterministicClock
+	ckptMu   sync.Mutex
+	lastCkpt time.Time // start of the attempt or last saved checkpoint
+}
+
+// limitError is the cause given to stop when a limit is broken.
+type limitError struct{ reason, msg string }
+
+func (e *limitError) Error() string { return e.msg }
+
+func newAttempt(r *Runner, job *wasmworker.Job, mod *compiled) *attempt {
+	l := job.Assign.Limits
+	if l.MemoryPages == 0 {
+		l.MemoryPages = DefaultMemoryPages
+	}
+	l.MemoryPages = min(l.MemoryPages, maxMemoryPages)
+	if l.WallMS <= 0 {
+		l.WallMS = DefaultWall.Milliseconds()
+	}
+	if l.OutputBytes <= 0 {
+		l.OutputBytes = DefaultOutputBytes
+	}
+	if l.LogBytes <= 0 {
+		l.LogBytes = DefaultLogBytes
+	}
+	return &attempt{r: r, job: job, mod: mod, limits: l, wall: time.Duration(l.WallMS) * time.Millisecond}
+}
+
+func (a *attempt) cleanup() {
+	if a.dir != "" {
+		if err := os.RemoveAll(a.dir); err != nil {
+			a.r.log.Warn("removing attempt directory", "dir", a.dir, "err", err)
+		}
+	}
+}
+
+func (a *attempt) fail(reason, format string, args ...any) *wasmworker.Outcome {
+	o := &wasmworker.Outcome{Reason: reason, Message: clip(fmt.Sprintf(format, args...))}
+	if a.stderr != nil {
+		o.Log = a.stderr.bytes()
+	}
+	return o
+}
+
+func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
+	as := a.job.Assign
+	if err := a.prepareDirs(); err != nil {
+		var be *badInputError
+		if errors.As(err, &be) {
+			return a.fail(protocol.ReasonWorker, "bad assignment: %v", err)
+		}
+		return a.fail(protocol.ReasonWorker, "preparing /in and /out: %v", err)
+	}
+
+	// ctx ends the module: the parent's cancellation, the wall time limit,
+	// or stop when a limit is broken.
+	wallCtx, cancelWall := context.WithTimeout(parent, a.wall)
+	defer cancelWall()
+	ctx, stop := context.WithCancelCause(wallCtx)
+	defer stop(nil)
+	a.stop = stop
+	defer context.AfterFunc(a.r.closing, func() {
+		stop(&limitError{protocol.ReasonWorker, "the runner is closing"})
+	})()
+
+	a.mem = &memoryLimit{limit: uint64(a.limits.MemoryPages) * 65536}
+	a.stdout = &cappedWriter{limit: a.limits.OutputBytes, onFull: func() {
+		stop(&limitError{protocol.ReasonOutput, fmt.Sprintf("output limit of %d bytes exceeded by stdout", a.limits.OutputBytes)})
+	}}
+	a.stderr = &cappedWriter{limit: a.limits.LogBytes, onFull: func() {
+		stop(&limitError{protocol.ReasonLog, fmt.Sprintf("log limit of %d bytes exceeded (stderr)", a.limits.LogBytes)})
+	}}
+	a.clock.rand.state = as.Seed
+
+	fsc := wazero.NewFSConfig().(experimentalsysfs.FSConfig).
+		WithSysFSMount(&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(a.dir, "in"))}, "/in").(experimentalsysfs.FSConfig).
+		WithSysFSMount(noLinkFS{experimentalsysfs.DirFS(filepath.Join(a.dir, "out"))}, "/out")
+	cfg := wazero.NewModuleConfig().
+		WithName("").
+		WithStartFunctions(). // _start is called below, to tell instantiation from running
+		WithArgs(append([]string{argv0}, as.Args...)...).
+		WithStdin(bytes.NewReader(as.Stdin.Data)).
+		WithStdout(a.stdout).
+		WithStderr(a.stderr).
+		WithFSConfig(fsc).
+		WithWalltime(a.clock.walltime, clockResolution).
+		WithNanotime(a.clock.nanotime, clockResolution).
+		WithNanosleep(a.clock.nanosleep).
+		WithOsyield(func() {}).
+		WithRandSource(&a.clock.rand)
+
+	ctx = context.WithValue(ctx, attemptKey{}, a)
+	ictx := experimental.WithMemoryAllocator(ctx, a.mem)
+	inst, err := a.instantiate(ictx, cfg)
+	if err != nil {
+		if parent.Err() != nil {
+			return a.fail(protocol.ReasonCancelled, "cancelled")
+		}
+		if a.mem.refused() {
+			return a.fail(protocol.ReasonMemory, "%s", a.mem.message())
+		}
+		var ee *sys.ExitError
+		if errors.As(err, &ee) { // proc_exit from a wasm start function
+			return a.exitOutcome(ctx, parent, ee)
+		}
+		return a.fail(protocol.ReasonModule, "instantiating module: %v", err)
+	}
+	defer inst.Close(context.Background())
+	if a.mod.instrumented {
+		g, ok := inst.ExportedGlobal(stopExport).(api.MutableGlobal)
+		if !ok {
+			return a.fail(protocol.ReasonWorker, "instrumented module has no stop flag")
+		}
+		// The flag is read by the module's loops on another goroutine;
+		// the store becomes visible to them without further
+		// synchronisation on the platforms wazero's compiler supports.
+		defer context.AfterFunc(ctx, func() { g.Set(1) })()
+	}
+
+	a.ckptMu.Lock()
+	a.lastCkpt = time.Now()
+	a.ckptMu.Unlock()
+	_, err = inst.ExportedFunction("_start").Call(ctx)
+	if err != nil {
+		var ee *sys.ExitError
+		if errors.As(err, &ee) {
+			return a.exitOutcome(ctx, parent, ee)
+		}
+		if o := a.stopped(ctx, parent); o != nil {
+			return o
+		}
+		return a.fail(protocol.ReasonTrap, "trap: %v", err)
+	}
+	return a.exitOutcome(ctx, parent, nil)
+}
+
+// instantiate instantiates the module, turning a panic of wazero's memory
+// set-up (our allocator refuses the module's declared minimum) into an error.
+func (a *attempt) instantiate(ctx context.Context, cfg wazero.ModuleConfig) (inst api.Module, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			if !a.mem.refused() {
+				panic(p)
+			}
+			inst, err = nil, fmt.Errorf("memory allocation refused: %v", p)
+		}
+	}()
+	return a.mod.rt.InstantiateModule(ctx, a.mod.mod, cfg)
+}
+
+// stopped returns the outcome of a module stopped from outside (cancel, a
+// broken limit, the wall time), or nil when it was not stopped.
+func (a *attempt) stopped(ctx, parent context.Context) *wasmworker.Outcome {
+	if parent.Err() != nil {
+		return a.fail(protocol.ReasonCancelled, "cancelled")
+	}
+	if a.mem.refused() {
+		return a.fail(protocol.ReasonMemory, "%s", a.mem.message())
+	}
+	var le *limitError
+	if errors.As(context.Cause(ctx), &le) {
+		return a.fail(le.reason, "%s", le.msg)
+	}
+	if ctx.Err() != nil {
+		return a.fail(protocol.ReasonWallTime, "wall time limit of %v exceeded", a.wall)
+	}
+	return nil
+}
+
+// exitOutcome is the outcome of a module that exited (ee nil: _start returned).
+func (a *attempt) exitOutcome(ctx, parent context.Context, ee *sys.ExitError) *wasmworker.Outcome {
+	if o := a.stopped(ctx, parent); o != nil {
+		return o
+	}
+	if ee != nil && ee.ExitCode() != 0 {
+		o := a.fail(protocol.ReasonExit, "exit code %d", ee.ExitCode())
+		if last := lastLine(o.Log); last != "" {
+			o.Message = clip(o.Message + ": " + last)
+		}
+		return o
+	}
+	outputs, err := a.collectOutputs()
+	if err != nil {
+		var le *limitError
+		if errors.As(err, &le) {
+			return a.fail(le.reason, "%s", le.msg)
+		}
+		return a.fail(protocol.ReasonWorker, "collecting outputs: %v", err)
+	}
+	return &wasmworker.Outcome{Outputs: outputs, Log: a.stderr.bytes()}
+}
+
+// lastLine returns the last non-empty line of a log, at most 200 bytes.
+func lastLine(log []byte) string {
+	s := strings.TrimRight(string(log), "\n")
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	s = strings.TrimSpace(s)
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}

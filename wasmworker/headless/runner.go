@@ -1,0 +1,348 @@
+// Package headless is the wasmworker.Runner used by `cyclepool worker`: it
+// runs task modules with wazero's optimizing compiler, keeps compiled code in
+// a compilation cache on disk (so a module is compiled once per machine) and
+// in memory (so it is compiled once per process), and implements the task ABI
+// of docs/TASK_ABI.md: argv, stdin, stdout, /in, /out, the stderr log, the
+// `cyclepool` host functions, deterministic clocks and random numbers, and
+// the per-attempt limits.
+package headless
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/wasmworker"
+)
+
+// Default limits, used for every limit the assignment leaves at zero.
+const (
+	DefaultMemoryPages = 4096             // 256 MiB
+	DefaultWall        = time.Hour        // wall time
+	DefaultOutputBytes = 64 << 20         // stdout plus files under /out
+	DefaultLogBytes    = 1 << 20          // stderr
+	maxMemoryPages     = uint32(1) << 16  // 4 GiB, the wasm32 maximum
+	maxMessage         = 4 << 10          // longest Outcome.Message
+	epochSeconds       = 1_700_000_000    // the wall clock's start, Unix seconds
+	clockStep          = int64(1_000_000) // each clock read advances the clock by 1 ms
+)
+
+// Config configures a Runner.
+type Config struct {
+	// CacheDir holds wazero's compilation cache. Empty means an in-memory
+	// cache only (modules are compiled again by each process).
+	CacheDir string
+	// Logger receives diagnostics; nil discards them.
+	Logger *slog.Logger
+
+	// stopMode chooses how running modules are stopped; tests and
+	// benchmarks change it, the zero value is what production uses.
+	stopMode stopMode
+}
+
+// stopMode is how a running module is stopped (docs/TASK_ABI.md,
+// "Cancellation").
+type stopMode int
+
+const (
+	// stopInstrumented adds a check of a stop flag to every loop header
+	// (instrument.go) and falls back to stopCloseOnContextDone for a
+	// module it cannot instrument.
+	stopInstrumented stopMode = iota
+	// stopCloseOnContextDone uses wazero's WithCloseOnContextDone.
+	stopCloseOnContextDone
+	// stopNever runs modules as they are: they cannot be stopped. Only for
+	// benchmarks.
+	stopNever
+)
+
+// Runner runs task attempts with wazero. It is safe for concurrent use: each
+// Run call is one slot.
+type Runner struct {
+	log   *slog.Logger
+	mode  stopMode
+	cache wazero.CompilationCache
+	// fast runs instrumented modules (and, in stopNever mode, any module);
+	// safe has WithCloseOnContextDone.
+	fast, safe wazero.Runtime
+
+	closing context.Context // cancelled by Close, which stops running attempts
+	close   context.CancelFunc
+	running sync.WaitGroup
+
+	mu      sync.Mutex
+	modules map[string]*compiled // by module id
+	closed  bool
+}
+
+// compiled is a module compiled, or being compiled, by one caller while
+// others wait on done.
+type compiled struct {
+	done         chan struct{}
+	mod          wazero.CompiledModule
+	rt           wazero.Runtime // the runtime mod was compiled by
+	instrumented bool           // mod exports the stop flag stopExport
+	err          error
+}
+
+// New creates a Runner: wazero runtimes with the compiler engine, the
+// compilation cache in cfg.CacheDir, WASI preview 1 and the `cyclepool` host
+// module.
+func New(ctx context.Context, cfg Config) (*Runner, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var cache wazero.CompilationCache
+	if cfg.CacheDir != "" {
+		c, err := wazero.NewCompilationCacheWithDir(cfg.CacheDir)
+		if err != nil {
+			return nil, fmt.Errorf("headless: compilation cache %s: %w", cfg.CacheDir, err)
+		}
+		cache = c
+	} else {
+		cache = wazero.NewCompilationCache()
+	}
+	r := &Runner{log: log, mode: cfg.stopMode, cache: cache, modules: map[string]*compiled{}}
+	r.closing, r.close = context.WithCancel(context.Background())
+	var err error
+	if r.fast, err = newRuntime(ctx, cache, false); err == nil {
+		r.safe, err = newRuntime(ctx, cache, true)
+	}
+	if err != nil {
+		r.Close(ctx)
+		return nil, err
+	}
+	return r, nil
+}
+
+// newRuntime creates a runtime with WASI and the cyclepool host module.
+func newRuntime(ctx context.Context, cache wazero.CompilationCache, closeOnContextDone bool) (wazero.Runtime, error) {
+	rc := wazero.NewRuntimeConfigCompiler().
+		WithCompilationCache(cache).
+		// Memory is limited per attempt by the allocator in limits.go; the
+		// runtime itself allows the wasm32 maximum so that one compiled
+		// module serves attempts with different limits.
+		WithMemoryLimitPages(maxMemoryPages).
+		WithCloseOnContextDone(closeOnContextDone)
+	rt := wazero.NewRuntimeWithConfig(ctx, rc)
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, rt); err != nil {
+		rt.Close(ctx)
+		return nil, fmt.Errorf("headless: instantiating WASI: %w", err)
+	}
+	if err := instantiateHost(ctx, rt); err != nil {
+		rt.Close(ctx)
+		return nil, fmt.Errorf("headless: instantiating the cyclepool host module: %w", err)
+	}
+	return rt, nil
+}
+
+// Close stops the attempts still running (they end with ReasonWorker),
+// waits for them as long as ctx allows, and releases the runtimes, every
+// compiled module and the compilation cache. Later Runs fail.
+func (r *Runner) Close(ctx context.Context) error {
+	r.mu.Lock()
+	r.closed = true
+	r.modules = map[string]*compiled{}
+	r.mu.Unlock()
+	r.close()
+	waited := make(chan struct{})
+	go func() { r.running.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-ctx.Done():
+		return fmt.Errorf("headless: attempts still running: %w", ctx.Err())
+	}
+	var errs []error
+	for _, rt := range []wazero.Runtime{r.fast, r.safe} {
+		if rt != nil {
+			errs = append(errs, rt.Close(ctx))
+		}
+	}
+	errs = append(errs, r.cache.Close(ctx))
+	return errors.Join(errs...)
+}
+
+// moduleError marks errors that make the attempt fail with ReasonModule.
+type moduleError struct{ err error }
+
+func (e *moduleError) Error() string { return e.err.Error() }
+func (e *moduleError) Unwrap() error { return e.err }
+
+// compile returns the compiled module for job.ModuleID, fetching and
+// compiling it when this process has not done so yet. Concurrent calls for
+// the same module wait for one compilation.
+func (r *Runner) compile(ctx context.Context, job *wasmworker.Job) (*compiled, error) {
+	for {
+		r.mu.Lock()
+		if r.closed {
+			r.mu.Unlock()
+			return nil, errors.New("runner closed")
+		}
+		c, ok := r.modules[job.ModuleID]
+		if !ok {
+			c = &compiled{done: make(chan struct{})}
+			r.modules[job.ModuleID] = c
+			r.mu.Unlock()
+			c.err = r.fetchAndCompile(ctx, job, c)
+			r.mu.Lock()
+			if c.err != nil && r.modules[job.ModuleID] == c {
+				delete(r.modules, job.ModuleID) // let a later attempt try again
+			}
+			r.mu.Unlock()
+			close(c.done)
+			return c, c.err
+		}
+		r.mu.Unlock()
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if c.err == nil {
+			return c, nil
+		}
+		// The compiling caller failed. If that was its own cancellation,
+		// try again ourselves; otherwise the module is bad for us too.
+		if !errors.Is(c.err, context.Canceled) && !errors.Is(c.err, context.DeadlineExceeded) {
+			return nil, c.err
+		}
+	}
+}
+
+func (r *Runner) fetchAndCompile(ctx context.Context, job *wasmworker.Job, c *compiled) error {
+	want, ok := strings.CutPrefix(job.ModuleID, "sha256:")
+	if !ok || len(want) != 64 {
+		return &moduleError{fmt.Errorf("module id %q is not sha256:<64 hex digits>", job.ModuleID)}
+	}
+	if job.Fetch == nil {
+		return &moduleError{errors.New("no way to fetch the module")}
+	}
+	start := time.Now()
+	b, err := job.Fetch(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return &moduleError{fmt.Errorf("fetching module %s: %w", job.ModuleID, err)}
+	}
+	sum := sha256.Sum256(b)
+	if got := hex.EncodeToString(sum[:]); got != strings.ToLower(want) {
+		return &moduleError{fmt.Errorf("module bytes hash to sha256:%s, not %s", got, job.ModuleID)}
+	}
+	fetched := time.Now()
+
+	switch r.mode {
+	case stopInstrumented:
+		ib, ierr := instrument(b)
+		if ierr == nil {
+			c.mod, err = r.fast.CompileModule(ctx, ib)
+			if err == nil {
+				c.rt, c.instrumented = r.fast, true
+				break
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			ierr = err
+		}
+		r.log.Info("module not instrumented, using WithCloseOnContextDone",
+			"module", job.ModuleID, "err", ierr)
+		c.mod, err = r.safe.CompileModule(ctx, b)
+		c.rt = r.safe
+	case stopCloseOnContextDone:
+		c.mod, err = r.safe.CompileModule(ctx, b)
+		c.rt = r.safe
+	case stopNever:
+		c.mod, err = r.fast.CompileModule(ctx, b)
+		c.rt = r.fast
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return &moduleError{fmt.Errorf("compiling module %s: %w", job.ModuleID, err)}
+	}
+	if _, ok := c.mod.ExportedFunctions()["_start"]; !ok {
+		c.mod.Close(context.Background())
+		return &moduleError{fmt.Errorf("module %s exports no _start function (a task is a WASI command)", job.ModuleID)}
+	}
+	r.log.Debug("module compiled", "module", job.ModuleID, "bytes", len(b), "instrumented", c.instrumented,
+		"fetch", fetched.Sub(start), "compile", time.Since(fetched))
+	return nil
+}
+
+// Run runs one attempt and reports how it ended. It returns promptly, with
+// Reason protocol.ReasonCancelled, when ctx is cancelled.
+func (r *Runner) Run(ctx context.Context, job *wasmworker.Job) (out *wasmworker.Outcome) {
+	start := time.Now()
+	defer func() { out.Duration = time.Since(start) }()
+	fail := func(reason, format string, args ...any) *wasmworker.Outcome {
+		return &wasmworker.Outcome{Reason: reason, Message: clip(fmt.Sprintf(format, args...))}
+	}
+	if job == nil || job.Assign == nil {
+		return fail(protocol.ReasonWorker, "no assignment")
+	}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return fail(protocol.ReasonWorker, "runner closed")
+	}
+	r.running.Add(1)
+	r.mu.Unlock()
+	defer r.running.Done()
+	c, err := r.compile(ctx, job)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fail(protocol.ReasonCancelled, "cancelled before the module was ready")
+		}
+		var me *moduleError
+		if errors.As(err, &me) {
+			return fail(protocol.ReasonModule, "%v", err)
+		}
+		return fail(protocol.ReasonWorker, "%v", err)
+	}
+	a := newAttempt(r, job, c)
+	defer a.cleanup()
+	return a.run(ctx)
+}
+
+// instantiateHost instantiates the `cyclepool` host module. Its functions
+// find the attempt that calls them in the call's context (see attemptKey).
+func instantiateHost(ctx context.Context, rt wazero.Runtime) error {
+	i32, f64 := api.ValueTypeI32, api.ValueTypeF64
+	_, err := rt.NewHostModuleBuilder("cyclepool").
+		NewFunctionBuilder().
+		WithGoModuleFunction(api.GoModuleFunc(hostProgress), []api.ValueType{f64}, nil).
+		WithParameterNames("fraction").Export("progress").
+		NewFunctionBuilder().
+		WithGoModuleFunction(api.GoModuleFunc(hostCheckpointDue), nil, []api.ValueType{i32}).
+		Export("checkpoint_due").
+		NewFunctionBuilder().
+		WithGoModuleFunction(api.GoModuleFunc(hostCheckpoint), []api.ValueType{i32, i32}, []api.ValueType{i32}).
+		WithParameterNames("ptr", "len").Export("checkpoint").
+		NewFunctionBuilder().
+		WithGoModuleFunction(api.GoModuleFunc(hostRestore), []api.ValueType{i32, i32}, []api.ValueType{i32}).
+		WithParameterNames("ptr", "cap").Export("restore").
+		Instantiate(ctx)
+	return err
+}
+
+// clip shortens s to at most maxMessage bytes.
+func clip(s string) string {
+	if len(s) <= maxMessage {
+		return s
+	}
+	return s[:maxMessage] + "…"
+}

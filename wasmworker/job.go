@@ -1,0 +1,54 @@
+// Package wasmworker is the worker side of cyclepool: it connects to one of
+// several servers over the worker WebSocket, keeps a number of slots busy
+// with task attempts, heartbeats their progress, uploads checkpoints and
+// delivers results. How a task module actually runs is up to a Runner: the
+// headless runner (package headless) uses wazero, the browser runner runs
+// modules in Web Workers.
+package wasmworker
+
+import (
+	"context"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+)
+
+// Runner runs task attempts. Run must return when ctx is cancelled, with an
+// Outcome whose Reason is protocol.ReasonCancelled.
+type Runner interface {
+	Run(ctx context.Context, job *Job) *Outcome
+}
+
+// Host is what a running attempt may ask of the worker.
+type Host interface {
+	// Progress records the fraction of the attempt done (0 to 1).
+	Progress(fraction float64)
+	// Checkpoint hands state to the server and returns once the server has
+	// committed it, or with an error when it was refused or could not be
+	// delivered in time.
+	Checkpoint(ctx context.Context, state []byte) error
+}
+
+// Job is one attempt to run.
+type Job struct {
+	Assign   *protocol.Assign // what the server sent: args, stdin, inputs, restore, seed, limits
+	ModuleID string           // "sha256:<hex>"
+	// Fetch returns the module bytes. A runner that already holds a compiled
+	// module for ModuleID need not call it.
+	Fetch func(ctx context.Context) ([]byte, error)
+	Host  Host
+}
+
+// Outcome is how an attempt ended.
+type Outcome struct {
+	// Outputs holds "stdout" first, then every file written under /out,
+	// named by its path relative to /out, sorted by name.
+	Outputs []protocol.Blob
+	// Log is the task's stderr, at most Limits.LogBytes long.
+	Log []byte
+	// Reason is empty on success, otherwise one of the protocol.Reason*
+	// constants; Message says what happened in words.
+	Reason   string
+	Message  string
+	Duration time.Duration
+}

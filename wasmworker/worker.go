@@ -1,0 +1,501 @@
+package wasmworker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+)
+
+// Config configures a Worker.
+type Config struct {
+	// Servers are the base URLs (http://host:port) of server replicas; the
+	// worker uses one at a time and moves to the next when it cannot
+	// connect.
+	Servers []string
+	// Slots is the number of attempts run at once (default 1).
+	Slots int
+	// Kind is protocol.KindHeadless or protocol.KindBrowser.
+	Kind   string
+	Runner Runner
+	// Device reports the device state for hello and heartbeats; nil reports
+	// nothing known.
+	Device func() protocol.Device
+	// Volunteer is the browser volunteer's id, if any.
+	Volunteer string
+	Logger    *slog.Logger
+	// HTTPClient fetches modules (default http.DefaultClient).
+	HTTPClient *http.Client
+}
+
+// Worker connects to a server and runs the attempts it is given.
+type Worker struct {
+	cfg Config
+	log *slog.Logger
+
+	mu        sync.Mutex
+	id, token string
+	out       chan outMsg   // frames for the current connection; nil when disconnected
+	sessDone  chan struct{} // closed when the current connection ends
+	running   map[int64]*attempt
+	pending   map[int64]*protocol.Frame // outcomes not yet acknowledged
+	modules   map[string][]byte
+	connected chan struct{} // closed while connected
+	stats     Stats
+}
+
+// Stats counts what a worker did since it started.
+type Stats struct {
+	Done, Failed, Refused int
+	Connected             bool
+	Server                string
+}
+
+type outMsg struct {
+	data   []byte
+	binary bool
+}
+
+type attempt struct {
+	assign   *protocol.Assign
+	cancel   context.CancelFunc
+	progress float64
+	seq      int
+	ckptAcks map[int]chan protocol.Ack
+}
+
+// New returns a worker; Run starts it.
+func New(cfg Config) *Worker {
+	if cfg.Slots < 1 {
+		cfg.Slots = 1
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = http.DefaultClient
+	}
+	if cfg.Device == nil {
+		cfg.Device = func() protocol.Device { return protocol.Device{} }
+	}
+	return &Worker{cfg: cfg, log: cfg.Logger, running: map[int64]*attempt{}, pending: map[int64]*protocol.Frame{},
+		modules: map[string][]byte{}, connected: make(chan struct{})}
+}
+
+// Stats returns a snapshot of the worker's counters.
+func (w *Worker) Stats() Stats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stats
+}
+
+// Run connects, reconnecting after failures with a growing pause and moving
+// through the configured servers, until ctx is done. Attempts keep running
+// while disconnected; their results are delivered after reconnecting.
+func (w *Worker) Run(ctx context.Context) error {
+	if len(w.cfg.Servers) == 0 {
+		return errors.New("worker: no server URL")
+	}
+	backoff := 100 * time.Millisecond
+	for i := 0; ctx.Err() == nil; i++ {
+		server := w.cfg.Servers[i%len(w.cfg.Servers)]
+		start := time.Now()
+		err := w.session(ctx, server)
+		if ctx.Err() != nil {
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			backoff = 100 * time.Millisecond
+		}
+		w.log.Warn("disconnected from server", "server", server, "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+	w.mu.Lock()
+	for _, a := range w.running {
+		a.cancel()
+	}
+	w.mu.Unlock()
+	return nil
+}
+
+func wsURL(server string) string {
+	u := strings.TrimSuffix(server, "/")
+	switch {
+	case strings.HasPrefix(u, "https://"):
+		u = "wss://" + strings.TrimPrefix(u, "https://")
+	case strings.HasPrefix(u, "http://"):
+		u = "ws://" + strings.TrimPrefix(u, "http://")
+	}
+	return u + "/ws/worker"
+}
+
+// session runs one connection to server until it breaks.
+func (w *Worker) session(ctx context.Context, server string) error {
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ws, _, err := websocket.Dial(dctx, wsURL(server), w.dialOptions())
+	cancel()
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer ws.CloseNow()
+	ws.SetReadLimit(protocol.DefaultMaxFrameBytes)
+	sctx, scancel := context.WithCancel(ctx)
+	defer scancel()
+
+	w.mu.Lock()
+	hello := &protocol.Hello{Version: protocol.Version, Kind: w.cfg.Kind, Slots: w.cfg.Slots, WorkerID: w.id,
+		ReconnectToken: w.token, Volunteer: w.cfg.Volunteer, Device: w.cfg.Device()}
+	for id := range w.running {
+		hello.Running = append(hello.Running, id)
+	}
+	for id := range w.pending {
+		if _, ok := w.running[id]; !ok {
+			hello.Running = append(hello.Running, id)
+		}
+	}
+	w.mu.Unlock()
+	if len(hello.Running) > w.cfg.Slots {
+		hello.Running = hello.Running[:w.cfg.Slots]
+	}
+	if err := writeFrame(sctx, ws, &protocol.Frame{Type: protocol.TypeHello, Hello: hello}); err != nil {
+		return err
+	}
+	f, err := readFrame(sctx, ws, 10*time.Second)
+	if err != nil {
+		return fmt.Errorf("read welcome: %w", err)
+	}
+	if f.Type == protocol.TypeError {
+		return fmt.Errorf("server refused: %s", f.Error.Message)
+	}
+	if f.Type != protocol.TypeWelcome {
+		return fmt.Errorf("expected welcome, got %q", f.Type)
+	}
+	wel := f.Welcome
+	out := make(chan outMsg, 256)
+	w.mu.Lock()
+	w.id, w.token = wel.WorkerID, wel.ReconnectToken
+	for _, id := range wel.Lost {
+		if a := w.running[id]; a != nil {
+			a.cancel()
+		}
+		delete(w.pending, id)
+	}
+	w.out, w.sessDone = out, make(chan struct{})
+	w.stats.Connected, w.stats.Server = true, server
+	close(w.connected)
+	var resend []*protocol.Frame
+	for _, p := range w.pending {
+		resend = append(resend, p)
+	}
+	w.mu.Unlock()
+	w.log.Info("connected", "server", server, "worker", wel.WorkerID, "slots", w.cfg.Slots)
+	defer func() {
+		w.mu.Lock()
+		w.out = nil
+		close(w.sessDone)
+		w.stats.Connected = false
+		w.connected = make(chan struct{})
+		w.mu.Unlock()
+	}()
+	for _, p := range resend {
+		w.send(p)
+	}
+
+	errc := make(chan error, 3)
+	go func() { errc <- w.writeLoop(sctx, ws, out) }()
+	go func() { errc <- w.heartbeatLoop(sctx, time.Duration(wel.HeartbeatMS)*time.Millisecond) }()
+	go func() { errc <- w.readLoop(sctx, ws, server) }()
+	err = <-errc
+	scancel()
+	return err
+}
+
+func writeFrame(ctx context.Context, ws *websocket.Conn, f *protocol.Frame) error {
+	data, bin, err := protocol.Encode(f)
+	if err != nil {
+		return err
+	}
+	typ := websocket.MessageText
+	if bin {
+		typ = websocket.MessageBinary
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return ws.Write(wctx, typ, data)
+}
+
+func readFrame(ctx context.Context, ws *websocket.Conn, timeout time.Duration) (*protocol.Frame, error) {
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	typ, data, err := ws.Read(rctx)
+	if err != nil {
+		return nil, err
+	}
+	return protocol.Decode(data, typ == websocket.MessageBinary)
+}
+
+func (w *Worker) writeLoop(ctx context.Context, ws *websocket.Conn, out chan outMsg) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case m := <-out:
+			typ := websocket.MessageText
+			if m.binary {
+				typ = websocket.MessageBinary
+			}
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := ws.Write(wctx, typ, m.data)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("write: %w", err)
+			}
+		}
+	}
+}
+
+// send queues a frame on the current connection; it reports false when
+// disconnected (outcomes stay pending and are sent after reconnecting).
+func (w *Worker) send(f *protocol.Frame) bool {
+	data, bin, err := protocol.Encode(f)
+	if err != nil {
+		w.log.Error("encode frame", "type", f.Type, "err", err)
+		return false
+	}
+	w.mu.Lock()
+	out, done := w.out, w.sessDone
+	w.mu.Unlock()
+	if out == nil {
+		return false
+	}
+	select {
+	case out <- outMsg{data, bin}:
+		return true
+	case <-done:
+		return false
+	}
+}
+
+func (w *Worker) heartbeatLoop(ctx context.Context, every time.Duration) error {
+	if every <= 0 {
+		every = 3 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		dev := w.cfg.Device()
+		hb := &protocol.Heartbeat{Device: &dev}
+		w.mu.Lock()
+		for id, a := range w.running {
+			hb.Running = append(hb.Running, protocol.Progress{Attempt: id, Fraction: a.progress})
+		}
+		hb.Free = w.cfg.Slots - len(w.running)
+		w.mu.Unlock()
+		w.send(&protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: hb})
+	}
+}
+
+func (w *Worker) readLoop(ctx context.Context, ws *websocket.Conn, server string) error {
+	for {
+		typ, data, err := ws.Read(ctx)
+		if err != nil {
+			return fmt.Errorf("read: %w", err)
+		}
+		f, err := protocol.Decode(data, typ == websocket.MessageBinary)
+		if err != nil {
+			return fmt.Errorf("bad frame from server: %w", err)
+		}
+		switch f.Type {
+		case protocol.TypeAssign:
+			for i := range f.Assign {
+				w.start(ctx, &f.Assign[i], server)
+			}
+		case protocol.TypeCancel:
+			w.mu.Lock()
+			for _, id := range f.Cancel.Attempts {
+				if a := w.running[id]; a != nil {
+					a.cancel()
+				}
+				delete(w.pending, id)
+			}
+			w.mu.Unlock()
+		case protocol.TypeAck:
+			w.mu.Lock()
+			for _, ack := range f.Acks {
+				switch ack.Of {
+				case protocol.AckCheckpoint:
+					if a := w.running[ack.Attempt]; a != nil {
+						if ch := a.ckptAcks[ack.Seq]; ch != nil {
+							ch <- ack
+							delete(a.ckptAcks, ack.Seq)
+						}
+					}
+				case protocol.AckResult, protocol.AckFail:
+					if ack.OK || !strings.Contains(ack.Error, "send it again") {
+						delete(w.pending, ack.Attempt)
+						if !ack.OK {
+							w.stats.Refused++
+						}
+					}
+				}
+			}
+			w.mu.Unlock()
+		case protocol.TypeError:
+			return fmt.Errorf("server error: %s", f.Error.Message)
+		}
+	}
+}
+
+// start runs one assigned attempt in its own goroutine. The attempt outlives
+// the connection: it is bound to the worker's lifetime, not the socket's.
+func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
+	actx, cancel := context.WithCancel(context.Background())
+	a := &attempt{assign: as, cancel: cancel, ckptAcks: map[int]chan protocol.Ack{}}
+	w.mu.Lock()
+	if _, dup := w.running[as.Attempt]; dup {
+		w.mu.Unlock()
+		cancel()
+		return
+	}
+	w.running[as.Attempt] = a
+	w.mu.Unlock()
+	go func() {
+		defer cancel()
+		job := &Job{Assign: as, ModuleID: as.Module, Host: &host{w: w, a: a},
+			Fetch: func(ctx context.Context) ([]byte, error) { return w.fetchModule(ctx, server, as.Module) }}
+		out := w.cfg.Runner.Run(actx, job)
+		var f *protocol.Frame
+		if out.Reason == "" {
+			f = &protocol.Frame{Type: protocol.TypeResult, Results: []protocol.Result{{
+				Attempt: as.Attempt, Outputs: out.Outputs, Log: protocol.Blob{Data: out.Log}, DurationMS: out.Duration.Milliseconds()}}}
+		} else {
+			f = &protocol.Frame{Type: protocol.TypeFail, Fails: []protocol.Fail{{
+				Attempt: as.Attempt, Reason: out.Reason, Message: out.Message, Log: protocol.Blob{Data: out.Log}, DurationMS: out.Duration.Milliseconds()}}}
+		}
+		w.mu.Lock()
+		delete(w.running, as.Attempt)
+		if out.Reason == "" {
+			w.stats.Done++
+		} else {
+			w.stats.Failed++
+		}
+		cancelled := out.Reason == protocol.ReasonCancelled
+		if !cancelled {
+			w.pending[as.Attempt] = f
+		}
+		w.mu.Unlock()
+		if !cancelled {
+			w.send(f)
+		}
+	}()
+}
+
+// fetchModule returns module bytes, from memory or from the server.
+func (w *Worker) fetchModule(ctx context.Context, server, id string) ([]byte, error) {
+	w.mu.Lock()
+	b, ok := w.modules[id]
+	w.mu.Unlock()
+	if ok {
+		return b, nil
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(server, "/")+"/modules/"+id, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := w.cfg.HTTPClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("fetch module %s: %w", id, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("fetch module %s: %s", id, resp.Status)
+	}
+	b, err = io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return nil, fmt.Errorf("fetch module %s: %w", id, err)
+	}
+	w.mu.Lock()
+	if len(w.modules) > 64 {
+		clear(w.modules)
+	}
+	w.modules[id] = b
+	w.mu.Unlock()
+	return b, nil
+}
+
+// host is the Host of one attempt.
+type host struct {
+	w *Worker
+	a *attempt
+}
+
+func (h *host) Progress(f float64) {
+	h.w.mu.Lock()
+	h.a.progress = f
+	h.w.mu.Unlock()
+}
+
+// Checkpoint sends the state and waits for the server's ack, across a
+// reconnection if need be, for at most a minute.
+func (h *host) Checkpoint(ctx context.Context, state []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	w := h.w
+	w.mu.Lock()
+	h.a.seq++
+	seq := h.a.seq
+	ch := make(chan protocol.Ack, 1)
+	h.a.ckptAcks[seq] = ch
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		delete(h.a.ckptAcks, seq)
+		w.mu.Unlock()
+	}()
+	f := &protocol.Frame{Type: protocol.TypeCheckpoint, Checkpoint: &protocol.Checkpoint{Attempt: h.a.assign.Attempt, Seq: seq, State: protocol.Blob{Data: state}}}
+	for {
+		w.mu.Lock()
+		connected := w.connected
+		w.mu.Unlock()
+		select {
+		case <-connected:
+		case <-ctx.Done():
+			return fmt.Errorf("checkpoint not delivered: %w", ctx.Err())
+		}
+		if w.send(f) {
+			break
+		}
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+			return fmt.Errorf("checkpoint not delivered: %w", ctx.Err())
+		}
+	}
+	select {
+	case ack := <-ch:
+		if !ack.OK {
+			return fmt.Errorf("checkpoint refused: %s", ack.Error)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("checkpoint not acknowledged: %w", ctx.Err())
+	}
+}
