@@ -122,6 +122,7 @@ CREATE TABLE attempts (
 );
 CREATE INDEX attempts_running ON attempts (lease_until) WHERE state = 'running';
 CREATE INDEX attempts_task ON attempts (task_id);
+CREATE INDEX attempts_worker ON attempts (worker_id);
 
 -- Leader rows with a TTL: one replica at a time runs maintenance.
 CREATE TABLE leaders (

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -367,4 +366,3 @@ func absDiff(a, b float64) float64 {
 	return b - a
 }
 
-var _ = context.Background

@@ -52,8 +52,8 @@ func newMetrics(s *Server) *metrics {
 		m.leader, m.batchSize, m.batchSeconds,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{s: s,
-			tasks: prometheus.NewDesc("cyclepool_tasks", "Unfinished tasks over all workflows, by state (from the database).", []string{"state"}, nil),
-			workersDB: prometheus.NewDesc("cyclepool_workers_connected", "Connected workers over all replicas, by kind (from the database).", []string{"kind"}, nil),
+			tasks:       prometheus.NewDesc("cyclepool_tasks", "Unfinished tasks over all workflows, by state (from the database).", []string{"state"}, nil),
+			workersDB:   prometheus.NewDesc("cyclepool_workers_connected", "Connected workers over all replicas, by kind (from the database).", []string{"kind"}, nil),
 			workersHere: prometheus.NewDesc("cyclepool_replica_workers", "Workers connected to this replica, by kind.", []string{"kind"}, nil),
 		})
 	return m
@@ -73,7 +73,7 @@ func (m *metrics) handler() http.Handler {
 
 // stateCollector reads task and worker counts at scrape time.
 type stateCollector struct {
-	s                               *Server
+	s                             *Server
 	tasks, workersDB, workersHere *prometheus.Desc
 }
 

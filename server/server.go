@@ -12,7 +12,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -285,7 +284,7 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 		ack := protocol.Ack{Attempt: b.comp.Attempt, Of: b.of}
 		switch {
 		case err != nil:
-			ack.Error = "not committed: server error; send it again"
+			ack.Error, ack.Retry = "not committed: server error; send it again", true
 		case accepted[i]:
 			ack.OK = true
 			if b.comp.OK {
@@ -324,7 +323,7 @@ func (s *Server) touchWorkers(ctx context.Context) {
 	}
 }
 
-var errShuttingDown = errors.New("server shutting down")
+
 
 // Handler returns the HTTP handler: the API, the worker socket, modules and
 // the operations endpoints.

@@ -307,6 +307,12 @@ func (w *Worker) heartbeatLoop(ctx context.Context, every time.Duration) error {
 		for id, a := range w.running {
 			hb.Running = append(hb.Running, protocol.Progress{Attempt: id, Fraction: a.progress})
 		}
+		// Attempts whose outcome awaits its ack keep their leases too.
+		for id := range w.pending {
+			if _, ok := w.running[id]; !ok {
+				hb.Running = append(hb.Running, protocol.Progress{Attempt: id, Fraction: 1})
+			}
+		}
 		hb.Free = w.cfg.Slots - len(w.running)
 		w.mu.Unlock()
 		w.send(&protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: hb})
@@ -349,11 +355,16 @@ func (w *Worker) readLoop(ctx context.Context, ws *websocket.Conn, server string
 						}
 					}
 				case protocol.AckResult, protocol.AckFail:
-					if ack.OK || !strings.Contains(ack.Error, "send it again") {
-						delete(w.pending, ack.Attempt)
-						if !ack.OK {
-							w.stats.Refused++
+					if ack.Retry {
+						if f := w.pending[ack.Attempt]; f != nil {
+							time.AfterFunc(time.Second, func() { w.send(f) })
 						}
+						continue
+					}
+					delete(w.pending, ack.Attempt)
+					if !ack.OK {
+						w.stats.Refused++
+						w.log.Warn("result refused", "attempt", ack.Attempt, "why", ack.Error)
 					}
 				}
 			}
@@ -397,14 +408,11 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		} else {
 			w.stats.Failed++
 		}
-		cancelled := out.Reason == protocol.ReasonCancelled
-		if !cancelled {
-			w.pending[as.Attempt] = f
-		}
+		// Even a cancelled attempt reports: the server frees its slot on the
+		// report (and refuses it, the attempt being over already).
+		w.pending[as.Attempt] = f
 		w.mu.Unlock()
-		if !cancelled {
-			w.send(f)
-		}
+		w.send(f)
 	}()
 }
 

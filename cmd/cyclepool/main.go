@@ -33,6 +33,7 @@ func commands() []command {
 		{"serve", "serve [--addr :8080] [--database-url URL] [--data-dir DIR]", "run the server", runServe},
 		{"worker", "worker --server URL [--slots N] [--cache-dir DIR]", "run a headless worker", runWorker},
 		{"token", "token create NAME [--data-dir DIR | --database-url URL]", "create an owner token", runToken},
+		{"bench", "bench [--tasks N] [--conns N] [--only single,dispatch,conns,wasm]", "measure the platform on this machine", runBench},
 		{"module", "module push FILE.wasm... | module list", "push WebAssembly modules (prints their ids) or list them", runModule},
 		{"submit", "submit WORKFLOW.json", "push the workflow's module paths and submit it (prints the workflow id)", runSubmit},
 		{"status", "status ID [--watch] [--json]", "show a workflow's tasks, once or live", runStatus},

@@ -32,10 +32,12 @@ func runServe(ctx context.Context, args []string) error {
 	lease := fs.Duration("lease", 15*time.Second, "how long an attempt survives without a heartbeat before its task is requeued")
 	replica := fs.String("replica", "", "name of this replica (default: host name and port)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	pprofAddr := fs.String("pprof", "", "serve Go's profiler on this address (e.g. 127.0.0.1:6060)")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	log := newLogger(*logLevel)
+	servePprof(*pprofAddr, log)
 	if *dbURL == "" {
 		c, err := pgembed.Start(ctx, pgembed.Config{Dir: filepath.Join(*dataDir, "postgres"), Logger: log})
 		if err != nil {

@@ -21,6 +21,7 @@ func runWorker(ctx context.Context, args []string) error {
 	slots := fs.Int("slots", runtime.NumCPU(), "tasks run at once")
 	cache := fs.String("cache-dir", defaultCacheDir(), "directory of the compiled-module cache")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	pprofAddr := fs.String("pprof", "", "serve Go's profiler on this address (e.g. 127.0.0.1:6060)")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -28,6 +29,7 @@ func runWorker(ctx context.Context, args []string) error {
 		return errors.New("worker: --server URL is required")
 	}
 	log := newLogger(*logLevel)
+	servePprof(*pprofAddr, log)
 	r, err := headless.New(ctx, headless.Config{CacheDir: *cache, Logger: log})
 	if err != nil {
 		return err

@@ -200,7 +200,10 @@ type Ack struct {
 	Of      string `json:"of"`
 	Seq     int    `json:"seq,omitempty"`
 	OK      bool   `json:"ok"`
-	Error   string `json:"error,omitempty"`
+	// Retry, with OK false, means the server could not commit it now (a
+	// database error): the worker should send it again shortly.
+	Retry bool   `json:"retry,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 // Error is sent before the server closes a socket for a protocol violation.

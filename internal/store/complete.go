@@ -99,14 +99,14 @@ func (s *Store) Complete(ctx context.Context, cs []Completion) ([]bool, error) {
 			if cs[i].OK {
 				done = append(done, t)
 				for _, o := range cs[i].Outputs {
+					if o.Data == nil {
+						o.Data = []byte{} // an empty output is still an output
+					}
 					outTask, outName, outData = append(outTask, t), append(outName, o.Name), append(outData, o.Data)
 				}
 			} else {
 				ends = append(ends, attemptEnd{task: t, reason: cs[i].reason(), uncounted: cs[i].Uncounted, permanent: cs[i].Permanent})
 			}
-		}
-		if err := countWorkerResults(ctx, tx, cs, accepted); err != nil {
-			return err
 		}
 		if len(outTask) > 0 {
 			if _, err := tx.Exec(ctx, `INSERT INTO task_outputs (task_id, name, data)
@@ -276,45 +276,6 @@ func (s *Store) settle(ctx context.Context, tx pgx.Tx, done []int64, ends []atte
 		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, ChannelReady); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// countWorkerResults adds accepted completions to their workers' tallies.
-func countWorkerResults(ctx context.Context, tx pgx.Tx, cs []Completion, accepted []bool) error {
-	type tally struct{ done, failed int32 }
-	by := map[string]*tally{}
-	for i, c := range cs {
-		if !accepted[i] {
-			continue
-		}
-		t := by[c.Worker]
-		if t == nil {
-			t = &tally{}
-			by[c.Worker] = t
-		}
-		if c.OK {
-			t.done++
-		} else {
-			t.failed++
-		}
-	}
-	ws := make([]string, 0, len(by))
-	for w := range by {
-		ws = append(ws, w)
-	}
-	if len(ws) == 0 {
-		return nil
-	}
-	slices.Sort(ws)
-	done := make([]int32, len(ws))
-	failed := make([]int32, len(ws))
-	for i, w := range ws {
-		done[i], failed[i] = by[w].done, by[w].failed
-	}
-	if _, err := tx.Exec(ctx, `UPDATE workers w SET tasks_done = w.tasks_done + c.d, tasks_failed = w.tasks_failed + c.f, last_seen = now()
-		FROM unnest($1::uuid[], $2::int[], $3::int[]) AS c(id, d, f) WHERE w.id = c.id`, ws, done, failed); err != nil {
-		return fmt.Errorf("count worker results: %w", err)
 	}
 	return nil
 }

@@ -283,13 +283,24 @@ func (s *Store) Status(ctx context.Context, ownerID int64, id string) (*Workflow
 }
 
 // TaskChanges returns the tasks of a workflow changed since since, plus every
-// running task (whose progress moves without a change of row).
+// running task (whose progress moves without a change of row). It leaves
+// out outputs: event streams do not carry them.
 func (s *Store) TaskChanges(ctx context.Context, id string, since time.Time) ([]TaskStatus, error) {
-	rows, err := s.pool.Query(ctx, taskStatusSQL+` WHERE t.workflow_id = $1 AND (t.updated_at > $2 OR t.state = 'running') ORDER BY t.id`, id, since)
+	rows, err := s.pool.Query(ctx, `SELECT t.name, t.state, t.attempts, t.max_attempts,
+		CASE WHEN t.state = 'done' THEN 1 WHEN t.state = 'running' THEN
+			coalesce((SELECT a.progress FROM attempts a WHERE a.task_id = t.id AND a.state = 'running' ORDER BY a.id DESC LIMIT 1), 0)
+		ELSE 0 END, t.checkpoint_seq, t.error, t.updated_at
+		FROM tasks t WHERE t.workflow_id = $1 AND (t.updated_at > $2 OR t.state = 'running') ORDER BY t.id`, id, since)
 	if err != nil {
 		return nil, fmt.Errorf("read task changes of %s: %w", id, err)
 	}
-	ts, err := scanTaskStatus(rows)
+	ts, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (TaskStatus, error) {
+		var t TaskStatus
+		var progress float32
+		err := r.Scan(&t.Name, &t.State, &t.Attempts, &t.MaxAttempts, &progress, &t.Checkpoints, &t.Error, &t.UpdatedAt)
+		t.Progress = float64(progress)
+		return t, err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("read task changes of %s: %w", id, err)
 	}

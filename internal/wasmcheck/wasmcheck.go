@@ -34,7 +34,7 @@ func Check(ctx context.Context, wasm []byte) ([]string, error) {
 		return nil, fmt.Errorf("invalid WebAssembly: %w", err)
 	}
 	defer m.Close(ctx)
-	var imports []string
+	imports := []string{}
 	for _, f := range m.ImportedFunctions() {
 		mod, name, _ := f.Import()
 		switch mod {

@@ -1,0 +1,31 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"os"
+	"strings"
+
+	"github.com/cyclepool/cyclepool/internal/bench"
+)
+
+// runBench measures the platform on this machine and prints `name: value`
+// lines (docs/BENCHMARKS.md).
+func runBench(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	cfg := bench.Config{Out: os.Stdout}
+	fs.StringVar(&cfg.Repo, "repo", ".", "repository root (for bin/tasks and tasks/ sources)")
+	fs.IntVar(&cfg.Tasks, "tasks", 20000, "no-op tasks in the throughput run")
+	fs.IntVar(&cfg.Conns, "conns", 5000, "idle worker connections")
+	fs.IntVar(&cfg.Singles, "singles", 300, "one-at-a-time tasks for the latency figures")
+	fs.IntVar(&cfg.Slots, "slots", 64, "slots per worker process")
+	fs.IntVar(&cfg.Workers, "workers", 2, "worker processes")
+	only := fs.String("only", "", "comma-separated parts to run: single, dispatch, conns, wasm")
+	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *only != "" {
+		cfg.Only = strings.Split(*only, ",")
+	}
+	return bench.Run(ctx, cfg)
+}

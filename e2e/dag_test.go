@@ -1,0 +1,53 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// A DAG of echo and reduce tasks completes, each task seeing exactly the
+// outputs of the tasks it names, by name.
+func TestDAGCompletesWithCorrectOutputs(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	startWorker(t, "worker", 2, p.srv.url)
+	echo := push(t, p.client, "echo")
+	reduce := push(t, p.client, "reduce")
+	primes := push(t, p.client, "primes")
+	id := submit(t, p.client, workflow("dag",
+		task{"name": "a", "module": echo, "stdin": map[string]any{"data": "alpha\n"}, "args": []string{"x", "y"}},
+		task{"name": "b", "module": echo, "stdin": map[string]any{"data": "beta\n"}},
+		task{"name": "c", "module": echo, "inputs": map[string]any{
+			"1-first":  map[string]any{"from": "a"},
+			"2-second": map[string]any{"from": "b"},
+			"3-args":   map[string]any{"from": "a", "output": "args.txt"},
+		}, "stdin": map[string]any{"from": "b"}},
+		task{"name": "p0", "module": primes, "args": []string{"0", "100000"}},
+		task{"name": "p1", "module": primes, "args": []string{"100000", "1000000"}},
+		task{"name": "sum", "module": reduce, "inputs": map[string]any{
+			"a": map[string]any{"from": "p0"}, "b": map[string]any{"from": "p1"}}},
+	))
+	st := wait(t, p.client, id, 2*time.Minute)
+	if st.State != "done" {
+		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
+	}
+	if got := output(t, p.client, id, "a", "stdout"); got != "alpha\n" {
+		t.Errorf("a stdout = %q", got)
+	}
+	if got := output(t, p.client, id, "a", "args.txt"); !strings.Contains(got, "x y") {
+		t.Errorf("a args.txt = %q", got)
+	}
+	// c: stdin (b's stdout), then its /in files in name order.
+	if got, want := output(t, p.client, id, "c", "stdout"), "beta\nalpha\nbeta\n"; !strings.HasPrefix(got, want) || !strings.Contains(got, "x y") {
+		t.Errorf("c stdout = %q, want %q followed by a's args", got, want)
+	}
+	if got := strings.TrimSpace(output(t, p.client, id, "sum", "stdout")); got != "78498" {
+		t.Errorf("primes below 10^6 = %s, want 78498", got)
+	}
+	for _, tk := range st.Tasks {
+		if tk.Attempts != 1 || tk.State != "done" {
+			t.Errorf("task %s: state %s after %d attempts", tk.Name, tk.State, tk.Attempts)
+		}
+	}
+}

@@ -1,0 +1,327 @@
+// Package e2e tests cyclepool end to end: the real binary runs as separate
+// server and worker processes, on a real PostgreSQL (internal/pgtest), talking
+// over real WebSockets and running tasks with real wazero.
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cyclepool/cyclepool/client"
+	"github.com/cyclepool/cyclepool/internal/pgtest"
+	"github.com/cyclepool/cyclepool/internal/taskbuild"
+)
+
+// binary is the cyclepool binary built once for the package.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "cyclepool-e2e")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "cyclepool")
+	root, err := taskbuild.RepoRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	cmd := exec.Command("go", "build", "-o", binary, "./cmd/cyclepool")
+	cmd.Dir = root
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build cyclepool:", err)
+		os.Exit(1)
+	}
+	code := 0
+	func() {
+		defer pgtest.Shutdown()
+		code = m.Run()
+	}()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is a cyclepool process started by a test.
+type proc struct {
+	t    *testing.T
+	name string
+	cmd  *exec.Cmd
+	out  *lineLog
+	done chan struct{}
+}
+
+// lineLog keeps a process's output for failure reports and lets tests wait
+// for a line.
+type lineLog struct {
+	mu    sync.Mutex
+	lines []string
+	cond  *sync.Cond
+}
+
+func newLineLog() *lineLog {
+	l := &lineLog{}
+	l.cond = sync.NewCond(&l.mu)
+	return l
+}
+
+func (l *lineLog) add(s string) {
+	l.mu.Lock()
+	l.lines = append(l.lines, s)
+	l.mu.Unlock()
+	l.cond.Broadcast()
+}
+
+func (l *lineLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
+}
+
+// waitFor returns the first submatch of re in any line, waiting up to d.
+func (l *lineLog) waitFor(re *regexp.Regexp, d time.Duration) (string, bool) {
+	deadline := time.Now().Add(d)
+	go func() {
+		time.Sleep(d)
+		l.cond.Broadcast()
+	}()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for {
+		for _, s := range l.lines {
+			if m := re.FindStringSubmatch(s); m != nil {
+				if len(m) > 1 {
+					return m[1], true
+				}
+				return m[0], true
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", false
+		}
+		l.cond.Wait()
+	}
+}
+
+func start(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout, _ := cmd.StdoutPipe()
+	stderr, _ := cmd.StderrPipe()
+	p := &proc{t: t, name: name, cmd: cmd, out: newLineLog(), done: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	var wg sync.WaitGroup
+	for _, r := range []io.Reader{stdout, stderr} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sc := bufio.NewScanner(r)
+			sc.Buffer(make([]byte, 1<<20), 1<<20)
+			for sc.Scan() {
+				p.out.add(sc.Text())
+			}
+		}()
+	}
+	go func() {
+		wg.Wait()
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			t.Logf("--- output of %s ---\n%s", name, p.out)
+		}
+	})
+	return p
+}
+
+// kill ends the process with SIGKILL, as a crash would.
+func (p *proc) kill() {
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// stop ends the process gracefully (SIGTERM), then kills it.
+func (p *proc) stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.kill()
+	}
+}
+
+// freePort returns a TCP port free on 127.0.0.1 right now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// server is a running `cyclepool serve`.
+type server struct {
+	*proc
+	url   string
+	token string
+}
+
+var tokenRE = regexp.MustCompile(`CYCLEPOOL_TOKEN=(\S+)`)
+
+// startServer starts a replica on db; port 0 picks one. The replica's data
+// dir (which holds the owner token) is dataDir.
+func startServer(t *testing.T, name, db, dataDir string, port int, extra ...string) *server {
+	t.Helper()
+	if port == 0 {
+		port = freePort(t)
+	}
+	args := append([]string{"serve", "--addr", fmt.Sprintf("127.0.0.1:%d", port), "--database-url", db,
+		"--data-dir", dataDir, "--lease", "2s", "--replica", name}, extra...)
+	p := start(t, name, args...)
+	s := &server{proc: p, url: fmt.Sprintf("http://127.0.0.1:%d", port)}
+	tok, ok := p.out.waitFor(tokenRE, 60*time.Second)
+	if !ok {
+		t.Fatalf("%s did not start:\n%s", name, p.out)
+	}
+	s.token = tok
+	return s
+}
+
+// startWorker starts a headless worker on the given servers.
+func startWorker(t *testing.T, name string, slots int, servers ...string) *proc {
+	t.Helper()
+	p := start(t, name, "worker", "--server", strings.Join(servers, ","), "--slots", fmt.Sprint(slots),
+		"--cache-dir", filepath.Join(os.TempDir(), "cyclepool-e2e-cache"))
+	if _, ok := p.out.waitFor(regexp.MustCompile(`msg=connected`), 30*time.Second); !ok {
+		t.Fatalf("%s did not connect:\n%s", name, p.out)
+	}
+	return p
+}
+
+// platform is one database with one replica and an owner client.
+type platform struct {
+	db     string
+	srv    *server
+	client *client.Client
+	data   string
+}
+
+func newPlatform(t *testing.T) *platform {
+	t.Helper()
+	db := pgtest.URL(t)
+	data := t.TempDir()
+	srv := startServer(t, "server", db, data, 0)
+	return &platform{db: db, srv: srv, data: data, client: client.New(srv.url, srv.token)}
+}
+
+// push uploads the task module called name and returns its id.
+func push(t *testing.T, c *client.Client, name string) string {
+	t.Helper()
+	m, err := c.PushModule(context.Background(), taskbuild.Bytes(t, name))
+	if err != nil {
+		t.Fatalf("push %s: %v", name, err)
+	}
+	return m.ID
+}
+
+// submit submits a workflow given as a Go value.
+func submit(t *testing.T, c *client.Client, wf any) string {
+	t.Helper()
+	b, err := json.Marshal(wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Submit(context.Background(), b)
+	if err != nil {
+		t.Fatalf("submit: %v", err)
+	}
+	return s.ID
+}
+
+// wait waits for a workflow to finish and returns its final status.
+func wait(t *testing.T, c *client.Client, id string, d time.Duration) *client.Status {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	st, err := c.Wait(ctx, id)
+	if err != nil {
+		last, _ := c.Status(context.Background(), id)
+		t.Fatalf("wait for %s: %v (last status: %+v)", id, err, last)
+	}
+	return st
+}
+
+// output reads one output of a task.
+func output(t *testing.T, c *client.Client, id, task, name string) string {
+	t.Helper()
+	r, err := c.Output(context.Background(), id, task, name)
+	if err != nil {
+		t.Fatalf("output %s/%s: %v", task, name, err)
+	}
+	defer r.Close()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// eventually polls cond every 50ms until it holds or d passes.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// task builds a workflow task object.
+type task map[string]any
+
+func workflow(name string, tasks ...task) map[string]any {
+	return map[string]any{"name": name, "tasks": tasks}
+}
+
+// runCLI runs a cyclepool command with DATABASE_URL set to db and returns
+// its standard output.
+func runCLI(t *testing.T, db string, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+db)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out) + stderr.String(), err
+	}
+	return string(out), nil
+}

@@ -1,0 +1,398 @@
+// Package bench measures cyclepool on this machine (`cyclepool bench`, `make
+// bench`): it starts the embedded PostgreSQL, a server process and headless
+// worker processes, drives them through the real API and WebSockets, and
+// prints one `name: value` line per figure. It reports numbers; it passes or
+// fails nothing.
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/cyclepool/cyclepool/client"
+	"github.com/cyclepool/cyclepool/internal/pgembed"
+)
+
+// Config configures a run.
+type Config struct {
+	Repo       string    // repository root: bin/tasks/*.wasm and tasks/ sources
+	Out        io.Writer // where the figures go
+	Tasks      int       // tasks in the throughput run (default 20,000)
+	Conns      int       // idle worker connections (default 5,000)
+	Singles    int       // one-at-a-time tasks for latency (default 300)
+	Slots      int       // worker slots per worker process (default 64)
+	Workers    int       // worker processes (default 2)
+	Only       []string  // run only these parts: single, dispatch, conns, wasm
+	Logger     *slog.Logger
+	Executable string // the cyclepool binary (default: this process's)
+}
+
+// noopModule is the smallest WASI command: it exports a memory and an empty
+// _start. It measures the platform, not the task.
+var noopModule = []byte{
+	0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
+	0x01, 0x04, 0x01, 0x60, 0x00, 0x00, // type () -> ()
+	0x03, 0x02, 0x01, 0x00, // one function of type 0
+	0x05, 0x03, 0x01, 0x00, 0x01, // one memory, min 1 page
+	0x07, 0x13, 0x02, // two exports
+	0x06, 'm', 'e', 'm', 'o', 'r', 'y', 0x02, 0x00,
+	0x06, '_', 's', 't', 'a', 'r', 't', 0x00, 0x00,
+	0x0a, 0x04, 0x01, 0x02, 0x00, 0x0b, // code: empty body
+}
+
+// Run runs the benchmark and prints its figures.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.Tasks <= 0 {
+		cfg.Tasks = 20000
+	}
+	if cfg.Conns <= 0 {
+		cfg.Conns = 5000
+	}
+	if cfg.Singles <= 0 {
+		cfg.Singles = 300
+	}
+	if cfg.Slots <= 0 {
+		cfg.Slots = 64
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 2
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	if cfg.Executable == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		cfg.Executable = exe
+	}
+	want := func(part string) bool { return len(cfg.Only) == 0 || slices.Contains(cfg.Only, part) }
+	b := &bench{cfg: cfg, out: cfg.Out}
+	tmp, err := os.MkdirTemp("", "cpb")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	b.tmp = tmp
+
+	if want("wasm") {
+		if err := b.wasmVsNative(ctx); err != nil {
+			b.printf("wasm_vs_native: error: %v", err)
+		}
+	}
+	if !want("single") && !want("dispatch") && !want("conns") {
+		return nil
+	}
+	// The embedded default, durable as in production.
+	cl, err := pgembed.Start(ctx, pgembed.Config{Dir: filepath.Join(tmp, "pg")})
+	if err != nil {
+		return err
+	}
+	defer cl.Stop(context.Background())
+	b.db, err = pgxpool.New(ctx, cl.URL())
+	if err != nil {
+		return err
+	}
+	defer b.db.Close()
+	if err := b.startServer(ctx, cl.URL()); err != nil {
+		return err
+	}
+	defer b.server.stop()
+	mod, err := b.client.PushModule(ctx, noopModule)
+	if err != nil {
+		return fmt.Errorf("push the no-op module: %w", err)
+	}
+	b.noop = mod.ID
+	if want("single") || want("dispatch") {
+		for i := range cfg.Workers {
+			w, err := b.startWorker(ctx, fmt.Sprintf("worker-%d", i), cfg.Slots)
+			if err != nil {
+				return err
+			}
+			defer w.stop()
+		}
+		if err := b.waitWorkers(ctx, cfg.Workers); err != nil {
+			return err
+		}
+	}
+	if want("single") {
+		if err := b.single(ctx); err != nil {
+			b.printf("single_task_ms: error: %v", err)
+		}
+	}
+	if want("dispatch") {
+		if err := b.dispatch(ctx); err != nil {
+			b.printf("dispatch_tasks_per_s: error: %v", err)
+		}
+	}
+	if want("conns") {
+		for _, w := range b.workers {
+			w.stop()
+		}
+		if err := b.idleConns(ctx); err != nil {
+			b.printf("idle_worker_conn_kib: error: %v", err)
+		}
+	}
+	return nil
+}
+
+type bench struct {
+	cfg     Config
+	out     io.Writer
+	tmp     string
+	db      *pgxpool.Pool
+	server  *process
+	workers []*process
+	url     string
+	client  *client.Client
+	noop    string
+}
+
+func (b *bench) printf(format string, args ...any) {
+	fmt.Fprintf(b.out, format+"\n", args...)
+}
+
+// process is a child cyclepool process.
+type process struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (p *process) stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func (b *bench) spawn(args []string, lines func(string)) (*process, error) {
+	cmd := exec.Command(b.cfg.Executable, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &process{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if lines != nil {
+				lines(sc.Text())
+			}
+		}
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+var tokenRE = regexp.MustCompile(`CYCLEPOOL_TOKEN=(\S+)`)
+
+func (b *bench) startServer(ctx context.Context, db string) error {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	b.url = fmt.Sprintf("http://127.0.0.1:%d", port)
+	tok := make(chan string, 1)
+	b.server, err = b.spawn([]string{"serve", "--addr", fmt.Sprintf("127.0.0.1:%d", port), "--database-url", db,
+		"--data-dir", filepath.Join(b.tmp, "srv"), "--log-level", "warn"}, func(s string) {
+		if m := tokenRE.FindStringSubmatch(s); m != nil {
+			tok <- m[1]
+		}
+	})
+	if err != nil {
+		return err
+	}
+	select {
+	case t := <-tok:
+		b.client = client.New(b.url, t)
+		return nil
+	case <-b.server.done:
+		return errors.New("the server exited at start")
+	case <-time.After(60 * time.Second):
+		return errors.New("the server did not start within a minute")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (b *bench) startWorker(ctx context.Context, name string, slots int) (*process, error) {
+	p, err := b.spawn([]string{"worker", "--server", b.url, "--slots", strconv.Itoa(slots),
+		"--cache-dir", filepath.Join(b.tmp, "cache"), "--log-level", "warn"}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	b.workers = append(b.workers, p)
+	return p, nil
+}
+
+func (b *bench) waitWorkers(ctx context.Context, n int) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		var got int
+		if err := b.db.QueryRow(ctx, `SELECT count(*) FROM workers WHERE connected`).Scan(&got); err != nil {
+			return err
+		}
+		if got >= n {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return errors.New("workers did not connect")
+}
+
+// waitDone polls the database for the workflow's end, every pollEvery.
+func (b *bench) waitDone(ctx context.Context, id string, pollEvery time.Duration, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		var state string
+		if err := b.db.QueryRow(ctx, `SELECT state FROM workflows WHERE id = $1`, id).Scan(&state); err != nil {
+			return err
+		}
+		switch state {
+		case "done":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("workflow %s ended %s", id, state)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("workflow %s not done after %v", id, limit)
+		}
+		time.Sleep(pollEvery)
+	}
+}
+
+func (b *bench) workflowJSON(name string, n int) []byte {
+	type task struct {
+		Name   string `json:"name"`
+		Module string `json:"module"`
+	}
+	tasks := make([]task, n)
+	for i := range tasks {
+		tasks[i] = task{Name: fmt.Sprintf("t%d", i), Module: b.noop}
+	}
+	data, _ := json.Marshal(map[string]any{"name": name, "priority": "interactive", "tasks": tasks})
+	return data
+}
+
+// single submits one no-op task at a time and measures submission to
+// durable result, and (from the database's clock) ready to running.
+func (b *bench) single(ctx context.Context) error {
+	var lat []time.Duration
+	var ids []string
+	wf := b.workflowJSON("single", 1)
+	for i := range b.cfg.Singles + 20 {
+		start := time.Now()
+		s, err := b.client.Submit(ctx, wf)
+		if err != nil {
+			return err
+		}
+		if err := b.waitDone(ctx, s.ID, 200*time.Microsecond, 30*time.Second); err != nil {
+			return err
+		}
+		if i >= 20 { // warm-up
+			lat = append(lat, time.Since(start))
+			ids = append(ids, s.ID)
+		}
+	}
+	p50, p99 := percentile(lat, 50), percentile(lat, 99)
+	b.printf("single_task_ms_p50: %.2f", ms(p50))
+	b.printf("single_task_ms_p99: %.2f", ms(p99))
+	rows, err := b.db.Query(ctx, `SELECT extract(epoch FROM a.started_at - (t.sort_key + interval '5 minutes'))
+		FROM tasks t JOIN attempts a ON a.task_id = t.id WHERE t.workflow_id = ANY($1::uuid[])`, ids)
+	if err != nil {
+		return err
+	}
+	var r2r []time.Duration
+	for rows.Next() {
+		var s float64
+		if err := rows.Scan(&s); err != nil {
+			return err
+		}
+		r2r = append(r2r, time.Duration(s*float64(time.Second)))
+	}
+	b.printf("ready_to_running_p50_ms: %.2f", ms(percentile(r2r, 50)))
+	b.printf("ready_to_running_p99_ms: %.2f", ms(percentile(r2r, 99)))
+	return rows.Err()
+}
+
+// dispatch submits cfg.Tasks no-op tasks at once and measures submission to
+// the durable completion of the last.
+func (b *bench) dispatch(ctx context.Context) error {
+	wf := b.workflowJSON("dispatch", b.cfg.Tasks)
+	start := time.Now()
+	s, err := b.client.Submit(ctx, wf)
+	if err != nil {
+		return err
+	}
+	submitted := time.Since(start)
+	if err := b.waitDone(ctx, s.ID, time.Millisecond, 10*time.Minute); err != nil {
+		return err
+	}
+	took := time.Since(start)
+	b.printf("dispatch_tasks_per_s: %.0f", float64(b.cfg.Tasks)/took.Seconds())
+	b.printf("dispatch_submit_ms: %.0f", ms(submitted))
+	b.printf("dispatch_total_s: %.2f", took.Seconds())
+	return nil
+}
+
+func percentile(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := (len(s)*p + 99) / 100
+	if i > 0 {
+		i--
+	}
+	return s[min(i, len(s)-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// rssKiB reads a process's resident set size.
+func rssKiB(pid int) (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			return strconv.ParseInt(strings.Fields(f)[0], 10, 64)
+		}
+	}
+	return 0, errors.New("no VmRSS")
+}
