@@ -145,6 +145,14 @@ func start(t *testing.T, name string, args ...string) *proc {
 		close(p.done)
 	}()
 	t.Cleanup(func() {
+		if t.Failed() && os.Getenv("CYCLEPOOL_E2E_STACKS") != "" {
+			// Ask the Go runtime for every goroutine's stack before stopping.
+			_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+			select {
+			case <-p.done:
+			case <-time.After(3 * time.Second):
+			}
+		}
 		p.stop()
 		if t.Failed() {
 			t.Logf("--- output of %s ---\n%s", name, p.out)

@@ -352,12 +352,10 @@ func (s *Server) writeLoop(ctx context.Context, c *conn) {
 }
 
 // readLoop handles the worker's frames until the socket closes. A worker
-// that says nothing for three heartbeat intervals is gone.
+// that says nothing for two lease periods (at least 10 s) is gone; its
+// attempts' leases lapsed long before.
 func (s *Server) readLoop(ctx context.Context, c *conn) error {
-	idle := 3 * s.cfg.Heartbeat
-	if idle < 5*time.Second {
-		idle = 5 * time.Second
-	}
+	idle := max(2*s.cfg.Lease, 10*time.Second)
 	for {
 		rctx, cancel := context.WithTimeout(ctx, idle)
 		typ, data, err := c.ws.Read(rctx)

@@ -2,10 +2,12 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Output is one named output of a finished attempt.
@@ -62,64 +64,153 @@ func (s *Store) Complete(ctx context.Context, cs []Completion) ([]bool, error) {
 		}
 	}
 	accepted := make([]bool, len(cs))
-	err := s.tx(ctx, func(tx pgx.Tx) error {
+	var err error
+	for try := 0; ; try++ {
 		clear(accepted)
-		rows, err := tx.Query(ctx, `UPDATE attempts a SET state = CASE WHEN u.ok THEN 'succeeded' ELSE 'failed' END,
-			ended_at = now(), log = u.log, reason = u.reason
-			FROM unnest($1::bigint[], $2::uuid[], $3::bool[], $4::bytea[], $5::text[]) AS u(id, w, ok, log, reason)
-			WHERE a.id = u.id AND a.worker_id = u.w AND a.state = 'running'
-			RETURNING a.id, a.task_id`, ids, workers, oks, logs, reasons)
-		if err != nil {
-			return err
+		err = s.completeOnce(ctx, cs, accepted, ids, workers, oks, logs, reasons)
+		if err == nil || try >= 5 || !retryable(err) {
+			break
 		}
-		taskOf := map[int64]int64{}
-		for rows.Next() {
-			var a, t int64
-			if err := rows.Scan(&a, &t); err != nil {
-				rows.Close()
-				return err
-			}
-			taskOf[a] = t
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		var done []int64
-		var outTask []int64
-		var outName []string
-		var outData [][]byte
-		var ends []attemptEnd
-		for i := range cs {
-			t, ok := taskOf[cs[i].Attempt]
-			if !ok {
-				continue
-			}
-			accepted[i] = true
-			if cs[i].OK {
-				done = append(done, t)
-				for _, o := range cs[i].Outputs {
-					if o.Data == nil {
-						o.Data = []byte{} // an empty output is still an output
-					}
-					outTask, outName, outData = append(outTask, t), append(outName, o.Name), append(outData, o.Data)
-				}
-			} else {
-				ends = append(ends, attemptEnd{task: t, reason: cs[i].reason(), uncounted: cs[i].Uncounted, permanent: cs[i].Permanent})
-			}
-		}
-		if len(outTask) > 0 {
-			if _, err := tx.Exec(ctx, `INSERT INTO task_outputs (task_id, name, data)
-				SELECT * FROM unnest($1::bigint[], $2::text[], $3::bytea[])`, outTask, outName, outData); err != nil {
-				return fmt.Errorf("store outputs: %w", err)
-			}
-		}
-		return s.settle(ctx, tx, done, ends)
-	})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("complete %d attempts: %w", len(cs), err)
 	}
 	return accepted, nil
+}
+
+// completeOnce is one try of Complete, in two round trips in the common case
+// (all successes): BEGIN with the fenced attempt update, then the outputs,
+// the task and workflow updates and COMMIT, each pipelined as a pgx batch.
+func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bool,
+	ids []int64, workers []string, oks []bool, logs [][]byte, reasons []string) (err error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	inTx := false
+	defer func() {
+		if err != nil && inTx {
+			if _, rerr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
+				conn.Conn().Close(context.WithoutCancel(ctx))
+			}
+		}
+	}()
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(`UPDATE attempts a SET state = CASE WHEN u.ok THEN 'succeeded' ELSE 'failed' END,
+			ended_at = now(), log = u.log, reason = u.reason
+			FROM unnest($1::bigint[], $2::uuid[], $3::bool[], $4::bytea[], $5::text[]) AS u(id, w, ok, log, reason)
+			WHERE a.id = u.id AND a.worker_id = u.w AND a.state = 'running'
+			RETURNING a.id, a.task_id`, ids, workers, oks, logs, reasons)
+	br := conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return err
+	}
+	inTx = true
+	rows, err := br.Query()
+	if err != nil {
+		br.Close()
+		return err
+	}
+	taskOf := map[int64]int64{}
+	for rows.Next() {
+		var a, t int64
+		if err := rows.Scan(&a, &t); err != nil {
+			rows.Close()
+			br.Close()
+			return err
+		}
+		taskOf[a] = t
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		br.Close()
+		return err
+	}
+	if err := br.Close(); err != nil {
+		return err
+	}
+	var done []int64
+	var outTask []int64
+	var outName []string
+	var outData [][]byte
+	var ends []attemptEnd
+	for i := range cs {
+		t, ok := taskOf[cs[i].Attempt]
+		if !ok {
+			continue
+		}
+		accepted[i] = true
+		if cs[i].OK {
+			done = append(done, t)
+			for _, o := range cs[i].Outputs {
+				if o.Data == nil {
+					o.Data = []byte{} // an empty output is still an output
+				}
+				outTask, outName, outData = append(outTask, t), append(outName, o.Name), append(outData, o.Data)
+			}
+		} else {
+			ends = append(ends, attemptEnd{task: t, reason: cs[i].reason(), uncounted: cs[i].Uncounted, permanent: cs[i].Permanent})
+		}
+	}
+	if len(ends) > 0 {
+		if err := s.settleEnds(ctx, conn, ends); err != nil {
+			return err
+		}
+	}
+	b = &pgx.Batch{}
+	if len(outTask) > 0 {
+		b.Queue(`INSERT INTO task_outputs (task_id, name, data)
+			SELECT * FROM unnest($1::bigint[], $2::text[], $3::bytea[])`, outTask, outName, outData)
+	}
+	if len(done) > 0 {
+		slices.Sort(done)
+		b.Queue(doneSQL, done, s.interactiveHeadStart.Milliseconds(), ChannelReady)
+	}
+	b.Queue("COMMIT")
+	err = conn.SendBatch(ctx, b).Close()
+	if err == nil {
+		inTx = false
+	}
+	return err
+}
+
+// doneSQL marks tasks done, releases the dependents whose last upstream
+// task this was, counts the workflows down (finishing those with no task
+// left) and wakes the dispatchers when tasks became ready, in one statement.
+const doneSQL = `WITH done AS (
+	UPDATE tasks SET state = 'done', finished_at = now(), updated_at = now(), error = ''
+	WHERE id = ANY($1) AND state = 'running' RETURNING id, workflow_id
+), d AS (
+	SELECT ti.task_id, count(DISTINCT ti.from_task) AS n FROM task_inputs ti JOIN done ON ti.from_task = done.id GROUP BY ti.task_id
+), rel AS (
+	UPDATE tasks t SET deps_left = t.deps_left - d.n, updated_at = now(),
+		state = CASE WHEN t.deps_left - d.n = 0 THEN 'ready' ELSE 'blocked' END,
+		sort_key = CASE WHEN t.deps_left - d.n = 0 THEN
+			now() - CASE WHEN t.priority = 'interactive' THEN $2 * interval '1 millisecond' ELSE interval '0' END END
+	FROM d WHERE t.id = d.task_id AND t.state = 'blocked'
+	RETURNING t.state = 'ready' AS ready
+), c AS (
+	SELECT workflow_id, count(*) AS n FROM done GROUP BY workflow_id ORDER BY workflow_id
+), wf AS (
+	UPDATE workflows w SET tasks_left = w.tasks_left - c.n,
+		state = CASE WHEN w.tasks_left - c.n > 0 THEN w.state WHEN w.tasks_failed > 0 THEN 'failed' ELSE 'done' END,
+		finished_at = CASE WHEN w.tasks_left - c.n > 0 THEN NULL ELSE now() END
+	FROM c WHERE w.id = c.workflow_id AND w.state = 'running' RETURNING 1
+), ready AS (
+	SELECT count(*) AS n FROM rel WHERE ready
+)
+SELECT ready.n, (SELECT count(*) FROM wf),
+	(SELECT count(*) FROM (SELECT pg_notify($3, '') FROM ready r WHERE r.n > 0) x)
+FROM ready`
+
+// retryable reports whether a transaction failed for a reason another try
+// can fix: a deadlock or a serialization failure.
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
 }
 
 // reason is how a failed completion is written in the attempt's record.
@@ -138,11 +229,17 @@ type attemptEnd struct {
 	permanent bool
 }
 
-// settle moves tasks on after their attempts ended: done tasks release their
-// dependents, ended attempts queue their task again or fail it after its
-// last attempt, failed tasks fail their descendants, and workflows whose
-// every task reached a final state finish. Everything happens in tx.
-func (s *Store) settle(ctx context.Context, tx pgx.Tx, done []int64, ends []attemptEnd) error {
+// querier is what settleEnds needs of a connection in a transaction.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// settleEnds moves tasks on after attempts ended without a result: each is
+// queued again, or failed after its last attempt; failed tasks fail their
+// descendants, and workflows whose every task reached a final state finish.
+// It runs in the caller's transaction.
+func (s *Store) settleEnds(ctx context.Context, tx querier, ends []attemptEnd) error {
 	type wfDelta struct{ finished, failed int }
 	deltas := map[string]*wfDelta{}
 	delta := func(wf string) *wfDelta {
@@ -153,43 +250,7 @@ func (s *Store) settle(ctx context.Context, tx pgx.Tx, done []int64, ends []atte
 		}
 		return d
 	}
-	readied := int64(0)
-	if len(done) > 0 {
-		slices.Sort(done)
-		rows, err := tx.Query(ctx, `UPDATE tasks SET state = 'done', finished_at = now(), updated_at = now(), error = ''
-			WHERE id = ANY($1) AND state = 'running' RETURNING workflow_id::text`, done)
-		if err != nil {
-			return fmt.Errorf("mark tasks done: %w", err)
-		}
-		wfs, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return fmt.Errorf("mark tasks done: %w", err)
-		}
-		for _, wf := range wfs {
-			delta(wf).finished++
-		}
-		rows, err = tx.Query(ctx, `WITH d AS (
-				SELECT ti.task_id, count(DISTINCT ti.from_task) AS n FROM task_inputs ti
-				WHERE ti.from_task = ANY($1) GROUP BY ti.task_id ORDER BY ti.task_id)
-			UPDATE tasks t SET deps_left = t.deps_left - d.n, updated_at = now(),
-				state = CASE WHEN t.deps_left - d.n = 0 THEN 'ready' ELSE 'blocked' END,
-				sort_key = CASE WHEN t.deps_left - d.n = 0 THEN
-					now() - CASE WHEN t.priority = 'interactive' THEN $2 * interval '1 millisecond' ELSE interval '0' END END
-			FROM d WHERE t.id = d.task_id AND t.state = 'blocked'
-			RETURNING t.state = 'ready'`, done, s.interactiveHeadStart.Milliseconds())
-		if err != nil {
-			return fmt.Errorf("release dependents: %w", err)
-		}
-		nowReady, err := pgx.CollectRows(rows, pgx.RowTo[bool])
-		if err != nil {
-			return fmt.Errorf("release dependents: %w", err)
-		}
-		for _, r := range nowReady {
-			if r {
-				readied++
-			}
-		}
-	}
+	readied := 0
 	if len(ends) > 0 {
 		slices.SortFunc(ends, func(a, b attemptEnd) int { return int(a.task - b.task) })
 		ids := make([]int64, len(ends))

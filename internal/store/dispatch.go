@@ -31,6 +31,8 @@ type Claimed struct {
 	// Missing names an input whose upstream output does not exist; such an
 	// attempt must be failed instead of sent.
 	Missing string
+
+	hasInputs bool
 }
 
 // Input is one input file of a claimed task; Name "" is stdin.
@@ -51,42 +53,31 @@ func (s *Store) Claim(ctx context.Context, slots []string, lease time.Duration) 
 	// tasks back to ready (the worker's result for the vanished attempt is
 	// refused), and the synchronous commit of any later completion flushes
 	// it anyway. That saves a WAL flush on the dispatch path.
+	// BEGIN, the setting, the claim and COMMIT travel in one round trip.
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue("SET LOCAL synchronous_commit = off")
+	b.Queue(claimSQL, slots, len(slots), lease.Milliseconds())
+	b.Queue("COMMIT")
+	br := s.pool.SendBatch(ctx, b)
 	var cs []Claimed
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
-			return err
+	var err error
+	if _, err = br.Exec(); err == nil {
+		if _, err = br.Exec(); err == nil {
+			var rows pgx.Rows
+			if rows, err = br.Query(); err == nil {
+				cs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claimed, error) {
+					var c Claimed
+					err := r.Scan(&c.Attempt, &c.Worker, &c.TaskID, &c.WorkflowID, &c.Name, &c.Module, &c.Args, &c.Stdin, &c.Priority,
+						&c.TimeoutMS, &c.MemoryPages, &c.OutputBytes, &c.LogBytes, &c.CkptMS, &c.Seed, &c.Restore, &c.hasInputs)
+					return c, err
+				})
+			}
 		}
-		rows, err := tx.Query(ctx, `
-WITH slots AS (
-	SELECT w, ord FROM unnest($1::uuid[]) WITH ORDINALITY AS s(w, ord)
-), picked AS (
-	SELECT id, row_number() OVER (ORDER BY sort_key, id) AS rn FROM (
-		SELECT id, sort_key FROM tasks WHERE state = 'ready' ORDER BY sort_key, id LIMIT $2 FOR UPDATE SKIP LOCKED
-	) p
-), upd AS (
-	UPDATE tasks t SET state = 'running', attempts = t.attempts + 1, started_at = coalesce(t.started_at, now()), updated_at = now()
-	FROM picked WHERE t.id = picked.id
-	RETURNING t.id, picked.rn, t.workflow_id, t.name, t.module_id, t.args, t.stdin, t.priority, t.timeout_ms, t.memory_pages,
-		t.output_bytes, t.log_bytes, t.ckpt_ms, t.seed, t.checkpoint, t.checkpoint_seq
-), ins AS (
-	INSERT INTO attempts (task_id, worker_id, lease_until, restored_seq)
-	SELECT upd.id, slots.w, now() + $3 * interval '1 millisecond', upd.checkpoint_seq FROM upd JOIN slots ON slots.ord = upd.rn
-	RETURNING id, task_id, worker_id
-)
-SELECT ins.id, ins.worker_id::text, upd.id, upd.workflow_id::text, upd.name, upd.module_id, upd.args, upd.stdin, upd.priority,
-	upd.timeout_ms, upd.memory_pages, upd.output_bytes, upd.log_bytes, upd.ckpt_ms, upd.seed, upd.checkpoint
-FROM ins JOIN upd ON upd.id = ins.task_id ORDER BY ins.id`, slots, len(slots), lease.Milliseconds())
-		if err != nil {
-			return err
-		}
-		cs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claimed, error) {
-			var c Claimed
-			err := r.Scan(&c.Attempt, &c.Worker, &c.TaskID, &c.WorkflowID, &c.Name, &c.Module, &c.Args, &c.Stdin, &c.Priority,
-				&c.TimeoutMS, &c.MemoryPages, &c.OutputBytes, &c.LogBytes, &c.CkptMS, &c.Seed, &c.Restore)
-			return c, err
-		})
-		return err
-	})
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return nil, fmt.Errorf("claim ready tasks: %w", err)
 	}
@@ -102,11 +93,16 @@ FROM ins JOIN upd ON upd.id = ins.task_id ORDER BY ins.id`, slots, len(slots), l
 // loadInputs fills in the input files of claimed tasks. Outputs never change
 // once written, so this needs no transaction.
 func (s *Store) loadInputs(ctx context.Context, cs []Claimed) error {
-	ids := make([]int64, len(cs))
+	var ids []int64
 	byTask := make(map[int64]*Claimed, len(cs))
 	for i := range cs {
-		ids[i] = cs[i].TaskID
-		byTask[cs[i].TaskID] = &cs[i]
+		if cs[i].hasInputs {
+			ids = append(ids, cs[i].TaskID)
+			byTask[cs[i].TaskID] = &cs[i]
+		}
+	}
+	if len(ids) == 0 {
+		return nil
 	}
 	rows, err := s.pool.Query(ctx, `SELECT ti.task_id, ti.name, ti.output, up.name, o.data
 		FROM task_inputs ti JOIN tasks up ON up.id = ti.from_task
@@ -142,3 +138,28 @@ func (s *Store) loadInputs(ctx context.Context, cs []Claimed) error {
 	}
 	return nil
 }
+
+// claimSQL picks ready tasks in dispatch order, skipping those another
+// replica is claiming, marks them running and creates their attempts, one
+// per slot ($1: worker ids, one per slot; $2: how many; $3: lease in ms).
+const claimSQL = `
+WITH slots AS (
+	SELECT w, ord FROM unnest($1::uuid[]) WITH ORDINALITY AS s(w, ord)
+), picked AS (
+	SELECT id, row_number() OVER (ORDER BY sort_key, id) AS rn FROM (
+		SELECT id, sort_key FROM tasks WHERE state = 'ready' ORDER BY sort_key, id LIMIT $2 FOR UPDATE SKIP LOCKED
+	) p
+), upd AS (
+	UPDATE tasks t SET state = 'running', attempts = t.attempts + 1, started_at = coalesce(t.started_at, now()), updated_at = now()
+	FROM picked WHERE t.id = picked.id
+	RETURNING t.id, picked.rn, t.workflow_id, t.name, t.module_id, t.args, t.stdin, t.priority, t.timeout_ms, t.memory_pages,
+		t.output_bytes, t.log_bytes, t.ckpt_ms, t.seed, t.checkpoint, t.checkpoint_seq
+), ins AS (
+	INSERT INTO attempts (task_id, worker_id, lease_until, restored_seq)
+	SELECT upd.id, slots.w, now() + $3 * interval '1 millisecond', upd.checkpoint_seq FROM upd JOIN slots ON slots.ord = upd.rn
+	RETURNING id, task_id, worker_id
+)
+SELECT ins.id, ins.worker_id::text, upd.id, upd.workflow_id::text, upd.name, upd.module_id, upd.args, upd.stdin, upd.priority,
+	upd.timeout_ms, upd.memory_pages, upd.output_bytes, upd.log_bytes, upd.ckpt_ms, upd.seed, upd.checkpoint,
+	EXISTS (SELECT 1 FROM task_inputs ti WHERE ti.task_id = upd.id)
+FROM ins JOIN upd ON upd.id = ins.task_id ORDER BY ins.id`

@@ -133,7 +133,7 @@ func (s *Store) ExpireLeases(ctx context.Context, limit int) (int, error) {
 			FROM unnest($1::uuid[], $2::int[]) AS c(id, n) WHERE w.id = c.id`, ws, counts); err != nil {
 			return err
 		}
-		return s.settle(ctx, tx, nil, ends)
+		return s.settleEnds(ctx, tx, ends)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("expire leases: %w", err)

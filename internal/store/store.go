@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -96,8 +95,7 @@ func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 func (s *Store) tx(ctx context.Context, fn func(pgx.Tx) error) error {
 	for attempt := 0; ; attempt++ {
 		err := pgx.BeginFunc(ctx, s.pool, fn)
-		var pgErr *pgconn.PgError
-		if err != nil && attempt < 5 && errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") {
+		if err != nil && attempt < 5 && retryable(err) {
 			continue
 		}
 		return err

@@ -346,7 +346,30 @@ func (s *Store) List(ctx context.Context, ownerID int64, o ListOptions) ([]Workf
 	if err != nil {
 		return nil, 0, fmt.Errorf("list workflows: %w", err)
 	}
-	return ws, total, nil
+	if len(ws) == 0 {
+		return ws, total, nil
+	}
+	ids := make([]string, len(ws))
+	byID := map[string]*WorkflowStatus{}
+	for i := range ws {
+		ids[i] = ws[i].ID
+		ws[i].Counts = &Counts{}
+		byID[ws[i].ID] = &ws[i]
+	}
+	rows, err = s.pool.Query(ctx, `SELECT workflow_id::text, state, count(*) FROM tasks WHERE workflow_id = ANY($1::uuid[]) GROUP BY 1, 2`, ids)
+	if err != nil {
+		return nil, 0, fmt.Errorf("count tasks of workflows: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, state string
+		var n int
+		if err := rows.Scan(&id, &state, &n); err != nil {
+			return nil, 0, fmt.Errorf("count tasks of workflows: %w", err)
+		}
+		byID[id].Counts.add(state, n)
+	}
+	return ws, total, rows.Err()
 }
 
 // Attempt is one attempt of a task as the API shows it.

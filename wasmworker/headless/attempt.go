@@ -146,16 +146,6 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 		return a.fail(protocol.ReasonModule, "instantiating module: %v", err)
 	}
 	defer inst.Close(context.Background())
-	if a.mod.instrumented {
-		g, ok := inst.ExportedGlobal(stopExport).(api.MutableGlobal)
-		if !ok {
-			return a.fail(protocol.ReasonWorker, "instrumented module has no stop flag")
-		}
-		// The flag is read by the module's loops on another goroutine;
-		// the store becomes visible to them without further
-		// synchronisation on the platforms wazero's compiler supports.
-		defer context.AfterFunc(ctx, func() { g.Set(1) })()
-	}
 
 	a.ckptMu.Lock()
 	a.lastCkpt = time.Now()
@@ -185,7 +175,7 @@ func (a *attempt) instantiate(ctx context.Context, cfg wazero.ModuleConfig) (ins
 			inst, err = nil, fmt.Errorf("memory allocation refused: %v", p)
 		}
 	}()
-	return a.mod.rt.InstantiateModule(ctx, a.mod.mod, cfg)
+	return a.r.rt.InstantiateModule(ctx, a.mod.mod, cfg)
 }
 
 // stopped returns the outcome of a module stopped from outside (cancel, a

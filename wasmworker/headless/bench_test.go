@@ -19,9 +19,9 @@ const primesN = "1000000"
 // primesCount is the number of primes below primesN.
 const primesCount = "78498\n"
 
-func benchmarkPrimes(b *testing.B, mode stopMode) {
+func benchmarkPrimes(b *testing.B, unstoppable bool) {
 	ctx := context.Background()
-	r, err := New(ctx, Config{CacheDir: cacheDir(), stopMode: mode})
+	r, err := New(ctx, Config{CacheDir: cacheDir(), unstoppable: unstoppable})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -40,16 +40,12 @@ func benchmarkPrimes(b *testing.B, mode stopMode) {
 }
 
 // BenchmarkPrimesCloseOnContextDone runs the tight loop of `spin N` with
-// wazero's WithCloseOnContextDone.
-func BenchmarkPrimesCloseOnContextDone(b *testing.B) { benchmarkPrimes(b, stopCloseOnContextDone) }
-
-// BenchmarkPrimesInstrumented runs the same loop instrumented with a stop
-// flag checked at every loop header, as the Runner does by default.
-func BenchmarkPrimesInstrumented(b *testing.B) { benchmarkPrimes(b, stopInstrumented) }
+// wazero's WithCloseOnContextDone, as the Runner does.
+func BenchmarkPrimesCloseOnContextDone(b *testing.B) { benchmarkPrimes(b, false) }
 
 // BenchmarkPrimesUnstoppable runs the same loop with neither: the module then
 // cannot be stopped. It is the baseline.
-func BenchmarkPrimesUnstoppable(b *testing.B) { benchmarkPrimes(b, stopNever) }
+func BenchmarkPrimesUnstoppable(b *testing.B) { benchmarkPrimes(b, true) }
 
 // BenchmarkPrimesNative runs the same Go program compiled natively, for
 // reference.

@@ -438,3 +438,25 @@ func body(code []byte) []byte {
 	b := append([]byte{0}, append(code, 0x0b)...) // no locals, code, end
 	return append(uleb(len(b)), b...)
 }
+
+func TestCloseStopsRuns(t *testing.T) {
+	r, err := New(context.Background(), Config{CacheDir: cacheDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, _ := job(t, "spin", protocol.Assign{})
+	done := make(chan *wasmworker.Outcome)
+	go func() { done <- r.Run(context.Background(), j) }()
+	time.Sleep(200 * time.Millisecond)
+	if err := r.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	o := <-done
+	if o.Reason != protocol.ReasonWorker {
+		t.Errorf("Reason %q (%s), want worker", o.Reason, o.Message)
+	}
+	j2, _ := job(t, "noop", protocol.Assign{})
+	if o := r.Run(context.Background(), j2); o.Reason != protocol.ReasonWorker {
+		t.Errorf("Run after Close: Reason %q, want worker", o.Reason)
+	}
+}

@@ -46,36 +46,17 @@ type Config struct {
 	// Logger receives diagnostics; nil discards them.
 	Logger *slog.Logger
 
-	// stopMode chooses how running modules are stopped; tests and
-	// benchmarks change it, the zero value is what production uses.
-	stopMode stopMode
+	// unstoppable turns off wazero's WithCloseOnContextDone. Only
+	// benchmarks use it: a running module then cannot be stopped.
+	unstoppable bool
 }
-
-// stopMode is how a running module is stopped (docs/TASK_ABI.md,
-// "Cancellation").
-type stopMode int
-
-const (
-	// stopInstrumented adds a check of a stop flag to every loop header
-	// (instrument.go) and falls back to stopCloseOnContextDone for a
-	// module it cannot instrument.
-	stopInstrumented stopMode = iota
-	// stopCloseOnContextDone uses wazero's WithCloseOnContextDone.
-	stopCloseOnContextDone
-	// stopNever runs modules as they are: they cannot be stopped. Only for
-	// benchmarks.
-	stopNever
-)
 
 // Runner runs task attempts with wazero. It is safe for concurrent use: each
 // Run call is one slot.
 type Runner struct {
 	log   *slog.Logger
-	mode  stopMode
 	cache wazero.CompilationCache
-	// fast runs instrumented modules (and, in stopNever mode, any module);
-	// safe has WithCloseOnContextDone.
-	fast, safe wazero.Runtime
+	rt    wazero.Runtime
 
 	closing context.Context // cancelled by Close, which stops running attempts
 	close   context.CancelFunc
@@ -89,14 +70,12 @@ type Runner struct {
 // compiled is a module compiled, or being compiled, by one caller while
 // others wait on done.
 type compiled struct {
-	done         chan struct{}
-	mod          wazero.CompiledModule
-	rt           wazero.Runtime // the runtime mod was compiled by
-	instrumented bool           // mod exports the stop flag stopExport
-	err          error
+	done chan struct{}
+	mod  wazero.CompiledModule
+	err  error
 }
 
-// New creates a Runner: wazero runtimes with the compiler engine, the
+// New creates a Runner: a wazero runtime with the compiler engine, the
 // compilation cache in cfg.CacheDir, WASI preview 1 and the `cyclepool` host
 // module.
 func New(ctx context.Context, cfg Config) (*Runner, error) {
@@ -114,16 +93,13 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	} else {
 		cache = wazero.NewCompilationCache()
 	}
-	r := &Runner{log: log, mode: cfg.stopMode, cache: cache, modules: map[string]*compiled{}}
-	r.closing, r.close = context.WithCancel(context.Background())
-	var err error
-	if r.fast, err = newRuntime(ctx, cache, false); err == nil {
-		r.safe, err = newRuntime(ctx, cache, true)
-	}
+	rt, err := newRuntime(ctx, cache, !cfg.unstoppable)
 	if err != nil {
-		r.Close(ctx)
+		cache.Close(ctx)
 		return nil, err
 	}
+	r := &Runner{log: log, cache: cache, rt: rt, modules: map[string]*compiled{}}
+	r.closing, r.close = context.WithCancel(context.Background())
 	return r, nil
 }
 
@@ -164,14 +140,7 @@ func (r *Runner) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("headless: attempts still running: %w", ctx.Err())
 	}
-	var errs []error
-	for _, rt := range []wazero.Runtime{r.fast, r.safe} {
-		if rt != nil {
-			errs = append(errs, rt.Close(ctx))
-		}
-	}
-	errs = append(errs, r.cache.Close(ctx))
-	return errors.Join(errs...)
+	return errors.Join(r.rt.Close(ctx), r.cache.Close(ctx))
 }
 
 // moduleError marks errors that make the attempt fail with ReasonModule.
@@ -243,31 +212,7 @@ func (r *Runner) fetchAndCompile(ctx context.Context, job *wasmworker.Job, c *co
 	}
 	fetched := time.Now()
 
-	switch r.mode {
-	case stopInstrumented:
-		ib, ierr := instrument(b)
-		if ierr == nil {
-			c.mod, err = r.fast.CompileModule(ctx, ib)
-			if err == nil {
-				c.rt, c.instrumented = r.fast, true
-				break
-			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			ierr = err
-		}
-		r.log.Info("module not instrumented, using WithCloseOnContextDone",
-			"module", job.ModuleID, "err", ierr)
-		c.mod, err = r.safe.CompileModule(ctx, b)
-		c.rt = r.safe
-	case stopCloseOnContextDone:
-		c.mod, err = r.safe.CompileModule(ctx, b)
-		c.rt = r.safe
-	case stopNever:
-		c.mod, err = r.fast.CompileModule(ctx, b)
-		c.rt = r.fast
-	}
+	c.mod, err = r.rt.CompileModule(ctx, b)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -278,7 +223,7 @@ func (r *Runner) fetchAndCompile(ctx context.Context, job *wasmworker.Job, c *co
 		c.mod.Close(context.Background())
 		return &moduleError{fmt.Errorf("module %s exports no _start function (a task is a WASI command)", job.ModuleID)}
 	}
-	r.log.Debug("module compiled", "module", job.ModuleID, "bytes", len(b), "instrumented", c.instrumented,
+	r.log.Debug("module compiled", "module", job.ModuleID, "bytes", len(b),
 		"fetch", fetched.Sub(start), "compile", time.Since(fetched))
 	return nil
 }

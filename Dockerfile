@@ -1,0 +1,19 @@
+# Builds the one cyclepool binary. The embedded PostgreSQL needs the
+# PostgreSQL binaries, so the runtime image is Debian with postgresql
+# installed; with --database-url it is not used.
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+RUN CGO_ENABLED=0 go build -trimpath -o /out/cyclepool ./cmd/cyclepool && sh tasks/build.sh /out/tasks
+
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends postgresql ca-certificates && rm -rf /var/lib/apt/lists/*
+COPY --from=build /out/cyclepool /usr/local/bin/cyclepool
+COPY --from=build /out/tasks /opt/cyclepool/tasks
+COPY examples /opt/cyclepool/examples
+WORKDIR /var/lib/cyclepool
+EXPOSE 8080
+ENTRYPOINT ["cyclepool"]
+CMD ["serve", "--addr", ":8080", "--data-dir", "/var/lib/cyclepool", "--local-worker", "2"]
