@@ -69,7 +69,6 @@ CREATE TABLE tasks (
     UNIQUE (workflow_id, name)
 );
 CREATE INDEX tasks_ready ON tasks (sort_key, id) WHERE state = 'ready';
-CREATE INDEX tasks_workflow_updated ON tasks (workflow_id, updated_at);
 CREATE INDEX tasks_active ON tasks (state) WHERE state IN ('blocked', 'ready', 'running');
 
 -- Edges of the DAG: task_id reads output of from_task as file name (or as
@@ -122,7 +121,6 @@ CREATE TABLE attempts (
 );
 CREATE INDEX attempts_running ON attempts (lease_until) WHERE state = 'running';
 CREATE INDEX attempts_task ON attempts (task_id);
-CREATE INDEX attempts_worker ON attempts (worker_id);
 
 -- Leader rows with a TTL: one replica at a time runs maintenance.
 CREATE TABLE leaders (

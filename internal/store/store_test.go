@@ -1,0 +1,279 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// fixture is a fresh database with one owner, one module and one worker.
+type fixture struct {
+	s      *Store
+	owner  int64
+	module string
+	worker string
+}
+
+func newFixture(t testing.TB) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	s, err := Open(ctx, pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	tok, err := s.CreateOwner(ctx, "owner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := s.OwnerByToken(ctx, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod := "sha256:" + fmt.Sprintf("%064x", 1)
+	if _, _, err := s.PutModule(ctx, o.ID, mod, []byte("\x00asm"), []string{}); err != nil {
+		t.Fatal(err)
+	}
+	w, _, _, err := s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 4}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{s: s, owner: o.ID, module: mod, worker: w}
+}
+
+func (f *fixture) task(name string, inputs ...NewInput) NewTask {
+	return NewTask{Name: name, Module: f.module, Inputs: inputs, MaxAttempts: 2, TimeoutMS: 1000, MemoryPages: 16,
+		OutputBytes: 1 << 20, LogBytes: 1 << 10}
+}
+
+func (f *fixture) submit(t testing.TB, priority string, tasks ...NewTask) string {
+	t.Helper()
+	id, err := f.s.CreateWorkflow(context.Background(), f.owner, &NewWorkflow{Name: "wf", Priority: priority, Tasks: tasks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func (f *fixture) claim(t testing.TB, n int, lease time.Duration) []Claimed {
+	t.Helper()
+	slots := make([]string, n)
+	for i := range slots {
+		slots[i] = f.worker
+	}
+	cs, err := f.s.Claim(context.Background(), slots, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+func (f *fixture) states(t testing.TB, id string) map[string]string {
+	t.Helper()
+	st, err := f.s.Status(context.Background(), f.owner, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]string{"": st.State}
+	for _, tk := range st.Tasks {
+		m[tk.Name] = tk.State
+	}
+	return m
+}
+
+func ok(c Claimed, out string) Completion {
+	return Completion{Attempt: c.Attempt, Worker: c.Worker, OK: true, Outputs: []Output{{Name: "stdout", Data: []byte(out)}}}
+}
+
+// A task runs only when every task it takes input from is done, and sees
+// their outputs under the names it gave them.
+func TestDependentsBecomeReadyWithTheirInputs(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	id := f.submit(t, "batch", f.task("a"), f.task("b"),
+		f.task("c", NewInput{Name: "x", From: 0, Output: "stdout"}, NewInput{Name: "y", From: 1, Output: "stdout"}, NewInput{Name: "", From: 0, Output: "stdout"}))
+	cs := f.claim(t, 4, time.Minute)
+	if len(cs) != 2 {
+		t.Fatalf("claimed %d tasks, want a and b only", len(cs))
+	}
+	if acc, err := f.s.Complete(ctx, []Completion{ok(cs[0], "A")}); err != nil || !acc[0] {
+		t.Fatalf("complete a: %v %v", acc, err)
+	}
+	if got := f.claim(t, 4, time.Minute); len(got) != 0 {
+		t.Fatalf("c claimed before b was done")
+	}
+	if _, err := f.s.Complete(ctx, []Completion{ok(cs[1], "B")}); err != nil {
+		t.Fatal(err)
+	}
+	c := f.claim(t, 4, time.Minute)
+	if len(c) != 1 || c[0].Name != "c" {
+		t.Fatalf("claimed %+v, want c", c)
+	}
+	if len(c[0].Inputs) != 2 || c[0].Inputs[0].Name != "x" || string(c[0].Inputs[0].Data) != "A" || string(c[0].Inputs[1].Data) != "B" || string(c[0].Stdin) != "A" {
+		t.Fatalf("inputs of c = %+v, stdin %q", c[0].Inputs, c[0].Stdin)
+	}
+	if _, err := f.s.Complete(ctx, []Completion{ok(c[0], "C")}); err != nil {
+		t.Fatal(err)
+	}
+	if st := f.states(t, id); st[""] != "done" {
+		t.Fatalf("workflow %v", st)
+	}
+}
+
+// Interactive work goes first; batch work that has waited longer than the
+// head start goes before it (ageing).
+func TestPriorityAndAgeing(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	batch := f.submit(t, "batch", f.task("b"))
+	inter := f.submit(t, "interactive", f.task("i"))
+	cs := f.claim(t, 1, time.Minute)
+	if len(cs) != 1 || cs[0].WorkflowID != inter {
+		t.Fatalf("first claim went to %+v, want the interactive task", cs)
+	}
+	// Age the batch task past the head start.
+	if _, err := f.s.pool.Exec(ctx, `UPDATE tasks SET sort_key = sort_key - interval '10 minutes' WHERE workflow_id = $1`, batch); err != nil {
+		t.Fatal(err)
+	}
+	f.submit(t, "interactive", f.task("i2"))
+	cs = f.claim(t, 1, time.Minute)
+	if len(cs) != 1 || cs[0].WorkflowID != batch {
+		t.Fatalf("aged batch task not first: %+v", cs)
+	}
+}
+
+// A completion from an attempt that no longer holds its lease is refused;
+// the task runs again from its latest checkpoint and ends with exactly one
+// result.
+func TestFencingAndResumeAfterLostLease(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	id := f.submit(t, "batch", f.task("a"))
+	first := f.claim(t, 1, 50*time.Millisecond)[0]
+	if saved, err := f.s.SaveCheckpoint(ctx, first.Attempt, first.Worker, []byte("state-1"), 50*time.Millisecond); err != nil || !saved {
+		t.Fatalf("checkpoint: %v %v", saved, err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n, err := f.s.ExpireLeases(ctx, 100); err != nil || n != 1 {
+		t.Fatalf("expired %d: %v", n, err)
+	}
+	if saved, _ := f.s.SaveCheckpoint(ctx, first.Attempt, first.Worker, []byte("late"), time.Minute); saved {
+		t.Fatal("a lost attempt saved a checkpoint")
+	}
+	second := f.claim(t, 1, time.Minute)
+	if len(second) != 1 || string(second[0].Restore) != "state-1" {
+		t.Fatalf("second attempt %+v does not restore the checkpoint", second)
+	}
+	acc, err := f.s.Complete(ctx, []Completion{ok(first, "stale"), ok(second[0], "fresh")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if acc[0] || !acc[1] {
+		t.Fatalf("accepted = %v, want stale refused and fresh accepted", acc)
+	}
+	if again, _ := f.s.Complete(ctx, []Completion{ok(second[0], "twice")}); again[0] {
+		t.Fatal("a second result for the same attempt was accepted")
+	}
+	out, err := f.s.Output(ctx, f.owner, id, "a", "stdout")
+	if err != nil || string(out) != "fresh" {
+		t.Fatalf("output = %q, %v", out, err)
+	}
+}
+
+// A task that fails max_attempts times ends failed with its reasons, its
+// descendants end upstream_failed, the workflow fails; an uncounted failure
+// (the volunteer paused) does not use up an attempt.
+func TestFailuresEndTheWorkflow(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	id := f.submit(t, "batch", f.task("a"), f.task("b", NewInput{Name: "x", From: 0, Output: "stdout"}),
+		f.task("c", NewInput{Name: "x", From: 1, Output: "stdout"}), f.task("d"))
+	cs := f.claim(t, 2, time.Minute)
+	byName := map[string]Claimed{}
+	for _, c := range cs {
+		byName[c.Name] = c
+	}
+	if _, err := f.s.Complete(ctx, []Completion{
+		{Attempt: byName["a"].Attempt, Worker: f.worker, Reason: "worker", Message: "paused", Uncounted: true},
+		ok(byName["d"], "D"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		a := f.claim(t, 1, time.Minute)
+		if len(a) != 1 {
+			t.Fatalf("a not requeued")
+		}
+		if _, err := f.s.Complete(ctx, []Completion{{Attempt: a[0].Attempt, Worker: f.worker, Reason: "exit", Message: "exit code 3"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := f.s.Status(ctx, f.owner, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"a": "failed", "b": "upstream_failed", "c": "upstream_failed", "d": "done"}
+	for _, tk := range st.Tasks {
+		if tk.State != want[tk.Name] {
+			t.Errorf("task %s is %s, want %s", tk.Name, tk.State, want[tk.Name])
+		}
+		if tk.Name == "a" && (tk.Attempts != 2 || tk.Error == "") {
+			t.Errorf("task a: %d attempts, error %q", tk.Attempts, tk.Error)
+		}
+	}
+	if st.State != "failed" {
+		t.Errorf("workflow is %s, want failed", st.State)
+	}
+}
+
+// Cancel ends the unfinished tasks and returns the running attempts, whose
+// results are refused afterwards.
+func TestCancel(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	id := f.submit(t, "batch", f.task("a"), f.task("b", NewInput{Name: "x", From: 0, Output: "stdout"}))
+	a := f.claim(t, 1, time.Minute)[0]
+	attempts, err := f.s.Cancel(ctx, f.owner, id)
+	if err != nil || len(attempts) != 1 || attempts[0] != a.Attempt {
+		t.Fatalf("cancel returned %v, %v", attempts, err)
+	}
+	if acc, _ := f.s.Complete(ctx, []Completion{ok(a, "late")}); acc[0] {
+		t.Fatal("a cancelled attempt's result was accepted")
+	}
+	st := f.states(t, id)
+	if st[""] != "cancelled" || st["a"] != "cancelled" || st["b"] != "cancelled" {
+		t.Fatalf("after cancel: %v", st)
+	}
+	if _, err := f.s.Cancel(ctx, f.owner+1, id); err != ErrNotFound {
+		t.Fatalf("another owner's cancel: %v", err)
+	}
+}
+
+// BenchmarkClaimComplete measures the store alone: claim and complete
+// no-op tasks in batches of 100.
+func BenchmarkClaimComplete(b *testing.B) {
+	ctx := context.Background()
+	f := newFixture(b)
+	tasks := make([]NewTask, b.N)
+	for i := range tasks {
+		tasks[i] = f.task(fmt.Sprintf("t%d", i))
+	}
+	f.submit(b, "batch", tasks...)
+	b.ResetTimer()
+	for done := 0; done < b.N; {
+		cs := f.claim(b, min(100, b.N-done), time.Minute)
+		comps := make([]Completion, len(cs))
+		for i, c := range cs {
+			comps[i] = ok(c, "")
+		}
+		if _, err := f.s.Complete(ctx, comps); err != nil {
+			b.Fatal(err)
+		}
+		done += len(cs)
+	}
+}
