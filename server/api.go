@@ -365,4 +365,3 @@ func absDiff(a, b float64) float64 {
 	}
 	return b - a
 }
-

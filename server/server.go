@@ -323,8 +323,6 @@ func (s *Server) touchWorkers(ctx context.Context) {
 	}
 }
 
-
-
 // Handler returns the HTTP handler: the API, the worker socket, modules and
 // the operations endpoints.
 func (s *Server) Handler() http.Handler {
