@@ -21,9 +21,15 @@ type conn struct {
 	kind  string
 	slots int
 	ws    *websocket.Conn
-	send  chan outFrame
-	done  chan struct{}
-	log   *slog.Logger
+	done  chan struct{} // closed when the connection ends
+
+	// Frames wait in queue for a writer goroutine that exists only while
+	// there is something to write: an idle worker costs no goroutine for
+	// writing (it matters with thousands of idle volunteers).
+	qmu     sync.Mutex
+	queue   []outFrame
+	writing bool
+	log     *slog.Logger
 
 	// Guarded by hub.mu.
 	free    int
@@ -36,20 +42,65 @@ type outFrame struct {
 	binary bool
 }
 
-// enqueue queues a frame for the writer. It never blocks: a worker that
-// cannot keep up with its frames is disconnected.
+// maxQueued bounds the frames waiting for one worker; a worker that cannot
+// keep up with its frames is disconnected.
+const maxQueued = 256
+
+// enqueue queues a frame for the worker and starts a writer if none runs.
+// It never blocks.
 func (c *conn) enqueue(f *protocol.Frame) {
 	data, bin, err := protocol.Encode(f)
 	if err != nil {
 		c.log.Error("encode frame", "type", f.Type, "err", err)
 		return
 	}
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
 	select {
-	case c.send <- outFrame{data, bin}:
 	case <-c.done:
+		return
 	default:
+	}
+	if len(c.queue) >= maxQueued {
 		c.log.Warn("worker send queue full; closing connection")
 		c.ws.Close(websocket.StatusTryAgainLater, "send queue full")
+		return
+	}
+	c.queue = append(c.queue, outFrame{data, bin})
+	if !c.writing {
+		c.writing = true
+		go c.writeQueued()
+	}
+}
+
+// writeQueued writes queued frames until the queue is empty, then exits.
+func (c *conn) writeQueued() {
+	for {
+		c.qmu.Lock()
+		if len(c.queue) == 0 {
+			c.writing = false
+			c.queue = nil
+			c.qmu.Unlock()
+			return
+		}
+		f := c.queue[0]
+		c.queue = c.queue[1:]
+		c.qmu.Unlock()
+		typ := websocket.MessageText
+		if f.binary {
+			typ = websocket.MessageBinary
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := c.ws.Write(ctx, typ, f.data)
+		cancel()
+		if err != nil {
+			c.ws.CloseNow()
+			c.qmu.Lock()
+			c.writing = false
+			c.queue = nil
+			c.qmu.Unlock()
+			return
+		}
 	}
 }
 
@@ -215,14 +266,18 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 	s.hub.add(c)
 	defer func() {
 		s.hub.remove(c)
+		c.qmu.Lock()
 		close(c.done)
+		c.qmu.Unlock()
+		if s.ctx.Err() != nil {
+			return // shutting down: Run marks all of this replica's workers gone at once
+		}
 		gctx, gcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer gcancel()
 		if err := s.store.WorkerGone(gctx, c.id); err != nil {
 			s.log.Warn("record worker gone", "worker", c.id, "err", err)
 		}
 	}()
-	go s.writeLoop(ctx, c)
 	s.wake()
 	err = s.readLoop(ctx, c)
 	var ce websocket.CloseError
@@ -283,16 +338,26 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 	case len(h.Running) > h.Slots:
 		return nil, fmt.Errorf("%d running attempts for %d slots", len(h.Running), h.Slots)
 	}
-	id, token, lost, err := s.store.RegisterWorker(ctx, store.WorkerHello{
-		ID: h.WorkerID, Token: h.ReconnectToken, Kind: h.Kind, Slots: h.Slots, Volunteer: truncate(h.Volunteer, 100),
-		Device: h.Device, Replica: s.cfg.Replica, Running: h.Running,
-	}, s.cfg.Lease)
+	// The registration runs on a goroutine of its own: the database driver's
+	// deep call stacks would otherwise stay with this connection's
+	// long-lived goroutine, which matters with thousands of idle workers.
+	var id, token string
+	var lost []int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		id, token, lost, err = s.store.RegisterWorker(ctx, store.WorkerHello{
+			ID: h.WorkerID, Token: h.ReconnectToken, Kind: h.Kind, Slots: h.Slots, Volunteer: truncate(h.Volunteer, 100),
+			Device: h.Device, Replica: s.cfg.Replica, Running: h.Running,
+		}, s.cfg.Lease)
+	}()
+	<-done
 	if err != nil {
 		return nil, err
 	}
 	c := &conn{
 		id: id, kind: h.Kind, slots: h.Slots, ws: ws,
-		send: make(chan outFrame, 64), done: make(chan struct{}),
+		done:    make(chan struct{}),
 		log:     s.log.With("worker", id, "kind", h.Kind),
 		running: map[int64]struct{}{}, paused: h.Device.Paused,
 	}
@@ -326,29 +391,6 @@ func containsInt(xs []int64, x int64) bool {
 		}
 	}
 	return false
-}
-
-func (s *Server) writeLoop(ctx context.Context, c *conn) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-c.done:
-			return
-		case f := <-c.send:
-			typ := websocket.MessageText
-			if f.binary {
-				typ = websocket.MessageBinary
-			}
-			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			err := c.ws.Write(wctx, typ, f.data)
-			cancel()
-			if err != nil {
-				c.ws.CloseNow()
-				return
-			}
-		}
-	}
 }
 
 // readLoop handles the worker's frames until the socket closes. A worker

@@ -129,6 +129,11 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	close(s.ready)
 	wg.Wait()
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := s.store.ReplicaGone(gctx, s.cfg.Replica); err != nil {
+		s.log.Warn("mark workers disconnected", "err", err)
+	}
 	return nil
 }
 

@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/cyclepool/cyclepool/client"
+	"github.com/cyclepool/cyclepool/wasmworker/headless"
 )
 
 // command is one subcommand of the binary.
@@ -45,6 +46,7 @@ func commands() []command {
 }
 
 func main() {
+	headless.ServeSlotIfChild() // a worker's slot process runs here and exits
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := dispatch(ctx, os.Args[1:], os.Stderr)
 	stop()

@@ -226,8 +226,12 @@ func (b *bench) startServer(ctx context.Context, db string) error {
 	l.Close()
 	b.url = fmt.Sprintf("http://127.0.0.1:%d", port)
 	tok := make(chan string, 1)
-	b.server, err = b.spawn([]string{"serve", "--addr", fmt.Sprintf("127.0.0.1:%d", port), "--database-url", db,
-		"--data-dir", filepath.Join(b.tmp, "srv"), "--log-level", "warn"}, func(s string) {
+	args := []string{"serve", "--addr", fmt.Sprintf("127.0.0.1:%d", port), "--database-url", db,
+		"--data-dir", filepath.Join(b.tmp, "srv"), "--log-level", "warn"}
+	if addr := os.Getenv("CYCLEPOOL_BENCH_PPROF"); addr != "" {
+		args = append(args, "--pprof", addr) // to profile the server under the benchmark's load
+	}
+	b.server, err = b.spawn(args, func(s string) {
 		if m := tokenRE.FindStringSubmatch(s); m != nil {
 			tok <- m[1]
 		}

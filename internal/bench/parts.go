@@ -89,6 +89,9 @@ func (b *bench) idleConns(ctx context.Context) error {
 	}
 	b.printf("idle_worker_conn_kib: %.1f", float64(after-before)/float64(len(conns)))
 	b.printf("idle_worker_conns: %d", len(conns))
+	if os.Getenv("CYCLEPOOL_BENCH_PPROF") != "" {
+		time.Sleep(30 * time.Second) // time to profile the server with its idle connections
+	}
 	for _, c := range conns {
 		c.CloseNow()
 	}

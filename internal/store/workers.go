@@ -121,3 +121,12 @@ func (s *Store) TouchWorkers(ctx context.Context, ids []string) error {
 	}
 	return nil
 }
+
+// ReplicaGone records that every worker connected to replica disconnected
+// (the replica is shutting down).
+func (s *Store) ReplicaGone(ctx context.Context, replica string) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE workers SET connected = false, last_seen = now() WHERE replica = $1 AND connected`, replica); err != nil {
+		return fmt.Errorf("disconnect workers of %s: %w", replica, err)
+	}
+	return nil
+}

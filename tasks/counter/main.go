@@ -19,10 +19,9 @@ import (
 )
 
 // itersPerMS is the number of work iterations that take about a millisecond
-// on a current x86-64 core in the headless runner (wazero's compiler with
-// WithCloseOnContextDone, which makes this loop about 13 times slower than
-// without; see docs/TASK_ABI.md).
-const itersPerMS = 30_000
+// on a current x86-64 core in the headless runner (wazero's compiler in a
+// slot process, without termination checks; see docs/TASK_ABI.md).
+const itersPerMS = 450_000
 
 var sink uint64
 

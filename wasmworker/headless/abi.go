@@ -126,7 +126,7 @@ func hostCheckpoint(ctx context.Context, mod api.Module, stack []uint64) {
 	}
 	state := append([]byte(nil), b...)
 	if err := a.job.Host.Checkpoint(ctx, state); err != nil {
-		a.r.log.Debug("checkpoint not saved", "task", a.job.Assign.Task, "attempt", a.job.Assign.Attempt, "err", err)
+		a.e.log.Debug("checkpoint not saved", "task", a.job.Assign.Task, "attempt", a.job.Assign.Attempt, "err", err)
 		return
 	}
 	a.ckptMu.Lock()

@@ -27,7 +27,7 @@ const argv0 = "task"
 
 // attempt is the state of one Run.
 type attempt struct {
-	r      *Runner
+	e      *engine
 	job    *wasmworker.Job
 	mod    *compiled
 	limits protocol.Limits
@@ -48,7 +48,7 @@ type limitError struct{ reason, msg string }
 
 func (e *limitError) Error() string { return e.msg }
 
-func newAttempt(r *Runner, job *wasmworker.Job, mod *compiled) *attempt {
+func newAttempt(e *engine, job *wasmworker.Job, mod *compiled) *attempt {
 	l := job.Assign.Limits
 	if l.MemoryPages == 0 {
 		l.MemoryPages = DefaultMemoryPages
@@ -63,13 +63,16 @@ func newAttempt(r *Runner, job *wasmworker.Job, mod *compiled) *attempt {
 	if l.LogBytes <= 0 {
 		l.LogBytes = DefaultLogBytes
 	}
-	return &attempt{r: r, job: job, mod: mod, limits: l, wall: time.Duration(l.WallMS) * time.Millisecond}
+	return &attempt{e: e, job: job, mod: mod, limits: l, wall: time.Duration(l.WallMS) * time.Millisecond}
 }
 
 func (a *attempt) cleanup() {
+	if a.e.slot != nil {
+		return // the slot's directories are reused; the slot empties them
+	}
 	if a.dir != "" {
 		if err := os.RemoveAll(a.dir); err != nil {
-			a.r.log.Warn("removing attempt directory", "dir", a.dir, "err", err)
+			a.e.log.Warn("removing attempt directory", "dir", a.dir, "err", err)
 		}
 	}
 }
@@ -99,17 +102,23 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 	ctx, stop := context.WithCancelCause(wallCtx)
 	defer stop(nil)
 	a.stop = stop
-	defer context.AfterFunc(a.r.closing, func() {
+	defer context.AfterFunc(a.e.closing, func() {
 		stop(&limitError{protocol.ReasonWorker, "the runner is closing"})
 	})()
 
 	a.mem = &memoryLimit{limit: uint64(a.limits.MemoryPages) * 65536}
+	if a.e.slot != nil {
+		a.mem.onRefuse = a.e.slot.memoryRefused
+	}
 	a.stdout = &cappedWriter{limit: a.limits.OutputBytes, onFull: func() {
 		stop(&limitError{protocol.ReasonOutput, fmt.Sprintf("output limit of %d bytes exceeded by stdout", a.limits.OutputBytes)})
 	}}
 	a.stderr = &cappedWriter{limit: a.limits.LogBytes, onFull: func() {
 		stop(&limitError{protocol.ReasonLog, fmt.Sprintf("log limit of %d bytes exceeded (stderr)", a.limits.LogBytes)})
 	}}
+	if a.e.slot != nil {
+		a.stderr.tee = a.e.slot.sendLog // so that a killed slot's log is not lost
+	}
 	a.clock.rand.state = as.Seed
 
 	fsc := wazero.NewFSConfig().(experimentalsysfs.FSConfig).
@@ -175,7 +184,7 @@ func (a *attempt) instantiate(ctx context.Context, cfg wazero.ModuleConfig) (ins
 			inst, err = nil, fmt.Errorf("memory allocation refused: %v", p)
 		}
 	}()
-	return a.r.rt.InstantiateModule(ctx, a.mod.mod, cfg)
+	return a.e.rt.InstantiateModule(ctx, a.mod.mod, cfg)
 }
 
 // stopped returns the outcome of a module stopped from outside (cancel, a

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/taskbuild"
+	"github.com/cyclepool/cyclepool/wasmworker"
 )
 
 // primesN is the argument of `spin N` in the benchmarks: count the primes
@@ -19,9 +20,10 @@ const primesN = "1000000"
 // primesCount is the number of primes below primesN.
 const primesCount = "78498\n"
 
-func benchmarkPrimes(b *testing.B, unstoppable bool) {
+func benchmarkPrimes(b *testing.B, cfg Config) {
 	ctx := context.Background()
-	r, err := New(ctx, Config{CacheDir: cacheDir(), unstoppable: unstoppable})
+	cfg.CacheDir = cacheDir()
+	r, err := New(ctx, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -39,13 +41,20 @@ func benchmarkPrimes(b *testing.B, unstoppable bool) {
 	}
 }
 
-// BenchmarkPrimesCloseOnContextDone runs the tight loop of `spin N` with
-// wazero's WithCloseOnContextDone, as the Runner does.
-func BenchmarkPrimesCloseOnContextDone(b *testing.B) { benchmarkPrimes(b, false) }
+// BenchmarkPrimesIsolated runs the tight loop of `spin N` in a slot
+// process, as the Runner does by default: no termination checks, the
+// process is killed to stop the module.
+func BenchmarkPrimesIsolated(b *testing.B) { benchmarkPrimes(b, Config{}) }
 
-// BenchmarkPrimesUnstoppable runs the same loop with neither: the module then
-// cannot be stopped. It is the baseline.
-func BenchmarkPrimesUnstoppable(b *testing.B) { benchmarkPrimes(b, true) }
+// BenchmarkPrimesCloseOnContextDone runs the same loop in-process with
+// wazero's WithCloseOnContextDone (Config.InProcess).
+func BenchmarkPrimesCloseOnContextDone(b *testing.B) { benchmarkPrimes(b, Config{InProcess: true}) }
+
+// BenchmarkPrimesUnstoppable runs the same loop in-process with neither: the
+// module then cannot be stopped. It is the baseline.
+func BenchmarkPrimesUnstoppable(b *testing.B) {
+	benchmarkPrimes(b, Config{InProcess: true, unstoppable: true})
+}
 
 // BenchmarkPrimesNative runs the same Go program compiled natively, for
 // reference.
@@ -69,13 +78,44 @@ func BenchmarkPrimesNative(b *testing.B) {
 	}
 }
 
-// BenchmarkNoop is the fixed cost of one attempt (instantiation, the Go
-// runtime's start-up, /in and /out), to subtract from the figures above.
+// BenchmarkNoop is the fixed cost of one attempt of a Go task (tasks/noop:
+// instantiation, the Go runtime's start-up, /in and /out), to subtract from
+// the figures above.
 func BenchmarkNoop(b *testing.B) {
+	benchmarkModes(b, func(b *testing.B, r *Runner) {
+		j, _ := job(b, "noop", protocol.Assign{})
+		benchmarkAttempts(b, r, j)
+	})
+}
+
+// BenchmarkNoopAttempt is the cost of one attempt end to end, through the
+// slot process in isolation mode, for the smallest module:
+// (module (memory (export "memory") 1) (func (export "_start"))).
+func BenchmarkNoopAttempt(b *testing.B) {
+	benchmarkModes(b, func(b *testing.B, r *Runner) {
+		benchmarkAttempts(b, r, rawJob(noopModule()))
+	})
+}
+
+// benchmarkModes runs f in isolation mode and in in-process mode.
+func benchmarkModes(b *testing.B, f func(b *testing.B, r *Runner)) {
+	for _, inProcess := range []bool{false, true} {
+		name := "isolated"
+		if inProcess {
+			name = "inprocess"
+		}
+		b.Run(name, func(b *testing.B) { f(b, sharedRunner(b, inProcess)) })
+	}
+}
+
+// benchmarkAttempts runs j again and again (once before measuring, so that
+// the module is compiled and a slot process started).
+func benchmarkAttempts(b *testing.B, r *Runner, j *wasmworker.Job) {
 	ctx := context.Background()
-	r := runner(b)
-	j, _ := job(b, "noop", protocol.Assign{})
-	r.Run(ctx, j)
+	if o := r.Run(ctx, j); o.Reason != "" {
+		b.Fatalf("%s: %s", o.Reason, o.Message)
+	}
+	b.ReportAllocs()
 	for b.Loop() {
 		if o := r.Run(ctx, j); o.Reason != "" {
 			b.Fatalf("%s: %s", o.Reason, o.Message)

@@ -36,18 +36,21 @@ func (a *attempt) prepareDirs() error {
 		}
 		seen[in.Name] = true
 	}
-	dir, err := os.MkdirTemp("", "cyclepool-attempt-")
-	if err != nil {
-		return err
+	if a.e.slot != nil {
+		// A slot process reuses its directories, emptied after each attempt.
+		dir, err := a.e.slot.attemptDir()
+		if err != nil {
+			return err
+		}
+		a.dir = dir
+	} else {
+		dir, err := makeAttemptDir(a.e.tmpDir)
+		if err != nil {
+			return err
+		}
+		a.dir = dir
 	}
-	a.dir = dir
-	inDir, outDir := filepath.Join(dir, "in"), filepath.Join(dir, "out")
-	if err := os.Mkdir(inDir, 0o755); err != nil {
-		return err
-	}
-	if err := os.Mkdir(outDir, 0o755); err != nil {
-		return err
-	}
+	inDir := filepath.Join(a.dir, "in")
 	for _, in := range a.job.Assign.Inputs {
 		p := filepath.Join(inDir, in.Name)
 		if err := os.WriteFile(p, in.Data, 0o444); err != nil {
@@ -59,6 +62,59 @@ func (a *attempt) prepareDirs() error {
 	}
 	return os.Chtimes(inDir, inputTime, inputTime)
 }
+
+// makeAttemptDir makes a directory under parent holding empty in/ and out/.
+func makeAttemptDir(parent string) (string, error) {
+	dir, err := os.MkdirTemp(parent, "cyclepool-attempt-")
+	if err != nil {
+		return "", err
+	}
+	for _, sub := range []string{"in", "out"} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
+			os.RemoveAll(dir)
+			return "", err
+		}
+	}
+	return dir, nil
+}
+
+// emptyDir removes everything in dir, touching nothing when it is already
+// empty.
+func emptyDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := os.RemoveAll(filepath.Join(dir, n)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// defaultTempDir is where attempt directories go by default: /dev/shm when
+// it is a writable directory with at least minShmFree bytes free (a tmpfs:
+// making and removing directories there costs no disk I/O; Docker's default
+// /dev/shm of 64 MiB is too small for outputs), else os.TempDir().
+func defaultTempDir() string {
+	const shm = "/dev/shm"
+	if fi, err := os.Stat(shm); err == nil && fi.IsDir() && freeBytes(shm) >= minShmFree {
+		if d, err := os.MkdirTemp(shm, "cyclepool-probe-"); err == nil {
+			os.Remove(d)
+			return shm
+		}
+	}
+	return os.TempDir()
+}
+
+// minShmFree is the free space /dev/shm needs to hold attempt directories.
+const minShmFree = 1 << 30
 
 // checkInputName accepts a plain file name: not empty, not . or .., no
 // slash, backslash or NUL.

@@ -22,22 +22,52 @@ import (
 )
 
 var (
-	sharedOnce   sync.Once
-	sharedRunner *Runner
-	sharedErr    error
+	sharedMu      sync.Mutex
+	sharedRunners = map[bool]*Runner{} // by Config.InProcess
 )
 
-// runner returns a Runner shared by the tests of this package, with its
-// compilation cache in a directory shared by test runs.
-func runner(t testing.TB) *Runner {
+// runner returns the isolation-mode Runner shared by the tests of this
+// package, with its compilation cache in a directory shared by test runs.
+func runner(t testing.TB) *Runner { return sharedRunner(t, false) }
+
+// sharedRunner returns the Runner shared by the tests of this package in
+// one mode.
+func sharedRunner(t testing.TB, inProcess bool) *Runner {
 	t.Helper()
-	sharedOnce.Do(func() {
-		sharedRunner, sharedErr = New(context.Background(), Config{CacheDir: cacheDir()})
-	})
-	if sharedErr != nil {
-		t.Fatal(sharedErr)
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if r := sharedRunners[inProcess]; r != nil {
+		return r
 	}
-	return sharedRunner
+	r, err := New(context.Background(), Config{CacheDir: cacheDir(), InProcess: inProcess})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if (r.pool != nil) == inProcess {
+		t.Fatalf("New(InProcess: %v) made the other kind of Runner", inProcess)
+	}
+	sharedRunners[inProcess] = r
+	return r
+}
+
+// closeSharedRunners closes the shared Runners (from TestMain).
+func closeSharedRunners() {
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	for _, r := range sharedRunners {
+		r.Close(context.Background())
+	}
+}
+
+// eachMode runs f as a subtest in isolation mode and in in-process mode.
+func eachMode(t *testing.T, f func(t *testing.T, r *Runner)) {
+	for _, inProcess := range []bool{false, true} {
+		name := "isolated"
+		if inProcess {
+			name = "inprocess"
+		}
+		t.Run(name, func(t *testing.T) { f(t, sharedRunner(t, inProcess)) })
+	}
 }
 
 func cacheDir() string { return filepath.Join(os.TempDir(), "cyclepool-headless-test-cache") }
@@ -97,8 +127,9 @@ func names(o *wasmworker.Outcome) []string {
 	return n
 }
 
-func TestRun(t *testing.T) {
-	r := runner(t)
+func TestRun(t *testing.T) { eachMode(t, testRun) }
+
+func testRun(t *testing.T, r *Runner) {
 	tests := []struct {
 		name   string
 		task   string
@@ -193,7 +224,9 @@ func TestRun(t *testing.T) {
 	}
 }
 
-func TestTrap(t *testing.T) {
+func TestTrap(t *testing.T) { eachMode(t, testTrap) }
+
+func testTrap(t *testing.T, r *Runner) {
 	// A module whose _start executes unreachable.
 	mod := wasmModule(
 		section(1, vec([]byte{0x60, 0, 0})),           // type: () -> ()
@@ -202,7 +235,7 @@ func TestTrap(t *testing.T) {
 		section(7, vec(append(name("_start"), 0, 0))), // export func 0
 		section(10, vec(body([]byte{0x00}))),          // unreachable
 	)
-	o := runner(t).Run(context.Background(), rawJob(mod))
+	o := r.Run(context.Background(), rawJob(mod))
 	if o.Reason != protocol.ReasonTrap {
 		t.Fatalf("Reason %q (%s), want trap", o.Reason, o.Message)
 	}
@@ -211,8 +244,9 @@ func TestTrap(t *testing.T) {
 	}
 }
 
-func TestModuleErrors(t *testing.T) {
-	r := runner(t)
+func TestModuleErrors(t *testing.T) { eachMode(t, testModuleErrors) }
+
+func testModuleErrors(t *testing.T, r *Runner) {
 	good, _ := job(t, "noop", protocol.Assign{})
 
 	mismatch := *good
@@ -244,8 +278,9 @@ func TestModuleErrors(t *testing.T) {
 	}
 }
 
-func TestCancelSpin(t *testing.T) {
-	r := runner(t)
+func TestCancelSpin(t *testing.T) { eachMode(t, testCancelSpin) }
+
+func testCancelSpin(t *testing.T, r *Runner) {
 	j, _ := job(t, "spin", protocol.Assign{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan *wasmworker.Outcome)
@@ -266,10 +301,13 @@ func TestCancelSpin(t *testing.T) {
 	}
 }
 
-func TestCheckpointRestore(t *testing.T) {
-	r := runner(t)
-	// 40 steps of ~5 ms with a checkpoint due every 20 ms.
-	j, h := job(t, "counter", protocol.Assign{Args: []string{"40", "5"}, CkptMS: 20})
+func TestCheckpointRestore(t *testing.T) { eachMode(t, testCheckpointRestore) }
+
+func testCheckpointRestore(t *testing.T, r *Runner) {
+	// 40 steps of 5 "ms" with a checkpoint due every millisecond. (tasks/counter
+	// calibrates its ms for in-process mode: a step takes ~0.4 ms in a slot
+	// process.)
+	j, h := job(t, "counter", protocol.Assign{Args: []string{"40", "5"}, CkptMS: 1})
 	o := r.Run(context.Background(), j)
 	if o.Reason != "" {
 		t.Fatalf("first run: %s: %s\n%s", o.Reason, o.Message, o.Log)
@@ -281,7 +319,7 @@ func TestCheckpointRestore(t *testing.T) {
 		t.Errorf("first run log %q", o.Log)
 	}
 	if len(h.checkpoints) == 0 {
-		t.Fatal("no checkpoints recorded")
+		t.Fatalf("no checkpoints recorded; progress %v; log %s", h.progress, o.Log)
 	}
 	if len(h.progress) != 40 || h.progress[39] != 1 {
 		t.Errorf("progress: %d reports, last %v", len(h.progress), h.progress[len(h.progress)-1])
@@ -319,8 +357,9 @@ func TestCheckpointRestore(t *testing.T) {
 	}
 }
 
-func TestDeterminism(t *testing.T) {
-	r := runner(t)
+func TestDeterminism(t *testing.T) { eachMode(t, testDeterminism) }
+
+func testDeterminism(t *testing.T, r *Runner) {
 	run := func(seed uint64) map[string]string {
 		j, _ := job(t, "echo", protocol.Assign{Seed: seed, Args: []string{"x"}})
 		o := r.Run(context.Background(), j)
@@ -401,6 +440,18 @@ func rawJob(b []byte) *wasmworker.Job {
 		ModuleID: "sha256:" + hex.EncodeToString(sum[:]),
 		Fetch:    func(context.Context) ([]byte, error) { return b, nil },
 	}
+}
+
+// noopModule is the smallest task: (module (memory (export "memory") 1)
+// (func (export "_start"))).
+func noopModule() []byte {
+	return wasmModule(
+		section(1, vec([]byte{0x60, 0, 0})), // type: () -> ()
+		section(3, vec([]byte{0})),          // one function of type 0
+		section(5, vec([]byte{0, 1})),       // memory, min 1 page
+		section(7, vec(append(name("memory"), 2, 0), append(name("_start"), 0, 0))),
+		section(10, vec(body(nil))),
+	)
 }
 
 // Minimal wasm binary encoding for hand-made test modules.

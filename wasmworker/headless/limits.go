@@ -15,7 +15,8 @@ import (
 // module whose declared minimum is over the limit is refused at
 // instantiation.
 type memoryLimit struct {
-	limit uint64 // bytes
+	limit    uint64       // bytes
+	onRefuse func(string) // if set, called with message() at the first refusal
 
 	mu      sync.Mutex
 	asked   uint64 // bytes of the first refused request; 0 = none refused
@@ -29,9 +30,13 @@ func (m *memoryLimit) Allocate(capacity, maxBytes uint64) experimental.LinearMem
 
 func (m *memoryLimit) refuse(size uint64, initial bool) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.asked == 0 {
+	first := m.asked == 0
+	if first {
 		m.asked, m.initial = size, initial
+	}
+	m.mu.Unlock()
+	if first && m.onRefuse != nil {
+		m.onRefuse(m.message())
 	}
 }
 
@@ -84,11 +89,15 @@ func (l *linearMemory) Reallocate(size uint64) []byte {
 func (l *linearMemory) Free() { l.buf = nil }
 
 // cappedWriter captures a stream up to limit bytes. The first write that
-// would pass the limit keeps what fits, calls onFull once and fails; so do
-// later writes.
+// would pass the limit keeps what fits, calls onFull once and panics with
+// errStreamFull: the writer is a WASI file, written from a host function
+// (fd_write), so the panic ends the module's call at once, even where
+// nothing else would stop it (a slot process runs without termination
+// checks). Later writes fail.
 type cappedWriter struct {
 	limit  int64
 	onFull func()
+	tee    func([]byte) // if set, receives every byte kept, in order
 
 	mu   sync.Mutex
 	buf  []byte
@@ -107,14 +116,20 @@ func (w *cappedWriter) Write(p []byte) (int, error) {
 	room := w.limit - int64(len(w.buf))
 	if int64(len(p)) <= room {
 		w.buf = append(w.buf, p...)
+		if w.tee != nil && len(p) > 0 {
+			w.tee(p)
+		}
 		w.mu.Unlock()
 		return len(p), nil
 	}
 	w.buf = append(w.buf, p[:room]...)
+	if w.tee != nil && room > 0 {
+		w.tee(p[:room])
+	}
 	w.full = true
 	w.mu.Unlock()
 	w.onFull()
-	return int(room), errStreamFull
+	panic(errStreamFull)
 }
 
 // bytes returns a copy of what was captured.

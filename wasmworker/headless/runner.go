@@ -5,6 +5,11 @@
 // of docs/TASK_ABI.md: argv, stdin, stdout, /in, /out, the stderr log, the
 // `cyclepool` host functions, deterministic clocks and random numbers, and
 // the per-attempt limits.
+//
+// By default every attempt runs in a slot process (slot.go, slotchild.go,
+// wire.go): a child process of the same binary that runs the module at full
+// speed and that the worker kills to stop it. A binary using the Runner
+// calls ServeSlotIfChild first thing in main.
 package headless
 
 import (
@@ -45,18 +50,50 @@ type Config struct {
 	CacheDir string
 	// Logger receives diagnostics; nil discards them.
 	Logger *slog.Logger
+	// InProcess runs attempts in this process, stopped by wazero's
+	// WithCloseOnContextDone (much slower on tight loops, see
+	// docs/TASK_ABI.md, "Cancellation"). The default runs every attempt in
+	// a slot process (see slot.go).
+	InProcess bool
+	// TempDir is where attempt directories (/in and /out) are made. Empty
+	// means /dev/shm when it is a writable tmpfs with room, else
+	// os.TempDir().
+	TempDir string
+	// IdleTimeout is how long an idle slot process is kept; 0 means
+	// DefaultIdleTimeout.
+	IdleTimeout time.Duration
 
-	// unstoppable turns off wazero's WithCloseOnContextDone. Only
-	// benchmarks use it: a running module then cannot be stopped.
+	// unstoppable turns off wazero's WithCloseOnContextDone in in-process
+	// mode. Only benchmarks use it: a running module then cannot be
+	// stopped. (Slot processes always run without it.)
 	unstoppable bool
 }
 
+// DefaultIdleTimeout is how long a slot process stays idle before it exits.
+const DefaultIdleTimeout = 10 * time.Minute
+
 // Runner runs task attempts with wazero. It is safe for concurrent use: each
 // Run call is one slot.
+//
+// By default (isolation mode) the Runner itself never runs wasm: each
+// attempt runs in a slot process, a child process of the same binary that
+// runs modules at full speed, without termination checks, and that the
+// Runner kills to cancel the attempt or end it at its wall time. With
+// Config.InProcess the attempts run in this process instead.
 type Runner struct {
-	log   *slog.Logger
-	cache wazero.CompilationCache
-	rt    wazero.Runtime
+	eng  *engine   // in-process mode
+	pool *slotPool // isolation mode
+}
+
+// engine runs attempts in the calling process: a wazero runtime, its
+// compiled modules and compilation cache. The in-process Runner is one; so
+// is each slot process.
+type engine struct {
+	log    *slog.Logger
+	cache  wazero.CompilationCache
+	rt     wazero.Runtime
+	tmpDir string     // parent of per-attempt directories
+	slot   *slotChild // set in a slot process
 
 	closing context.Context // cancelled by Close, which stops running attempts
 	close   context.CancelFunc
@@ -75,32 +112,59 @@ type compiled struct {
 	err  error
 }
 
-// New creates a Runner: a wazero runtime with the compiler engine, the
-// compilation cache in cfg.CacheDir, WASI preview 1 and the `cyclepool` host
-// module.
+// New creates a Runner. In isolation mode (the default) it starts no
+// process yet: slot processes start when attempts need them. The binary
+// must call ServeSlotIfChild first thing in main (a test binary: in
+// TestMain); when it has not, New logs a warning and falls back to
+// in-process mode. With cfg.InProcess it creates a wazero runtime with the
+// compiler engine, the compilation cache in cfg.CacheDir, WASI preview 1 and
+// the `cyclepool` host module.
 func New(ctx context.Context, cfg Config) (*Runner, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	tmp := cfg.TempDir
+	if tmp == "" {
+		tmp = defaultTempDir()
+	}
+	if !cfg.InProcess {
+		if slotHookCalled.Load() {
+			p, err := newSlotPool(cfg, log, tmp)
+			if err != nil {
+				return nil, err
+			}
+			return &Runner{pool: p}, nil
+		}
+		log.Warn("headless: this binary does not call headless.ServeSlotIfChild; running attempts in-process (slower, see docs/TASK_ABI.md)")
+	}
+	e, err := newEngine(ctx, cfg.CacheDir, log, tmp, !cfg.unstoppable)
+	if err != nil {
+		return nil, err
+	}
+	return &Runner{eng: e}, nil
+}
+
+// newEngine creates an engine.
+func newEngine(ctx context.Context, cacheDir string, log *slog.Logger, tmpDir string, closeOnContextDone bool) (*engine, error) {
 	var cache wazero.CompilationCache
-	if cfg.CacheDir != "" {
-		c, err := wazero.NewCompilationCacheWithDir(cfg.CacheDir)
+	if cacheDir != "" {
+		c, err := wazero.NewCompilationCacheWithDir(cacheDir)
 		if err != nil {
-			return nil, fmt.Errorf("headless: compilation cache %s: %w", cfg.CacheDir, err)
+			return nil, fmt.Errorf("headless: compilation cache %s: %w", cacheDir, err)
 		}
 		cache = c
 	} else {
 		cache = wazero.NewCompilationCache()
 	}
-	rt, err := newRuntime(ctx, cache, !cfg.unstoppable)
+	rt, err := newRuntime(ctx, cache, closeOnContextDone)
 	if err != nil {
 		cache.Close(ctx)
 		return nil, err
 	}
-	r := &Runner{log: log, cache: cache, rt: rt, modules: map[string]*compiled{}}
-	r.closing, r.close = context.WithCancel(context.Background())
-	return r, nil
+	e := &engine{log: log, cache: cache, rt: rt, tmpDir: tmpDir, modules: map[string]*compiled{}}
+	e.closing, e.close = context.WithCancel(context.Background())
+	return e, nil
 }
 
 // newRuntime creates a runtime with WASI and the cyclepool host module.
@@ -124,23 +188,43 @@ func newRuntime(ctx context.Context, cache wazero.CompilationCache, closeOnConte
 	return rt, nil
 }
 
+// Run runs one attempt and reports how it ended. It returns promptly, with
+// Reason protocol.ReasonCancelled, when ctx is cancelled.
+func (r *Runner) Run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outcome {
+	if r.pool != nil {
+		return r.pool.run(ctx, job)
+	}
+	return r.eng.run(ctx, job)
+}
+
 // Close stops the attempts still running (they end with ReasonWorker),
-// waits for them as long as ctx allows, and releases the runtimes, every
-// compiled module and the compilation cache. Later Runs fail.
+// waits for them as long as ctx allows, and releases everything: in
+// isolation mode it kills every slot process and waits for them to exit.
+// Later Runs fail.
 func (r *Runner) Close(ctx context.Context) error {
-	r.mu.Lock()
-	r.closed = true
-	r.modules = map[string]*compiled{}
-	r.mu.Unlock()
-	r.close()
+	if r.pool != nil {
+		return r.pool.closeAll(ctx)
+	}
+	return r.eng.closeAll(ctx)
+}
+
+// closeAll stops the attempts still running (they end with ReasonWorker),
+// waits for them as long as ctx allows, and releases the runtime, every
+// compiled module and the compilation cache.
+func (e *engine) closeAll(ctx context.Context) error {
+	e.mu.Lock()
+	e.closed = true
+	e.modules = map[string]*compiled{}
+	e.mu.Unlock()
+	e.close()
 	waited := make(chan struct{})
-	go func() { r.running.Wait(); close(waited) }()
+	go func() { e.running.Wait(); close(waited) }()
 	select {
 	case <-waited:
 	case <-ctx.Done():
 		return fmt.Errorf("headless: attempts still running: %w", ctx.Err())
 	}
-	return errors.Join(r.rt.Close(ctx), r.cache.Close(ctx))
+	return errors.Join(e.rt.Close(ctx), e.cache.Close(ctx))
 }
 
 // moduleError marks errors that make the attempt fail with ReasonModule.
@@ -152,28 +236,28 @@ func (e *moduleError) Unwrap() error { return e.err }
 // compile returns the compiled module for job.ModuleID, fetching and
 // compiling it when this process has not done so yet. Concurrent calls for
 // the same module wait for one compilation.
-func (r *Runner) compile(ctx context.Context, job *wasmworker.Job) (*compiled, error) {
+func (e *engine) compile(ctx context.Context, job *wasmworker.Job) (*compiled, error) {
 	for {
-		r.mu.Lock()
-		if r.closed {
-			r.mu.Unlock()
+		e.mu.Lock()
+		if e.closed {
+			e.mu.Unlock()
 			return nil, errors.New("runner closed")
 		}
-		c, ok := r.modules[job.ModuleID]
+		c, ok := e.modules[job.ModuleID]
 		if !ok {
 			c = &compiled{done: make(chan struct{})}
-			r.modules[job.ModuleID] = c
-			r.mu.Unlock()
-			c.err = r.fetchAndCompile(ctx, job, c)
-			r.mu.Lock()
-			if c.err != nil && r.modules[job.ModuleID] == c {
-				delete(r.modules, job.ModuleID) // let a later attempt try again
+			e.modules[job.ModuleID] = c
+			e.mu.Unlock()
+			c.err = e.fetchAndCompile(ctx, job, c)
+			e.mu.Lock()
+			if c.err != nil && e.modules[job.ModuleID] == c {
+				delete(e.modules, job.ModuleID) // let a later attempt try again
 			}
-			r.mu.Unlock()
+			e.mu.Unlock()
 			close(c.done)
 			return c, c.err
 		}
-		r.mu.Unlock()
+		e.mu.Unlock()
 		select {
 		case <-c.done:
 		case <-ctx.Done():
@@ -190,29 +274,39 @@ func (r *Runner) compile(ctx context.Context, job *wasmworker.Job) (*compiled, e
 	}
 }
 
-func (r *Runner) fetchAndCompile(ctx context.Context, job *wasmworker.Job, c *compiled) error {
+// fetchVerified fetches the module bytes of job and checks that they hash to
+// job.ModuleID. Errors other than ctx's are moduleErrors.
+func fetchVerified(ctx context.Context, job *wasmworker.Job) ([]byte, error) {
 	want, ok := strings.CutPrefix(job.ModuleID, "sha256:")
 	if !ok || len(want) != 64 {
-		return &moduleError{fmt.Errorf("module id %q is not sha256:<64 hex digits>", job.ModuleID)}
+		return nil, &moduleError{fmt.Errorf("module id %q is not sha256:<64 hex digits>", job.ModuleID)}
 	}
 	if job.Fetch == nil {
-		return &moduleError{errors.New("no way to fetch the module")}
+		return nil, &moduleError{errors.New("no way to fetch the module")}
 	}
-	start := time.Now()
 	b, err := job.Fetch(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
-		return &moduleError{fmt.Errorf("fetching module %s: %w", job.ModuleID, err)}
+		return nil, &moduleError{fmt.Errorf("fetching module %s: %w", job.ModuleID, err)}
 	}
 	sum := sha256.Sum256(b)
 	if got := hex.EncodeToString(sum[:]); got != strings.ToLower(want) {
-		return &moduleError{fmt.Errorf("module bytes hash to sha256:%s, not %s", got, job.ModuleID)}
+		return nil, &moduleError{fmt.Errorf("module bytes hash to sha256:%s, not %s", got, job.ModuleID)}
+	}
+	return b, nil
+}
+
+func (e *engine) fetchAndCompile(ctx context.Context, job *wasmworker.Job, c *compiled) error {
+	start := time.Now()
+	b, err := fetchVerified(ctx, job)
+	if err != nil {
+		return err
 	}
 	fetched := time.Now()
 
-	c.mod, err = r.rt.CompileModule(ctx, b)
+	c.mod, err = e.rt.CompileModule(ctx, b)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -223,14 +317,13 @@ func (r *Runner) fetchAndCompile(ctx context.Context, job *wasmworker.Job, c *co
 		c.mod.Close(context.Background())
 		return &moduleError{fmt.Errorf("module %s exports no _start function (a task is a WASI command)", job.ModuleID)}
 	}
-	r.log.Debug("module compiled", "module", job.ModuleID, "bytes", len(b),
+	e.log.Debug("module compiled", "module", job.ModuleID, "bytes", len(b),
 		"fetch", fetched.Sub(start), "compile", time.Since(fetched))
 	return nil
 }
 
-// Run runs one attempt and reports how it ended. It returns promptly, with
-// Reason protocol.ReasonCancelled, when ctx is cancelled.
-func (r *Runner) Run(ctx context.Context, job *wasmworker.Job) (out *wasmworker.Outcome) {
+// run runs one attempt in this process.
+func (e *engine) run(ctx context.Context, job *wasmworker.Job) (out *wasmworker.Outcome) {
 	start := time.Now()
 	defer func() { out.Duration = time.Since(start) }()
 	fail := func(reason, format string, args ...any) *wasmworker.Outcome {
@@ -239,15 +332,15 @@ func (r *Runner) Run(ctx context.Context, job *wasmworker.Job) (out *wasmworker.
 	if job == nil || job.Assign == nil {
 		return fail(protocol.ReasonWorker, "no assignment")
 	}
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
 		return fail(protocol.ReasonWorker, "runner closed")
 	}
-	r.running.Add(1)
-	r.mu.Unlock()
-	defer r.running.Done()
-	c, err := r.compile(ctx, job)
+	e.running.Add(1)
+	e.mu.Unlock()
+	defer e.running.Done()
+	c, err := e.compile(ctx, job)
 	if err != nil {
 		if ctx.Err() != nil {
 			return fail(protocol.ReasonCancelled, "cancelled before the module was ready")
@@ -258,7 +351,7 @@ func (r *Runner) Run(ctx context.Context, job *wasmworker.Job) (out *wasmworker.
 		}
 		return fail(protocol.ReasonWorker, "%v", err)
 	}
-	a := newAttempt(r, job, c)
+	a := newAttempt(e, job, c)
 	defer a.cleanup()
 	return a.run(ctx)
 }

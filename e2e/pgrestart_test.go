@@ -1,0 +1,56 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cyclepool/cyclepool/client"
+	"github.com/cyclepool/cyclepool/internal/pgembed"
+)
+
+// PostgreSQL itself restarts in the middle of a workflow: the server
+// reconnects (pool, LISTEN, batches sent again) and the workflow completes
+// with every task done exactly once.
+func TestPostgresRestartMidWorkflow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "pg")
+	pg, err := pgembed.Start(ctx, pgembed.Config{Dir: dir, Ephemeral: false})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pg.Stop(context.Background()) })
+	port := pg.Port()
+	srv := startServer(t, "server", pg.URL(), t.TempDir(), 0)
+	c := client.New(srv.url, srv.token)
+	startWorker(t, "worker", 2, srv.url)
+	counter := push(t, c, "counter")
+	const n = 12
+	var tasks []task
+	for i := range n {
+		tasks = append(tasks, task{"name": fmt.Sprintf("c%02d", i), "module": counter,
+			"args": []string{strconv.Itoa(steps(i)), "100"}, "checkpoint_interval": "1s"})
+	}
+	id := submit(t, c, workflow("pg-restart", tasks...))
+	eventually(t, 60*time.Second, "some tasks done", func() bool {
+		st, err := c.Status(ctx, id)
+		return err == nil && st.Counts.Done >= 2
+	})
+	if err := pg.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	pg, err = pgembed.Start(ctx, pgembed.Config{Dir: dir, Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := wait(t, c, id, 2*time.Minute)
+	if st.State != client.WorkflowDone {
+		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
+	}
+	checkCounterTasks(t, c, id, n)
+}

@@ -1,0 +1,751 @@
+package headless
+
+import (
+	"bufio"
+	"context"
+	"encoding/gob"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/wasmworker"
+)
+
+// Isolation mode: every attempt runs in a slot process, a long-lived child
+// process of the same executable (see ServeSlotIfChild) that runs one
+// attempt at a time, at full speed: without WithCloseOnContextDone, so a
+// module in a tight loop never returns to Go. The worker (the parent) never
+// runs wasm. It gives the attempt to an idle slot process over a pipe
+// (wire.go), relays the child's progress and checkpoint requests to
+// job.Host, and receives the outcome. To cancel an attempt, at its wall
+// time limit and when the Runner closes, it kills the slot process
+// (SIGKILL); a killed or crashed slot process is replaced when an attempt
+// next needs one. Idle slot processes are kept for later attempts (at most
+// as many as attempts ran at once) and exit after Config.IdleTimeout.
+//
+// Module bytes are fetched (and checked against the module id) by the
+// parent, kept in memory up to maxModuleBytes, and sent to a slot process
+// only the first time it needs the module; the slot process keeps it
+// compiled in memory. Slot processes share the compilation cache directory:
+// wazero's file cache writes each entry to a temporary file and renames it
+// into place, so concurrent processes never see a partial entry.
+
+// maxModuleBytes bounds the module bytes the parent keeps; past it, the
+// least recently used modules are fetched again when needed.
+const maxModuleBytes = 256 << 20
+
+// helloTimeout bounds the start of a slot process.
+const helloTimeout = 30 * time.Second
+
+// slotPool is the parent's side of isolation mode.
+type slotPool struct {
+	log         *slog.Logger
+	exe         string
+	cacheDir    string
+	baseDir     string // holds one directory per slot process
+	idleTimeout time.Duration
+
+	closing context.Context // cancelled by Close
+	close   context.CancelFunc
+	runs    sync.WaitGroup // Run calls
+	procs   sync.WaitGroup // slot processes not yet reaped
+
+	mu          sync.Mutex
+	closed      bool
+	idle        []*slotProc // most recently used last
+	all         map[*slotProc]struct{}
+	nextID      int
+	modules     map[string]*moduleBytes
+	moduleBytes int64 // total of len(b) in modules
+}
+
+// moduleBytes is a module fetched, or being fetched, by one caller while
+// others wait on done.
+type moduleBytes struct {
+	done    chan struct{}
+	b       []byte
+	err     error
+	lastUse time.Time
+}
+
+// slotProc is one slot process. Between acquire and release it belongs to
+// one Run, which alone sends to it.
+type slotProc struct {
+	id      int
+	dir     string
+	cmd     *exec.Cmd
+	reqW    *os.File
+	enc     *gob.Encoder
+	replies chan *slotReply // closed when the reply pipe ends
+	stderr  *tailBuffer
+
+	modules   map[string]bool // loaded in the child
+	running   atomic.Bool     // it was given an attempt that has not ended
+	idleSince time.Time
+	idleTimer *time.Timer
+
+	pmu      sync.Mutex
+	process  *os.Process
+	killed   bool
+	deadOnce sync.Once
+	dead     chan struct{} // closed when killed or exited: replies are dropped
+	exited   chan struct{} // closed when reaped and its directory removed
+}
+
+func newSlotPool(cfg Config, log *slog.Logger, tmp string) (*slotPool, error) {
+	exe, err := selfExecutable()
+	if err != nil {
+		return nil, fmt.Errorf("headless: finding this executable for slot processes: %w", err)
+	}
+	sweepStaleSlotDirs(tmp, log)
+	base, err := os.MkdirTemp(tmp, fmt.Sprintf("cyclepool-slots-%d-", os.Getpid()))
+	if err != nil {
+		return nil, fmt.Errorf("headless: directory for slot processes: %w", err)
+	}
+	idle := cfg.IdleTimeout
+	if idle <= 0 {
+		idle = DefaultIdleTimeout
+	}
+	p := &slotPool{log: log, exe: exe, cacheDir: cfg.CacheDir, baseDir: base, idleTimeout: idle,
+		all: map[*slotProc]struct{}{}, modules: map[string]*moduleBytes{}}
+	p.closing, p.close = context.WithCancel(context.Background())
+	return p, nil
+}
+
+// sweepStaleSlotDirs removes the slot directories of workers that are gone
+// (killed before they could remove them).
+func sweepStaleSlotDirs(tmp string, log *slog.Logger) {
+	entries, err := os.ReadDir(tmp)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), "cyclepool-slots-")
+		if !ok || !e.IsDir() {
+			continue
+		}
+		pidStr, _, _ := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidStr)
+		if err != nil || pid == os.Getpid() || !processGone(pid) {
+			continue
+		}
+		dir := filepath.Join(tmp, e.Name())
+		if err := os.RemoveAll(dir); err != nil {
+			log.Debug("removing a stale slot directory", "dir", dir, "err", err)
+		}
+	}
+}
+
+// run runs one attempt in a slot process.
+func (p *slotPool) run(ctx context.Context, job *wasmworker.Job) (out *wasmworker.Outcome) {
+	start := time.Now()
+	defer func() { out.Duration = time.Since(start) }()
+	if job == nil || job.Assign == nil {
+		return failOutcome(protocol.ReasonWorker, "no assignment")
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return failOutcome(protocol.ReasonWorker, "runner closed")
+	}
+	p.runs.Add(1)
+	p.mu.Unlock()
+	defer p.runs.Done()
+
+	// rctx also ends when the Runner closes.
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(p.closing, cancel)()
+	stopped := func() *wasmworker.Outcome {
+		if ctx.Err() != nil {
+			return failOutcome(protocol.ReasonCancelled, "cancelled")
+		}
+		if p.closing.Err() != nil {
+			return failOutcome(protocol.ReasonWorker, "the runner is closing")
+		}
+		return nil
+	}
+
+	mod, err := p.module(rctx, job)
+	if err != nil {
+		if o := stopped(); o != nil {
+			return o
+		}
+		var me *moduleError
+		if errors.As(err, &me) {
+			return failOutcome(protocol.ReasonModule, "%v", err)
+		}
+		return failOutcome(protocol.ReasonWorker, "%v", err)
+	}
+	for try := 1; ; try++ {
+		c, err := p.acquire(rctx, job.ModuleID)
+		if err != nil {
+			if o := stopped(); o != nil {
+				return o
+			}
+			return failOutcome(protocol.ReasonWorker, "starting a slot process: %v", err)
+		}
+		o, retry := p.attempt(ctx, rctx, c, job, mod)
+		if retry && try < 3 {
+			p.log.Warn("slot process gone before the attempt started; trying another", "slot", c.id)
+			continue
+		}
+		return o
+	}
+}
+
+// attempt runs job in slot process c. retry is true when c turned out to be
+// dead before it was given the attempt.
+func (p *slotPool) attempt(ctx, rctx context.Context, c *slotProc, job *wasmworker.Job, mod []byte) (_ *wasmworker.Outcome, retry bool) {
+	// Whatever ends hctx (cancellation, closing, the wall time) kills the
+	// slot process; every wait below then ends because its reply pipe
+	// closes.
+	hctx, hcancel := context.WithCancel(rctx)
+	defer hcancel()
+	stopKill := context.AfterFunc(hctx, c.kill)
+	var wallExpired atomic.Bool
+	var log []byte
+	memMsg := ""
+	l := effectiveLimits(job.Assign.Limits)
+	wall := time.Duration(l.WallMS) * time.Millisecond
+
+	// ended is the outcome once the slot process is gone.
+	ended := func(started bool) (*wasmworker.Outcome, bool) {
+		killedByUs := c.wasKilled()
+		c.kill() // in case it is alive with a broken pipe
+		<-c.exited
+		var o *wasmworker.Outcome
+		switch {
+		case ctx.Err() != nil:
+			o = failOutcome(protocol.ReasonCancelled, "cancelled")
+		case p.closing.Err() != nil:
+			o = failOutcome(protocol.ReasonWorker, "the runner is closing")
+		case memMsg != "":
+			o = failOutcome(protocol.ReasonMemory, "%s", memMsg)
+		case wallExpired.Load():
+			o = failOutcome(protocol.ReasonWallTime, "wall time limit of %v exceeded", wall)
+		case !started:
+			return failOutcome(protocol.ReasonWorker, "slot process gone: %s", c.describeExit(killedByUs)), true
+		default:
+			msg := c.describeExit(killedByUs)
+			p.log.Warn("slot process died during an attempt", "task", job.Assign.Task, "attempt", job.Assign.Attempt,
+				"slot", c.id, "exit", msg, "stderr", string(c.stderr.bytes()))
+			o = failOutcome(protocol.ReasonWorker, "the slot process running the attempt died: %s", msg)
+		}
+		o.Log = log
+		return o, false
+	}
+
+	if !c.modules[job.ModuleID] {
+		if c.send(&slotRequest{Kind: reqLoad, ModuleID: job.ModuleID, Module: mod}) != nil {
+			return ended(false)
+		}
+		m, ok := <-c.replies
+		if !ok {
+			return ended(false)
+		}
+		if m.Kind != repLoaded {
+			p.log.Error("slot process: unexpected reply to load", "kind", m.Kind)
+			return ended(true)
+		}
+		if m.Err != "" {
+			if !stopKill() {
+				return ended(true)
+			}
+			p.release(c)
+			if m.ModuleErr {
+				return failOutcome(protocol.ReasonModule, "%s", m.Err), false
+			}
+			return failOutcome(protocol.ReasonWorker, "loading the module in the slot process: %s", m.Err), false
+		}
+		c.modules[job.ModuleID] = true
+	}
+
+	if c.send(&slotRequest{Kind: reqRun, ModuleID: job.ModuleID, Assign: job.Assign, Host: job.Host != nil}) != nil {
+		return ended(false)
+	}
+	c.running.Store(true)
+	defer c.running.Store(false)
+	wallTimer := time.AfterFunc(wall, func() {
+		wallExpired.Store(true)
+		hcancel()
+	})
+	defer wallTimer.Stop()
+	for {
+		m, ok := <-c.replies
+		if !ok {
+			return ended(true)
+		}
+		switch m.Kind {
+		case repLog:
+			if room := l.LogBytes - int64(len(log)); room > 0 {
+				log = append(log, m.Data[:min(int64(len(m.Data)), room)]...)
+			}
+		case repProgress:
+			if job.Host != nil {
+				job.Host.Progress(m.Fraction)
+			}
+		case repMemory:
+			if memMsg == "" {
+				memMsg = m.Message
+			}
+		case repCheckpoint:
+			r := &slotRequest{Kind: reqCheckpointed}
+			if job.Host == nil {
+				r.Err = "no host"
+			} else if err := job.Host.Checkpoint(hctx, m.Data); err != nil {
+				r.Err = err.Error()
+				if r.Err == "" {
+					r.Err = "refused"
+				}
+			}
+			if c.send(r) != nil {
+				return ended(true)
+			}
+		case repDone:
+			wallTimer.Stop()
+			if !stopKill() {
+				return ended(true) // killed meanwhile: the kill's reason wins
+			}
+			p.release(c)
+			return &wasmworker.Outcome{Outputs: m.Outputs, Log: log, Reason: m.Reason, Message: m.Message}, false
+		default:
+			p.log.Error("slot process: unexpected reply", "kind", m.Kind)
+			return ended(true)
+		}
+	}
+}
+
+// effectiveLimits fills in the defaults of limits left at zero.
+func effectiveLimits(l protocol.Limits) protocol.Limits {
+	if l.WallMS <= 0 {
+		l.WallMS = DefaultWall.Milliseconds()
+	}
+	if l.LogBytes <= 0 {
+		l.LogBytes = DefaultLogBytes
+	}
+	return l
+}
+
+func failOutcome(reason, format string, args ...any) *wasmworker.Outcome {
+	return &wasmworker.Outcome{Reason: reason, Message: clip(fmt.Sprintf(format, args...))}
+}
+
+// module returns the bytes of job's module, fetching and checking them when
+// they are not in memory. Concurrent calls for the same module wait for one
+// fetch.
+func (p *slotPool) module(ctx context.Context, job *wasmworker.Job) ([]byte, error) {
+	for {
+		p.mu.Lock()
+		m, ok := p.modules[job.ModuleID]
+		if !ok {
+			m = &moduleBytes{done: make(chan struct{})}
+			p.modules[job.ModuleID] = m
+			p.mu.Unlock()
+			m.b, m.err = fetchVerified(ctx, job)
+			p.mu.Lock()
+			m.lastUse = time.Now()
+			if m.err != nil {
+				if p.modules[job.ModuleID] == m {
+					delete(p.modules, job.ModuleID) // let a later attempt try again
+				}
+			} else {
+				p.moduleBytes += int64(len(m.b))
+				p.evictModules(job.ModuleID)
+			}
+			p.mu.Unlock()
+			close(m.done)
+			return m.b, m.err
+		}
+		p.mu.Unlock()
+		select {
+		case <-m.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if m.err == nil {
+			p.mu.Lock()
+			m.lastUse = time.Now()
+			p.mu.Unlock()
+			return m.b, nil
+		}
+		if !errors.Is(m.err, context.Canceled) && !errors.Is(m.err, context.DeadlineExceeded) {
+			return nil, m.err
+		}
+	}
+}
+
+// evictModules drops the least recently used module bytes, except keep's,
+// while they add up to more than maxModuleBytes. p.mu is held.
+func (p *slotPool) evictModules(keep string) {
+	for p.moduleBytes > maxModuleBytes {
+		var oldest string
+		var t time.Time
+		for id, m := range p.modules {
+			if id == keep || m.b == nil {
+				continue
+			}
+			if oldest == "" || m.lastUse.Before(t) {
+				oldest, t = id, m.lastUse
+			}
+		}
+		if oldest == "" {
+			return
+		}
+		p.moduleBytes -= int64(len(p.modules[oldest].b))
+		delete(p.modules, oldest)
+	}
+}
+
+// acquire returns an idle slot process, preferring one that has the module
+// loaded, or starts one.
+func (p *slotPool) acquire(ctx context.Context, moduleID string) (*slotProc, error) {
+	for {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil, errors.New("runner closed")
+		}
+		if len(p.idle) == 0 {
+			p.mu.Unlock()
+			return p.spawn(ctx)
+		}
+		i := len(p.idle) - 1
+		for j := i; j >= 0; j-- {
+			if p.idle[j].modules[moduleID] {
+				i = j
+				break
+			}
+		}
+		c := p.idle[i]
+		p.idle = slices.Delete(p.idle, i, i+1)
+		p.mu.Unlock()
+		if !c.isDead() {
+			return c, nil
+		}
+	}
+}
+
+// release makes c idle again.
+func (p *slotPool) release(c *slotProc) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c.isDead() {
+		return
+	}
+	if p.closed {
+		c.kill()
+		return
+	}
+	c.idleSince = time.Now()
+	p.idle = append(p.idle, c)
+	if c.idleTimer == nil {
+		c.idleTimer = time.AfterFunc(p.idleTimeout, func() { p.retire(c) })
+	} else {
+		c.idleTimer.Reset(p.idleTimeout)
+	}
+}
+
+// retire ends c if it is still idle and has been for idleTimeout.
+func (p *slotPool) retire(c *slotProc) {
+	p.mu.Lock()
+	i := slices.Index(p.idle, c)
+	if i < 0 || time.Since(c.idleSince) < p.idleTimeout {
+		p.mu.Unlock()
+		return
+	}
+	p.idle = slices.Delete(p.idle, i, i+1)
+	p.mu.Unlock()
+	p.log.Debug("slot process idle too long: ending it", "slot", c.id)
+	c.kill()
+}
+
+// spawn starts a slot process and waits for its hello.
+func (p *slotPool) spawn(ctx context.Context) (c *slotProc, err error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, errors.New("runner closed")
+	}
+	p.nextID++
+	c = &slotProc{id: p.nextID, dir: filepath.Join(p.baseDir, fmt.Sprintf("slot-%d", p.nextID)),
+		replies: make(chan *slotReply), stderr: &tailBuffer{max: 8 << 10}, modules: map[string]bool{},
+		dead: make(chan struct{}), exited: make(chan struct{})}
+	p.all[c] = struct{}{}
+	p.procs.Add(1)
+	p.mu.Unlock()
+	forget := func() {
+		os.RemoveAll(c.dir)
+		p.mu.Lock()
+		delete(p.all, c)
+		p.mu.Unlock()
+		c.markDead()
+		close(c.exited)
+		p.procs.Done()
+	}
+	if err := os.Mkdir(c.dir, 0o700); err != nil {
+		forget()
+		return nil, err
+	}
+	reqR, reqW, err := os.Pipe()
+	if err != nil {
+		forget()
+		return nil, err
+	}
+	repR, repW, err := os.Pipe()
+	if err != nil {
+		reqR.Close()
+		reqW.Close()
+		forget()
+		return nil, err
+	}
+	cmd := exec.Command(p.exe, "cyclepool-slot-process")
+	cmd.Env = append(os.Environ(), slotEnv+"=1")
+	cmd.ExtraFiles = []*os.File{reqR, repW} // fds 3 and 4
+	cmd.Stderr = c.stderr
+	cmd.SysProcAttr = slotSysProcAttr()
+	c.cmd, c.reqW, c.enc = cmd, reqW, gob.NewEncoder(reqW)
+	err = cmd.Start()
+	reqR.Close()
+	repW.Close()
+	if err != nil {
+		reqW.Close()
+		repR.Close()
+		forget()
+		return nil, err
+	}
+	c.pmu.Lock()
+	c.process = cmd.Process
+	if c.killed {
+		cmd.Process.Kill()
+	}
+	c.pmu.Unlock()
+	go p.reap(c)
+	go c.readReplies(repR)
+
+	fail := func(err error) (*slotProc, error) {
+		c.kill()
+		<-c.exited
+		if tail := strings.TrimSpace(string(c.stderr.bytes())); tail != "" {
+			err = fmt.Errorf("%w; its stderr: %s", err, lastLines(tail, 3))
+		}
+		return nil, err
+	}
+	if err := c.send(&slotRequest{Kind: reqInit, Version: wireVersion, CacheDir: p.cacheDir, Dir: c.dir}); err != nil {
+		return fail(err)
+	}
+	t := time.NewTimer(helloTimeout)
+	defer t.Stop()
+	select {
+	case m, ok := <-c.replies:
+		switch {
+		case !ok:
+			return fail(fmt.Errorf("slot process exited at start (%s)", c.describeExitWait()))
+		case m.Kind != repHello:
+			return fail(fmt.Errorf("slot process said %d, not hello", m.Kind))
+		case m.Err != "":
+			return fail(fmt.Errorf("slot process: %s", m.Err))
+		case m.Version != wireVersion:
+			return fail(fmt.Errorf("slot process speaks wire version %d, not %d", m.Version, wireVersion))
+		}
+	case <-ctx.Done():
+		return fail(ctx.Err())
+	case <-t.C:
+		return fail(fmt.Errorf("slot process did not start within %v", helloTimeout))
+	}
+	p.log.Debug("slot process started", "slot", c.id, "pid", cmd.Process.Pid)
+	return c, nil
+}
+
+// reap waits for c to exit and forgets it.
+func (p *slotPool) reap(c *slotProc) {
+	c.cmd.Wait()
+	c.markDead()
+	c.reqW.Close()
+	if err := os.RemoveAll(c.dir); err != nil {
+		p.log.Warn("removing a slot directory", "dir", c.dir, "err", err)
+	}
+	p.mu.Lock()
+	delete(p.all, c)
+	if i := slices.Index(p.idle, c); i >= 0 {
+		p.idle = slices.Delete(p.idle, i, i+1)
+	}
+	if c.idleTimer != nil {
+		c.idleTimer.Stop()
+	}
+	p.mu.Unlock()
+	close(c.exited)
+	p.procs.Done()
+}
+
+// closeAll kills every slot process and waits for the Runs and the
+// processes to end.
+func (p *slotPool) closeAll(ctx context.Context) error {
+	p.mu.Lock()
+	p.closed = true
+	procs := make([]*slotProc, 0, len(p.all))
+	for c := range p.all {
+		procs = append(procs, c)
+	}
+	p.idle = nil
+	p.modules = map[string]*moduleBytes{}
+	p.mu.Unlock()
+	p.close()
+	for _, c := range procs {
+		c.kill()
+	}
+	waited := make(chan struct{})
+	go func() { p.runs.Wait(); p.procs.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-ctx.Done():
+		return fmt.Errorf("headless: attempts or slot processes still running: %w", ctx.Err())
+	}
+	return os.RemoveAll(p.baseDir)
+}
+
+// pids returns the process ids of the slot processes, only those running
+// an attempt when busy is true (for tests).
+func (p *slotPool) pids(busy ...bool) []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var pids []int
+	for c := range p.all {
+		if len(busy) > 0 && busy[0] && !c.running.Load() {
+			continue
+		}
+		c.pmu.Lock()
+		if c.process != nil {
+			pids = append(pids, c.process.Pid)
+		}
+		c.pmu.Unlock()
+	}
+	return pids
+}
+
+// send writes a request to c.
+func (c *slotProc) send(m *slotRequest) error { return c.enc.Encode(m) }
+
+// readReplies decodes c's replies until its pipe ends. Once c is dead
+// nobody listens: replies are dropped.
+func (c *slotProc) readReplies(r *os.File) {
+	defer r.Close()
+	defer close(c.replies)
+	dec := gob.NewDecoder(bufio.NewReaderSize(r, 64<<10))
+	for {
+		m := new(slotReply)
+		if err := dec.Decode(m); err != nil {
+			return
+		}
+		select {
+		case c.replies <- m:
+		case <-c.dead:
+		}
+	}
+}
+
+// kill kills the process (SIGKILL); it is reaped by reap.
+func (c *slotProc) kill() {
+	c.pmu.Lock()
+	c.killed = true
+	if c.process != nil {
+		c.process.Kill()
+	}
+	c.pmu.Unlock()
+	c.markDead()
+}
+
+func (c *slotProc) markDead() { c.deadOnce.Do(func() { close(c.dead) }) }
+
+func (c *slotProc) isDead() bool {
+	select {
+	case <-c.dead:
+		return true
+	default:
+		return false
+	}
+}
+
+// wasKilled reports whether kill was called.
+func (c *slotProc) wasKilled() bool {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	return c.killed
+}
+
+// describeExit says how c ended, after it was reaped; killed says whether
+// the Runner had killed it.
+func (c *slotProc) describeExit(killed bool) string {
+	st := c.cmd.ProcessState
+	msg := "unknown exit"
+	if st != nil {
+		msg = st.String()
+	}
+	tail := strings.TrimSpace(string(c.stderr.bytes()))
+	switch {
+	case strings.Contains(tail, "out of memory"):
+		msg += " (out of memory)"
+	case !killed && st != nil && strings.Contains(st.String(), "killed"):
+		msg += " (SIGKILL from outside the worker, perhaps the kernel's out-of-memory killer)"
+	}
+	if tail != "" {
+		msg += "; stderr: " + lastLines(tail, 3)
+	}
+	return msg
+}
+
+// describeExitWait is describeExit once c has exited.
+func (c *slotProc) describeExitWait() string {
+	killed := c.wasKilled()
+	<-c.exited
+	return c.describeExit(killed)
+}
+
+// lastLines returns the first line that starts with "fatal error" or
+// "panic", else the last n lines of s, joined with " | ".
+func lastLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	for _, l := range lines {
+		if strings.HasPrefix(l, "fatal error") || strings.HasPrefix(l, "panic") {
+			return clip(l)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return clip(strings.Join(lines, " | "))
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	max int
+	mu  sync.Mutex
+	b   []byte
+}
+
+// Write implements io.Writer.
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) bytes() []byte {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]byte(nil), t.b...)
+}

@@ -1,0 +1,261 @@
+//go:build linux
+
+package headless
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/wasmworker"
+)
+
+// isolated returns a new isolation-mode Runner, closed at the end of the
+// test, after which none of its slot processes may be left.
+func isolated(t *testing.T, cfg Config) *Runner {
+	t.Helper()
+	if cfg.CacheDir == "" {
+		cfg.CacheDir = cacheDir()
+	}
+	r, err := New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.pool == nil {
+		t.Fatal("New made an in-process Runner")
+	}
+	t.Cleanup(func() { closeAndCheck(t, r) })
+	return r
+}
+
+// closeAndCheck closes r and checks that every slot process it had is gone.
+func closeAndCheck(t *testing.T, r *Runner) {
+	t.Helper()
+	pids := r.pool.pids()
+	if err := r.Close(context.Background()); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	for _, pid := range pids {
+		if !processGone(pid) {
+			t.Errorf("slot process %d outlived Close", pid)
+		}
+	}
+	if n := len(r.pool.pids()); n != 0 {
+		t.Errorf("%d slot processes listed after Close", n)
+	}
+}
+
+// startSpin starts `spin` (an endless loop) and returns once it has run
+// for a while, with the pid of its slot process.
+func startSpin(t *testing.T, r *Runner, ctx context.Context, a protocol.Assign) (<-chan *wasmworker.Outcome, int) {
+	t.Helper()
+	j, _ := job(t, "spin", a)
+	done := make(chan *wasmworker.Outcome, 1)
+	go func() { done <- r.Run(ctx, j) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(r.pool.pids(true)) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("spin did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // let it spin for real
+	pids := r.pool.pids()
+	if len(pids) != 1 {
+		t.Fatalf("%d slot processes, want 1", len(pids))
+	}
+	return done, pids[0]
+}
+
+func TestIsolatedCancelKillsSlot(t *testing.T) {
+	r := isolated(t, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done, pid := startSpin(t, r, ctx, protocol.Assign{})
+	cancelled := time.Now()
+	cancel()
+	select {
+	case o := <-done:
+		d := time.Since(cancelled)
+		if o.Reason != protocol.ReasonCancelled {
+			t.Fatalf("Reason %q (%s), want cancelled", o.Reason, o.Message)
+		}
+		if d > 200*time.Millisecond {
+			t.Errorf("Run returned %v after cancel", d)
+		}
+		t.Logf("Run returned %v after cancel", d)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	if !processGone(pid) {
+		t.Errorf("slot process %d still exists after the cancelled Run returned", pid)
+	}
+	// The next attempt gets a new slot process.
+	j, _ := job(t, "noop", protocol.Assign{})
+	if o := r.Run(context.Background(), j); o.Reason != "" {
+		t.Fatalf("next attempt: %s: %s", o.Reason, o.Message)
+	}
+}
+
+func TestIsolatedWallTime(t *testing.T) {
+	r := isolated(t, Config{})
+	// counter writes to stderr, then works for far longer than its wall time.
+	j, _ := job(t, "counter", protocol.Assign{Args: []string{"1000", "1000"}, Limits: protocol.Limits{WallMS: 300}})
+	start := time.Now()
+	o := r.Run(context.Background(), j)
+	d := time.Since(start)
+	if o.Reason != protocol.ReasonWallTime || !strings.Contains(o.Message, "300ms") {
+		t.Fatalf("Reason %q (%s), want limit_wall_time", o.Reason, o.Message)
+	}
+	if d < 300*time.Millisecond || d > 2*time.Second {
+		t.Errorf("Run took %v with a wall time limit of 300ms", d)
+	}
+	if !strings.Contains(string(o.Log), "resumed from step 0") {
+		t.Errorf("Log %q: the killed slot's stderr is lost", o.Log)
+	}
+	if n := len(r.pool.pids()); n != 0 {
+		t.Errorf("%d slot processes after the wall time kill, want 0", n)
+	}
+}
+
+func TestIsolatedSlotKilledFromOutside(t *testing.T) {
+	r := isolated(t, Config{})
+	done, pid := startSpin(t, r, context.Background(), protocol.Assign{})
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case o := <-done:
+		if o.Reason != protocol.ReasonWorker || !strings.Contains(o.Message, "slot process") || !strings.Contains(o.Message, "killed") {
+			t.Fatalf("Reason %q Message %q, want worker and a message saying the slot process was killed", o.Reason, o.Message)
+		}
+		t.Logf("Message: %s", o.Message)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after its slot process was killed")
+	}
+	j, _ := job(t, "echo", protocol.Assign{Args: []string{"again"}})
+	if o := r.Run(context.Background(), j); o.Reason != "" || outputs(o)["args.txt"] != "again" {
+		t.Fatalf("next attempt: %s: %s %v", o.Reason, o.Message, outputs(o))
+	}
+}
+
+func TestIsolatedConcurrentNoops(t *testing.T) {
+	r := isolated(t, Config{})
+	j := rawJob(noopModule())
+	const goroutines, each = 8, 50
+	var wg sync.WaitGroup
+	errs := make(chan string, goroutines*each)
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				if o := r.Run(context.Background(), j); o.Reason != "" || len(o.Outputs) != 1 {
+					errs <- fmt.Sprintf("%s: %s (%d outputs)", o.Reason, o.Message, len(o.Outputs))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	if n := len(r.pool.pids()); n == 0 || n > goroutines {
+		t.Errorf("%d slot processes for %d concurrent Runs", n, goroutines)
+	}
+}
+
+func TestIsolatedIdleSlotExits(t *testing.T) {
+	r := isolated(t, Config{IdleTimeout: 100 * time.Millisecond})
+	if o := r.Run(context.Background(), rawJob(noopModule())); o.Reason != "" {
+		t.Fatalf("%s: %s", o.Reason, o.Message)
+	}
+	pids := r.pool.pids()
+	if len(pids) != 1 {
+		t.Fatalf("%d slot processes, want 1", len(pids))
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(r.pool.pids()) != 0 || !processGone(pids[0]) {
+		if time.Now().After(deadline) {
+			t.Fatal("the idle slot process did not exit")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Slot directories are reused: the outputs of one attempt never show up in
+// the next, nor do its inputs.
+func TestIsolatedDirsEmptiedBetweenAttempts(t *testing.T) {
+	r := isolated(t, Config{})
+	j1, _ := job(t, "chatty", protocol.Assign{Args: []string{"10"}})
+	if o := r.Run(context.Background(), j1); o.Reason != "" || len(o.Outputs) != 2 {
+		t.Fatalf("%s: %s %v", o.Reason, o.Message, names(o))
+	}
+	j2, _ := job(t, "echo", protocol.Assign{Inputs: []protocol.Blob{{Name: "x", Data: []byte("X")}}})
+	if o := r.Run(context.Background(), j2); o.Reason != "" || outputs(o)["stdout"] != "X" ||
+		strings.Join(names(o), ",") != "stdout,args.txt,det.txt" {
+		t.Fatalf("%s: %s %v", o.Reason, o.Message, outputs(o))
+	}
+	j3, _ := job(t, "echo", protocol.Assign{})
+	if o := r.Run(context.Background(), j3); o.Reason != "" || outputs(o)["stdout"] != "" {
+		t.Fatalf("%s: %s %v", o.Reason, o.Message, outputs(o))
+	}
+	if n := len(r.pool.pids()); n != 1 {
+		t.Errorf("%d slot processes for sequential attempts, want 1", n)
+	}
+}
+
+// Close kills the slot processes of running attempts and idle ones alike,
+// and leaves no goroutine behind.
+func TestIsolatedCloseLeavesNothing(t *testing.T) {
+	before := runtime.NumGoroutine()
+	r, err := New(context.Background(), Config{CacheDir: cacheDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two idle slot processes, two busy ones.
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.Run(context.Background(), rawJob(noopModule()))
+		}()
+	}
+	wg.Wait()
+	outs := make(chan *wasmworker.Outcome, 2)
+	for range 2 {
+		j, _ := job(t, "spin", protocol.Assign{})
+		go func() { outs <- r.Run(context.Background(), j) }()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(r.pool.pids(true)) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the spins did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := len(r.pool.pids()); n < 2 || n > 4 {
+		t.Errorf("%d slot processes, want 2 to 4", n)
+	}
+	closeAndCheck(t, r)
+	for range 2 {
+		if o := <-outs; o.Reason != protocol.ReasonWorker {
+			t.Errorf("Reason %q (%s), want worker", o.Reason, o.Message)
+		}
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines after Close, %d before:\n%s", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

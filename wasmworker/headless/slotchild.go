@@ -1,0 +1,202 @@
+package headless
+
+import (
+	"bufio"
+	"context"
+	"encoding/gob"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/cyclepool/cyclepool/wasmworker"
+)
+
+// slotHookCalled records that this process called ServeSlotIfChild (and is
+// not a slot process): its executable can serve as a slot process, so New
+// may use isolation mode.
+var slotHookCalled atomic.Bool
+
+// ServeSlotIfChild makes this process a slot process when the Runner started
+// it as one (CYCLEPOOL_SLOT_PROCESS=1 in the environment): it then serves
+// attempts on its pipes and exits, never returning. Otherwise it returns at
+// once. A binary that uses a Runner in isolation mode calls it first thing
+// in main (a test binary: in TestMain, before m.Run), since the Runner starts
+// slot processes from the process's own executable.
+func ServeSlotIfChild() {
+	if os.Getenv(slotEnv) != "1" {
+		slotHookCalled.Store(true)
+		return
+	}
+	os.Exit(serveSlot())
+}
+
+// slotChild is the state of a slot process: its directories and the pipe
+// to the parent. Its engine runs one attempt at a time, without
+// WithCloseOnContextDone: the parent kills the process to stop a module.
+type slotChild struct {
+	dir string // given by the parent, which removes it
+	cur string // the attempt directory, with in/ and out/ empty between attempts
+
+	sendMu sync.Mutex
+	enc    *gob.Encoder
+
+	checkpointed chan *slotRequest // the parent's answers to checkpoint
+}
+
+// serveSlot is the main function of a slot process; it returns the exit
+// status.
+func serveSlot() int {
+	// Signals are for the worker, which stops its slots itself.
+	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	in, out := os.NewFile(3, "slot-requests"), os.NewFile(4, "slot-replies")
+	if in == nil || out == nil {
+		fmt.Fprintln(os.Stderr, "cyclepool slot process: no pipes on fds 3 and 4")
+		return 2
+	}
+	dec := gob.NewDecoder(bufio.NewReaderSize(in, 64<<10))
+	c := &slotChild{enc: gob.NewEncoder(out), checkpointed: make(chan *slotRequest, 1)}
+	var init slotRequest
+	if err := dec.Decode(&init); err != nil || init.Kind != reqInit {
+		fmt.Fprintf(os.Stderr, "cyclepool slot process: bad first message (%v)\n", err)
+		return 2
+	}
+	if init.Version != wireVersion {
+		c.send(&slotReply{Kind: repHello, Version: wireVersion, Err: fmt.Sprintf("wire version %d, parent speaks %d", wireVersion, init.Version)})
+		return 2
+	}
+	ctx := context.Background()
+	e, err := newEngine(ctx, init.CacheDir, slog.New(slog.DiscardHandler), init.Dir, false)
+	if err == nil {
+		c.dir = init.Dir
+		c.cur, err = makeAttemptDir(c.dir)
+	}
+	if err != nil {
+		c.send(&slotReply{Kind: repHello, Version: wireVersion, Err: err.Error()})
+		return 1
+	}
+	e.slot = c
+	c.send(&slotReply{Kind: repHello, Version: wireVersion, Pid: os.Getpid()})
+
+	work := make(chan *slotRequest)
+	go func() {
+		for {
+			m := new(slotRequest)
+			if err := dec.Decode(m); err != nil {
+				// The parent closed the pipe (or died): nothing more to do,
+				// even in the middle of an attempt.
+				os.Exit(0)
+			}
+			if m.Kind == reqCheckpointed {
+				c.checkpointed <- m
+			} else {
+				work <- m
+			}
+		}
+	}()
+	for m := range work {
+		switch m.Kind {
+		case reqLoad:
+			c.load(ctx, e, m)
+		case reqRun:
+			c.run(ctx, e, m)
+		default:
+			fmt.Fprintf(os.Stderr, "cyclepool slot process: unexpected message kind %d\n", m.Kind)
+			return 2
+		}
+	}
+	return 0
+}
+
+// send writes a reply; a slot process whose parent is gone exits.
+func (c *slotChild) send(m *slotReply) {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	if err := c.enc.Encode(m); err != nil {
+		os.Exit(0)
+	}
+}
+
+// load compiles a module (from the compilation cache when it is there).
+func (c *slotChild) load(ctx context.Context, e *engine, m *slotRequest) {
+	b := m.Module
+	job := &wasmworker.Job{ModuleID: m.ModuleID, Fetch: func(context.Context) ([]byte, error) { return b, nil }}
+	_, err := e.compile(ctx, job)
+	r := &slotReply{Kind: repLoaded}
+	if err != nil {
+		var me *moduleError
+		r.Err, r.ModuleErr = err.Error(), errors.As(err, &me)
+	}
+	c.send(r)
+}
+
+// run runs one attempt and then empties the attempt directory.
+func (c *slotChild) run(ctx context.Context, e *engine, m *slotRequest) {
+	job := &wasmworker.Job{Assign: m.Assign, ModuleID: m.ModuleID,
+		Fetch: func(context.Context) ([]byte, error) {
+			return nil, errors.New("the worker did not send it to the slot process")
+		}}
+	if m.Host {
+		job.Host = c
+	}
+	o := e.run(ctx, job)
+	c.send(&slotReply{Kind: repDone, Outputs: o.Outputs, Reason: o.Reason, Message: o.Message})
+	c.tidy()
+}
+
+// attemptDir returns the directory of the next attempt, with empty in/ and
+// out/.
+func (c *slotChild) attemptDir() (string, error) {
+	if c.cur == "" {
+		d, err := makeAttemptDir(c.dir)
+		if err != nil {
+			return "", err
+		}
+		c.cur = d
+	}
+	return c.cur, nil
+}
+
+// tidy empties in/ and out/ after an attempt (after its outcome was sent,
+// so that it costs the attempt nothing); when that fails, the next attempt
+// gets a new directory.
+func (c *slotChild) tidy() {
+	if c.cur == "" {
+		return
+	}
+	err := emptyDir(filepath.Join(c.cur, "in"))
+	if err == nil {
+		err = emptyDir(filepath.Join(c.cur, "out"))
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "cyclepool slot process: emptying %s: %v; using a new directory\n", c.cur, err)
+		os.RemoveAll(c.cur)
+		c.cur = ""
+	}
+}
+
+// sendLog relays bytes of the attempt's stderr.
+func (c *slotChild) sendLog(p []byte) { c.send(&slotReply{Kind: repLog, Data: p}) }
+
+// memoryRefused tells the parent that the memory limit was hit.
+func (c *slotChild) memoryRefused(msg string) { c.send(&slotReply{Kind: repMemory, Message: msg}) }
+
+// Progress implements wasmworker.Host by relaying to the parent.
+func (c *slotChild) Progress(f float64) { c.send(&slotReply{Kind: repProgress, Fraction: f}) }
+
+// Checkpoint implements wasmworker.Host by relaying to the parent and
+// waiting for its answer (the parent kills the process if the attempt ends
+// meanwhile).
+func (c *slotChild) Checkpoint(_ context.Context, state []byte) error {
+	c.send(&slotReply{Kind: repCheckpoint, Data: state})
+	m := <-c.checkpointed
+	if m.Err != "" {
+		return errors.New(m.Err)
+	}
+	return nil
+}

@@ -1,0 +1,21 @@
+//go:build !linux
+
+package headless
+
+import (
+	"os"
+	"syscall"
+)
+
+// selfExecutable is the executable a slot process starts from.
+func selfExecutable() (string, error) { return os.Executable() }
+
+// slotSysProcAttr: no process group or parent-death signal outside Linux; a
+// slot process whose worker died exits when it next reads its pipe.
+func slotSysProcAttr() *syscall.SysProcAttr { return nil }
+
+// freeBytes returns 0: unknown (so /dev/shm is not used).
+func freeBytes(string) uint64 { return 0 }
+
+// processGone reports false: unknown.
+func processGone(int) bool { return false }

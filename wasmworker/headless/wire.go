@@ -1,0 +1,120 @@
+package headless
+
+// The wire format between the worker (the parent, slot.go) and a slot
+// process (the child, slotchild.go).
+//
+// The parent starts the child from its own executable (os.Executable) with
+// CYCLEPOOL_SLOT_PROCESS=1 in the environment and two pipes: the child reads
+// requests from file descriptor 3 and writes replies to file descriptor 4.
+// Its stdin and stdout are /dev/null; its stderr goes to the parent, which
+// keeps the last few KiB to explain a crash.
+//
+// Each pipe carries one encoding/gob stream: a sequence of messages, each
+// prefixed by its length (gob's own framing), the first one of a stream also
+// carrying the type descriptions. Every message is one slotRequest (parent to
+// child) or one slotReply (child to parent); Kind says which fields are set.
+// Byte payloads (module, stdin, inputs, restore state, outputs, log chunks,
+// checkpoint state) travel as gob byte slices: a length, then the raw bytes.
+// A gob message is limited to 1 GiB, far above any limit of an attempt.
+//
+// The conversation, after the child has started:
+//
+//	parent: init{Version, CacheDir, Dir}
+//	child:  hello{Version, Pid}            (or hello{Err}, then it exits)
+//	then, any number of times, one at a time:
+//	parent: load{ModuleID, Module}         only when this child lacks the module
+//	child:  loaded{Err, ModuleErr}
+//	parent: run{ModuleID, Assign, Host}
+//	child:  log{Data}*  progress{Fraction}*  memory{Message}?
+//	        checkpoint{Data} -> parent: checkpointed{Err}   (zero or more; the
+//	                                                        child waits for each)
+//	child:  done{Outputs, Reason, Message}
+//
+// log carries, in order, every byte of stderr the attempt keeps (so a child
+// that is killed loses no log); done therefore carries no log. memory says
+// that the memory limit refused a request (so that a child killed at its
+// wall time still fails with limit_memory). The child keeps every module it
+// has loaded, compiled, until it exits. It exits when its request pipe is
+// closed; the parent kills it (SIGKILL) to cancel an attempt, at the wall
+// time limit, and when it has been idle too long.
+
+import (
+	"github.com/cyclepool/cyclepool/internal/protocol"
+)
+
+// slotEnv is the environment variable that makes a process a slot process.
+const slotEnv = "CYCLEPOOL_SLOT_PROCESS"
+
+// wireVersion changes with any incompatible change of the messages below.
+// Parent and child are the same executable, so it only guards against a
+// binary replaced on disk while the worker runs.
+const wireVersion = 1
+
+type requestKind uint8
+
+const (
+	reqInit requestKind = iota + 1
+	reqLoad
+	reqRun
+	reqCheckpointed
+)
+
+// slotRequest is a message from the parent to a slot process.
+type slotRequest struct {
+	Kind requestKind
+
+	// init
+	Version  int
+	CacheDir string // wazero's compilation cache; "" = in memory only
+	Dir      string // the child's own directory, made and removed by the parent
+
+	// load and run
+	ModuleID string
+	Module   []byte // load: the module's bytes, already checked against ModuleID
+
+	// run
+	Assign *protocol.Assign
+	Host   bool // the job has a Host: relay progress and checkpoints
+
+	// checkpointed
+	Err string // "" = saved
+}
+
+type replyKind uint8
+
+const (
+	repHello replyKind = iota + 1
+	repLoaded
+	repLog
+	repProgress
+	repMemory
+	repCheckpoint
+	repDone
+)
+
+// slotReply is a message from a slot process to the parent.
+type slotReply struct {
+	Kind replyKind
+
+	// hello
+	Version int
+	Pid     int
+
+	// hello, loaded: what went wrong ("" = nothing)
+	Err string
+	// loaded: Err is the module's fault (reason module), not the child's
+	ModuleErr bool
+
+	// log: stderr bytes; checkpoint: the state to save
+	Data []byte
+
+	// progress
+	Fraction float64
+
+	// memory, done
+	Message string
+
+	// done
+	Outputs []protocol.Blob
+	Reason  string
+}
