@@ -335,8 +335,10 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 		return nil, fmt.Errorf("unknown worker kind %q", h.Kind)
 	case h.Slots < 1 || h.Slots > 256:
 		return nil, fmt.Errorf("slots must be 1 to 256, got %d", h.Slots)
-	case len(h.Running) > h.Slots:
-		return nil, fmt.Errorf("%d running attempts for %d slots", len(h.Running), h.Slots)
+	case h.Queue < 0 || h.Queue > 4*h.Slots:
+		return nil, fmt.Errorf("queue must be 0 to 4 times the slots, got %d", h.Queue)
+	case len(h.Running) > h.Slots+h.Queue:
+		return nil, fmt.Errorf("%d running attempts for %d slots and a queue of %d", len(h.Running), h.Slots, h.Queue)
 	}
 	// The registration runs on a goroutine of its own: the database driver's
 	// deep call stacks would otherwise stay with this connection's
@@ -356,7 +358,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 		return nil, err
 	}
 	c := &conn{
-		id: id, kind: h.Kind, slots: h.Slots, ws: ws,
+		id: id, kind: h.Kind, slots: h.Slots + h.Queue, ws: ws,
 		done:    make(chan struct{}),
 		log:     s.log.With("worker", id, "kind", h.Kind),
 		running: map[int64]struct{}{}, paused: h.Device.Paused,

@@ -24,6 +24,9 @@ type Config struct {
 	Servers []string
 	// Slots is the number of attempts run at once (default 1).
 	Slots int
+	// Queue is the number of attempts accepted ahead of time, waiting for
+	// a free slot (default 0).
+	Queue int
 	// Kind is protocol.KindHeadless or protocol.KindBrowser.
 	Kind   string
 	Runner Runner
@@ -51,6 +54,7 @@ type Worker struct {
 	modules   map[string][]byte
 	connected chan struct{} // closed while connected
 	stats     Stats
+	slotSem   chan struct{} // one token per slot
 }
 
 // Stats counts what a worker did since it started.
@@ -87,8 +91,11 @@ func New(cfg Config) *Worker {
 	if cfg.Device == nil {
 		cfg.Device = func() protocol.Device { return protocol.Device{} }
 	}
+	if cfg.Queue < 0 {
+		cfg.Queue = 0
+	}
 	return &Worker{cfg: cfg, log: cfg.Logger, running: map[int64]*attempt{}, pending: map[int64]*protocol.Frame{},
-		modules: map[string][]byte{}, connected: make(chan struct{})}
+		modules: map[string][]byte{}, connected: make(chan struct{}), slotSem: make(chan struct{}, cfg.Slots)}
 }
 
 // Stats returns a snapshot of the worker's counters.
@@ -156,7 +163,7 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	defer scancel()
 
 	w.mu.Lock()
-	hello := &protocol.Hello{Version: protocol.Version, Kind: w.cfg.Kind, Slots: w.cfg.Slots, WorkerID: w.id,
+	hello := &protocol.Hello{Version: protocol.Version, Kind: w.cfg.Kind, Slots: w.cfg.Slots, Queue: w.cfg.Queue, WorkerID: w.id,
 		ReconnectToken: w.token, Volunteer: w.cfg.Volunteer, Device: w.cfg.Device()}
 	for id := range w.running {
 		hello.Running = append(hello.Running, id)
@@ -167,8 +174,8 @@ func (w *Worker) session(ctx context.Context, server string) error {
 		}
 	}
 	w.mu.Unlock()
-	if len(hello.Running) > w.cfg.Slots {
-		hello.Running = hello.Running[:w.cfg.Slots]
+	if len(hello.Running) > w.cfg.Slots+w.cfg.Queue {
+		hello.Running = hello.Running[:w.cfg.Slots+w.cfg.Queue]
 	}
 	if err := writeFrame(sctx, ws, &protocol.Frame{Type: protocol.TypeHello, Hello: hello}); err != nil {
 		return err
@@ -313,7 +320,7 @@ func (w *Worker) heartbeatLoop(ctx context.Context, every time.Duration) error {
 				hb.Running = append(hb.Running, protocol.Progress{Attempt: id, Fraction: 1})
 			}
 		}
-		hb.Free = w.cfg.Slots - len(w.running)
+		hb.Free = max(w.cfg.Slots-len(w.running), 0)
 		w.mu.Unlock()
 		w.send(&protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: hb})
 	}
@@ -390,6 +397,12 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 	w.mu.Unlock()
 	go func() {
 		defer cancel()
+		// Wait for a slot: queued attempts are accepted ahead of time.
+		select {
+		case w.slotSem <- struct{}{}:
+			defer func() { <-w.slotSem }()
+		case <-actx.Done():
+		}
 		job := &Job{Assign: as, ModuleID: as.Module, Host: &host{w: w, a: a},
 			Fetch: func(ctx context.Context) ([]byte, error) { return w.fetchModule(ctx, server, as.Module) }}
 		out := w.cfg.Runner.Run(actx, job)

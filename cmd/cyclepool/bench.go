@@ -18,8 +18,9 @@ func runBench(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Tasks, "tasks", 20000, "no-op tasks in the throughput run")
 	fs.IntVar(&cfg.Conns, "conns", 5000, "idle worker connections")
 	fs.IntVar(&cfg.Singles, "singles", 300, "one-at-a-time tasks for the latency figures")
-	fs.IntVar(&cfg.Slots, "slots", 64, "slots per worker process")
+	fs.IntVar(&cfg.Slots, "slots", 16, "slots per worker process")
 	fs.IntVar(&cfg.Workers, "workers", 2, "worker processes")
+	fs.IntVar(&cfg.Queue, "queue", 64, "tasks each worker accepts ahead of time")
 	only := fs.String("only", "", "comma-separated parts to run: single, dispatch, conns, wasm")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err

@@ -142,7 +142,7 @@ func runLocalWorker(ctx context.Context, url string, slots int, cacheDir string,
 		return err
 	}
 	defer r.Close(context.Background())
-	w := wasmworker.New(wasmworker.Config{Servers: []string{url}, Slots: slots, Kind: protocol.KindHeadless, Runner: r,
+	w := wasmworker.New(wasmworker.Config{Servers: []string{url}, Slots: slots, Queue: slots, Kind: protocol.KindHeadless, Runner: r,
 		Logger: log.With("component", "local-worker"), Device: headlessDevice})
 	return w.Run(ctx)
 }

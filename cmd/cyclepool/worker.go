@@ -19,6 +19,7 @@ func runWorker(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	servers := fs.String("server", os.Getenv("CYCLEPOOL_SERVER"), "server URL; several, comma-separated, for failover")
 	slots := fs.Int("slots", runtime.NumCPU(), "tasks run at once")
+	queue := fs.Int("queue", -1, "tasks accepted ahead of time, waiting for a free slot (default: as many as slots)")
 	cache := fs.String("cache-dir", defaultCacheDir(), "directory of the compiled-module cache")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	pprofAddr := fs.String("pprof", "", "serve Go's profiler on this address (e.g. 127.0.0.1:6060)")
@@ -41,7 +42,10 @@ func runWorker(ctx context.Context, args []string) error {
 			urls = append(urls, u)
 		}
 	}
-	w := wasmworker.New(wasmworker.Config{Servers: urls, Slots: *slots, Kind: protocol.KindHeadless, Runner: r, Logger: log, Device: headlessDevice})
+	if *queue < 0 {
+		*queue = *slots
+	}
+	w := wasmworker.New(wasmworker.Config{Servers: urls, Slots: *slots, Queue: *queue, Kind: protocol.KindHeadless, Runner: r, Logger: log, Device: headlessDevice})
 	return w.Run(ctx)
 }
 

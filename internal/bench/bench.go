@@ -37,8 +37,9 @@ type Config struct {
 	Tasks      int       // tasks in the throughput run (default 20,000)
 	Conns      int       // idle worker connections (default 5,000)
 	Singles    int       // one-at-a-time tasks for latency (default 300)
-	Slots      int       // worker slots per worker process (default 64)
+	Slots      int       // worker slots per worker process (default 16)
 	Workers    int       // worker processes (default 2)
+	Queue      int       // attempts each worker accepts ahead of time
 	Only       []string  // run only these parts: single, dispatch, conns, wasm
 	Logger     *slog.Logger
 	Executable string // the cyclepool binary (default: this process's)
@@ -69,7 +70,10 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Singles = 300
 	}
 	if cfg.Slots <= 0 {
-		cfg.Slots = 64
+		cfg.Slots = 16
+	}
+	if cfg.Queue <= 0 {
+		cfg.Queue = 4 * cfg.Slots
 	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = 2
@@ -253,7 +257,7 @@ func (b *bench) startServer(ctx context.Context, db string) error {
 }
 
 func (b *bench) startWorker(ctx context.Context, name string, slots int) (*process, error) {
-	p, err := b.spawn([]string{"worker", "--server", b.url, "--slots", strconv.Itoa(slots),
+	p, err := b.spawn([]string{"worker", "--server", b.url, "--slots", strconv.Itoa(slots), "--queue", strconv.Itoa(b.cfg.Queue),
 		"--cache-dir", filepath.Join(b.tmp, "cache"), "--log-level", "warn"}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)

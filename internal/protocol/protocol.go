@@ -84,6 +84,10 @@ type Hello struct {
 	Version int    `json:"version"`
 	Kind    string `json:"kind"`
 	Slots   int    `json:"slots"`
+	// Queue is how many attempts beyond Slots the worker accepts ahead of
+	// time; they wait at the worker for a free slot (and their leases are
+	// renewed like running ones), which hides the dispatch round trip.
+	Queue int `json:"queue,omitempty"`
 	// WorkerID and ReconnectToken, when set, resume an earlier identity so
 	// that attempts held by that identity can still report.
 	WorkerID       string `json:"worker_id,omitempty"`
