@@ -1,7 +1,9 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -30,6 +32,8 @@ type conn struct {
 	queue   []outFrame
 	writing bool
 	log     *slog.Logger
+
+	lastDevice []byte // JSON of the device state last written; read loop only
 
 	// Guarded by hub.mu.
 	free    int
@@ -431,11 +435,16 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 			if was && !hb.Device.Paused {
 				s.wake()
 			}
-			go func(d protocol.Device) {
-				if err := s.store.UpdateDevice(ctx, c.id, d); err != nil {
-					c.log.Warn("update device", "err", err)
-				}
-			}(*hb.Device)
+			// Write the device state only when it changed: most heartbeats
+			// repeat the last one.
+			if dev, err := json.Marshal(hb.Device); err == nil && !bytes.Equal(dev, c.lastDevice) {
+				c.lastDevice = dev
+				go func(d protocol.Device) {
+					if err := s.store.UpdateDevice(ctx, c.id, d); err != nil && ctx.Err() == nil {
+						c.log.Warn("update device", "err", err)
+					}
+				}(*hb.Device)
+			}
 		}
 		for _, p := range hb.Running {
 			if err := s.renewals.submit(ctx, renewal{c: c, r: store.Renewal{Attempt: p.Attempt, Worker: c.id, Progress: p.Fraction}}); err != nil {

@@ -214,7 +214,13 @@ func (s *Server) assign(ctx context.Context, slots []string) (int, error) {
 		}
 		c := s.hub.started(w, ids)
 		if c == nil {
-			continue // gone meanwhile: the leases will lapse and the reaper requeues
+			// The worker left meanwhile: put its tasks back at once, without
+			// using up an attempt.
+			for _, id := range ids {
+				missing = append(missing, store.Completion{Attempt: id, Worker: w, Reason: protocol.ReasonWorker,
+					Message: "the worker disconnected before the task reached it", Uncounted: true})
+			}
+			continue
 		}
 		c.enqueue(&protocol.Frame{Type: protocol.TypeAssign, Assign: as})
 	}
@@ -222,7 +228,7 @@ func (s *Server) assign(ctx context.Context, slots []string) (int, error) {
 	if len(missing) > 0 {
 		s.hub.release(workersOf(missing))
 		if _, err := s.store.Complete(ctx, missing); err != nil {
-			s.log.Error("fail tasks with missing inputs", "err", err)
+			s.log.Error("end undeliverable attempts", "err", err)
 		}
 		s.wake()
 	}
