@@ -1,12 +1,14 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -134,7 +136,7 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 			list = append(list, t.Module)
 		}
 	}
-	missing, err := s.store.MissingModules(r.Context(), owner.ID, list)
+	missing, err := s.missingModules(r.Context(), owner.ID, list)
 	if err != nil {
 		s.serverError(w, "check modules", err)
 		return
@@ -364,4 +366,35 @@ func absDiff(a, b float64) float64 {
 		return a - b
 	}
 	return b - a
+}
+
+// ownedModule is a key of Server.knownModules.
+type ownedModule struct {
+	owner  int64
+	module string
+}
+
+// missingModules returns the modules of list the owner has not pushed. An
+// owner's modules are never taken back, so what was found once is
+// remembered and not looked up again.
+func (s *Server) missingModules(ctx context.Context, owner int64, list []string) ([]string, error) {
+	var unknown []string
+	for _, m := range list {
+		if _, ok := s.knownModules.Load(ownedModule{owner, m}); !ok {
+			unknown = append(unknown, m)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil, nil
+	}
+	missing, err := s.store.MissingModules(ctx, owner, unknown)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range unknown {
+		if !slices.Contains(missing, m) {
+			s.knownModules.Store(ownedModule{owner, m}, true)
+		}
+	}
+	return missing, nil
 }

@@ -81,9 +81,10 @@ type Server struct {
 	renewals    *batcher[renewal]
 	completions *batcher[completion]
 
-	owners  sync.Map // token -> store.Owner, positive cache
-	modules *moduleCache
-	ready   chan struct{} // closed when Run has started its services
+	owners       sync.Map // token -> store.Owner, positive cache
+	knownModules sync.Map // ownedModule -> true: modules an owner has pushed
+	modules      *moduleCache
+	ready        chan struct{} // closed when Run has started its services
 }
 
 type renewal struct {

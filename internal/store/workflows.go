@@ -58,20 +58,14 @@ const (
 func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflow) (string, error) {
 	var id string
 	err := s.tx(ctx, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, `INSERT INTO workflows (owner_id, name, priority, task_count, tasks_left)
-			VALUES ($1, $2, $3, $4, $4) RETURNING id`, ownerID, w.Name, w.Priority, len(w.Tasks)).Scan(&id); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, `SELECT nextval('tasks_id_seq') FROM generate_series(1, $1)`, len(w.Tasks))
-		if err != nil {
-			return err
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			return err
-		}
+		// One round trip: the workflow row, the transaction's time and the
+		// ids of its tasks.
 		var now time.Time
-		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		var ids []int64
+		if err := tx.QueryRow(ctx, `INSERT INTO workflows (owner_id, name, priority, task_count, tasks_left)
+			VALUES ($1, $2, $3, $4, $4)
+			RETURNING id, created_at, (SELECT array_agg(nextval('tasks_id_seq')) FROM generate_series(1, $4))`,
+			ownerID, w.Name, w.Priority, len(w.Tasks)).Scan(&id, &now, &ids); err != nil {
 			return err
 		}
 		readyKey := now
@@ -79,7 +73,7 @@ func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflo
 			readyKey = now.Add(-s.interactiveHeadStart)
 		}
 		ready := 0
-		_, err = tx.CopyFrom(ctx, pgx.Identifier{"tasks"},
+		_, err := tx.CopyFrom(ctx, pgx.Identifier{"tasks"},
 			[]string{"id", "workflow_id", "name", "module_id", "args", "stdin", "priority", "state", "deps_left", "sort_key",
 				"max_attempts", "timeout_ms", "memory_pages", "output_bytes", "log_bytes", "ckpt_ms", "seed"},
 			pgx.CopyFromSlice(len(w.Tasks), func(i int) ([]any, error) {
