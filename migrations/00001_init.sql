@@ -100,9 +100,7 @@ CREATE TABLE workers (
     connected     boolean NOT NULL DEFAULT true,
     connected_at  timestamptz NOT NULL DEFAULT now(),
     last_seen     timestamptz NOT NULL DEFAULT now(),
-    tasks_done    bigint NOT NULL DEFAULT 0,
-    tasks_failed  bigint NOT NULL DEFAULT 0,
-    tasks_lost    bigint NOT NULL DEFAULT 0
+    tasks_lost    bigint NOT NULL DEFAULT 0  -- attempts lost to lapsed leases (tasks done and failed are counted from attempts)
 );
 CREATE INDEX workers_connected ON workers (connected) WHERE connected;
 

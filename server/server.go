@@ -84,7 +84,6 @@ type Server struct {
 	owners       sync.Map // token -> store.Owner, positive cache
 	knownModules sync.Map // ownedModule -> true: modules an owner has pushed
 	modules      *moduleCache
-	ready        chan struct{} // closed when Run has started its services
 }
 
 type renewal struct {
@@ -104,7 +103,7 @@ func New(st *store.Store, cfg Config) *Server {
 	cfg.setDefaults()
 	s := &Server{
 		cfg: cfg, store: st, log: cfg.Logger.With("replica", cfg.Replica),
-		hub: newHub(), wakeC: make(chan struct{}, 1), ready: make(chan struct{}),
+		hub: newHub(), wakeC: make(chan struct{}, 1),
 		modules: newModuleCache(64 << 20),
 	}
 	s.metrics = newMetrics(s)
@@ -128,7 +127,6 @@ func (s *Server) Run(ctx context.Context) error {
 			f(ctx)
 		}()
 	}
-	close(s.ready)
 	wg.Wait()
 	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
