@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -48,6 +50,47 @@ func TestDAGCompletesWithCorrectOutputs(t *testing.T) {
 	for _, tk := range st.Tasks {
 		if tk.Attempts != 1 || tk.State != "done" {
 			t.Errorf("task %s: state %s after %d attempts", tk.Name, tk.State, tk.Attempts)
+		}
+	}
+}
+
+// Operators see health, readiness and the metrics the issue names.
+func TestOperationsEndpoints(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	startWorker(t, "worker", 1, p.srv.url)
+	noop := push(t, p.client, "noop")
+	id := submit(t, p.client, workflow("ops", task{"name": "n", "module": noop}))
+	wait(t, p.client, id, time.Minute)
+	get := func(path string) (int, string) {
+		resp, err := http.Get(p.srv.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/healthz"); code != 200 || body != "ok\n" {
+		t.Errorf("/healthz: %d %q", code, body)
+	}
+	if code, body := get("/readyz"); code != 200 || body != "ready\n" {
+		t.Errorf("/readyz: %d %q", code, body)
+	}
+	_, metrics := get("/metrics")
+	for _, want := range []string{
+		`cyclepool_tasks{state="ready"}`,
+		`cyclepool_tasks_dispatched_total 1`,
+		`cyclepool_attempt_completions_total{outcome="succeeded"} 1`,
+		`cyclepool_workers_connected{kind="headless"} 1`,
+		`cyclepool_replica_workers{kind="headless"} 1`,
+		`cyclepool_db_batch_size_count{op="claim"}`,
+		`cyclepool_db_batch_seconds_count{op="complete"}`,
+		`cyclepool_lease_expiries_total 0`,
+		`cyclepool_maintenance_leader 1`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
 		}
 	}
 }
