@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -73,25 +74,23 @@ func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflo
 			readyKey = now.Add(-s.interactiveHeadStart)
 		}
 		ready := 0
-		_, err := tx.CopyFrom(ctx, pgx.Identifier{"tasks"},
-			[]string{"id", "workflow_id", "name", "module_id", "args", "stdin", "priority", "state", "deps_left", "sort_key",
-				"max_attempts", "timeout_ms", "memory_pages", "output_bytes", "log_bytes", "ckpt_ms", "seed"},
-			pgx.CopyFromSlice(len(w.Tasks), func(i int) ([]any, error) {
-				t := &w.Tasks[i]
-				deps := distinctDeps(t.Inputs)
-				state, key := StateBlocked, any(nil)
-				if deps == 0 {
-					state, key = StateReady, readyKey
-					ready++
-				}
-				args := t.Args
-				if args == nil {
-					args = []string{}
-				}
-				return []any{ids[i], id, t.Name, t.Module, args, t.Stdin, w.Priority, state, deps, key,
-					t.MaxAttempts, t.TimeoutMS, t.MemoryPages, t.OutputBytes, t.LogBytes, t.CkptMS, t.Seed}, nil
-			}))
-		if err != nil {
+		rows := make([][]any, len(w.Tasks))
+		for i := range w.Tasks {
+			t := &w.Tasks[i]
+			deps := distinctDeps(t.Inputs)
+			state, key := StateBlocked, (*time.Time)(nil)
+			if deps == 0 {
+				state, key = StateReady, &readyKey
+				ready++
+			}
+			args := t.Args
+			if args == nil {
+				args = []string{}
+			}
+			rows[i] = []any{ids[i], id, t.Name, t.Module, args, t.Stdin, w.Priority, state, deps, key,
+				t.MaxAttempts, t.TimeoutMS, t.MemoryPages, t.OutputBytes, t.LogBytes, t.CkptMS, t.Seed}
+		}
+		if err := insertTasks(ctx, tx, rows); err != nil {
 			return err
 		}
 		var edges [][]any
@@ -107,14 +106,52 @@ func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflo
 			}
 		}
 		if ready > 0 {
-			_, err = tx.Exec(ctx, `SELECT pg_notify($1, '')`, ChannelReady)
+			if _, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, ChannelReady); err != nil {
+				return err
+			}
 		}
-		return err
+		return nil
 	})
 	if err != nil {
 		return "", fmt.Errorf("create workflow %q: %w", w.Name, err)
 	}
 	return id, nil
+}
+
+// taskColumns are the columns of a row built by CreateWorkflow.
+var taskColumns = []string{"id", "workflow_id", "name", "module_id", "args", "stdin", "priority", "state", "deps_left", "sort_key",
+	"max_attempts", "timeout_ms", "memory_pages", "output_bytes", "log_bytes", "ckpt_ms", "seed"}
+
+// insertTasks writes task rows: with COPY for large workflows, and with one
+// INSERT for small ones, where COPY's set-up costs more than the rows (a
+// single task's submission is on the latency path of interactive work).
+func insertTasks(ctx context.Context, tx pgx.Tx, rows [][]any) error {
+	if len(rows) > 64 {
+		_, err := tx.CopyFrom(ctx, pgx.Identifier{"tasks"}, taskColumns, pgx.CopyFromRows(rows))
+		return err
+	}
+	cols := make([][]any, len(taskColumns))
+	for _, r := range rows {
+		for j, v := range r {
+			if j == 4 { // args: an array of arrays may be ragged, so it travels as JSON
+				b, err := json.Marshal(v)
+				if err != nil {
+					return err
+				}
+				v = string(b)
+			}
+			cols[j] = append(cols[j], v)
+		}
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO tasks (`+strings.Join(taskColumns, ", ")+`)
+		SELECT u.id, $2, u.name, u.module, ARRAY(SELECT json_array_elements_text(u.args::json)), u.stdin, $7, u.state,
+			u.deps, u.key, u.max_attempts, u.timeout_ms, u.pages, u.output_bytes, u.log_bytes, u.ckpt_ms, u.seed
+		FROM unnest($1::bigint[], $3::text[], $4::text[], $5::text[], $6::bytea[], $8::text[], $9::int[], $10::timestamptz[],
+			$11::int[], $12::bigint[], $13::int[], $14::bigint[], $15::bigint[], $16::bigint[], $17::bigint[])
+			AS u(id, name, module, args, stdin, state, deps, key, max_attempts, timeout_ms, pages, output_bytes, log_bytes, ckpt_ms, seed)`,
+		cols[0], rows[0][1], cols[2], cols[3], cols[4], cols[5], rows[0][6], cols[7], cols[8], cols[9],
+		cols[10], cols[11], cols[12], cols[13], cols[14], cols[15], cols[16])
+	return err
 }
 
 func distinctDeps(ins []NewInput) int {
