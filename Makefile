@@ -5,12 +5,24 @@ DATA    ?= data
 ADDR    ?= :8080
 SLOTS   ?= 2
 
-.PHONY: all build tasks run test fuzz bench vet clean
+.PHONY: all build tasks web templ run test fuzz bench vet clean
 
 all: build
 
-build: tasks
+build: tasks web
 	$(GO) build -o $(BIN) ./cmd/cyclepool
+
+# The volunteer page's browser worker (Go, GOOS=js GOARCH=wasm) and Go's
+# wasm_exec.js that loads it, built into web/static/ where the binary embeds
+# them; they must exist before `go build` (not committed: web/.gitignore).
+web:
+	GOOS=js GOARCH=wasm CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o web/static/worker.wasm ./wasmworker/browser
+	cp "$$($(GO) env GOROOT)/lib/wasm/wasm_exec.js" web/static/wasm_exec.js
+
+# Regenerates web/*_templ.go from web/*.templ (the generated files are
+# committed, so a build needs no templ binary).
+templ:
+	$(GO) run github.com/a-h/templ/cmd/templ@v0.3.977 generate -path web
 
 tasks:
 	sh tasks/build.sh bin/tasks
@@ -23,7 +35,7 @@ run: build
 vet:
 	$(GO) vet ./...
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./tasks/...
-	GOOS=js GOARCH=wasm $(GO) vet ./wasmworker/ ./internal/protocol/
+	GOOS=js GOARCH=wasm $(GO) vet ./wasmworker/ ./wasmworker/browser/ ./internal/protocol/
 
 # Unit, integration and end-to-end tests against a real PostgreSQL (started
 # by the tests from the installed binaries), real WebSockets and real wazero,
@@ -41,4 +53,4 @@ bench: build
 	$(GO) run ./cmd/cyclepool bench
 
 clean:
-	rm -rf bin
+	rm -rf bin web/static/worker.wasm web/static/wasm_exec.js

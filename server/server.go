@@ -12,13 +12,16 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/store"
+	"github.com/cyclepool/cyclepool/web"
 )
 
 // Config configures a Server. Zero fields take the defaults given.
@@ -76,7 +79,8 @@ type Server struct {
 	hub     *hub
 	metrics *metrics
 	wakeC   chan struct{}
-	ctx     context.Context // the Run context; sockets live under it
+	ctx     context.Context // cancelled when Run's context is done; sockets live under it
+	stop    context.CancelFunc
 
 	renewals    *batcher[renewal]
 	completions *batcher[completion]
@@ -106,6 +110,7 @@ func New(st *store.Store, cfg Config) *Server {
 		hub: newHub(), wakeC: make(chan struct{}, 1),
 		modules: newModuleCache(64 << 20),
 	}
+	s.ctx, s.stop = context.WithCancel(context.Background())
 	s.metrics = newMetrics(s)
 	s.renewals = newBatcher(4096, 2000, 1, s.flushRenewals)
 	s.completions = newBatcher(8192, 1000, 2, s.flushCompletions)
@@ -118,7 +123,8 @@ func (s *Server) Config() Config { return s.cfg }
 // Run starts the dispatcher, the batchers, the notification listener and the
 // maintenance loop, and returns when ctx is done and they have stopped.
 func (s *Server) Run(ctx context.Context) error {
-	s.ctx = ctx
+	stop := context.AfterFunc(ctx, s.stop)
+	defer stop()
 	var wg sync.WaitGroup
 	for _, f := range []func(context.Context){s.renewals.run, s.completions.run, s.dispatch, s.listen, s.maintain, s.touchWorkers} {
 		wg.Add(1)
@@ -178,68 +184,81 @@ func (s *Server) dispatch(ctx context.Context) {
 
 // assign claims tasks for the reserved slots and sends them out; it returns
 // how many were claimed and gives back the slots it did not use.
-func (s *Server) assign(ctx context.Context, slots []string) (int, error) {
+func (s *Server) assign(ctx context.Context, slots []*conn) (int, error) {
+	ids := make([]string, len(slots))
+	reserved := map[string][]*conn{} // worker id -> its reserved slots
+	for i, c := range slots {
+		ids[i] = c.id
+		reserved[c.id] = append(reserved[c.id], c)
+	}
 	start := time.Now()
-	claimed, err := s.store.Claim(ctx, slots, s.cfg.Lease)
+	claimed, err := s.store.Claim(ctx, ids, s.cfg.Lease)
 	s.metrics.observeBatch("claim", len(claimed), start)
-	if err != nil {
-		s.hub.release(slots)
-		return 0, err
+	byConn := map[*conn][]protocol.Assign{}
+	var undeliverable []store.Completion
+	end := func(cl *store.Claimed, c *conn, comp store.Completion) {
+		comp.Attempt, comp.Worker = cl.Attempt, cl.Worker
+		undeliverable = append(undeliverable, comp)
+		s.hub.release([]*conn{c})
 	}
-	used := map[string]int{}
-	byWorker := map[string][]protocol.Assign{}
-	var missing []store.Completion
-	for _, c := range claimed {
-		used[c.Worker]++
-		if c.Missing != "" {
-			missing = append(missing, store.Completion{Attempt: c.Attempt, Worker: c.Worker, Reason: "input", Message: c.Missing, Permanent: true})
-			continue
+	for i := range claimed {
+		cl := &claimed[i]
+		c := reserved[cl.Worker][0]
+		reserved[cl.Worker] = reserved[cl.Worker][1:]
+		switch {
+		case err != nil: // the claim committed but its inputs could not be read
+			end(cl, c, store.Completion{Reason: protocol.ReasonWorker, Message: "the server could not read the task's inputs", Uncounted: true})
+		case cl.Missing != "":
+			end(cl, c, store.Completion{Reason: "input", Message: cl.Missing, Permanent: true})
+		case assignSize(cl) > s.cfg.MaxFrameBytes:
+			end(cl, c, store.Completion{Reason: "input", Permanent: true, Message: fmt.Sprintf(
+				"inputs, stdin and checkpoint take %d MiB, more than the %d MiB one assignment can carry", assignSize(cl)>>20, s.cfg.MaxFrameBytes>>20)})
+		default:
+			byConn[c] = append(byConn[c], toAssign(cl))
 		}
-		byWorker[c.Worker] = append(byWorker[c.Worker], toAssign(&c))
 	}
-	var unused []string
-	for _, w := range slots {
-		if used[w] > 0 {
-			used[w]--
-		} else {
-			unused = append(unused, w)
-		}
+	for _, cs := range reserved {
+		s.hub.release(cs)
 	}
-	s.hub.release(unused)
-	for w, as := range byWorker {
-		ids := make([]int64, len(as))
+	for c, as := range byConn {
+		attempts := make([]int64, len(as))
 		for i := range as {
-			ids[i] = as[i].Attempt
+			attempts[i] = as[i].Attempt
 		}
-		c := s.hub.started(w, ids)
-		if c == nil {
-			// The worker left meanwhile: put its tasks back at once, without
-			// using up an attempt.
-			for _, id := range ids {
-				missing = append(missing, store.Completion{Attempt: id, Worker: w, Reason: protocol.ReasonWorker,
+		if !s.hub.started(c, attempts) {
+			// The worker left (or reconnected) meanwhile: put its tasks back
+			// at once, without using up an attempt.
+			for _, a := range attempts {
+				undeliverable = append(undeliverable, store.Completion{Attempt: a, Worker: c.id, Reason: protocol.ReasonWorker,
 					Message: "the worker disconnected before the task reached it", Uncounted: true})
 			}
 			continue
 		}
-		c.enqueue(&protocol.Frame{Type: protocol.TypeAssign, Assign: as})
+		// One frame per attempt keeps every frame under the size limit.
+		for i := range as {
+			c.enqueue(&protocol.Frame{Type: protocol.TypeAssign, Assign: as[i : i+1]})
+		}
 	}
-	s.metrics.dispatched.Add(float64(len(claimed)))
-	if len(missing) > 0 {
-		s.hub.release(workersOf(missing))
-		if _, err := s.store.Complete(ctx, missing); err != nil {
-			s.log.Error("end undeliverable attempts", "err", err)
+	s.metrics.dispatched.Add(float64(len(claimed) - len(undeliverable)))
+	if len(undeliverable) > 0 {
+		if _, cerr := s.store.Complete(ctx, undeliverable); cerr != nil {
+			s.log.Error("end undeliverable attempts", "err", cerr)
 		}
 		s.wake()
+	}
+	if err != nil {
+		return len(claimed), err
 	}
 	return len(claimed), nil
 }
 
-func workersOf(cs []store.Completion) []string {
-	ws := make([]string, len(cs))
-	for i, c := range cs {
-		ws[i] = c.Worker
+// assignSize is about the size of the assign frame of a claimed task.
+func assignSize(c *store.Claimed) int {
+	n := 64<<10 + len(c.Stdin) + len(c.Restore)
+	for _, in := range c.Inputs {
+		n += len(in.Data)
 	}
-	return ws
+	return n
 }
 
 func toAssign(c *store.Claimed) protocol.Assign {
@@ -256,24 +275,32 @@ func toAssign(c *store.Claimed) protocol.Assign {
 }
 
 func (s *Server) flushRenewals(ctx context.Context, batch []renewal) {
+	type key struct {
+		attempt int64
+		worker  string
+	}
 	rs := make([]store.Renewal, len(batch))
-	conns := map[int64]*conn{}
+	conns := map[key]*conn{}
 	for i, b := range batch {
 		rs[i] = b.r
-		conns[b.r.Attempt] = b.c
+		conns[key{b.r.Attempt, b.r.Worker}] = b.c
 	}
 	start := time.Now()
-	lost, err := s.store.Renew(ctx, rs, s.cfg.Lease)
+	lost, err := s.store.Renew(ctx, slices.Clone(rs), s.cfg.Lease)
 	s.metrics.observeBatch("renew", len(batch), start)
 	if err != nil {
 		s.log.Error("renew leases", "err", err)
 		return
 	}
 	by := map[*conn][]int64{}
+	lostSet := map[int64]bool{}
 	for _, a := range lost {
-		if c := conns[a]; c != nil {
-			by[c] = append(by[c], a)
-			s.hub.finished(c, a)
+		lostSet[a] = true
+	}
+	for _, r := range rs {
+		if c := conns[key{r.Attempt, r.Worker}]; c != nil && lostSet[r.Attempt] {
+			by[c] = append(by[c], r.Attempt)
+			s.hub.finished(c, r.Attempt)
 		}
 	}
 	for c, as := range by {
@@ -343,6 +370,10 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.Handle("GET /metrics", s.metrics.handler())
 	s.routeAPI(mux)
+	// The volunteer page and its assets (package web).
+	volunteer := web.Handler()
+	mux.Handle("GET /{$}", volunteer)
+	mux.Handle("GET /static/", volunteer)
 	return mux
 }
 

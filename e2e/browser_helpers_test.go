@@ -1,0 +1,183 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+)
+
+// chromiumPath is Debian's Chromium, which .ci/run installs. A machine
+// without it fails the browser tests: they are never skipped.
+const chromiumPath = "/usr/bin/chromium"
+
+// screensDir also keeps every screenshot, for people to look at.
+const screensDir = "/tmp/cyclepool-screens"
+
+// browser is one headless Chromium with one tab.
+type browser struct {
+	t    *testing.T
+	ctx  context.Context
+	logs *lineLog // the page's console (the worker relays its own log there) and its exceptions
+}
+
+// newBrowser starts Chromium with a fresh profile. battery, when not empty,
+// replaces navigator.getBattery with a battery of that state, e.g.
+// `{level: 0.8, charging: false}`, before any script of the page runs.
+func newBrowser(t *testing.T, width, height int, battery string) *browser {
+	t.Helper()
+	if _, err := os.Stat(chromiumPath); err != nil {
+		t.Fatalf("Chromium is needed for the browser tests: %v (install Debian's chromium package, as .ci/run does)", err)
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromiumPath),
+		chromedp.NoSandbox, // root, in a container
+		chromedp.Flag("disable-gpu", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-quic", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(width, height),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(func() {
+		cancel()
+		cancelAlloc()
+	})
+	b := &browser{t: t, ctx: ctx, logs: newLineLog()}
+	if err := chromedp.Listen(ctx, func(ev any) {
+		switch ev := ev.(type) {
+		case *runtime.EventConsoleAPICalled:
+			var parts []string
+			for _, a := range ev.Args {
+				if len(a.Value) > 0 {
+					var s string
+					if json.Unmarshal(a.Value, &s) == nil {
+						parts = append(parts, s)
+						continue
+					}
+					parts = append(parts, string(a.Value))
+				} else {
+					parts = append(parts, a.Description)
+				}
+			}
+			b.logs.add(fmt.Sprintf("console.%s: %s", ev.Type, strings.Join(parts, " ")))
+		case *runtime.EventExceptionThrown:
+			d := ev.ExceptionDetails
+			msg := d.Text
+			if d.Exception != nil {
+				msg += " " + d.Exception.Description
+			}
+			b.logs.add(fmt.Sprintf("exception at %s:%d: %s", d.URL, d.LineNumber, msg))
+		}
+	}); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	if battery != "" {
+		src := `Object.defineProperty(Navigator.prototype, "getBattery", {configurable: true, value: function () {
+			const b = Object.assign({chargingTime: Infinity, dischargingTime: Infinity, addEventListener() {}}, ` + battery + `);
+			return Promise.resolve(b);
+		}});`
+		if err := chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+			_, err := cdp.Call(ctx, t, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: src})
+			return err
+		})); err != nil {
+			t.Fatalf("override the battery: %v", err)
+		}
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("--- browser console ---\n%s", b.logs)
+		}
+	})
+	return b
+}
+
+func (b *browser) do(steps ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		b.t.Fatalf("browser: %v", err)
+	}
+}
+
+// eval evaluates a JavaScript expression in the page (awaiting a promise)
+// and decodes its JSON value into out.
+func (b *browser) eval(expr string, out any) {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	raw, err := chromedp.Run(ctx, chromedp.Evaluate[json.RawMessage](expr, chromedp.EvalAwaitPromise))
+	if err != nil {
+		b.t.Fatalf("evaluate %s: %v", expr, err)
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			b.t.Fatalf("evaluate %s: %v (%s)", expr, err, raw)
+		}
+	}
+}
+
+// pageStatus is window.cyclepool.status, what the worker last reported.
+type pageStatus struct {
+	Connected     bool   `json:"connected"`
+	Done          int    `json:"done"`
+	Failed        int    `json:"failed"`
+	Paused        bool   `json:"paused"`
+	PausedBecause string `json:"pausedBecause"`
+	CPUMs         int64  `json:"cpuMs"`
+	Running       []struct {
+		Task     string  `json:"task"`
+		Progress float64 `json:"progress"`
+	} `json:"running"`
+	TaskWorkers struct {
+		Started    int `json:"started"`
+		Terminated int `json:"terminated"`
+		Busy       int `json:"busy"`
+	} `json:"taskWorkers"`
+}
+
+func (b *browser) status() pageStatus {
+	b.t.Helper()
+	var s *pageStatus
+	b.eval(`window.cyclepool ? window.cyclepool.status : null`, &s)
+	if s == nil {
+		return pageStatus{}
+	}
+	return *s
+}
+
+// screenshot saves the whole page as PNG at the given width, under the
+// test's temp dir and under /tmp/cyclepool-screens/.
+func (b *browser) screenshot(name string, width, height int64) string {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, height)); err != nil {
+		b.t.Fatalf("viewport: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond) // let the layout settle
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		b.t.Fatalf("screenshot: %v", err)
+	}
+	file := fmt.Sprintf("%s-%dpx.png", name, width)
+	path := filepath.Join(b.t.TempDir(), file)
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		b.t.Fatal(err)
+	}
+	if err := os.MkdirAll(screensDir, 0o755); err == nil {
+		_ = os.WriteFile(filepath.Join(screensDir, file), png, 0o644)
+	}
+	return path
+}

@@ -1,0 +1,222 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+const (
+	charging    = `{level: 0.8, charging: true}`
+	discharging = `{level: 0.8, charging: false}`
+)
+
+// openVolunteerPage opens the server's volunteer page with ?autostart=1 and
+// waits for the browser worker to connect.
+func openVolunteerPage(t *testing.T, b *browser, url string) {
+	t.Helper()
+	b.do(chromedp.Navigate(url + "/?autostart=1"))
+	eventually(t, 30*time.Second, "the browser worker to connect", func() bool { return b.status().Connected })
+}
+
+// The volunteer page computes a workflow in Chromium, and every output is
+// byte-identical to a headless worker's (wazero) for the same tasks: stdin,
+// /in, /out, argv, progress and checkpoints, and the deterministic clock
+// and random numbers that echo's det.txt prints.
+func TestBrowserMatchesHeadless(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	echo, primes := push(t, p.client, "echo"), push(t, p.client, "primes")
+	wf := workflow("browser-vs-headless",
+		task{"name": "count", "module": primes, "args": []string{"0", "2000000"}, "checkpoint_interval": "1s"},
+		task{"name": "count-2", "module": primes, "args": []string{"300000", "400000"}},
+		task{"name": "echo", "module": echo, "args": []string{"a b", "ünïcode"}, "stdin": map[string]any{"data": "from stdin\n"},
+			"inputs": map[string]any{"z-count": map[string]any{"from": "count"}, "a-count": map[string]any{"from": "count-2"}}},
+		task{"name": "echo-plain", "module": echo},
+	)
+
+	b := newBrowser(t, 360, 800, charging)
+	started := time.Now()
+	openVolunteerPage(t, b, p.srv.url)
+	t.Logf("page open and worker connected in %v", time.Since(started))
+	b.screenshot("volunteer-idle", 360, 800)
+
+	id := submit(t, p.client, wf)
+	st := wait(t, p.client, id, 90*time.Second)
+	if st.State != "done" {
+		t.Fatalf("workflow in the browser ended %s: %+v", st.State, st.Tasks)
+	}
+	eventually(t, 5*time.Second, "the page to count the tasks", func() bool { return b.status().Done >= len(st.Tasks) })
+	b.screenshot("volunteer-working", 360, 800)
+	b.screenshot("volunteer-working", 1280, 900)
+	var text string
+	b.eval(`document.getElementById("stat-done").textContent`, &text)
+	if text == "0" {
+		t.Errorf("the page shows no task done")
+	}
+	browserOut := map[string]string{}
+	for _, tk := range st.Tasks {
+		for _, name := range []string{"stdout", "args.txt", "det.txt"} {
+			if tk.Name != "echo" && tk.Name != "echo-plain" && name != "stdout" {
+				continue
+			}
+			browserOut[tk.Name+"/"+name] = output(t, p.client, id, tk.Name, name)
+		}
+	}
+	// Stop the page: from now on only a headless worker computes.
+	b.do(chromedp.Click(chromedp.ID("toggle")))
+	eventually(t, 10*time.Second, "the page to stop", func() bool {
+		var running bool
+		b.eval(`window.cyclepool.running`, &running)
+		return !running
+	})
+
+	startWorker(t, "headless", 2, p.srv.url)
+	id2 := submit(t, p.client, wf) // same name and tasks: same seeds
+	st2 := wait(t, p.client, id2, 90*time.Second)
+	if st2.State != "done" {
+		t.Fatalf("workflow on the headless worker ended %s", st2.State)
+	}
+	for key, want := range browserOut {
+		task, name, _ := strings.Cut(key, "/")
+		got := output(t, p.client, id2, task, name)
+		if got != want {
+			t.Errorf("%s differs:\nbrowser:  %q\nheadless: %q", key, want, got)
+		}
+	}
+	if !strings.HasPrefix(browserOut["echo/det.txt"], "random ") || browserOut["echo/stdout"] == "" {
+		t.Errorf("unexpected echo outputs: %q", browserOut)
+	}
+	t.Logf("echo det.txt in Chromium:\n%s", browserOut["echo/det.txt"])
+}
+
+// With "only while charging" (the default) and a discharging battery, the
+// browser worker reports itself paused and the server gives it nothing.
+func TestBrowserOnlyWhileCharging(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	noop := push(t, p.client, "noop")
+	b := newBrowser(t, 360, 800, discharging)
+	openVolunteerPage(t, b, p.srv.url)
+	eventually(t, 10*time.Second, "the worker to pause", func() bool { return b.status().Paused })
+	if why := b.status().PausedBecause; why != "not charging" {
+		t.Errorf("paused because %q", why)
+	}
+	id := submit(t, p.client, workflow("not-on-battery", task{"name": "n", "module": noop}))
+	time.Sleep(3 * time.Second)
+	st, err := p.client.Status(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Tasks[0].State != "ready" || st.Tasks[0].Attempts != 0 {
+		t.Fatalf("a task was taken on battery: %+v", st.Tasks[0])
+	}
+	if s := b.status(); s.TaskWorkers.Started != 0 || s.Done+s.Failed != 0 {
+		t.Fatalf("the page ran something: %+v", s)
+	}
+	var state string
+	b.eval(`document.getElementById("state").textContent`, &state)
+	if !strings.Contains(state, "not charging") {
+		t.Errorf("the page says %q", state)
+	}
+	b.screenshot("volunteer-paused", 360, 800)
+
+	// Allowing work on battery (unticking the box) lets the task through.
+	b.do(chromedp.Click(chromedp.ID("charging")))
+	if wait(t, p.client, id, 30*time.Second).State != "done" {
+		t.Fatal("the task did not run once allowed")
+	}
+}
+
+// Cancelling a workflow terminates the task Web Worker running its task,
+// even a tight loop that never calls the host.
+func TestBrowserCancelTerminatesTaskWorker(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	spin := push(t, p.client, "spin")
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, p.srv.url)
+	id := submit(t, p.client, workflow("spin", task{"name": "loop", "module": spin}))
+	eventually(t, 30*time.Second, "the loop to run in a task Web Worker", func() bool {
+		s := b.status()
+		return s.TaskWorkers.Busy == 1 && len(s.Running) == 1
+	})
+	b.screenshot("volunteer-running", 1280, 900)
+	b.screenshot("volunteer-running", 360, 800)
+	before := b.status().TaskWorkers
+	time.Sleep(300 * time.Millisecond)
+	cancelled := time.Now()
+	if _, err := p.client.Cancel(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the task Web Worker to be terminated", func() bool {
+		s := b.status().TaskWorkers
+		return s.Terminated == before.Terminated+1 && s.Busy == 0
+	})
+	t.Logf("task Web Worker terminated %v after the cancel", time.Since(cancelled))
+	as, err := p.client.Attempts(context.Background(), id, "loop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(as) != 1 || as[0].State != "cancelled" {
+		t.Fatalf("attempts: %+v", as)
+	}
+}
+
+// A task checkpointed from the browser resumes from that checkpoint on a
+// headless worker once the volunteer closes the tab (the lease lapses).
+func TestBrowserTabClosedResumesFromCheckpoint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newPlatform(t)
+	counter := push(t, p.client, "counter")
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, p.srv.url)
+	id := submit(t, p.client, workflow("resume", task{"name": "count", "module": counter, "args": []string{"40", "100"},
+		"checkpoint_interval": "1s"}))
+	eventually(t, 30*time.Second, "a checkpoint from the browser", func() bool {
+		st, err := p.client.Status(ctx, id)
+		return err == nil && st.Tasks[0].Checkpoints > 0
+	})
+	if s := b.status(); len(s.Running) != 1 {
+		t.Fatalf("the browser is not running the task: %+v", s)
+	}
+	b.do(chromedp.Navigate("about:blank")) // the volunteer closes the tab
+	startWorker(t, "headless", 1, p.srv.url)
+	st := wait(t, p.client, id, 60*time.Second)
+	if st.State != "done" {
+		t.Fatalf("workflow ended %s", st.State)
+	}
+	out := output(t, p.client, id, "count", "stdout")
+	if !strings.HasPrefix(out, "counted 40 from ") || strings.HasPrefix(out, "counted 40 from 0\n") {
+		t.Fatalf("stdout %q: want a resumed count", out)
+	}
+	if st.Tasks[0].Attempts != 2 {
+		t.Errorf("attempts = %d, want 2 (browser, then headless)", st.Tasks[0].Attempts)
+	}
+	t.Logf("headless worker: %s", strings.TrimSpace(out))
+}
+
+// A task that allocates without bound fails with limit_memory in the
+// browser too: its memory's maximum is the limit, so the tab never grows
+// past it.
+func TestBrowserMemoryLimit(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	memhog := push(t, p.client, "memhog")
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, p.srv.url)
+	id := submit(t, p.client, workflow("hog", task{"name": "hog", "module": memhog, "max_attempts": 1,
+		"limits": map[string]any{"memory_mib": 32}}))
+	st := wait(t, p.client, id, 60*time.Second)
+	if st.State != "failed" || !strings.Contains(st.Tasks[0].Error, "memory limit") {
+		t.Fatalf("workflow %s, task %+v: want a memory limit failure", st.State, st.Tasks[0])
+	}
+	as, err := p.client.Attempts(context.Background(), id, "hog")
+	if err != nil || len(as) != 1 || !strings.HasPrefix(as[0].Reason, "limit_memory") {
+		t.Fatalf("attempts %+v (%v): want one ended by limit_memory", as, err)
+	}
+}

@@ -1,0 +1,192 @@
+//go:build js
+
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"sync"
+	"syscall/js"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/wasmworker"
+)
+
+// bridge holds what the page last told the worker.
+type bridge struct {
+	mu       sync.Mutex
+	settings Settings
+	device   DeviceState
+	changed  func() // called (without the lock) when settings or device change
+	initc    chan initMsg
+	stopc    chan struct{}
+	stopOnce sync.Once
+}
+
+type initMsg struct {
+	server, volunteer string
+}
+
+// receive is called by worker.js for every message from the page. It runs
+// on the JavaScript event loop and must not block.
+func (b *bridge) receive(_ js.Value, args []js.Value) any {
+	m := args[0]
+	switch m.Get("type").String() {
+	case "init":
+		b.mu.Lock()
+		b.settings = readSettings(m.Get("settings"))
+		b.device = readDevice(m.Get("device"))
+		b.mu.Unlock()
+		b.initc <- initMsg{server: m.Get("server").String(), volunteer: m.Get("volunteer").String()}
+	case "device":
+		b.mu.Lock()
+		b.device = readDevice(m.Get("device"))
+		f := b.changed
+		b.mu.Unlock()
+		if f != nil {
+			go f()
+		}
+	case "settings":
+		b.mu.Lock()
+		b.settings = readSettings(m.Get("settings"))
+		f := b.changed
+		b.mu.Unlock()
+		if f != nil {
+			go f()
+		}
+	case "stop":
+		b.stopOnce.Do(func() { close(b.stopc) })
+	}
+	return nil
+}
+
+// pause returns why work is not allowed now ("" when it is).
+func (b *bridge) pause() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return PauseReason(b.settings, b.device)
+}
+
+func (b *bridge) share() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.settings.Share
+}
+
+func (b *bridge) protocolDevice() protocol.Device {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.device.Protocol(b.settings)
+}
+
+func readSettings(v js.Value) Settings {
+	s := Settings{Threads: intOr(v.Get("threads"), 1), Share: intOr(v.Get("share"), 100),
+		Charging: v.Get("charging").Truthy(), Floor: intOr(v.Get("floor"), 30),
+		Metered: v.Get("metered").Truthy(), Hidden: v.Get("hidden").Truthy()}
+	s.Threads = min(max(s.Threads, 1), 64)
+	s.Share = min(max(s.Share, 10), 100)
+	return s
+}
+
+func readDevice(v js.Value) DeviceState {
+	return DeviceState{Battery: numOrNil(v.Get("battery")), Charging: strOr(v.Get("charging")),
+		Connection: strOr(v.Get("connection")), Downlink: numOrNil(v.Get("downlink")), RTT: numOrNil(v.Get("rtt")),
+		SaveData: strOr(v.Get("saveData")), Online: strOr(v.Get("online")), Visibility: strOr(v.Get("visibility")),
+		Cores: intOr(v.Get("cores"), 0), MemoryGiB: numOrNil(v.Get("memoryGiB")), UserAgent: strOr(v.Get("userAgent")),
+		Mobile: v.Get("mobile").Truthy()}
+}
+
+func intOr(v js.Value, d int) int {
+	if v.Type() != js.TypeNumber {
+		return d
+	}
+	return v.Int()
+}
+
+func numOrNil(v js.Value) *float64 {
+	if v.Type() != js.TypeNumber {
+		return nil
+	}
+	f := v.Float()
+	return &f
+}
+
+func strOr(v js.Value) string {
+	if v.Type() != js.TypeString {
+		return protocol.Unknown
+	}
+	return v.String()
+}
+
+func main() {
+	self := js.Global()
+	b := &bridge{initc: make(chan initMsg, 1), stopc: make(chan struct{})}
+	receive := js.FuncOf(b.receive)
+	self.Call("cyclepoolReady", receive)
+	init := <-b.initc
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+
+	r := newRunner(self.Get("cyclepoolTasks"), b, log)
+	b.mu.Lock()
+	threads := b.settings.Threads
+	b.changed = r.settingsChanged
+	b.mu.Unlock()
+	w := wasmworker.New(wasmworker.Config{Servers: []string{init.server}, Slots: threads, Kind: protocol.KindBrowser,
+		Runner: r, Device: b.protocolDevice, Volunteer: init.volunteer, Logger: log})
+	ctx, cancel := context.WithCancel(context.Background())
+	runDone := make(chan struct{})
+	go func() {
+		_ = w.Run(ctx)
+		close(runDone)
+	}()
+
+	since := time.Now().UnixMilli()
+	postStatus := func() {
+		st := w.Stats()
+		why := b.pause()
+		running, cpu := r.snapshot()
+		list := make([]any, len(running))
+		for i, a := range running {
+			list[i] = map[string]any{"task": a.task, "progress": a.progress, "attempt": a.attempt}
+		}
+		counts := r.tasks.Get("counts")
+		self.Call("postMessage", map[string]any{
+			"type": "status", "since": since, "connected": st.Connected, "server": st.Server,
+			"done": st.Done, "failed": st.Failed, "refused": st.Refused, "running": list,
+			"cpuMs": cpu.Milliseconds(), "paused": why != "", "pausedBecause": why,
+			"taskWorkers": map[string]any{"started": counts.Get("started"), "terminated": counts.Get("terminated"),
+				"busy": counts.Get("busy")},
+		})
+	}
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+			postStatus()
+			continue
+		case <-b.stopc:
+		}
+		break
+	}
+	// Stop: hand running attempts back (reason worker: they are queued again
+	// without using up an attempt) and give their reports a moment to go out.
+	r.stopAll("the volunteer stopped computing")
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		if running, _ := r.snapshot(); len(running) == 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	postStatus()
+	cancel()
+	select {
+	case <-runDone:
+	case <-time.After(time.Second):
+	}
+	receive.Release()
+}

@@ -1,0 +1,605 @@
+// task.js: a task Web Worker. It runs task attempts, one at a time, on the
+// browser's own WebAssembly engine with a WASI preview 1 shim written for
+// cyclepool (docs/TASK_ABI.md): argv, stdin, stdout, stderr, read-only /in
+// and writable /out as in-memory files, the `cyclepool` host functions, and
+// deterministic clocks and random numbers that match the headless runner
+// (wasmworker/headless/abi.go) value for value, so that a task gives the same
+// bytes in Chromium and in wazero. Where wazero's WASI has a quirk that a
+// task can observe (poll_oneoff), this shim copies it.
+//
+// A stuck or cancelled task is ended by terminating this Web Worker; the
+// worker script (worker.js) does that. Nothing here needs to be cancelled.
+//
+// Messages: in {type:"run", module, args, stdin, inputs, restore, seed,
+// limits, ckptMs, share, ctl}; out {type:"progress", f},
+// {type:"checkpoint", state} (then blocks on ctl until the worker answers),
+// {type:"done", reason, message, outputs, log, ms, memoryBytes}.
+"use strict";
+
+const E = { SUCCESS: 0, ACCES: 2, BADF: 8, EXIST: 20, FAULT: 21, INVAL: 28, IO: 29, ISDIR: 31, NOENT: 44, NOSYS: 52,
+  NAMETOOLONG: 37, NOTDIR: 54, NOTEMPTY: 55, NOTSUP: 58, PERM: 63, ROFS: 69, SPIPE: 70, NOTCAPABLE: 76 };
+const FT = { CHAR: 2, DIR: 3, FILE: 4 };
+const STEP = 1000000n;                       // every clock read advances the clock by 1 ms
+const EPOCH_NS = 1700000000n * 1000000000n;  // the wall clock starts at 1 700 000 000 s
+const I64 = (v) => BigInt.asIntN(64, v);
+const U64 = (v) => BigInt.asUintN(64, v);
+const RIGHT_FD_WRITE = 1n << 6n;
+const enc = new TextEncoder(), dec = new TextDecoder();
+
+class ExitSignal { constructor(code) { this.code = code; } }
+class StopSignal { constructor(reason, message) { this.reason = reason; this.message = message; } }
+class OutOfRange extends Error {}
+
+self.onmessage = (e) => {
+  if (e.data.type !== "run") return;
+  const done = runAttempt(e.data);
+  postMessage(done, [done.log.buffer, ...done.outputs.map((o) => o.data.buffer)]);
+};
+
+// byteCompare orders names by their UTF-8 bytes, as the headless runner does.
+function byteCompare(a, b) {
+  const x = enc.encode(a), y = enc.encode(b);
+  for (let i = 0; i < Math.min(x.length, y.length); i++) if (x[i] !== y[i]) return x[i] - y[i];
+  return x.length - y.length;
+}
+
+function newDir(writable, mtime) { return { dir: true, entries: new Map(), writable, mtime }; }
+function newFile(data, writable, mtime) { return { dir: false, data, size: data.length, writable, mtime }; }
+function realNow() { return BigInt(Date.now()) * 1000000n; }
+
+function runAttempt(p) {
+  const t0 = performance.now();
+  const limits = p.limits;
+  // ---- deterministic clock and random source ----
+  let clock = 0n; // ns since the attempt started, as the task sees it
+  const tickMono = () => (clock = I64(clock + STEP));
+  const tickReal = () => { clock = I64(clock + STEP); return U64(EPOCH_NS + clock); };
+  let rngState = U64(BigInt(p.seed));
+  const rngBuf = new Uint8Array(8), rngView = new DataView(rngBuf.buffer);
+  let rngLeft = 0;
+  const rngNext = () => {
+    rngState = U64(rngState + 0x9E3779B97F4A7C15n);
+    let z = rngState;
+    z = U64((z ^ (z >> 30n)) * 0xBF58476D1CE4E5B9n);
+    z = U64((z ^ (z >> 27n)) * 0x94D049BB133111EBn);
+    return z ^ (z >> 31n);
+  };
+
+  // ---- CPU share: sleep for real inside host calls ----
+  const share = Math.min(1, Math.max(0.05, (p.share || 100) / 100));
+  const sleeper = new Int32Array(new SharedArrayBuffer(4));
+  let sliceStart = performance.now(), calls = 0;
+  const throttle = () => {
+    const now = performance.now();
+    if (now - sliceStart >= 100 * share) {
+      Atomics.wait(sleeper, 0, 0, 100 * (1 - share));
+      sliceStart = performance.now();
+    }
+  };
+
+  // ---- files ----
+  const inDir = newDir(false, EPOCH_NS);
+  for (const { name, data } of p.inputs) inDir.entries.set(name, newFile(data, false, EPOCH_NS));
+  const outDir = newDir(true, realNow());
+  const stdin = { kind: "stdin", data: p.stdin, pos: 0, flags: 0 };
+  let stdoutParts = [], stdoutSize = 0;
+  let logBuf = new Uint8Array(Math.min(limits.logBytes, 4096)), logSize = 0;
+  const fds = [stdin, { kind: "stdout", flags: 0 }, { kind: "stderr", flags: 0 },
+    { kind: "node", node: inDir, preopen: "/in", flags: 0, pos: 0 },
+    { kind: "node", node: outDir, preopen: "/out", flags: 0, pos: 0 }];
+
+  let memory = null, u8 = new Uint8Array(0), dv = new DataView(new ArrayBuffer(0));
+  const view = () => { if (u8.buffer !== memory.buffer) { u8 = new Uint8Array(memory.buffer); dv = new DataView(memory.buffer); } };
+  const bytesAt = (ptr, len) => { view(); ptr >>>= 0; len >>>= 0; if (ptr + len > u8.length) throw new OutOfRange(); return u8.subarray(ptr, ptr + len); };
+  const str = (ptr, len) => dec.decode(bytesAt(ptr, len).slice());
+  const iovecs = (iovs, n) => { view(); const out = []; for (let i = 0; i < n; i++) { const b = (iovs >>> 0) + 8 * i; out.push([dv.getUint32(b, true), dv.getUint32(b + 4, true)]); } return out; };
+
+  const writeStdout = (b) => {
+    if (stdoutSize + b.length > limits.outputBytes) {
+      throw new StopSignal("limit_output", `output limit of ${limits.outputBytes} bytes exceeded by stdout`);
+    }
+    stdoutParts.push(b.slice()); stdoutSize += b.length;
+  };
+  const writeLog = (b) => {
+    const room = limits.logBytes - logSize;
+    const k = Math.min(room, b.length);
+    if (logSize + k > logBuf.length) { const n = new Uint8Array(Math.min(limits.logBytes, Math.max(logBuf.length * 2, logSize + k))); n.set(logBuf.subarray(0, logSize)); logBuf = n; }
+    logBuf.set(b.subarray(0, k), logSize); logSize += k;
+    if (k < b.length) throw new StopSignal("limit_log", `log limit of ${limits.logBytes} bytes exceeded (stderr)`);
+  };
+  const ensure = (f, n) => {
+    if (n <= f.data.length) return;
+    const d = new Uint8Array(Math.max(n, f.data.length * 2, 64)); d.set(f.data.subarray(0, f.size)); f.data = d;
+  };
+
+  // resolve walks path from the directory of fd: {parent, name, node} or an errno.
+  const resolve = (fd, path) => {
+    const d = fds[fd];
+    if (!d || d.kind !== "node") return E.BADF;
+    if (!d.node.dir) return E.NOTDIR;
+    const parts = path.split("/").filter((s) => s !== "" && s !== ".");
+    if (path.startsWith("/")) return E.NOTCAPABLE;
+    const stack = [d.node];
+    for (let i = 0; i < parts.length - 1; i++) {
+      const s = parts[i];
+      if (s === "..") { if (stack.length === 1) return E.NOTCAPABLE; stack.pop(); continue; }
+      const n = stack[stack.length - 1].entries.get(s);
+      if (!n) return E.NOENT;
+      if (!n.dir) return E.NOTDIR;
+      stack.push(n);
+    }
+    let name = parts.length ? parts[parts.length - 1] : ".";
+    let parent = stack[stack.length - 1];
+    if (name === "..") { if (stack.length === 1) return E.NOTCAPABLE; stack.pop(); parent = stack[stack.length - 1]; name = "."; }
+    const node = name === "." ? parent : parent.entries.get(name);
+    return { parent, name, node, root: d.node };
+  };
+  const writeFilestat = (buf, n, kind) => {
+    view(); const b = buf >>> 0;
+    if (b + 64 > u8.length) throw new OutOfRange();
+    u8.fill(0, b, b + 64);
+    if (!n) { dv.setUint8(b + 16, FT.CHAR); dv.setBigUint64(b + 24, 1n, true); return; }
+    dv.setUint8(b + 16, n.dir ? FT.DIR : FT.FILE);
+    dv.setBigUint64(b + 24, 1n, true);
+    dv.setBigUint64(b + 32, BigInt(n.dir ? 0 : n.size), true);
+    for (const o of [40, 48, 56]) dv.setBigUint64(b + o, n.mtime, true);
+  };
+  // times applies fd_filestat_set_times' flags; a *_NOW flag reads the wall
+  // clock once, which advances the deterministic clock (as in wazero).
+  const times = (n, atim, mtim, fl) => {
+    const ATIM = 1, ATIM_NOW = 2, MTIM = 4, MTIM_NOW = 8;
+    if ((fl & ATIM && fl & ATIM_NOW) || (fl & MTIM && fl & MTIM_NOW)) return E.INVAL;
+    let now = null;
+    if (fl & (ATIM_NOW | MTIM_NOW)) now = tickReal();
+    if (!n.writable) return E.ROFS;
+    if (fl & MTIM) n.mtime = U64(mtim); else if (fl & MTIM_NOW) n.mtime = now;
+    return E.SUCCESS;
+  };
+  const newFd = (d) => { let i = 3; while (fds[i]) i++; fds[i] = d; return i; };
+
+  const wasi = {
+    args_sizes_get(argc, bufSize) {
+      view(); const argv = ["task", ...p.args].map((a) => enc.encode(a));
+      dv.setUint32(argc >>> 0, argv.length, true);
+      dv.setUint32(bufSize >>> 0, argv.reduce((s, a) => s + a.length + 1, 0), true);
+      return 0;
+    },
+    args_get(argvPtr, buf) {
+      view(); let b = buf >>> 0;
+      ["task", ...p.args].forEach((a, i) => {
+        const x = enc.encode(a);
+        dv.setUint32((argvPtr >>> 0) + 4 * i, b, true);
+        u8.set(x, b); u8[b + x.length] = 0; b += x.length + 1;
+      });
+      return 0;
+    },
+    environ_sizes_get(n, size) { view(); dv.setUint32(n >>> 0, 0, true); dv.setUint32(size >>> 0, 0, true); return 0; },
+    environ_get() { return 0; },
+    clock_res_get(id, ptr) {
+      if (id !== 0 && id !== 1) return E.INVAL;
+      view(); dv.setBigUint64(ptr >>> 0, STEP, true); return 0;
+    },
+    clock_time_get(id, _precision, ptr) {
+      if (share < 1 && (++calls & 1023) === 0) throttle();
+      let v;
+      if (id === 1) v = U64(tickMono());
+      else if (id === 0) v = tickReal();
+      else return E.INVAL;
+      view(); dv.setBigUint64(ptr >>> 0, v, true);
+      return 0;
+    },
+    random_get(buf, len) {
+      const out = bytesAt(buf, len);
+      for (let i = 0; i < out.length; i++) {
+        if (rngLeft === 0) { rngView.setBigUint64(0, rngNext(), true); rngLeft = 8; }
+        out[i] = rngBuf[8 - rngLeft]; rngLeft--;
+      }
+      return 0;
+    },
+    sched_yield() { return 0; },
+    proc_exit(code) { throw new ExitSignal(code >>> 0); },
+    proc_raise() { return E.NOSYS; },
+    // poll_oneoff copies wazero: every clock subscription is answered at
+    // once and the smallest relative timeout is added to the clock; fd_read
+    // subscriptions on stdin or on files are ready at once; fd_write ones
+    // are ENOTSUP.
+    poll_oneoff(inPtr, outPtr, nsubs, neventsPtr) {
+      if (share < 1) throttle();
+      if (nsubs === 0) return E.INVAL;
+      view();
+      const inb = inPtr >>> 0, outb = outPtr >>> 0;
+      if (inb + nsubs * 48 > u8.length || outb + nsubs * 32 > u8.length) return E.FAULT;
+      u8.fill(0, outb, outb + nsubs * 32);
+      dv.setUint32(neventsPtr >>> 0, nsubs, true);
+      let timeout = (1n << 63n) - 1n, nevents = 0;
+      const stdinSubs = [];
+      const writeEvent = (i, errno, type) => {
+        const o = outb + nevents * 32;
+        u8.copyWithin(o, inb + i * 48, inb + i * 48 + 8);
+        dv.setUint8(o + 8, errno); dv.setUint8(o + 9, 0); dv.setUint32(o + 10, type, true);
+        nevents++;
+      };
+      for (let i = 0; i < nsubs; i++) {
+        const s = inb + i * 48, type = dv.getUint8(s + 8), arg = s + 16;
+        if (type === 0) { // clock
+          const flags = dv.getUint16(arg + 24, true);
+          if (flags === 1) return E.NOTSUP;
+          if (flags !== 0) return E.INVAL;
+          const t = dv.getBigInt64(arg + 8, true);
+          if (t < timeout) timeout = t;
+          writeEvent(i, 0, 0);
+        } else if (type === 1) { // fd_read
+          const fd = dv.getInt32(arg, true);
+          if (fd < 0) return E.BADF;
+          const d = fds[fd];
+          if (!d) writeEvent(i, E.BADF, 1);
+          else if (fd !== 0 && d.flags & 4) writeEvent(i, 0, 1);
+          else stdinSubs.push(i);
+        } else if (type === 2) { // fd_write
+          const fd = dv.getInt32(arg, true);
+          if (fd < 0) return E.BADF;
+          writeEvent(i, fds[fd] ? E.NOTSUP : E.BADF, 2);
+        } else return E.INVAL;
+      }
+      if (nevents === nsubs) { if (timeout > 0n) clock = I64(clock + timeout); return 0; }
+      for (const i of stdinSubs) writeEvent(i, 0, 1); // in-memory stdin is always ready
+      return 0;
+    },
+    fd_write(fd, iovs, n, nwritten) {
+      const d = fds[fd];
+      if (!d) return E.BADF;
+      let total = 0;
+      for (const [ptr, len] of iovecs(iovs, n)) {
+        const b = bytesAt(ptr, len);
+        if (d.kind === "stdout") writeStdout(b);
+        else if (d.kind === "stderr") writeLog(b);
+        else if (d.kind === "node" && !d.node.dir && d.write) {
+          const f = d.node, at = d.flags & 1 ? f.size : d.pos;
+          ensure(f, at + b.length); f.data.set(b, at); f.size = Math.max(f.size, at + b.length); d.pos = at + b.length;
+        } else return d.kind === "node" && d.node.dir ? E.ISDIR : E.BADF;
+        total += len;
+      }
+      view(); dv.setUint32(nwritten >>> 0, total, true);
+      return 0;
+    },
+    fd_pwrite(fd, iovs, n, offset, nwritten) {
+      const d = fds[fd];
+      if (!d) return E.BADF;
+      if (d.kind !== "node") return E.SPIPE;
+      if (d.node.dir) return E.ISDIR;
+      if (!d.write) return E.BADF;
+      let at = Number(offset), total = 0;
+      for (const [ptr, len] of iovecs(iovs, n)) {
+        const b = bytesAt(ptr, len), f = d.node;
+        ensure(f, at + len); f.data.set(b, at); f.size = Math.max(f.size, at + len); at += len; total += len;
+      }
+      view(); dv.setUint32(nwritten >>> 0, total, true);
+      return 0;
+    },
+    fd_read(fd, iovs, n, nread) {
+      const d = fds[fd];
+      if (!d) return E.BADF;
+      let src, size;
+      if (d.kind === "stdin") { src = d.data; size = d.data.length; }
+      else if (d.kind === "node") { if (d.node.dir) return E.ISDIR; if (!d.read) return E.BADF; src = d.node.data; size = d.node.size; }
+      else return E.BADF;
+      let total = 0;
+      for (const [ptr, len] of iovecs(iovs, n)) {
+        const dst = bytesAt(ptr, len), k = Math.max(0, Math.min(len, size - d.pos));
+        dst.set(src.subarray(d.pos, d.pos + k)); d.pos += k; total += k;
+        if (k < len) break;
+      }
+      view(); dv.setUint32(nread >>> 0, total, true);
+      return 0;
+    },
+    fd_pread(fd, iovs, n, offset, nread) {
+      const d = fds[fd];
+      if (!d) return E.BADF;
+      if (d.kind !== "node") return E.SPIPE;
+      if (d.node.dir) return E.ISDIR;
+      let at = Number(offset), total = 0;
+      for (const [ptr, len] of iovecs(iovs, n)) {
+        const dst = bytesAt(ptr, len), k = Math.max(0, Math.min(len, d.node.size - at));
+        dst.set(d.node.data.subarray(at, at + k)); at += k; total += k;
+        if (k < len) break;
+      }
+      view(); dv.setUint32(nread >>> 0, total, true);
+      return 0;
+    },
+    fd_seek(fd, offset, whence, newOffset) {
+      const d = fds[fd];
+      if (!d) return E.BADF;
+      if (d.kind !== "node") return E.SPIPE;
+      if (d.node.dir) return E.ISDIR;
+      const base = whence === 0 ? 0 : whence === 1 ? d.pos : whence === 2 ? d.node.size : NaN;
+      if (Number.isNaN(base)) return E.INVAL;
+      const pos = base + Number(offset);
+      if (pos < 0) return E.INVAL;
+      d.pos = pos;
+      view(); dv.setBigUint64(newOffset >>> 0, BigInt(pos), true);
+      return 0;
+    },
+    fd_tell(fd, ptr) { return wasi.fd_seek(fd, 0n, 1, ptr); },
+    fd_close(fd) { if (!fds[fd]) return E.BADF; fds[fd] = undefined; return 0; },
+    fd_sync(fd) { return fds[fd] ? 0 : E.BADF; },
+    fd_datasync(fd) { return fds[fd] ? 0 : E.BADF; },
+    fd_advise(fd) { return fds[fd] ? 0 : E.BADF; },
+    fd_allocate(fd, offset, len) {
+      const d = fds[fd];
+      if (!d) return E.BADF;
+      if (d.kind !== "node" || d.node.dir || !d.write) return E.BADF;
+      const end = Number(offset + len); ensure(d.node, end); d.node.size = Math.max(d.node.size, end);
+      return 0;
+    },
+    fd_fdstat_get(fd, buf) {
+      const d = fds[fd];
+      if (!d) return E.BADF;
+      view(); const b = buf >>> 0;
+      u8.fill(0, b, b + 24);
+      dv.setUint8(b, d.kind === "node" ? (d.node.dir ? FT.DIR : FT.FILE) : FT.CHAR);
+      dv.setUint16(b + 2, d.flags, true);
+      dv.setBigUint64(b + 8, 0xFFFFFFFFn, true);
+      dv.setBigUint64(b + 16, 0xFFFFFFFFn, true);
+      return 0;
+    },
+    fd_fdstat_set_flags(fd, flags) { const d = fds[fd]; if (!d) return E.BADF; d.flags = flags; return 0; },
+    fd_fdstat_set_rights(fd) { return fds[fd] ? 0 : E.BADF; },
+    fd_filestat_get(fd, buf) {
+      const d = fds[fd];
+      if (!d) return E.BADF;
+      writeFilestat(buf, d.kind === "node" ? d.node : null);
+      return 0;
+    },
+    fd_filestat_set_size(fd, size) {
+      const d = fds[fd];
+      if (!d) return E.BADF;
+      if (d.kind !== "node" || d.node.dir) return E.BADF;
+      if (!d.node.writable) return E.ROFS;
+      const n = Number(size); ensure(d.node, n);
+      if (n < d.node.size) d.node.data.fill(0, n, d.node.size);
+      d.node.size = n; d.node.mtime = realNow();
+      return 0;
+    },
+    fd_filestat_set_times(fd, atim, mtim, fl) {
+      const d = fds[fd];
+      if (!d) return E.BADF;
+      if (d.kind !== "node") return E.BADF;
+      return times(d.node, atim, mtim, fl);
+    },
+    fd_prestat_get(fd, buf) {
+      const d = fds[fd];
+      if (!d || !d.preopen) return E.BADF;
+      view(); dv.setUint32(buf >>> 0, 0, true); dv.setUint32((buf >>> 0) + 4, enc.encode(d.preopen).length, true);
+      return 0;
+    },
+    fd_prestat_dir_name(fd, ptr, len) {
+      const d = fds[fd];
+      if (!d || !d.preopen) return E.BADF;
+      const name = enc.encode(d.preopen);
+      if (len < name.length) return E.NAMETOOLONG;
+      bytesAt(ptr, name.length).set(name);
+      return 0;
+    },
+    fd_readdir(fd, buf, bufLen, cookie, bufused) {
+      const d = fds[fd];
+      if (!d) return E.BADF;
+      if (d.kind !== "node" || !d.node.dir) return E.NOTDIR;
+      const names = [".", "..", ...[...d.node.entries.keys()].sort(byteCompare)];
+      const out = bytesAt(buf, bufLen);
+      const hdr = new Uint8Array(24), hv = new DataView(hdr.buffer);
+      let w = 0;
+      for (let i = Number(cookie); i < names.length && w < out.length; i++) {
+        const name = enc.encode(names[i]);
+        const n = i < 2 ? d.node : d.node.entries.get(names[i]);
+        hv.setBigUint64(0, BigInt(i + 1), true);
+        hv.setBigUint64(8, BigInt(i + 1), true);
+        hv.setUint32(16, name.length, true);
+        hv.setUint8(20, n.dir ? FT.DIR : FT.FILE);
+        const ent = new Uint8Array(24 + name.length); ent.set(hdr); ent.set(name, 24);
+        const k = Math.min(ent.length, out.length - w);
+        out.set(ent.subarray(0, k), w); w += k;
+      }
+      view(); dv.setUint32(bufused >>> 0, w, true);
+      return 0;
+    },
+    fd_renumber(from, to) {
+      if (!fds[from] || !fds[to]) return E.BADF;
+      fds[to] = fds[from]; fds[from] = undefined; return 0;
+    },
+    path_open(dirfd, _dirflags, pathPtr, pathLen, oflags, rightsBase, _inh, fdflags, fdOut) {
+      const r = resolve(dirfd, str(pathPtr, pathLen));
+      if (typeof r === "number") return r;
+      const CREAT = 1, DIRECTORY = 2, EXCL = 4, TRUNC = 8;
+      const write = (rightsBase & RIGHT_FD_WRITE) !== 0n || (oflags & TRUNC) !== 0 || (fdflags & 1) !== 0;
+      let n = r.node;
+      if (n && oflags & CREAT && oflags & EXCL) return E.EXIST;
+      if (!n) {
+        if (!(oflags & CREAT)) return E.NOENT;
+        if (!r.parent.writable) return E.ROFS;
+        if (r.name === "." ) return E.ISDIR;
+        n = newFile(new Uint8Array(0), true, realNow());
+        r.parent.entries.set(r.name, n); r.parent.mtime = realNow();
+      }
+      if (oflags & DIRECTORY && !n.dir) return E.NOTDIR;
+      if (n.dir && write) return E.ISDIR;
+      if (!n.dir && write && !n.writable) return E.ROFS;
+      if (oflags & TRUNC && !n.dir) { n.size = 0; n.mtime = realNow(); }
+      const fd = newFd({ kind: "node", node: n, pos: 0, flags: fdflags, read: true, write });
+      view(); dv.setUint32(fdOut >>> 0, fd, true);
+      return 0;
+    },
+    path_filestat_get(fd, _flags, pathPtr, pathLen, buf) {
+      const r = resolve(fd, str(pathPtr, pathLen));
+      if (typeof r === "number") return r;
+      if (!r.node) return E.NOENT;
+      writeFilestat(buf, r.node);
+      return 0;
+    },
+    path_filestat_set_times(fd, _flags, pathPtr, pathLen, atim, mtim, fl) {
+      const r = resolve(fd, str(pathPtr, pathLen));
+      if (typeof r === "number") return r;
+      if (!r.node) {
+        // wazero reads the clock before it looks the path up
+        const e = times({ writable: false }, atim, mtim, fl);
+        return e === E.INVAL ? e : E.NOENT;
+      }
+      return times(r.node, atim, mtim, fl);
+    },
+    path_create_directory(fd, pathPtr, pathLen) {
+      const r = resolve(fd, str(pathPtr, pathLen));
+      if (typeof r === "number") return r;
+      if (r.node) return E.EXIST;
+      if (!r.parent.writable) return E.ROFS;
+      r.parent.entries.set(r.name, newDir(true, realNow()));
+      return 0;
+    },
+    path_remove_directory(fd, pathPtr, pathLen) {
+      const r = resolve(fd, str(pathPtr, pathLen));
+      if (typeof r === "number") return r;
+      if (!r.node) return E.NOENT;
+      if (!r.node.dir) return E.NOTDIR;
+      if (r.node === r.root || r.name === ".") return E.INVAL;
+      if (!r.parent.writable) return E.ROFS;
+      if (r.node.entries.size) return E.NOTEMPTY;
+      r.parent.entries.delete(r.name);
+      return 0;
+    },
+    path_unlink_file(fd, pathPtr, pathLen) {
+      const r = resolve(fd, str(pathPtr, pathLen));
+      if (typeof r === "number") return r;
+      if (!r.node) return E.NOENT;
+      if (r.node.dir) return E.ISDIR;
+      if (!r.parent.writable) return E.ROFS;
+      r.parent.entries.delete(r.name);
+      return 0;
+    },
+    path_rename(fd, oldPtr, oldLen, newFdNum, newPtr, newLen) {
+      const a = resolve(fd, str(oldPtr, oldLen)), b = resolve(newFdNum, str(newPtr, newLen));
+      if (typeof a === "number") return a;
+      if (typeof b === "number") return b;
+      if (!a.node) return E.NOENT;
+      if (!a.parent.writable || !b.parent.writable) return E.ROFS;
+      if (b.node && b.node.dir && !a.node.dir) return E.ISDIR;
+      if (b.node && !b.node.dir && a.node.dir) return E.NOTDIR;
+      if (b.node && b.node.dir && b.node.entries.size) return E.NOTEMPTY;
+      a.parent.entries.delete(a.name); b.parent.entries.set(b.name, a.node);
+      return 0;
+    },
+    path_symlink() { return E.PERM; }, // symbolic links cannot be created
+    path_link() { return E.PERM; },
+    path_readlink() { return E.INVAL; },
+    sock_accept() { return E.NOSYS; }, sock_recv() { return E.NOSYS; }, sock_send() { return E.NOSYS; }, sock_shutdown() { return E.NOSYS; },
+  };
+
+  // ---- the cyclepool host functions ----
+  const ctl = new Int32Array(p.ctl); // [0]: 1 when answered, [1]: the answer
+  let lastCkpt = 0, lastProgress = -1, progressAt = 0;
+  const cyclepool = {
+    progress(f) {
+      if (share < 1) throttle();
+      if (Number.isNaN(f)) return;
+      f = Math.min(1, Math.max(0, f));
+      const now = performance.now();
+      if (f !== lastProgress && (now - progressAt >= 50 || f === 1)) { postMessage({ type: "progress", f }); progressAt = now; lastProgress = f; }
+    },
+    checkpoint_due() {
+      if (share < 1) throttle();
+      return p.ckptMs > 0 && performance.now() - lastCkpt >= p.ckptMs ? 1 : 0;
+    },
+    checkpoint(ptr, len) {
+      const state = bytesAt(ptr, len).slice();
+      Atomics.store(ctl, 0, 0);
+      postMessage({ type: "checkpoint", state }, [state.buffer]);
+      Atomics.wait(ctl, 0, 0); // the worker answers once the server committed it (or refused)
+      const code = Atomics.load(ctl, 1);
+      if (code === 0) lastCkpt = performance.now();
+      return code;
+    },
+    restore(ptr, cap) {
+      const st = p.restore;
+      if (!st || st.length === 0) return 0;
+      if ((cap >>> 0) >= st.length) bytesAt(ptr, st.length).set(st);
+      return st.length;
+    },
+  };
+
+  // ---- run ----
+  const pageLimit = limits.memoryPages * 65536;
+  const result = (reason, message) => ({
+    type: "done", reason, message, outputs: [], log: logBuf.slice(0, logSize),
+    ms: performance.now() - t0, memoryBytes: memory ? memory.buffer.byteLength : 0,
+  });
+  const imports = { wasi_snapshot_preview1: {}, cyclepool };
+  for (const imp of WebAssembly.Module.imports(p.module)) {
+    if (imp.kind !== "function") continue;
+    if (imp.module === "wasi_snapshot_preview1") {
+      imports.wasi_snapshot_preview1[imp.name] = wasi[imp.name] || (() => E.NOSYS);
+    }
+  }
+  let instance;
+  try {
+    instance = new WebAssembly.Instance(p.module, imports);
+  } catch (err) {
+    return result("module", "instantiating module: " + err.message);
+  }
+  memory = instance.exports.memory;
+  if (!(memory instanceof WebAssembly.Memory)) return result("module", "the module exports no memory");
+  if (typeof instance.exports._start !== "function") return result("module", "the module exports no _start function");
+  if (memory.buffer.byteLength > pageLimit) {
+    return result("limit_memory", `memory limit exceeded: the module declares ${memory.buffer.byteLength / 65536} pages of memory, the limit is ${limits.memoryPages} pages (64 KiB each)`);
+  }
+  let exitCode = 0;
+  lastCkpt = performance.now();
+  try {
+    instance.exports._start();
+  } catch (err) {
+    if (err instanceof ExitSignal) exitCode = err.code;
+    else {
+      const grown = memory.buffer.byteLength;
+      if (grown > pageLimit) return result("limit_memory", `memory limit exceeded: the module grew its memory to ${grown / 65536} pages, the limit is ${limits.memoryPages} pages (64 KiB each)`);
+      if (err instanceof StopSignal) return result(err.reason, err.message);
+      if (err instanceof OutOfRange) return result("trap", "trap: a host function was given memory out of bounds\n" + (err.stack || ""));
+      return result("trap", "trap: " + (err && err.message) + "\n" + ((err && err.stack) || ""));
+    }
+  }
+  if (memory.buffer.byteLength > pageLimit) {
+    return result("limit_memory", `memory limit exceeded: the module grew its memory to ${memory.buffer.byteLength / 65536} pages, the limit is ${limits.memoryPages} pages (64 KiB each)`);
+  }
+  // The module's memory maximum is the limit (worker.js rewrites it), so a
+  // refused memory.grow is seen only by the module. A Go task then dies with
+  // "out of memory": the reason is still the limit, as in the headless runner.
+  if (exitCode !== 0 && /out of memory/.test(dec.decode(logBuf.subarray(0, logSize)))) {
+    return result("limit_memory", `memory limit exceeded: the module tried to grow its memory past the limit of ${limits.memoryPages} pages (64 KiB each)`);
+  }
+  if (exitCode !== 0) {
+    const r = result("exit", `exit code ${exitCode}`);
+    const text = dec.decode(r.log).replace(/\n+$/, "");
+    const last = text.slice(text.lastIndexOf("\n") + 1).trim();
+    if (last) r.message += ": " + (last.length > 200 ? last.slice(0, 200) + "…" : last);
+    return r;
+  }
+  // outputs: stdout, then every regular file under /out by name
+  const stdout = new Uint8Array(stdoutSize);
+  { let o = 0; for (const b of stdoutParts) { stdout.set(b, o); o += b.length; } }
+  stdoutParts = null;
+  const files = [];
+  const walk = (dir, prefix) => {
+    for (const [name, n] of dir.entries) {
+      if (n.dir) walk(n, prefix + name + "/");
+      else files.push({ name: prefix + name, data: n.data.slice(0, n.size) });
+    }
+  };
+  walk(outDir, "");
+  files.sort((a, b) => byteCompare(a.name, b.name));
+  let total = stdout.length;
+  for (const f of files) {
+    if (f.name === "stdout") return result("limit_output", "the task wrote /out/stdout: that output name is reserved for standard output");
+    total += f.data.length;
+    if (total > limits.outputBytes) {
+      return result("limit_output", `output limit of ${limits.outputBytes} bytes exceeded: stdout and files under /out add up to more (at /out/${f.name})`);
+    }
+  }
+  const r = result("", "");
+  r.outputs = [{ name: "stdout", data: stdout }, ...files];
+  return r;
+}
