@@ -117,7 +117,9 @@ CREATE TABLE attempts (
     started_at    timestamptz NOT NULL DEFAULT now(),
     ended_at      timestamptz
 );
-CREATE INDEX attempts_running ON attempts (lease_until) WHERE state = 'running';
+-- Not on lease_until: renewals (every heartbeat) then stay HOT updates.
+CREATE INDEX attempts_running ON attempts (id) WHERE state = 'running';
+ALTER TABLE attempts SET (fillfactor = 80);
 CREATE INDEX attempts_task ON attempts (task_id);
 
 -- Leader rows with a TTL: one replica at a time runs maintenance.

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coder/websocket"
 
@@ -67,7 +68,7 @@ func (c *conn) enqueue(f *protocol.Frame) {
 	}
 	if len(c.queue) >= maxQueued {
 		c.log.Warn("worker send queue full; closing connection")
-		c.ws.Close(websocket.StatusTryAgainLater, "send queue full")
+		go c.ws.Close(websocket.StatusTryAgainLater, "send queue full") // never block the caller
 		return
 	}
 	c.queue = append(c.queue, outFrame{data, bin})
@@ -120,18 +121,18 @@ func newHub() *hub {
 }
 
 // reserve takes up to max free slots, spread round-robin over the workers,
-// and returns one worker id per slot. The slots stay taken until assigned
+// and returns the worker of each slot. The slots stay taken until assigned
 // or given back with release.
-func (h *hub) reserve(max int) []string {
+func (h *hub) reserve(max int) []*conn {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	var slots []string
+	var slots []*conn
 	for more := true; more && len(slots) < max; {
 		more = false
 		for _, c := range h.conns {
 			if c.free > 0 && !c.paused && len(slots) < max {
 				c.free--
-				slots = append(slots, c.id)
+				slots = append(slots, c)
 				more = more || c.free > 0
 			}
 		}
@@ -139,31 +140,41 @@ func (h *hub) reserve(max int) []string {
 	return slots
 }
 
-// release gives back reserved slots that received no task.
-func (h *hub) release(ids []string) {
+// release gives back reserved slots that received no task; slots of a
+// connection that has been replaced meanwhile are simply dropped.
+func (h *hub) release(slots []*conn) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, id := range ids {
-		if c := h.conns[id]; c != nil {
+	for _, c := range slots {
+		if h.conns[c.id] == c {
 			c.free++
 		}
 	}
 }
 
-// started records attempts now running on worker id and returns its conn,
-// or nil if it disconnected meanwhile.
-func (h *hub) started(id string, attempts []int64) *conn {
+// started records attempts now running on c, the connection whose slots
+// were reserved for them. It reports false when c is no longer the worker's
+// connection (it left or reconnected meanwhile).
+func (h *hub) started(c *conn, attempts []int64) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	c := h.conns[id]
-	if c == nil {
-		return nil
+	if h.conns[c.id] != c {
+		return false
 	}
 	for _, a := range attempts {
 		c.running[a] = struct{}{}
 		h.attempts[a] = c
 	}
-	return c
+	return true
+}
+
+// holds reports whether attempt runs (or waits) on c, as far as this
+// replica knows.
+func (h *hub) holds(c *conn, attempt int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := c.running[attempt]
+	return ok
 }
 
 // finished records that an attempt stopped on c and frees its slot. It
@@ -200,7 +211,9 @@ func (h *hub) add(c *conn) {
 	defer h.mu.Unlock()
 	if old := h.conns[c.id]; old != nil {
 		// The same worker reconnected before its old socket was noticed gone.
-		old.ws.Close(websocket.StatusPolicyViolation, "replaced by a newer connection")
+		// (CloseNow: a close handshake could wait on a dead peer while the
+		// hub is locked.)
+		old.ws.CloseNow()
 		h.dropLocked(old)
 	}
 	h.conns[c.id] = c
@@ -309,11 +322,26 @@ func (s *Server) sendError(ctx context.Context, ws *websocket.Conn, msg string) 
 	_ = ws.Write(wctx, websocket.MessageText, data)
 }
 
+// truncate cuts s to at most n bytes, on a character boundary.
 func truncate(s string, n int) string {
-	if len(s) > n {
-		return s[:n]
+	if len(s) <= n {
+		return s
 	}
-	return s
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// knownReason reports whether r is one of the failure reasons of the
+// protocol (docs/PROTOCOL.md).
+func knownReason(r string) bool {
+	switch r {
+	case protocol.ReasonMemory, protocol.ReasonWallTime, protocol.ReasonOutput, protocol.ReasonLog,
+		protocol.ReasonExit, protocol.ReasonTrap, protocol.ReasonModule, protocol.ReasonCancelled, protocol.ReasonWorker:
+		return true
+	}
+	return false
 }
 
 // greet reads hello, registers the worker and sends welcome.
@@ -446,27 +474,41 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 				}(*hb.Device)
 			}
 		}
+		// Running and queued attempts, plus outcomes awaiting their ack.
+		if len(hb.Running) > 2*c.slots+16 {
+			return fmt.Errorf("heartbeat lists %d attempts for %d slots and queue", len(hb.Running), c.slots)
+		}
 		for _, p := range hb.Running {
+			// Only attempts this connection holds reach the database; the
+			// others (an outcome on its way, or nonsense) are ignored.
+			if !s.hub.holds(c, p.Attempt) {
+				continue
+			}
 			if err := s.renewals.submit(ctx, renewal{c: c, r: store.Renewal{Attempt: p.Attempt, Worker: c.id, Progress: p.Fraction}}); err != nil {
 				return nil
 			}
 		}
 	case protocol.TypeCheckpoint:
+		// Checkpoints are rare: saved in the read loop, one at a time per
+		// worker, and only for attempts this connection holds.
 		cp := f.Checkpoint
-		go func() {
-			ok, err := s.store.SaveCheckpoint(ctx, cp.Attempt, c.id, cp.State.Data, s.cfg.Lease)
-			ack := protocol.Ack{Attempt: cp.Attempt, Of: protocol.AckCheckpoint, Seq: cp.Seq, OK: ok}
-			switch {
-			case err != nil:
-				ack.Error = "checkpoint not saved: server error"
-				c.log.Error("save checkpoint", "attempt", cp.Attempt, "err", err)
-			case !ok:
-				ack.Error = "attempt no longer holds its lease"
-			default:
-				s.metrics.checkpoints.Inc()
-			}
-			c.enqueue(&protocol.Frame{Type: protocol.TypeAck, Acks: []protocol.Ack{ack}})
-		}()
+		ack := protocol.Ack{Attempt: cp.Attempt, Of: protocol.AckCheckpoint, Seq: cp.Seq}
+		ok := false
+		var err error
+		if s.hub.holds(c, cp.Attempt) {
+			ok, err = s.store.SaveCheckpoint(ctx, cp.Attempt, c.id, cp.State.Data, s.cfg.Lease)
+		}
+		switch {
+		case err != nil:
+			ack.Error, ack.Retry = "checkpoint not saved: server error", true
+			c.log.Error("save checkpoint", "attempt", cp.Attempt, "err", err)
+		case !ok:
+			ack.Error = "attempt no longer holds its lease"
+		default:
+			ack.OK = true
+			s.metrics.checkpoints.Inc()
+		}
+		c.enqueue(&protocol.Frame{Type: protocol.TypeAck, Acks: []protocol.Ack{ack}})
 	case protocol.TypeResult:
 		for _, r := range f.Results {
 			comp := store.Completion{Attempt: r.Attempt, Worker: c.id, OK: true, Log: r.Log.Data}
@@ -479,6 +521,9 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 		}
 	case protocol.TypeFail:
 		for _, fl := range f.Fails {
+			if !knownReason(fl.Reason) {
+				return fmt.Errorf("unknown failure reason %q", fl.Reason)
+			}
 			comp := store.Completion{Attempt: fl.Attempt, Worker: c.id, Log: fl.Log.Data,
 				Reason: fl.Reason, Message: truncate(fl.Message, 2000),
 				Uncounted: fl.Reason == protocol.ReasonWorker || fl.Reason == protocol.ReasonCancelled}

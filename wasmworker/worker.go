@@ -55,11 +55,13 @@ type Worker struct {
 	connected chan struct{} // closed while connected
 	stats     Stats
 	slotSem   chan struct{} // one token per slot
+	hbNow     chan struct{} // asks for a heartbeat before the next tick
 }
 
 // Stats counts what a worker did since it started.
 type Stats struct {
 	Done, Failed, Refused int
+	Pending               int // outcomes sent but not yet acknowledged
 	Connected             bool
 	Server                string
 }
@@ -95,14 +97,26 @@ func New(cfg Config) *Worker {
 		cfg.Queue = 0
 	}
 	return &Worker{cfg: cfg, log: cfg.Logger, running: map[int64]*attempt{}, pending: map[int64]*protocol.Frame{},
-		modules: map[string][]byte{}, connected: make(chan struct{}), slotSem: make(chan struct{}, cfg.Slots)}
+		modules: map[string][]byte{}, connected: make(chan struct{}), slotSem: make(chan struct{}, cfg.Slots), hbNow: make(chan struct{}, 1)}
 }
 
 // Stats returns a snapshot of the worker's counters.
 func (w *Worker) Stats() Stats {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.stats
+	st := w.stats
+	st.Pending = len(w.pending)
+	return st
+}
+
+// DeviceChanged sends a heartbeat with the device state now rather than at
+// the next tick, so that a pause (say, the charger unplugged) reaches the
+// server before it assigns more work.
+func (w *Worker) DeviceChanged() {
+	select {
+	case w.hbNow <- struct{}{}:
+	default:
+	}
 }
 
 // Run connects, reconnecting after failures with a growing pause and moving
@@ -168,6 +182,8 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	for id := range w.running {
 		hello.Running = append(hello.Running, id)
 	}
+	// Running attempts first: if the list must be cut, outcomes waiting for
+	// their ack are sent again anyway and judged by the server on arrival.
 	for id := range w.pending {
 		if _, ok := w.running[id]; !ok {
 			hello.Running = append(hello.Running, id)
@@ -191,6 +207,9 @@ func (w *Worker) session(ctx context.Context, server string) error {
 		return fmt.Errorf("expected welcome, got %q", f.Type)
 	}
 	wel := f.Welcome
+	if wel.MaxFrameBytes > 0 {
+		ws.SetReadLimit(int64(wel.MaxFrameBytes))
+	}
 	out := make(chan outMsg, 256)
 	w.mu.Lock()
 	w.id, w.token = wel.WorkerID, wel.ReconnectToken
@@ -217,14 +236,19 @@ func (w *Worker) session(ctx context.Context, server string) error {
 		w.connected = make(chan struct{})
 		w.mu.Unlock()
 	}()
-	for _, p := range resend {
-		w.send(p)
-	}
-
 	errc := make(chan error, 3)
 	go func() { errc <- w.writeLoop(sctx, ws, out) }()
 	go func() { errc <- w.heartbeatLoop(sctx, time.Duration(wel.HeartbeatMS)*time.Millisecond) }()
 	go func() { errc <- w.readLoop(sctx, ws, server) }()
+	// Outcomes not yet acknowledged go out again, once the writer runs
+	// (there may be more of them than the send queue holds).
+	go func() {
+		for _, p := range resend {
+			if !w.send(p) {
+				return
+			}
+		}
+	}()
 	err = <-errc
 	scancel()
 	return err
@@ -307,6 +331,7 @@ func (w *Worker) heartbeatLoop(ctx context.Context, every time.Duration) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
+		case <-w.hbNow:
 		}
 		dev := w.cfg.Device()
 		hb := &protocol.Heartbeat{Device: &dev}
@@ -357,8 +382,10 @@ func (w *Worker) readLoop(ctx context.Context, ws *websocket.Conn, server string
 				case protocol.AckCheckpoint:
 					if a := w.running[ack.Attempt]; a != nil {
 						if ch := a.ckptAcks[ack.Seq]; ch != nil {
-							ch <- ack
-							delete(a.ckptAcks, ack.Seq)
+							select { // never block while holding the lock
+							case ch <- ack:
+							default:
+							}
 						}
 					}
 				case protocol.AckResult, protocol.AckFail:
@@ -493,30 +520,42 @@ func (h *host) Checkpoint(ctx context.Context, state []byte) error {
 	}()
 	f := &protocol.Frame{Type: protocol.TypeCheckpoint, Checkpoint: &protocol.Checkpoint{Attempt: h.a.assign.Attempt, Seq: seq, State: protocol.Blob{Data: state}}}
 	for {
+		// Wait for a connection and send; if that connection ends before
+		// the ack arrives, or the server asks for a retry, send again.
 		w.mu.Lock()
-		connected := w.connected
+		connected, sessDone := w.connected, w.sessDone
 		w.mu.Unlock()
 		select {
 		case <-connected:
 		case <-ctx.Done():
 			return fmt.Errorf("checkpoint not delivered: %w", ctx.Err())
 		}
-		if w.send(f) {
-			break
+		w.mu.Lock()
+		sessDone = w.sessDone
+		w.mu.Unlock()
+		if !w.send(f) {
+			select {
+			case <-time.After(100 * time.Millisecond):
+				continue
+			case <-ctx.Done():
+				return fmt.Errorf("checkpoint not delivered: %w", ctx.Err())
+			}
 		}
 		select {
-		case <-time.After(100 * time.Millisecond):
+		case ack := <-ch:
+			switch {
+			case ack.OK:
+				return nil
+			case ack.Retry:
+				time.Sleep(time.Second)
+				continue
+			default:
+				return fmt.Errorf("checkpoint refused: %s", ack.Error)
+			}
+		case <-sessDone:
+			continue
 		case <-ctx.Done():
-			return fmt.Errorf("checkpoint not delivered: %w", ctx.Err())
+			return fmt.Errorf("checkpoint not acknowledged: %w", ctx.Err())
 		}
-	}
-	select {
-	case ack := <-ch:
-		if !ack.OK {
-			return fmt.Errorf("checkpoint refused: %s", ack.Error)
-		}
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("checkpoint not acknowledged: %w", ctx.Err())
 	}
 }

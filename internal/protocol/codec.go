@@ -9,7 +9,7 @@ import (
 
 // DefaultMaxFrameBytes bounds a whole frame (header plus payload) unless the
 // server says otherwise in Welcome.
-const DefaultMaxFrameBytes = 64 << 20
+const DefaultMaxFrameBytes = 80 << 20 // room for 64 MiB of outputs, an 8 MiB log and the header
 
 // MaxHeaderBytes bounds the JSON header of a frame.
 const MaxHeaderBytes = 1 << 20

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -45,6 +47,73 @@ func (s *Store) Complete(ctx context.Context, cs []Completion) ([]bool, error) {
 	if len(cs) == 0 {
 		return nil, nil
 	}
+	// A worker may send anything: one item it got wrong must not sink the
+	// others. Items that repeat an attempt of the batch, or that PostgreSQL
+	// could not store, are refused on their own.
+	accepted := make([]bool, len(cs))
+	keep := make([]int, 0, len(cs))
+	seen := make(map[int64]bool, len(cs))
+	for i := range cs {
+		sanitize(&cs[i])
+		if seen[cs[i].Attempt] || !validOutputs(cs[i].Outputs) {
+			continue
+		}
+		seen[cs[i].Attempt] = true
+		keep = append(keep, i)
+	}
+	if len(keep) == 0 {
+		return accepted, nil
+	}
+	batch := make([]Completion, len(keep))
+	for j, i := range keep {
+		batch[j] = cs[i]
+	}
+	acc, err := s.completeBatch(ctx, batch)
+	if err != nil && !retryable(err) && len(batch) > 1 && ctx.Err() == nil {
+		// Find the culprit: commit the items one by one.
+		acc, err = make([]bool, len(batch)), nil
+		for j := range batch {
+			one, oneErr := s.completeBatch(ctx, batch[j:j+1])
+			if oneErr != nil {
+				if retryable(oneErr) || ctx.Err() != nil {
+					return nil, oneErr
+				}
+				continue // refused: this item cannot be stored
+			}
+			acc[j] = one[0]
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range keep {
+		accepted[i] = acc[j]
+	}
+	return accepted, nil
+}
+
+// sanitize makes a completion's text storable: valid UTF-8 without NUL.
+func sanitize(c *Completion) {
+	clean := func(s string) string {
+		return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "")
+	}
+	c.Reason, c.Message = clean(c.Reason), clean(c.Message)
+}
+
+// validOutputs accepts distinct output names that are valid UTF-8 without NUL.
+func validOutputs(os []Output) bool {
+	names := make(map[string]bool, len(os))
+	for _, o := range os {
+		if o.Name == "" || names[o.Name] || !utf8.ValidString(o.Name) || strings.ContainsRune(o.Name, 0) {
+			return false
+		}
+		names[o.Name] = true
+	}
+	return true
+}
+
+// completeBatch is Complete for a batch of distinct attempts.
+func (s *Store) completeBatch(ctx context.Context, cs []Completion) ([]bool, error) {
 	order := make([]int, len(cs))
 	for i := range order {
 		order[i] = i
@@ -162,8 +231,10 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	}
 	b = &pgx.Batch{}
 	if len(outTask) > 0 {
+		// Only for tasks still running: a cancelled task keeps no outputs.
 		b.Queue(`INSERT INTO task_outputs (task_id, name, data)
-			SELECT * FROM unnest($1::bigint[], $2::text[], $3::bytea[])`, outTask, outName, outData)
+			SELECT u.* FROM unnest($1::bigint[], $2::text[], $3::bytea[]) AS u(task_id, name, data)
+			JOIN tasks t ON t.id = u.task_id WHERE t.state = 'running'`, outTask, outName, outData)
 	}
 	if len(done) > 0 {
 		slices.Sort(done)

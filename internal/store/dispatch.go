@@ -49,21 +49,18 @@ func (s *Store) Claim(ctx context.Context, slots []string, lease time.Duration) 
 	if len(slots) == 0 {
 		return nil, nil
 	}
-	// The claim commits asynchronously: losing it in a crash only puts the
-	// tasks back to ready (the worker's result for the vanished attempt is
-	// refused), and the synchronous commit of any later completion flushes
-	// it anyway. That saves a WAL flush on the dispatch path.
-	// BEGIN, the setting, the claim and COMMIT travel in one round trip.
+	// The claim commits synchronously: attempt ids fence results, and a
+	// claim lost in a crash could let the sequence hand the same id out
+	// again. BEGIN, the claim and COMMIT travel in one round trip.
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue("SET LOCAL synchronous_commit = off")
 	b.Queue(claimSQL, slots, len(slots), lease.Milliseconds())
 	b.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, b)
 	var cs []Claimed
 	var err error
 	if _, err = br.Exec(); err == nil {
-		if _, err = br.Exec(); err == nil {
+		{
 			var rows pgx.Rows
 			if rows, err = br.Query(); err == nil {
 				cs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claimed, error) {

@@ -33,7 +33,7 @@ func (s *Store) Renew(ctx context.Context, rs []Renewal, lease time.Duration) (l
 	// A renewal need not survive a crash (the lease would lapse a little
 	// sooner), so it commits without waiting for the WAL flush.
 	var held []int64
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = s.tx(ctx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
 			return err
 		}

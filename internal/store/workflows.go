@@ -485,26 +485,40 @@ func (s *Store) Log(ctx context.Context, ownerID int64, id, task string) ([]byte
 func (s *Store) Cancel(ctx context.Context, ownerID int64, id string) ([]int64, error) {
 	var attempts []int64
 	err := s.tx(ctx, func(tx pgx.Tx) error {
-		w, err := s.ownedWorkflow(ctx, tx, ownerID, id)
+		attempts = nil
+		if !looksLikeUUID(id) {
+			return ErrNotFound
+		}
+		// Lock the workflow first and decide on its state under the lock, so
+		// that a workflow finishing meanwhile is not overwritten.
+		var state string
+		err := tx.QueryRow(ctx, `SELECT state FROM workflows WHERE id = $1 AND owner_id = $2 FOR UPDATE`, id, ownerID).Scan(&state)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotFound
+		}
 		if err != nil {
 			return err
 		}
-		if w.State != StateRunning {
+		if state != StateRunning {
 			return nil
 		}
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM workflows WHERE id = $1 FOR UPDATE`, id); err != nil {
+		// Tasks before attempts: a claim that commits while this waits for
+		// its task rows is then seen by the attempts statement below.
+		rows, err := tx.Query(ctx, `UPDATE tasks SET state = 'cancelled', finished_at = now(), updated_at = now()
+			WHERE workflow_id = $1 AND state IN ('blocked', 'ready', 'running') RETURNING id`, id)
+		if err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, `UPDATE attempts a SET state = 'cancelled', ended_at = now(), reason = 'workflow cancelled'
-			FROM tasks t WHERE t.id = a.task_id AND t.workflow_id = $1 AND a.state = 'running' RETURNING a.id`, id)
+		tasks, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, `UPDATE attempts SET state = 'cancelled', ended_at = now(), reason = 'workflow cancelled'
+			WHERE task_id = ANY($1) AND state = 'running' RETURNING id`, tasks)
 		if err != nil {
 			return err
 		}
 		if attempts, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `UPDATE tasks SET state = 'cancelled', finished_at = now(), updated_at = now()
-			WHERE workflow_id = $1 AND state IN ('blocked', 'ready', 'running')`, id); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, `UPDATE workflows SET state = 'cancelled', finished_at = now(), tasks_left = 0 WHERE id = $1`, id); err != nil {

@@ -26,8 +26,8 @@ const (
 	MaxAttemptsLimit  = 100
 	MaxTimeout        = 24 * time.Hour
 	MaxMemoryMiB      = 4096
-	MaxOutputMiB      = 1024
-	MaxLogKiB         = 65536
+	MaxOutputMiB      = 64 // a result travels in one frame of at most protocol.DefaultMaxFrameBytes
+	MaxLogKiB         = 8192
 	MinCheckpointTime = time.Second
 )
 

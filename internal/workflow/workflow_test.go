@@ -85,7 +85,7 @@ func TestAllFields(t *testing.T) {
 		{"name": "a", "module": "a.wasm", "stdin": {"data": "hello\n"}},
 		{"name": "b", "module": "b.wasm", "stdin": {"from": "a", "output": "dir/x.txt"},
 		 "timeout": "24h", "max_attempts": 100, "checkpoint_interval": "1s",
-		 "limits": {"memory_mib": 4096, "output_mib": 1024, "log_kib": 65536}}]}`))
+		 "limits": {"memory_mib": 4096, "output_mib": 64, "log_kib": 8192}}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestAllFields(t *testing.T) {
 		t.Errorf("b stdin %+v", b.Stdin)
 	}
 	if b.Timeout != 24*time.Hour || b.MaxAttempts != 100 || b.CheckpointInterval != time.Second ||
-		b.MemoryBytes != 4<<30 || b.OutputBytes != 1<<30 || b.LogBytes != 64<<20 {
+		b.MemoryBytes != 4<<30 || b.OutputBytes != 64<<20 || b.LogBytes != 8<<20 {
 		t.Errorf("b %+v", b)
 	}
 	if !reflect.DeepEqual(s.Deps(1), []int{0}) {
@@ -224,8 +224,8 @@ func TestRefusals(t *testing.T) {
 		{"attempts big", task(`, "max_attempts": 101`), "t", "max_attempts", "out of range (1 to 100)"},
 		{"memory big", task(`, "limits": {"memory_mib": 4097}`), "t", "limits.memory_mib", "out of range"},
 		{"memory zero", task(`, "limits": {"memory_mib": 0}`), "t", "limits.memory_mib", "out of range"},
-		{"output big", task(`, "limits": {"output_mib": 1025}`), "t", "limits.output_mib", "out of range"},
-		{"log big", task(`, "limits": {"log_kib": 65537}`), "t", "limits.log_kib", "out of range"},
+		{"output big", task(`, "limits": {"output_mib": 65}`), "t", "limits.output_mib", "out of range"},
+		{"log big", task(`, "limits": {"log_kib": 8193}`), "t", "limits.log_kib", "out of range"},
 		{"checkpoint small", task(`, "checkpoint_interval": "10ms"`), "t", "checkpoint_interval", "out of range"},
 		{"cycle", `{"name": "w", "tasks": [
 			{"name": "a", "module": "m", "inputs": {"x": {"from": "c"}}},
