@@ -277,3 +277,53 @@ func BenchmarkClaimComplete(b *testing.B) {
 		done += len(cs)
 	}
 }
+
+// A worker may send anything: a batch holding a repeated attempt, repeated
+// output names or text PostgreSQL cannot store refuses those items alone and
+// commits the others.
+func TestBadCompletionsAreRefusedAlone(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	id := f.submit(t, "batch", f.task("a"), f.task("b"), f.task("c"), f.task("d"))
+	cs := f.claim(t, 4, time.Minute)
+	byName := map[string]Claimed{}
+	for _, c := range cs {
+		byName[c.Name] = c
+	}
+	batch := []Completion{
+		ok(byName["a"], "A"),
+		ok(byName["a"], "again"), // the same attempt twice
+		{Attempt: byName["b"].Attempt, Worker: f.worker, OK: true, Outputs: []Output{{Name: "x", Data: []byte("1")}, {Name: "x", Data: []byte("2")}}},
+		{Attempt: byName["c"].Attempt, Worker: f.worker, Reason: "exit", Message: "bad \x00 text \xff"},
+		ok(byName["d"], "D"),
+	}
+	acc, err := f.s.Complete(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []bool{true, false, false, true, true}; fmt.Sprint(acc) != fmt.Sprint(want) {
+		t.Fatalf("accepted = %v, want %v", acc, want)
+	}
+	if out, _ := f.s.Output(ctx, f.owner, id, "a", "stdout"); string(out) != "A" {
+		t.Errorf("a's output = %q", out)
+	}
+	if st := f.states(t, id); st["b"] != "running" || st["c"] != "ready" || st["d"] != "done" {
+		t.Errorf("states after the batch: %v", st)
+	}
+}
+
+// Cancelling a workflow that has just finished leaves it finished.
+func TestCancelAfterDoneChangesNothing(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	id := f.submit(t, "batch", f.task("a"))
+	if _, err := f.s.Complete(ctx, []Completion{ok(f.claim(t, 1, time.Minute)[0], "A")}); err != nil {
+		t.Fatal(err)
+	}
+	if attempts, err := f.s.Cancel(ctx, f.owner, id); err != nil || len(attempts) != 0 {
+		t.Fatalf("cancel: %v %v", attempts, err)
+	}
+	if st := f.states(t, id); st[""] != "done" || st["a"] != "done" {
+		t.Fatalf("after cancel: %v", st)
+	}
+}
