@@ -5,7 +5,7 @@ DATA    ?= data
 ADDR    ?= :8080
 SLOTS   ?= 2
 
-.PHONY: all build tasks web templ run test fuzz bench vet clean
+.PHONY: all build tasks web templ run test fuzz bench vet clean chromium
 
 all: build
 
@@ -40,9 +40,18 @@ vet:
 # Unit, integration and end-to-end tests against a real PostgreSQL (started
 # by the tests from the installed binaries), real WebSockets and real wazero,
 # then a short run of each fuzz target.
-test: build vet
+test: build vet chromium
 	$(GO) test -count=1 -timeout 20m ./...
 	$(MAKE) fuzz
+
+# The browser tests drive Debian's Chromium; install it when it is missing
+# (as root, or through sudo).
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		echo "installing Debian's chromium for the browser tests"; \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y chromium; \
+	fi
 
 FUZZTIME ?= 10s
 fuzz:
