@@ -4,9 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -140,11 +145,16 @@ type pageStatus struct {
 		Task     string  `json:"task"`
 		Progress float64 `json:"progress"`
 	} `json:"running"`
+	Refused     int `json:"refused"`
 	TaskWorkers struct {
 		Started    int `json:"started"`
 		Terminated int `json:"terminated"`
 		Busy       int `json:"busy"`
 	} `json:"taskWorkers"`
+	Modules struct {
+		Fetched int `json:"fetched"` // from the server (or the HTTP cache)
+		Cached  int `json:"cached"`  // from IndexedDB
+	} `json:"modules"`
 }
 
 func (b *browser) status() pageStatus {
@@ -181,3 +191,46 @@ func (b *browser) screenshot(name string, width, height int64) string {
 	}
 	return path
 }
+
+// countingProxy stands between the browser and a server (WebSockets
+// included) and counts the requests that reach the server, by path prefix.
+type countingProxy struct {
+	url string
+	mu  sync.Mutex
+	log []string // request paths, in order
+}
+
+func newCountingProxy(t *testing.T, target string) *countingProxy {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	cp := &countingProxy{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cp.mu.Lock()
+		cp.log = append(cp.log, r.URL.Path)
+		cp.mu.Unlock()
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	cp.url = srv.URL
+	return cp
+}
+
+// count returns how many requests had a path starting with prefix.
+func (cp *countingProxy) count(prefix string) int {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	n := 0
+	for _, p := range cp.log {
+		if strings.HasPrefix(p, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// cdpEmpty is the parameter of a protocol command that takes none.
+var cdpEmpty = cdp.Empty{}

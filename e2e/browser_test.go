@@ -6,7 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cyclepool/cyclepool/client"
+	"github.com/cyclepool/cyclepool/internal/pgtest"
 )
 
 const (
@@ -97,7 +102,10 @@ func TestBrowserMatchesHeadless(t *testing.T) {
 // browser worker reports itself paused and the server gives it nothing.
 func TestBrowserOnlyWhileCharging(t *testing.T) {
 	t.Parallel()
-	p := newPlatform(t)
+	// A long lease, so heartbeats are 4 s apart: a pause must not wait for one.
+	db := pgtest.URL(t)
+	srv := startServer(t, "server", db, t.TempDir(), 0, "--lease", "20s")
+	p := &platform{db: db, srv: srv, client: client.New(srv.url, srv.token)}
 	noop := push(t, p.client, "noop")
 	b := newBrowser(t, 360, 800, discharging)
 	openVolunteerPage(t, b, p.srv.url)
@@ -129,6 +137,113 @@ func TestBrowserOnlyWhileCharging(t *testing.T) {
 	if wait(t, p.client, id, 30*time.Second).State != "done" {
 		t.Fatal("the task did not run once allowed")
 	}
+
+	// Ticking it again pauses the worker, and the server hears of it at once
+	// (a heartbeat sent on the change), not at the next tick 4 s later.
+	conn, err := pgx.Connect(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	serverPaused := func() bool {
+		var paused bool
+		err := conn.QueryRow(context.Background(),
+			`SELECT coalesce((device->>'paused')::bool, false) FROM workers WHERE connected LIMIT 1`).Scan(&paused)
+		return err == nil && paused
+	}
+	if serverPaused() {
+		t.Fatal("the server sees the worker paused before the change")
+	}
+	clicked := time.Now()
+	b.do(chromedp.Click(chromedp.ID("charging")))
+	eventually(t, 1500*time.Millisecond, "the server to see the pause", serverPaused)
+	t.Logf("the server saw the pause %v after the click", time.Since(clicked).Round(time.Millisecond))
+}
+
+// A module is downloaded once per volunteer: a second visit, even with the
+// HTTP cache cleared, takes it from IndexedDB and never asks the server.
+func TestBrowserModuleCacheAcrossVisits(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	echo := push(t, p.client, "echo")
+	proxy := newCountingProxy(t, p.srv.url) // the page's origin: it counts what reaches the server
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, proxy.url)
+	id := submit(t, p.client, workflow("visit-1", task{"name": "e", "module": echo, "args": []string{"one"}}))
+	if st := wait(t, p.client, id, 60*time.Second); st.State != "done" {
+		t.Fatalf("first visit: workflow ended %s", st.State)
+	}
+	if n := proxy.count("/modules/"); n != 1 {
+		t.Fatalf("first visit: %d module requests, want 1", n)
+	}
+	eventually(t, 5*time.Second, "the page to count the fetch", func() bool { return b.status().Modules.Fetched == 1 })
+
+	// The volunteer comes back another day: the HTTP cache is gone (it is
+	// small on a phone), IndexedDB is not.
+	b.do(chromedp.Navigate("about:blank"))
+	if _, err := chromedp.Call(b.ctx, network.ClearBrowserCache, cdpEmpty); err != nil {
+		t.Fatalf("clear the HTTP cache: %v", err)
+	}
+	openVolunteerPage(t, b, proxy.url)
+	id = submit(t, p.client, workflow("visit-2", task{"name": "e", "module": echo, "args": []string{"two"}}))
+	if st := wait(t, p.client, id, 60*time.Second); st.State != "done" {
+		t.Fatalf("second visit: workflow ended %s", st.State)
+	}
+	if got := output(t, p.client, id, "e", "args.txt"); !strings.Contains(got, "two") {
+		t.Errorf("second visit: args.txt %q", got)
+	}
+	eventually(t, 5*time.Second, "the page to count the cache hit", func() bool { return b.status().Modules.Cached == 1 })
+	if n := proxy.count("/modules/"); n != 1 {
+		t.Fatalf("second visit fetched the module again: %d module requests in all", n)
+	}
+	if s := b.status(); s.Modules.Fetched != 0 {
+		t.Fatalf("second visit: %+v", s.Modules)
+	}
+}
+
+// The page keeps computing when it loses its server (checkpoints made
+// meanwhile do not block the task: the worker keeps the latest), and
+// delivers the result when it reconnects; the attempt still holds its lease, so the
+// result is accepted, once, and the task is not run again.
+func TestBrowserOfflineDelivery(t *testing.T) {
+	t.Parallel()
+	db, data, port := pgtest.URL(t), t.TempDir(), freePort(t)
+	srv := startServer(t, "server", db, data, port, "--lease", "30s")
+	c := client.New(srv.url, srv.token)
+	counter := push(t, c, "counter")
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, srv.url)
+	id := submit(t, c, workflow("offline", task{"name": "count", "module": counter, "args": []string{"30", "100"},
+		"checkpoint_interval": "1s"}))
+	eventually(t, 30*time.Second, "the task to run in the browser", func() bool { return len(b.status().Running) == 1 })
+
+	srv.kill() // the connection is gone, as when a laptop leaves the Wi-Fi
+	eventually(t, 10*time.Second, "the page to see it is disconnected", func() bool { return !b.status().Connected })
+	eventually(t, 30*time.Second, "the task to finish offline", func() bool { s := b.status(); return s.Done == 1 && !s.Connected })
+	b.screenshot("volunteer-offline", 360, 800)
+
+	srv = startServer(t, "server-again", db, data, port, "--lease", "30s")
+	c = client.New(srv.url, srv.token)
+	st := wait(t, c, id, 30*time.Second)
+	if st.State != "done" {
+		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
+	}
+	if out := output(t, c, id, "count", "stdout"); out != "counted 30 from 0\n" {
+		t.Errorf("stdout %q", out)
+	}
+	as, err := c.Attempts(context.Background(), id, "count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(as) != 1 || st.Tasks[0].Attempts != 1 {
+		t.Fatalf("attempts %+v: want the one that ran offline, and no other", as)
+	}
+	eventually(t, 5*time.Second, "the page to be connected", func() bool { return b.status().Connected })
+	time.Sleep(time.Second) // any second delivery would have been answered by now
+	if s := b.status(); s.Refused != 0 || s.Done != 1 {
+		t.Fatalf("page status after reconnecting: %+v", s)
+	}
+	t.Logf("attempt %d: %s, %s", as[0].ID, as[0].State, as[0].Reason)
 }
 
 // Cancelling a workflow terminates the task Web Worker running its task,
@@ -188,7 +303,8 @@ func TestBrowserTabClosedResumesFromCheckpoint(t *testing.T) {
 	startWorker(t, "headless", 1, p.srv.url)
 	st := wait(t, p.client, id, 60*time.Second)
 	if st.State != "done" {
-		t.Fatalf("workflow ended %s", st.State)
+		as, _ := p.client.Attempts(ctx, id, "count")
+		t.Fatalf("workflow ended %s: %+v; attempts %+v", st.State, st.Tasks, as)
 	}
 	out := output(t, p.client, id, "count", "stdout")
 	if !strings.HasPrefix(out, "counted 40 from ") || strings.HasPrefix(out, "counted 40 from 0\n") {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cyclepool/cyclepool/internal/sched"
 	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/internal/workflow"
 )
@@ -31,6 +32,7 @@ func (s *Server) routeAPI(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/attempts", s.authed(s.handleAttempts))
 	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/log", s.authed(s.handleLog))
 	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/outputs/{output...}", s.authed(s.handleOutput))
+	mux.HandleFunc("GET /api/v1/workers", s.authed(s.handleWorkers))
 	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: %s %s (see docs/API.md)", r.Method, r.URL.Path)
 	})
@@ -168,7 +170,13 @@ func firstTaskWithModule(spec *workflow.Spec, m string) int {
 }
 
 func toNewWorkflow(spec *workflow.Spec) *store.NewWorkflow {
-	nw := &store.NewWorkflow{Name: spec.Name, Priority: string(spec.Priority), Tasks: make([]store.NewTask, len(spec.Tasks))}
+	nw := &store.NewWorkflow{Name: spec.Name, Priority: string(spec.Priority), Tasks: make([]store.NewTask, len(spec.Tasks)),
+		Replicas: spec.Replicas, Quorum: spec.Quorum}
+	if spec.Replicas > 1 || spec.Quorum > 1 {
+		// Disagreement spawns replicas up to a bound: room for two wrong
+		// results per needed quorum, and never fewer than the default's.
+		nw.MaxReplicas = max(spec.Replicas, 2*spec.Quorum+1, sched.DefaultVerify().MaxReplicas)
+	}
 	for i, t := range spec.Tasks {
 		h := fnv.New64a()
 		fmt.Fprintf(h, "%s\x00%d\x00%s", spec.Name, i, t.Name)
@@ -213,6 +221,12 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request, owner stor
 		s.notFoundOr(w, "workflow", err)
 		return
 	}
+	spans, err := s.store.WorkflowSpans(r.Context(), st.ID)
+	if err != nil {
+		s.serverError(w, "read attempts", err)
+		return
+	}
+	st.Efficiency, st.SuggestedParallelism = efficiency(spans)
 	writeJSON(w, http.StatusOK, st)
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/sched"
 	"github.com/cyclepool/cyclepool/internal/store"
 )
 
@@ -40,6 +41,16 @@ type conn struct {
 	free    int
 	paused  bool
 	running map[int64]struct{}
+	// samples is the device history from heartbeats, for the stability
+	// class; record the worker's database record (reputation, attempts,
+	// losses), refreshed now and then; tasksDone the results accepted
+	// on this connection; stability the class of the latest plan.
+	samples   []sched.Sample
+	record    store.WorkerRecord
+	tasksDone int
+	stability *sched.Stability
+	device    protocol.Device
+	connected time.Time
 }
 
 type outFrame struct {
@@ -281,6 +292,7 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 	}
 	s.metrics.workerConnects.WithLabelValues(c.kind).Inc()
 	s.hub.add(c)
+	go s.refreshRecords(ctx, []string{c.id})
 	defer func() {
 		s.hub.remove(c)
 		c.qmu.Lock()
@@ -394,6 +406,8 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 		done:    make(chan struct{}),
 		log:     s.log.With("worker", id, "kind", h.Kind),
 		running: map[int64]struct{}{}, paused: h.Device.Paused,
+		device: h.Device, connected: time.Now(),
+		record: store.WorkerRecord{ID: id, Kind: h.Kind, Slots: h.Slots},
 	}
 	for _, a := range h.Running {
 		if !containsInt(lost, a) {
@@ -455,6 +469,12 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 	switch f.Type {
 	case protocol.TypeHeartbeat:
 		hb := f.Heartbeat
+		s.hub.mu.Lock()
+		c.addSample(deviceSample(time.Now(), hb.Device), s.cfg.Heartbeat)
+		if hb.Device != nil {
+			c.device = *hb.Device
+		}
+		s.hub.mu.Unlock()
 		if hb.Device != nil {
 			s.hub.mu.Lock()
 			was := c.paused
@@ -496,7 +516,11 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 		ok := false
 		var err error
 		if s.hub.holds(c, cp.Attempt) {
+			start := time.Now()
 			ok, err = s.store.SaveCheckpoint(ctx, cp.Attempt, c.id, cp.State.Data, s.cfg.Lease)
+			if m, found := s.attemptModule.Load(cp.Attempt); found && ok && err == nil {
+				s.rt.observeCheckpoint(m.(string), time.Since(start))
+			}
 		}
 		switch {
 		case err != nil:

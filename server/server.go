@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/sched"
 	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/web"
 )
@@ -42,7 +43,10 @@ type Config struct {
 	MaxFrameBytes int
 	// MaxModuleBytes bounds an uploaded module (default 64 MiB).
 	MaxModuleBytes int
-	Logger         *slog.Logger
+	// Fairness is the fairness strategy of the dispatcher (default none);
+	// deadlock prevention switches it off for a task that waited too long.
+	Fairness sched.Strategy
+	Logger   *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -88,6 +92,9 @@ type Server struct {
 	owners       sync.Map // token -> store.Owner, positive cache
 	knownModules sync.Map // ownedModule -> true: modules an owner has pushed
 	modules      *moduleCache
+
+	rt            *runtimes
+	attemptModule sync.Map // attempt id -> module id, for the checkpoint cost
 }
 
 type renewal struct {
@@ -109,6 +116,7 @@ func New(st *store.Store, cfg Config) *Server {
 		cfg: cfg, store: st, log: cfg.Logger.With("replica", cfg.Replica),
 		hub: newHub(), wakeC: make(chan struct{}, 1),
 		modules: newModuleCache(64 << 20),
+		rt:      newRuntimes(),
 	}
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	s.metrics = newMetrics(s)
@@ -126,7 +134,7 @@ func (s *Server) Run(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, s.stop)
 	defer stop()
 	var wg sync.WaitGroup
-	for _, f := range []func(context.Context){s.renewals.run, s.completions.run, s.dispatch, s.listen, s.maintain, s.touchWorkers} {
+	for _, f := range []func(context.Context){s.renewals.run, s.completions.run, s.dispatch, s.listen, s.maintain, s.touchWorkers, s.refreshStats} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -163,17 +171,23 @@ func (s *Server) dispatch(ctx context.Context) {
 		case <-s.wakeC:
 		case <-t.C:
 		}
-		for ctx.Err() == nil {
+		for races := 0; ctx.Err() == nil; {
 			slots := s.hub.reserve(1000)
 			if len(slots) == 0 {
 				break
 			}
-			n, err := s.assign(ctx, slots)
+			n, planned, err := s.assign(ctx, slots)
 			if err != nil {
 				if ctx.Err() == nil {
 					s.log.Error("dispatch", "err", err)
 				}
 				break
+			}
+			if n < planned && races < 3 {
+				// Another replica claimed some of the planned tasks: plan
+				// again with what is left.
+				races++
+				continue
 			}
 			if n < len(slots) {
 				break
@@ -182,9 +196,10 @@ func (s *Server) dispatch(ctx context.Context) {
 	}
 }
 
-// assign claims tasks for the reserved slots and sends them out; it returns
-// how many were claimed and gives back the slots it did not use.
-func (s *Server) assign(ctx context.Context, slots []*conn) (int, error) {
+// assign plans which ready tasks go to the reserved slots (plan), claims
+// them and sends them out; it returns how many were claimed and how many
+// were planned, and gives back the slots it did not use.
+func (s *Server) assign(ctx context.Context, slots []*conn) (int, int, error) {
 	ids := make([]string, len(slots))
 	reserved := map[string][]*conn{} // worker id -> its reserved slots
 	for i, c := range slots {
@@ -192,7 +207,16 @@ func (s *Server) assign(ctx context.Context, slots []*conn) (int, error) {
 		reserved[c.id] = append(reserved[c.id], c)
 	}
 	start := time.Now()
-	claimed, err := s.store.Claim(ctx, ids, s.cfg.Lease)
+	limit := min(4*len(slots)+64, 4096)
+	cands, err := s.store.Candidates(ctx, limit)
+	if err != nil {
+		for _, cs := range reserved {
+			s.hub.release(cs)
+		}
+		return 0, 0, err
+	}
+	picks := s.plan(time.Now(), cands, s.planWorkers(reserved))
+	claimed, err := s.store.ClaimPicks(ctx, picks, s.cfg.Lease)
 	s.metrics.observeBatch("claim", len(claimed), start)
 	byConn := map[*conn][]protocol.Assign{}
 	var undeliverable []store.Completion
@@ -236,6 +260,7 @@ func (s *Server) assign(ctx context.Context, slots []*conn) (int, error) {
 		}
 		// One frame per attempt keeps every frame under the size limit.
 		for i := range as {
+			s.attemptModule.Store(as[i].Attempt, as[i].Module)
 			c.enqueue(&protocol.Frame{Type: protocol.TypeAssign, Assign: as[i : i+1]})
 		}
 	}
@@ -247,9 +272,9 @@ func (s *Server) assign(ctx context.Context, slots []*conn) (int, error) {
 		s.wake()
 	}
 	if err != nil {
-		return len(claimed), err
+		return len(claimed), len(picks), err
 	}
-	return len(claimed), nil
+	return len(claimed), len(picks), nil
 }
 
 // assignSize is about the size of the assign frame of a claimed task.
@@ -319,12 +344,18 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 	acks := map[*conn][]protocol.Ack{}
 	for i, b := range batch {
 		ack := protocol.Ack{Attempt: b.comp.Attempt, Of: b.of}
+		if err == nil {
+			s.attemptModule.Delete(b.comp.Attempt)
+		}
 		switch {
 		case err != nil:
 			ack.Error, ack.Retry = "not committed: server error; send it again", true
 		case accepted[i]:
 			ack.OK = true
 			if b.comp.OK {
+				s.hub.mu.Lock()
+				b.c.tasksDone++
+				s.hub.mu.Unlock()
 				s.metrics.completions.WithLabelValues("succeeded").Inc()
 			} else {
 				s.metrics.completions.WithLabelValues("failed").Inc()
@@ -353,9 +384,11 @@ func (s *Server) touchWorkers(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if err := s.store.TouchWorkers(ctx, s.hub.ids()); err != nil && ctx.Err() == nil {
+			ids := s.hub.ids()
+			if err := s.store.TouchWorkers(ctx, ids); err != nil && ctx.Err() == nil {
 				s.log.Warn("touch workers", "err", err)
 			}
+			s.refreshRecords(ctx, ids)
 		}
 	}
 }

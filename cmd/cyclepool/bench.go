@@ -21,7 +21,9 @@ func runBench(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Slots, "slots", 16, "slots per worker process")
 	fs.IntVar(&cfg.Workers, "workers", 2, "worker processes")
 	fs.IntVar(&cfg.Queue, "queue", 64, "tasks each worker accepts ahead of time")
-	only := fs.String("only", "", "comma-separated parts to run: single, dispatch, conns, wasm")
+	fs.IntVar(&cfg.BrowserTasks, "browser-tasks", 10000, "no-op tasks in the browser throughput run")
+	fs.StringVar(&cfg.Chromium, "chromium", bench.DefaultChromium, "the Chromium the browser part drives")
+	only := fs.String("only", "", "comma-separated parts to run: single, dispatch, conns, wasm, browser")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/cyclepool/cyclepool/internal/pgembed"
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/sched"
 	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/server"
 	"github.com/cyclepool/cyclepool/wasmworker"
@@ -33,7 +34,12 @@ func runServe(ctx context.Context, args []string) error {
 	replica := fs.String("replica", "", "name of this replica (default: host name and port)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	pprofAddr := fs.String("pprof", "", "serve Go's profiler on this address (e.g. 127.0.0.1:6060)")
+	fairness := fs.String("fairness", "none", "fairness strategy: none, not-best, worst, worse-than-average, worse-than-majority or equal-or-worse-than-majority")
 	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	strategy, err := sched.ParseStrategy(*fairness)
+	if err != nil {
 		return err
 	}
 	log := newLogger(*logLevel)
@@ -65,7 +71,7 @@ func runServe(ctx context.Context, args []string) error {
 		host, _ := os.Hostname()
 		*replica = fmt.Sprintf("%s:%d", host, ln.Addr().(*net.TCPAddr).Port)
 	}
-	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Logger: log})
+	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Fairness: strategy, Logger: log})
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()

@@ -32,17 +32,21 @@ import (
 
 // Config configures a run.
 type Config struct {
-	Repo       string    // repository root: bin/tasks/*.wasm and tasks/ sources
-	Out        io.Writer // where the figures go
-	Tasks      int       // tasks in the throughput run (default 20,000)
-	Conns      int       // idle worker connections (default 5,000)
-	Singles    int       // one-at-a-time tasks for latency (default 300)
-	Slots      int       // worker slots per worker process (default 16)
-	Workers    int       // worker processes (default 2)
-	Queue      int       // attempts each worker accepts ahead of time
-	Only       []string  // run only these parts: single, dispatch, conns, wasm
-	Logger     *slog.Logger
-	Executable string // the cyclepool binary (default: this process's)
+	Repo    string    // repository root: bin/tasks/*.wasm and tasks/ sources
+	Out     io.Writer // where the figures go
+	Tasks   int       // tasks in the throughput run (default 20,000)
+	Conns   int       // idle worker connections (default 5,000)
+	Singles int       // one-at-a-time tasks for latency (default 300)
+	Slots   int       // worker slots per worker process (default 16)
+	Workers int       // worker processes (default 2)
+	Queue   int       // attempts each worker accepts ahead of time
+	Only    []string  // run only these parts: single, dispatch, conns, wasm, browser
+	// BrowserTasks is the number of no-op tasks in the browser throughput
+	// run (default 10,000); Chromium is the browser (default DefaultChromium).
+	BrowserTasks int
+	Chromium     string
+	Logger       *slog.Logger
+	Executable   string // the cyclepool binary (default: this process's)
 }
 
 // noopModule is the smallest WASI command: it exports a memory and an empty
@@ -78,6 +82,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 2
 	}
+	if cfg.BrowserTasks <= 0 {
+		cfg.BrowserTasks = 10000
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
@@ -102,7 +109,7 @@ func Run(ctx context.Context, cfg Config) error {
 			b.printf("wasm_vs_native: error: %v", err)
 		}
 	}
-	if !want("single") && !want("dispatch") && !want("conns") {
+	if !want("single") && !want("dispatch") && !want("conns") && !want("browser") {
 		return nil
 	}
 	// The embedded default, durable as in production.
@@ -153,6 +160,14 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		if err := b.idleConns(ctx); err != nil {
 			b.printf("idle_worker_conn_kib: error: %v", err)
+		}
+	}
+	if want("browser") {
+		for _, w := range b.workers { // the page alone computes
+			w.stop()
+		}
+		if err := b.browser(ctx); err != nil {
+			b.printf("browser: error: %v", err)
 		}
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -169,9 +170,10 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	b.Queue("BEGIN")
 	b.Queue(`UPDATE attempts a SET state = CASE WHEN u.ok THEN 'succeeded' ELSE 'failed' END,
 			ended_at = now(), log = u.log, reason = u.reason
-			FROM unnest($1::bigint[], $2::uuid[], $3::bool[], $4::bytea[], $5::text[]) AS u(id, w, ok, log, reason)
-			WHERE a.id = u.id AND a.worker_id = u.w AND a.state = 'running'
-			RETURNING a.id, a.task_id`, ids, workers, oks, logs, reasons)
+			FROM unnest($1::bigint[], $2::uuid[], $3::bool[], $4::bytea[], $5::text[]) AS u(id, w, ok, log, reason), tasks t
+			WHERE a.id = u.id AND a.worker_id = u.w AND a.state = 'running' AND t.id = a.task_id
+			RETURNING a.id, a.task_id, t.max_replicas > 1, u.ok, t.module_id, t.name,
+				(extract(epoch FROM now() - a.started_at) * 1000)::bigint`, ids, workers, oks, logs, reasons)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -184,14 +186,25 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 		return err
 	}
 	taskOf := map[int64]int64{}
+	replicated := map[int64]bool{}
+	var runs []Run
 	for rows.Next() {
 		var a, t int64
-		if err := rows.Scan(&a, &t); err != nil {
+		var rep, ok bool
+		var module, name string
+		var ms int64
+		if err := rows.Scan(&a, &t, &rep, &ok, &module, &name, &ms); err != nil {
 			rows.Close()
 			br.Close()
 			return err
 		}
 		taskOf[a] = t
+		if rep {
+			replicated[a] = true
+		}
+		if ok {
+			runs = append(runs, Run{Module: module, Name: name, Duration: time.Duration(ms) * time.Millisecond})
+		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -206,13 +219,16 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	var outName []string
 	var outData [][]byte
 	var ends []attemptEnd
+	var vres []replicaResult
 	for i := range cs {
 		t, ok := taskOf[cs[i].Attempt]
 		if !ok {
 			continue
 		}
 		accepted[i] = true
-		if cs[i].OK {
+		if cs[i].OK && replicated[cs[i].Attempt] {
+			vres = append(vres, replicaResult{attempt: cs[i].Attempt, task: t, worker: cs[i].Worker, outputs: cs[i].Outputs})
+		} else if cs[i].OK {
 			done = append(done, t)
 			for _, o := range cs[i].Outputs {
 				if o.Data == nil {
@@ -223,6 +239,15 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 		} else {
 			ends = append(ends, attemptEnd{task: t, reason: cs[i].reason(), uncounted: cs[i].Uncounted, permanent: cs[i].Permanent})
 		}
+	}
+	if len(vres) > 0 {
+		// Replicated tasks (never when replicas = 1): compare by hash.
+		vdone, vends, err := s.verify(ctx, conn, vres)
+		if err != nil {
+			return err
+		}
+		done = append(done, vdone...)
+		ends = append(ends, vends...)
 	}
 	if len(ends) > 0 {
 		if err := s.settleEnds(ctx, conn, ends); err != nil {
@@ -244,6 +269,7 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	err = conn.SendBatch(ctx, b).Close()
 	if err == nil {
 		inTx = false
+		s.runs.add(runs)
 	}
 	return err
 }
@@ -333,13 +359,14 @@ func (s *Store) settleEnds(ctx context.Context, tx querier, ends []attemptEnd) e
 		}
 		rows, err := tx.Query(ctx, `UPDATE tasks t SET updated_at = now(),
 				attempts = CASE WHEN u.uncounted THEN t.attempts - 1 ELSE t.attempts END,
+				pending = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts) THEN 0 ELSE t.pending + 1 END,
 				state = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts) THEN 'failed' ELSE 'ready' END,
 				sort_key = now() - CASE WHEN t.priority = 'interactive' THEN $4 * interval '1 millisecond' ELSE interval '0' END,
 				finished_at = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts) THEN now() END,
 				error = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts)
 					THEN format('failed after %s attempts; last: %s', t.attempts, u.reason) ELSE u.reason END
 			FROM unnest($1::bigint[], $2::text[], $3::bool[], $5::bool[]) AS u(id, reason, uncounted, permanent)
-			WHERE t.id = u.id AND t.state = 'running'
+			WHERE t.id = u.id AND t.state IN ('running', 'ready')
 			RETURNING t.id, t.workflow_id::text, t.state`, ids, reasons, uncounted, s.interactiveHeadStart.Milliseconds(), permanent)
 		if err != nil {
 			return fmt.Errorf("requeue tasks: %w", err)

@@ -147,7 +147,8 @@ WITH slots AS (
 		SELECT id, sort_key FROM tasks WHERE state = 'ready' ORDER BY sort_key, id LIMIT $2 FOR UPDATE SKIP LOCKED
 	) p
 ), upd AS (
-	UPDATE tasks t SET state = 'running', attempts = t.attempts + 1, started_at = coalesce(t.started_at, now()), updated_at = now()
+	UPDATE tasks t SET state = CASE WHEN t.pending > 1 THEN 'ready' ELSE 'running' END, pending = greatest(t.pending - 1, 0),
+		attempts = t.attempts + 1, started_at = coalesce(t.started_at, now()), updated_at = now()
 	FROM picked WHERE t.id = picked.id
 	RETURNING t.id, picked.rn, t.workflow_id, t.name, t.module_id, t.args, t.stdin, t.priority, t.timeout_ms, t.memory_pages,
 		t.output_bytes, t.log_bytes, t.ckpt_ms, t.seed, t.checkpoint, t.checkpoint_seq
@@ -158,5 +159,152 @@ WITH slots AS (
 )
 SELECT ins.id, ins.worker_id::text, upd.id, upd.workflow_id::text, upd.name, upd.module_id, upd.args, upd.stdin, upd.priority,
 	upd.timeout_ms, upd.memory_pages, upd.output_bytes, upd.log_bytes, upd.ckpt_ms, upd.seed, upd.checkpoint,
+	EXISTS (SELECT 1 FROM task_inputs ti WHERE ti.task_id = upd.id)
+FROM ins JOIN upd ON upd.id = ins.task_id ORDER BY ins.id`
+
+// Candidate is a ready task as the dispatcher's plan sees it.
+type Candidate struct {
+	TaskID     int64
+	WorkflowID string
+	Module     string
+	Name       string
+	Priority   string
+	ReadySince time.Time // sort_key: the time it became ready, minus the interactive head start
+	Pending    int       // replicas waiting to be claimed
+	Replicas   int       // replicas started at first (1: not replicated)
+	// Fresh is true when no replica of the task has been claimed yet.
+	Fresh bool
+	// Exclude lists the workers that run or ran a replica of a replicated
+	// task: no second replica may go to them.
+	Exclude []string
+	CkptMS  int64
+}
+
+// Candidates reads up to limit ready tasks in dispatch order (sort_key, id),
+// without locking them: ClaimPicks claims those the plan chose, and skips
+// those another replica took meanwhile.
+func (s *Store) Candidates(ctx context.Context, limit int) ([]Candidate, error) {
+	rows, err := s.pool.Query(ctx, `SELECT t.id, t.workflow_id::text, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas,
+			t.attempts = 0, t.ckpt_ms,
+			CASE WHEN t.max_replicas > 1 THEN ARRAY(SELECT DISTINCT a.worker_id::text FROM attempts a
+				WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded')) END
+		FROM tasks t WHERE t.state = 'ready' ORDER BY t.sort_key, t.id LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read ready tasks: %w", err)
+	}
+	cs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Candidate, error) {
+		var c Candidate
+		err := r.Scan(&c.TaskID, &c.WorkflowID, &c.Module, &c.Name, &c.Priority, &c.ReadySince, &c.Pending, &c.Replicas,
+			&c.Fresh, &c.CkptMS, &c.Exclude)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read ready tasks: %w", err)
+	}
+	return cs, nil
+}
+
+// Pick is one decision of the dispatcher's plan: a replica of TaskID on
+// Worker.
+type Pick struct {
+	TaskID int64
+	Worker string
+	// CkptMS overrides the task's checkpoint interval for this attempt
+	// (0 keeps the task's own).
+	CkptMS int64
+	// Solo starts this replica alone: the worker is trusted (adaptive
+	// replication), so no other replica of a fresh task is queued.
+	Solo bool
+}
+
+// ClaimPicks claims the chosen replicas in one transaction and one round
+// trip, like Claim: a pick whose task is no longer ready, is being claimed
+// by another replica (SKIP LOCKED), has no replica left to start, or whose
+// worker already runs or ran a replica of it is skipped. It returns the
+// attempts created, in attempt id order.
+func (s *Store) ClaimPicks(ctx context.Context, picks []Pick, lease time.Duration) ([]Claimed, error) {
+	if len(picks) == 0 {
+		return nil, nil
+	}
+	tasks := make([]int64, len(picks))
+	workers := make([]string, len(picks))
+	ckpts := make([]int64, len(picks))
+	solos := make([]bool, len(picks))
+	for i, p := range picks {
+		tasks[i], workers[i], ckpts[i], solos[i] = p.TaskID, p.Worker, p.CkptMS, p.Solo
+	}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(claimPicksSQL, tasks, workers, ckpts, solos, lease.Milliseconds())
+	b.Queue("COMMIT")
+	br := s.pool.SendBatch(ctx, b)
+	var cs []Claimed
+	var err error
+	if _, err = br.Exec(); err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			cs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claimed, error) {
+				var c Claimed
+				err := r.Scan(&c.Attempt, &c.Worker, &c.TaskID, &c.WorkflowID, &c.Name, &c.Module, &c.Args, &c.Stdin, &c.Priority,
+					&c.TimeoutMS, &c.MemoryPages, &c.OutputBytes, &c.LogBytes, &c.CkptMS, &c.Seed, &c.Restore, &c.hasInputs)
+				return c, err
+			})
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("claim ready tasks: %w", err)
+	}
+	if len(cs) == 0 {
+		return nil, nil
+	}
+	if err := s.loadInputs(ctx, cs); err != nil {
+		return cs, err
+	}
+	return cs, nil
+}
+
+// claimPicksSQL claims picks ($1 task ids, $2 worker ids, $3 checkpoint
+// intervals, $4 solo flags; $5 lease in ms). Tasks are locked in id order
+// (SKIP LOCKED: another replica's claim wins), a task gives at most its
+// pending replicas, each to a distinct worker without a running or
+// succeeded attempt of it.
+const claimPicksSQL = `
+WITH p AS (
+	SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::bool[]) WITH ORDINALITY AS p(task_id, w, ckpt, solo, ord)
+), locked AS (
+	SELECT t.id, t.pending FROM tasks t WHERE t.id IN (SELECT task_id FROM p) AND t.state = 'ready' AND t.pending > 0
+	ORDER BY t.id FOR UPDATE SKIP LOCKED
+), fit AS (
+	SELECT d.*, row_number() OVER (PARTITION BY d.task_id ORDER BY d.ord) AS k FROM (
+		SELECT DISTINCT ON (p.task_id, p.w) p.* FROM p JOIN locked l ON l.id = p.task_id
+		WHERE NOT EXISTS (SELECT 1 FROM attempts a WHERE a.task_id = p.task_id AND a.worker_id = p.w AND a.state IN ('running', 'succeeded'))
+		ORDER BY p.task_id, p.w, p.ord
+	) d
+), ok AS (
+	SELECT fit.* FROM fit JOIN locked l ON l.id = fit.task_id WHERE fit.k <= l.pending
+), n AS (
+	SELECT task_id, count(*) AS n, bool_or(solo) AS solo FROM ok GROUP BY task_id
+), upd AS (
+	UPDATE tasks t SET pending = CASE WHEN n.solo THEN 0 ELSE t.pending - n.n END,
+		state = CASE WHEN n.solo OR t.pending - n.n <= 0 THEN 'running' ELSE 'ready' END,
+		attempts = t.attempts + n.n, started_at = coalesce(t.started_at, now()), updated_at = now()
+	FROM n WHERE t.id = n.task_id
+	RETURNING t.id, t.workflow_id, t.name, t.module_id, t.args, t.stdin, t.priority, t.timeout_ms, t.memory_pages,
+		t.output_bytes, t.log_bytes, t.ckpt_ms, t.seed, t.checkpoint, t.checkpoint_seq
+), ins AS (
+	INSERT INTO attempts (task_id, worker_id, lease_until, restored_seq, ckpt_ms)
+	SELECT ok.task_id, ok.w, now() + $5 * interval '1 millisecond', upd.checkpoint_seq,
+		CASE WHEN ok.ckpt > 0 THEN ok.ckpt ELSE upd.ckpt_ms END
+	FROM ok JOIN upd ON upd.id = ok.task_id ORDER BY ok.ord
+	RETURNING id, task_id, worker_id, ckpt_ms
+), wk AS (
+	UPDATE workers w SET attempts = w.attempts + c.n
+	FROM (SELECT worker_id, count(*) AS n FROM ins GROUP BY worker_id ORDER BY worker_id) c WHERE w.id = c.worker_id
+)
+SELECT ins.id, ins.worker_id::text, upd.id, upd.workflow_id::text, upd.name, upd.module_id, upd.args, upd.stdin, upd.priority,
+	upd.timeout_ms, upd.memory_pages, upd.output_bytes, upd.log_bytes, ins.ckpt_ms, upd.seed, upd.checkpoint,
 	EXISTS (SELECT 1 FROM task_inputs ti WHERE ti.task_id = upd.id)
 FROM ins JOIN upd ON upd.id = ins.task_id ORDER BY ins.id`

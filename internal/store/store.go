@@ -37,6 +37,9 @@ type Store struct {
 	// InteractiveHeadStart is how far ahead of batch work an interactive
 	// task is queued; a batch task that waited longer overtakes it.
 	interactiveHeadStart time.Duration
+	// runs collects the run times of committed successes until
+	// FlushRuntimeStats writes them.
+	runs runBuffer
 }
 
 // Open connects to the database at url, applies pending migrations and
@@ -105,3 +108,8 @@ func (s *Store) tx(ctx context.Context, fn func(pgx.Tx) error) error {
 // ErrNotFound is returned when a workflow, task or output does not exist or
 // belongs to another owner.
 var ErrNotFound = errors.New("not found")
+
+// InteractiveHeadStart is how far ahead of batch work an interactive task
+// is queued (the sort_key of a ready interactive task is its ready time
+// minus this).
+func (s *Store) InteractiveHeadStart() time.Duration { return s.interactiveHeadStart }

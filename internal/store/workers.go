@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/cyclepool/cyclepool/internal/sched"
 )
 
 // WorkerHello is what a connecting worker says of itself.
@@ -129,4 +131,54 @@ func (s *Store) ReplicaGone(ctx context.Context, replica string) error {
 		return fmt.Errorf("disconnect workers of %s: %w", replica, err)
 	}
 	return nil
+}
+
+// WorkerRecord is what the database keeps of a worker.
+type WorkerRecord struct {
+	ID             string          `json:"id"`
+	Kind           string          `json:"kind"`
+	Slots          int             `json:"slots"`
+	Volunteer      string          `json:"volunteer"`
+	Device         json.RawMessage `json:"device"`
+	Replica        string          `json:"replica"`
+	Connected      bool            `json:"connected"`
+	ConnectedAt    time.Time       `json:"connected_at"`
+	LastSeen       time.Time       `json:"last_seen"`
+	Attempts       int64           `json:"attempts"`
+	TasksLost      int64           `json:"tasks_lost"`
+	ResultsValid   int64           `json:"results_valid"`
+	ResultsInvalid int64           `json:"results_invalid"`
+	ValidStreak    int             `json:"valid_streak"`
+}
+
+// Reputation is the worker's record as sched sees it.
+func (w WorkerRecord) Reputation() sched.Reputation {
+	return reputation(w.ResultsValid, w.ResultsInvalid, w.ValidStreak)
+}
+
+// Workers reads the records of the given workers, or of every connected
+// worker when ids is nil, ordered by id.
+func (s *Store) Workers(ctx context.Context, ids []string) ([]WorkerRecord, error) {
+	var rows pgx.Rows
+	var err error
+	const cols = `SELECT id::text, kind, slots, volunteer, device, replica, connected, connected_at, last_seen, attempts, tasks_lost,
+		results_valid, results_invalid, valid_streak FROM workers`
+	if ids == nil {
+		rows, err = s.pool.Query(ctx, cols+` WHERE connected ORDER BY id`)
+	} else {
+		rows, err = s.pool.Query(ctx, cols+` WHERE id = ANY($1::uuid[]) ORDER BY id`, ids)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read workers: %w", err)
+	}
+	ws, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (WorkerRecord, error) {
+		var w WorkerRecord
+		err := r.Scan(&w.ID, &w.Kind, &w.Slots, &w.Volunteer, &w.Device, &w.Replica, &w.Connected, &w.ConnectedAt, &w.LastSeen,
+			&w.Attempts, &w.TasksLost, &w.ResultsValid, &w.ResultsInvalid, &w.ValidStreak)
+		return w, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read workers: %w", err)
+	}
+	return ws, nil
 }

@@ -16,6 +16,11 @@ type NewWorkflow struct {
 	Name     string
 	Priority string // "interactive" or "batch"
 	Tasks    []NewTask
+	// Replicas, Quorum and MaxReplicas are the result verification of
+	// every task (0 counts as 1: no verification).
+	Replicas    int
+	Quorum      int
+	MaxReplicas int
 }
 
 // NewTask is one task of a NewWorkflow.
@@ -92,6 +97,17 @@ func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflo
 		}
 		if err := insertTasks(ctx, tx, rows); err != nil {
 			return err
+		}
+		if w.Replicas > 1 || w.Quorum > 1 {
+			// Replicated tasks: a failed replica must not use up the
+			// attempts of the others, so max_attempts grows by the extra
+			// replicas.
+			maxR := max(w.MaxReplicas, w.Replicas, w.Quorum)
+			if _, err := tx.Exec(ctx, `WITH wf AS (UPDATE workflows SET replicas = $2, quorum = $3 WHERE id = $1)
+				UPDATE tasks SET pending = $2, replicas = $2, quorum = $3, max_replicas = $4, max_attempts = max_attempts + $4 - 1
+				WHERE workflow_id = $1`, id, max(w.Replicas, 1), max(w.Quorum, 1), maxR); err != nil {
+				return err
+			}
 		}
 		var edges [][]any
 		for i, t := range w.Tasks {
@@ -216,15 +232,22 @@ type TaskStatus struct {
 
 // WorkflowStatus is a workflow as the API shows it.
 type WorkflowStatus struct {
-	ID         string       `json:"id"`
-	Name       string       `json:"name"`
-	Priority   string       `json:"priority"`
-	State      string       `json:"state"`
-	CreatedAt  time.Time    `json:"created_at"`
-	FinishedAt *time.Time   `json:"finished_at"`
-	TaskCount  int          `json:"task_count"`
-	Counts     *Counts      `json:"counts,omitempty"`
-	Tasks      []TaskStatus `json:"tasks,omitempty"`
+	ID         string     `json:"id"`
+	Name       string     `json:"name"`
+	Priority   string     `json:"priority"`
+	State      string     `json:"state"`
+	CreatedAt  time.Time  `json:"created_at"`
+	FinishedAt *time.Time `json:"finished_at"`
+	TaskCount  int        `json:"task_count"`
+	Replicas   int        `json:"replicas"`
+	Quorum     int        `json:"quorum"`
+	// Efficiency and SuggestedParallelism are Heymann et al.'s resource
+	// efficiency and worker count for >= 80% efficiency (status of one
+	// workflow only; null until an attempt succeeded).
+	Efficiency           *float64     `json:"efficiency,omitempty"`
+	SuggestedParallelism *int         `json:"suggested_parallelism,omitempty"`
+	Counts               *Counts      `json:"counts,omitempty"`
+	Tasks                []TaskStatus `json:"tasks,omitempty"`
 }
 
 // ownedWorkflow reads a workflow's summary, or ErrNotFound when it does not
@@ -235,13 +258,13 @@ func (s *Store) ownedWorkflow(ctx context.Context, q pgx.Tx, ownerID int64, id s
 	}
 	w := &WorkflowStatus{}
 	var row pgx.Row
-	const sql = `SELECT id::text, name, priority, state, created_at, finished_at, task_count FROM workflows WHERE id = $1 AND owner_id = $2`
+	const sql = `SELECT id::text, name, priority, state, created_at, finished_at, task_count, replicas, quorum FROM workflows WHERE id = $1 AND owner_id = $2`
 	if q != nil {
 		row = q.QueryRow(ctx, sql, id, ownerID)
 	} else {
 		row = s.pool.QueryRow(ctx, sql, id, ownerID)
 	}
-	err := row.Scan(&w.ID, &w.Name, &w.Priority, &w.State, &w.CreatedAt, &w.FinishedAt, &w.TaskCount)
+	err := row.Scan(&w.ID, &w.Name, &w.Priority, &w.State, &w.CreatedAt, &w.FinishedAt, &w.TaskCount, &w.Replicas, &w.Quorum)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -362,7 +385,7 @@ func (s *Store) List(ctx context.Context, ownerID int64, o ListOptions) ([]Workf
 	if o.Limit <= 0 || o.Limit > 500 {
 		o.Limit = 50
 	}
-	rows, err := s.pool.Query(ctx, `SELECT id::text, name, priority, state, created_at, finished_at, task_count, count(*) OVER ()
+	rows, err := s.pool.Query(ctx, `SELECT id::text, name, priority, state, created_at, finished_at, task_count, replicas, quorum, count(*) OVER ()
 		FROM workflows WHERE owner_id = $1 AND ($2 = '' OR state = $2) AND ($3 = '' OR strpos(lower(name), lower($3)) > 0)
 		ORDER BY created_at DESC, id LIMIT $4 OFFSET $5`, ownerID, o.State, o.Query, o.Limit, o.Offset)
 	if err != nil {
@@ -371,7 +394,7 @@ func (s *Store) List(ctx context.Context, ownerID int64, o ListOptions) ([]Workf
 	total := 0
 	ws, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (WorkflowStatus, error) {
 		var w WorkflowStatus
-		err := r.Scan(&w.ID, &w.Name, &w.Priority, &w.State, &w.CreatedAt, &w.FinishedAt, &w.TaskCount, &total)
+		err := r.Scan(&w.ID, &w.Name, &w.Priority, &w.State, &w.CreatedAt, &w.FinishedAt, &w.TaskCount, &w.Replicas, &w.Quorum, &total)
 		return w, err
 	})
 	if err != nil {
@@ -412,6 +435,9 @@ type Attempt struct {
 	StartedAt    time.Time  `json:"started_at"`
 	EndedAt      *time.Time `json:"ended_at"`
 	RestoredFrom int        `json:"restored_from"`
+	// Verdict is set on results of replicated tasks: valid, invalid or
+	// unverified (accepted alone from a trusted worker).
+	Verdict string `json:"verdict,omitempty"`
 }
 
 // Attempts lists the attempts of a task, oldest first.
@@ -419,14 +445,14 @@ func (s *Store) Attempts(ctx context.Context, ownerID int64, id, task string) ([
 	if _, err := s.ownedWorkflow(ctx, nil, ownerID, id); err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, `SELECT a.id, a.state, a.worker_id::text, a.reason, a.started_at, a.ended_at, a.restored_seq
+	rows, err := s.pool.Query(ctx, `SELECT a.id, a.state, a.worker_id::text, a.reason, a.started_at, a.ended_at, a.restored_seq, coalesce(a.verdict, '')
 		FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = $1 AND t.name = $2 ORDER BY a.id`, id, task)
 	if err != nil {
 		return nil, fmt.Errorf("list attempts: %w", err)
 	}
 	as, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Attempt, error) {
 		var a Attempt
-		err := r.Scan(&a.ID, &a.State, &a.Worker, &a.Reason, &a.StartedAt, &a.EndedAt, &a.RestoredFrom)
+		err := r.Scan(&a.ID, &a.State, &a.Worker, &a.Reason, &a.StartedAt, &a.EndedAt, &a.RestoredFrom, &a.Verdict)
 		return a, err
 	})
 	if err != nil {
@@ -537,7 +563,7 @@ func (s *Store) Cancel(ctx context.Context, ownerID int64, id string) ([]int64, 
 
 // notifyCancel sends the attempt ids on ChannelCancel in chunks that fit a
 // NOTIFY payload.
-func notifyCancel(ctx context.Context, tx pgx.Tx, attempts []int64) error {
+func notifyCancel(ctx context.Context, tx querier, attempts []int64) error {
 	var b strings.Builder
 	flush := func() error {
 		if b.Len() == 0 {

@@ -16,6 +16,8 @@ import (
 type fileJSON struct {
 	Name     string     `json:"name"`
 	Priority *string    `json:"priority,omitempty"`
+	Replicas *int       `json:"replicas,omitempty"`
+	Quorum   *int       `json:"quorum,omitempty"`
 	Tasks    []taskJSON `json:"tasks"`
 }
 
@@ -91,6 +93,20 @@ func build(f fileJSON) (*Spec, error) {
 		default:
 			return nil, &Error{Field: "priority", Msg: fmt.Sprintf("must be %q or %q, not %q", Interactive, Batch, *f.Priority)}
 		}
+	}
+	s.Replicas, s.Quorum = 1, 1
+	if f.Replicas != nil {
+		if *f.Replicas < 1 || *f.Replicas > MaxReplicas {
+			return nil, &Error{Field: "replicas", Msg: fmt.Sprintf("must be 1 to %d, not %d", MaxReplicas, *f.Replicas)}
+		}
+		s.Replicas = *f.Replicas
+		s.Quorum = s.Replicas/2 + 1
+	}
+	if f.Quorum != nil {
+		if *f.Quorum < 1 || *f.Quorum > s.Replicas {
+			return nil, &Error{Field: "quorum", Msg: fmt.Sprintf("must be 1 to replicas (%d), not %d", s.Replicas, *f.Quorum)}
+		}
+		s.Quorum = *f.Quorum
 	}
 	if len(f.Tasks) == 0 {
 		return nil, &Error{Field: "tasks", Msg: "must hold at least one task"}

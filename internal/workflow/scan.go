@@ -51,6 +51,8 @@ var schema = func() *node {
 	return &node{typ: tObject, fields: map[string]*node{
 		"name":     str,
 		"priority": str,
+		"replicas": num,
+		"quorum":   num,
 		"tasks":    {typ: tArray, elem: task},
 	}}
 }()

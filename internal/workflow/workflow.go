@@ -29,6 +29,7 @@ const (
 	MaxOutputMiB      = 64 // a result travels in one frame of at most protocol.DefaultMaxFrameBytes
 	MaxLogKiB         = 8192
 	MinCheckpointTime = time.Second
+	MaxReplicas       = 16 // replicas of a task started at first (result verification)
 )
 
 // Defaults applied to fields left out of a task.
@@ -88,6 +89,11 @@ func (e *Error) Error() string {
 type Spec struct {
 	Name     string
 	Priority Priority
+	// Replicas is how many replicas of every task run at first and Quorum
+	// how many identical results (by hash) accept a task (1 and 1: no
+	// verification). Quorum defaults to a majority of Replicas.
+	Replicas int
+	Quorum   int
 	Tasks    []TaskSpec
 
 	byName map[string]int

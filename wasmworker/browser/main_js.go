@@ -120,6 +120,14 @@ func strOr(v js.Value) string {
 	return v.String()
 }
 
+// queuePerThread is the number of attempts accepted ahead of time per
+// thread. It stays 0: with 4, one page did 629 no-op tasks a second instead
+// of 490 (docs/BENCHMARKS.md), but a closed tab whose socket the server has
+// not yet seen close keeps free queue room, and the server gave a lost
+// attempt's retries to it until the task ran out of attempts
+// (TestBrowserTabClosedResumesFromCheckpoint).
+const queuePerThread = 0
+
 func main() {
 	self := js.Global()
 	b := &bridge{initc: make(chan initMsg, 1), stopc: make(chan struct{})}
@@ -131,10 +139,19 @@ func main() {
 	r := newRunner(self.Get("cyclepoolTasks"), b, log)
 	b.mu.Lock()
 	threads := b.settings.Threads
-	b.changed = r.settingsChanged
 	b.mu.Unlock()
-	w := wasmworker.New(wasmworker.Config{Servers: []string{init.server}, Slots: threads, Kind: protocol.KindBrowser,
-		Runner: r, Device: b.protocolDevice, Volunteer: init.volunteer, Logger: log})
+	w := wasmworker.New(wasmworker.Config{Servers: []string{init.server}, Slots: threads, Queue: queuePerThread * threads,
+		Kind: protocol.KindBrowser, Runner: r, Device: b.protocolDevice, Volunteer: init.volunteer, Logger: log})
+	r.connected = func() bool { return w.Stats().Connected }
+	// A change of settings or device state (the charger unplugged, the tab
+	// hidden) stops what the settings now forbid and reaches the server in a
+	// heartbeat at once, before it assigns more work.
+	b.mu.Lock()
+	b.changed = func() {
+		r.settingsChanged()
+		w.DeviceChanged()
+	}
+	b.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	runDone := make(chan struct{})
 	go func() {
@@ -158,6 +175,8 @@ func main() {
 			"cpuMs": cpu.Milliseconds(), "paused": why != "", "pausedBecause": why,
 			"taskWorkers": map[string]any{"started": counts.Get("started"), "terminated": counts.Get("terminated"),
 				"busy": counts.Get("busy")},
+			"modules": map[string]any{"fetched": counts.Get("fetched"), "cached": counts.Get("cached")},
+			"trace":   r.traced().js(),
 		})
 	}
 	tick := time.NewTicker(250 * time.Millisecond)
@@ -172,16 +191,20 @@ func main() {
 		break
 	}
 	// Stop: hand running attempts back (reason worker: they are queued again
-	// without using up an attempt) and give their reports a moment to go out.
+	// without using up an attempt) and wait, for at most two seconds (the
+	// page ends this Web Worker after three), until the server acknowledged
+	// every outcome, those reports included. Disconnected, there is nobody
+	// to wait for: the leases lapse and the server requeues the attempts.
 	r.stopAll("the volunteer stopped computing")
-	deadline := time.Now().Add(time.Second)
+	deadline := time.Now().Add(2 * time.Second)
 	for time.Now().Before(deadline) {
-		if running, _ := r.snapshot(); len(running) == 0 {
+		running, _ := r.snapshot()
+		st := w.Stats() // after the snapshot: an outcome counted there is counted here
+		if len(running) == 0 && st.Done+st.Failed >= r.finished() && (st.Pending == 0 || !st.Connected) {
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
 	}
-	time.Sleep(200 * time.Millisecond)
 	postStatus()
 	cancel()
 	select {

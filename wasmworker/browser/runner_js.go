@@ -29,13 +29,16 @@ const (
 // runner is the browser's wasmworker.Runner: every attempt runs in a task Web
 // Worker (web/static/task.js), managed by self.cyclepoolTasks in worker.js.
 type runner struct {
-	tasks js.Value
-	b     *bridge
-	log   *slog.Logger
+	tasks     js.Value
+	b         *bridge
+	log       *slog.Logger
+	connected func() bool // whether the worker has a connection now
 
 	mu      sync.Mutex
 	runs    map[int64]*taskRun
 	cpu     time.Duration
+	ended   int // Run calls returned (their outcomes go to the worker then)
+	trace   pathTrace
 	stopped string // set once the volunteer stopped: every attempt is refused
 }
 
@@ -45,14 +48,39 @@ type taskRun struct {
 	task     string
 	progress float64
 	stop     chan string // a reason the worker stops it (pause, stop)
+	kept     []byte      // the latest checkpoint made while disconnected, not yet delivered
+	keeping  bool        // a goroutine waits to deliver kept
 }
 
 func newRunner(tasks js.Value, b *bridge, log *slog.Logger) *runner {
 	return &runner{tasks: tasks, b: b, log: log, runs: map[int64]*taskRun{}}
 }
 
+// pathTrace adds up where successful attempts' time went inside the browser
+// (ms), for the benchmark (docs/BENCHMARKS.md, "Where a browser task's time
+// goes"): Run's start to the task Web Worker being handed the attempt
+// (module compile or cache, inputs), the postMessage to it, instantiation
+// and WASI set-up, _start, collecting outputs, the postMessage back, and the
+// done message to Run's return.
+type pathTrace struct {
+	N                                                        int
+	Prepare, ToTask, Instantiate, Run, Collect, Back, Return float64
+	LastRun                                                  float64 // the last attempt's _start
+}
+
+func (t pathTrace) js() map[string]any {
+	return map[string]any{"n": t.N, "prepare": t.Prepare, "toTask": t.ToTask, "instantiate": t.Instantiate,
+		"run": t.Run, "collect": t.Collect, "back": t.Back, "return": t.Return, "lastRun": t.LastRun}
+}
+
 // snapshot returns the running attempts, by attempt id, and the CPU time
 // given so far.
+func (r *runner) traced() pathTrace {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.trace
+}
+
 func (r *runner) snapshot() ([]taskRun, time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -66,6 +94,13 @@ func (r *runner) snapshot() ([]taskRun, time.Duration) {
 
 // settingsChanged stops the running attempts when the volunteer's settings
 // now forbid work (the battery ran down, the tab was hidden, ...).
+// finished returns how many attempts Run has returned.
+func (r *runner) finished() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ended
+}
+
 func (r *runner) settingsChanged() {
 	if why := r.b.pause(); why != "" {
 		r.stopAll("volunteer paused: " + why)
@@ -94,6 +129,15 @@ func fail(start time.Time, reason, format string, args ...any) *wasmworker.Outco
 // the attempt's cancellation, for its wall time, or for the volunteer to
 // pause; the last three terminate the task Web Worker.
 func (r *runner) Run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outcome {
+	defer func() {
+		r.mu.Lock()
+		r.ended++
+		r.mu.Unlock()
+	}()
+	return r.run(ctx, job)
+}
+
+func (r *runner) run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outcome {
 	start := time.Now()
 	as := job.Assign
 	r.mu.Lock()
@@ -163,7 +207,12 @@ func (r *runner) Run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 			"outputBytes": lim.OutputBytes, "logBytes": lim.LogBytes},
 	}
 
-	done := make(chan *wasmworker.Outcome, 1)
+	type doneMsg struct {
+		out *wasmworker.Outcome
+		at  time.Time
+		t   [6]float64 // task.js's and worker.js's clock readings
+	}
+	done := make(chan doneMsg, 1)
 	var handle js.Value
 	onEvent := js.FuncOf(func(_ js.Value, a []js.Value) any {
 		m := a[0]
@@ -179,6 +228,17 @@ func (r *runner) Run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 		case "checkpoint":
 			state := bytesFromJS(m.Get("state"))
 			h := handle
+			if r.connected != nil && !r.connected() {
+				// Offline: the task goes on at once (the checkpoint is not
+				// saved yet: 2 tells task.js to report 1 and wait another
+				// interval) and the latest state is delivered on reconnecting.
+				r.keep(ctx, job, tr, state)
+				h.Call("answer", 2)
+				return nil
+			}
+			r.mu.Lock()
+			tr.kept = nil // superseded
+			r.mu.Unlock()
 			go func() {
 				code := 1
 				if job.Host != nil {
@@ -191,15 +251,40 @@ func (r *runner) Run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 				h.Call("answer", code)
 			}()
 		case "done":
-			done <- outcomeFromJS(m, start)
+			d := doneMsg{out: outcomeFromJS(m, start), at: time.Now()}
+			if t := m.Get("t"); t.Type() == js.TypeObject {
+				for i, k := range []string{"posted", "recv", "started", "ran", "sent", "back"} {
+					if v := t.Get(k); v.Type() == js.TypeNumber {
+						d.t[i] = v.Float()
+					}
+				}
+			}
+			done <- d
 		}
 		return nil
 	})
+	prepared := time.Now()
 	handle = r.tasks.Call("run", params, onEvent)
 
 	var out *wasmworker.Outcome
 	select {
-	case out = <-done:
+	case d := <-done:
+		out = d.out
+		if out.Reason == "" && d.t[0] > 0 && d.t[5] > 0 {
+			ms := func(a, b time.Time) float64 { return float64(b.Sub(a)) / 1e6 }
+			r.mu.Lock()
+			tr := &r.trace
+			tr.N++
+			tr.Prepare += ms(start, prepared)
+			tr.ToTask += d.t[1] - d.t[0]
+			tr.Instantiate += d.t[2] - d.t[1]
+			tr.Run += d.t[3] - d.t[2]
+			tr.LastRun = d.t[3] - d.t[2]
+			tr.Collect += d.t[4] - d.t[3]
+			tr.Back += d.t[5] - d.t[4]
+			tr.Return += ms(d.at, time.Now())
+			r.mu.Unlock()
+		}
 	case <-ctx.Done():
 		handle.Call("terminate")
 		out = fail(start, protocol.ReasonCancelled, "cancelled")
@@ -217,6 +302,44 @@ func (r *runner) Run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 	r.cpu += time.Duration(float64(out.Duration) * float64(share) / 100)
 	r.mu.Unlock()
 	return out
+}
+
+// keep holds a checkpoint made while disconnected and, once connected again,
+// delivers the latest such checkpoint if the attempt is still running (a
+// finished attempt's result supersedes it).
+func (r *runner) keep(ctx context.Context, job *wasmworker.Job, tr *taskRun, state []byte) {
+	r.mu.Lock()
+	tr.kept = state
+	wait := !tr.keeping
+	tr.keeping = true
+	r.mu.Unlock()
+	if !wait || job.Host == nil {
+		return
+	}
+	go func() {
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if !r.connected() {
+				continue
+			}
+			r.mu.Lock()
+			state, running := tr.kept, r.runs[tr.attempt] == tr
+			tr.kept, tr.keeping = nil, false
+			r.mu.Unlock()
+			if state != nil && running {
+				if err := job.Host.Checkpoint(ctx, state); err != nil {
+					r.log.Debug("kept checkpoint not saved", "task", tr.task, "attempt", tr.attempt, "err", err)
+				}
+			}
+			return
+		}
+	}()
 }
 
 // outcomeFromJS converts task.js's done message.

@@ -124,7 +124,9 @@
     t.textContent = running ? "Stop" : "Start";
     t.setAttribute("aria-pressed", String(running));
     if (!running) setState("Not computing.");
-    else if (!status || !status.connected) setState("Connecting…");
+    else if (status && !status.connected && status.server) {
+      setState("Offline: still computing; results are delivered when the connection returns.");
+    } else if (!status || !status.connected) setState("Connecting…");
     else if (status.paused) setState("Paused: " + status.pausedBecause + ".");
     else setState(status.running && status.running.length ? "Computing." : "Waiting for work.");
     $("stat-done").textContent = String(totals.done);

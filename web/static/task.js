@@ -30,9 +30,15 @@ class ExitSignal { constructor(code) { this.code = code; } }
 class StopSignal { constructor(reason, message) { this.reason = reason; this.message = message; } }
 class OutOfRange extends Error {}
 
+// now is a clock shared by the worker's and the task's Web Workers (ms).
+const now = () => performance.timeOrigin + performance.now();
+
 self.onmessage = (e) => {
   if (e.data.type !== "run") return;
+  const recv = now();
   const done = runAttempt(e.data);
+  // Where the attempt's time went, for the benchmark (docs/BENCHMARKS.md).
+  done.t = { posted: e.data.postedAt, recv, started: done.started, ran: done.ran, sent: now() };
   postMessage(done, [done.log.buffer, ...done.outputs.map((o) => o.data.buffer)]);
 };
 
@@ -511,9 +517,11 @@ function runAttempt(p) {
       Atomics.store(ctl, 0, 0);
       postMessage({ type: "checkpoint", state }, [state.buffer]);
       Atomics.wait(ctl, 0, 0); // the worker answers once the server committed it (or refused)
+      // 0: saved; 2: offline, kept by the worker to deliver on reconnecting
+      // (not saved yet, so 1 for the task, but not due again at once).
       const code = Atomics.load(ctl, 1);
-      if (code === 0) lastCkpt = performance.now();
-      return code;
+      if (code === 0 || code === 2) lastCkpt = performance.now();
+      return code === 0 ? 0 : 1;
     },
     restore(ptr, cap) {
       const st = p.restore;
@@ -550,6 +558,7 @@ function runAttempt(p) {
   }
   let exitCode = 0;
   lastCkpt = performance.now();
+  const started = now();
   try {
     instance.exports._start();
   } catch (err) {
@@ -562,6 +571,7 @@ function runAttempt(p) {
       return result("trap", "trap: " + (err && err.message) + "\n" + ((err && err.stack) || ""));
     }
   }
+  const ran = now();
   if (memory.buffer.byteLength > pageLimit) {
     return result("limit_memory", `memory limit exceeded: the module grew its memory to ${memory.buffer.byteLength / 65536} pages, the limit is ${limits.memoryPages} pages (64 KiB each)`);
   }
@@ -600,6 +610,7 @@ function runAttempt(p) {
     }
   }
   const r = result("", "");
+  r.started = started; r.ran = ran;
   r.outputs = [{ name: "stdout", data: stdout }, ...files];
   return r;
 }

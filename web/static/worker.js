@@ -41,26 +41,53 @@ async function boot(init) {
 }
 
 function makeTasks(taskJs, server) {
-  const modules = new Map(); // module id -> Promise<WebAssembly.Module>
-  const idle = [];           // task Web Workers waiting for their next attempt
-  const counts = { started: 0, terminated: 0, busy: 0 };
+  const bytesById = new Map(); // module id -> Promise<ArrayBuffer> (checked against its id)
+  const modules = new Map();   // module id + "/" + memory pages -> Promise<WebAssembly.Module>
+  const idle = [];             // task Web Workers waiting for their next attempt
+  // Counters the page shows (and the tests read): task Web Workers started,
+  // terminated and busy; modules fetched from the server and found in the
+  // IndexedDB cache.
+  const counts = { started: 0, terminated: 0, busy: 0, fetched: 0, cached: 0 };
   const hex = (buf) => Array.from(new Uint8Array(buf), (b) => b.toString(16).padStart(2, "0")).join("");
+  const cache = moduleCache();
 
-  // compile fetches a module (the HTTP cache keeps its bytes: it is
-  // immutable), checks its sha256 against its id, caps its memory at the
-  // attempt's limit and compiles it once per page and limit.
+  // moduleBytes returns a module's bytes: from the IndexedDB cache of
+  // earlier visits, or fetched from the server (the HTTP cache may answer:
+  // a module is immutable) and then stored there. Either way the bytes must
+  // hash to the module's id.
+  function moduleBytes(id) {
+    let p = bytesById.get(id);
+    if (!p) {
+      p = (async () => {
+        const check = async (bytes) => {
+          const digest = hex(await crypto.subtle.digest("SHA-256", bytes));
+          return "sha256:" + digest === id ? null : digest;
+        };
+        const kept = await cache.get(id);
+        if (kept && !(await check(kept))) { counts.cached++; return kept; }
+        const resp = await fetch(server + "/modules/" + encodeURIComponent(id));
+        if (!resp.ok) throw new Error(`fetch module ${id}: HTTP ${resp.status}`);
+        const bytes = await resp.arrayBuffer();
+        const bad = await check(bytes);
+        if (bad) throw new Error(`module ${id}: its bytes hash to sha256:${bad}`);
+        counts.fetched++;
+        cache.put(id, bytes);
+        return bytes;
+      })();
+      bytesById.set(id, p);
+      p.catch(() => bytesById.delete(id));
+      if (bytesById.size > 64) bytesById.delete(bytesById.keys().next().value);
+    }
+    return p;
+  }
+
+  // compile caps a module's memory at the attempt's limit and compiles it,
+  // once per page and limit.
   function compile(id, pages) {
     const key = id + "/" + pages;
     let p = modules.get(key);
     if (!p) {
-      p = (async () => {
-        const resp = await fetch(server + "/modules/" + encodeURIComponent(id));
-        if (!resp.ok) throw new Error(`fetch module ${id}: HTTP ${resp.status}`);
-        const bytes = await resp.arrayBuffer();
-        const digest = hex(await crypto.subtle.digest("SHA-256", bytes));
-        if ("sha256:" + digest !== id) throw new Error(`module ${id}: its bytes hash to sha256:${digest}`);
-        return WebAssembly.compile(limitMemory(new Uint8Array(bytes), pages));
-      })();
+      p = moduleBytes(id).then((bytes) => WebAssembly.compile(limitMemory(new Uint8Array(bytes), pages)));
       modules.set(key, p);
       p.catch(() => modules.delete(key));
       if (modules.size > 64) modules.delete(modules.keys().next().value);
@@ -131,6 +158,7 @@ function makeTasks(taskJs, server) {
       if (over) return;
       const m = e.data;
       if (m.type === "done") {
+        if (m.t) m.t.back = performance.timeOrigin + performance.now();
         finish();
         if (idle.length < 16) idle.push(w); else kill(w);
       }
@@ -144,7 +172,9 @@ function makeTasks(taskJs, server) {
     };
     w.onmessageerror = w.onerror;
     params.ctl = ctl;
-    w.postMessage(Object.assign({ type: "run" }, params));
+    params.type = "run";
+    params.postedAt = performance.timeOrigin + performance.now();
+    w.postMessage(params);
     return {
       terminate() { if (!over) { finish(); kill(w); } },
       answer(code) {
@@ -154,4 +184,62 @@ function makeTasks(taskJs, server) {
     };
   }
   return { compile, run, counts };
+}
+
+// moduleCache keeps module bytes across visits in IndexedDB, keyed by module
+// id (a module is immutable), so that a volunteer downloads each module once.
+// Chromium no longer stores a compiled WebAssembly.Module there, so the bytes
+// are kept and compiled once per visit (a no-op's compile takes well under a
+// millisecond; a large module compiles lazily, function by function). At most
+// maxEntries modules are kept, the least recently used going first. Where
+// IndexedDB is unavailable (some private modes, a full disk) every call
+// quietly does nothing and modules come from the network.
+function moduleCache() {
+  const maxEntries = 32;
+  const db = new Promise((resolve) => {
+    try {
+      const req = indexedDB.open("cyclepool-modules", 1);
+      req.onupgradeneeded = () => {
+        req.result.createObjectStore("bytes"); // module id -> ArrayBuffer
+        req.result.createObjectStore("used");  // module id -> when last used (ms)
+      };
+      req.onsuccess = () => resolve(req.result);
+      req.onerror = () => resolve(null);
+      req.onblocked = () => resolve(null);
+    } catch { resolve(null); }
+  });
+  // tx runs fn in a read-write transaction; its promise gives what fn set,
+  // or null when the transaction (or IndexedDB) fails.
+  const tx = async (fn) => {
+    const d = await db;
+    if (!d) return null;
+    return new Promise((resolve) => {
+      try {
+        const t = d.transaction(["bytes", "used"], "readwrite");
+        let out = null;
+        fn(t.objectStore("bytes"), t.objectStore("used"), (v) => { out = v; });
+        t.oncomplete = () => resolve(out);
+        t.onerror = t.onabort = () => resolve(null);
+      } catch { resolve(null); }
+    });
+  };
+  return {
+    get: (id) => tx((bytes, used, set) => {
+      const r = bytes.get(id);
+      r.onsuccess = () => {
+        if (!(r.result instanceof ArrayBuffer)) return;
+        set(r.result);
+        used.put(Date.now(), id);
+      };
+    }),
+    put: (id, data) => tx((bytes, used) => {
+      bytes.put(data, id);
+      used.put(Date.now(), id);
+      const keys = used.getAllKeys(), times = used.getAll();
+      times.onsuccess = () => {
+        const order = keys.result.map((k, i) => [times.result[i], k]).sort((a, b) => a[0] - b[0]);
+        for (const [, k] of order.slice(0, Math.max(0, order.length - maxEntries))) { bytes.delete(k); used.delete(k); }
+      };
+    }),
+  };
 }

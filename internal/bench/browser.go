@@ -1,0 +1,266 @@
+package bench
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/wasmworker"
+	"github.com/cyclepool/cyclepool/wasmworker/headless"
+)
+
+// DefaultChromium is Debian's Chromium, which the browser part drives.
+const DefaultChromium = "/usr/bin/chromium"
+
+// browserPage is one headless Chromium with the volunteer page open and
+// computing (no headless worker is connected meanwhile).
+type browserPage struct {
+	ctx    context.Context
+	cancel func()
+}
+
+// pageTrace is window.cyclepool.status.trace (wasmworker/browser: pathTrace).
+type pageTrace struct {
+	N           int     `json:"n"`
+	Prepare     float64 `json:"prepare"`
+	ToTask      float64 `json:"toTask"`
+	Instantiate float64 `json:"instantiate"`
+	Run         float64 `json:"run"`
+	Collect     float64 `json:"collect"`
+	Back        float64 `json:"back"`
+	Return      float64 `json:"return"`
+	LastRun     float64 `json:"lastRun"`
+}
+
+type pageStatus struct {
+	Connected bool      `json:"connected"`
+	Done      int       `json:"done"`
+	Failed    int       `json:"failed"`
+	Trace     pageTrace `json:"trace"`
+}
+
+// openBrowser starts Chromium, gives the page `threads` threads with no
+// pause conditions, and starts computing.
+func (b *bench) openBrowser(ctx context.Context, threads int) (*browserPage, error) {
+	exe := b.cfg.Chromium
+	if exe == "" {
+		exe = DefaultChromium
+	}
+	if _, err := os.Stat(exe); err != nil {
+		return nil, fmt.Errorf("chromium: %w", err)
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.Flag("disable-gpu", true),
+		chromedp.Flag("disable-component-update", true), chromedp.UserDataDir(filepath.Join(b.tmp, "chromium")))
+	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	cctx, cancel := chromedp.NewContext(actx)
+	p := &browserPage{ctx: cctx, cancel: func() { cancel(); cancelAlloc() }}
+	settings, _ := json.Marshal(map[string]any{"threads": threads, "share": 100, "charging": false, "floor": 0,
+		"metered": false, "hidden": false})
+	err := chromedp.Do(cctx,
+		chromedp.Navigate(b.url+"/"),
+		chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`localStorage.setItem("cyclepool.settings", %q)`, settings)),
+		chromedp.Navigate(b.url+"/?autostart=1"))
+	if err == nil {
+		err = p.waitFor(30*time.Second, func(s pageStatus) bool { return s.Connected })
+	}
+	if err != nil {
+		p.cancel()
+		return nil, fmt.Errorf("open the volunteer page: %w", err)
+	}
+	return p, nil
+}
+
+func (p *browserPage) status() (pageStatus, error) {
+	ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
+	defer cancel()
+	raw, err := chromedp.Run(ctx, chromedp.Evaluate[json.RawMessage](`window.cyclepool.status`))
+	var s pageStatus
+	if err == nil && string(raw) != "null" {
+		err = json.Unmarshal(raw, &s)
+	}
+	return s, err
+}
+
+func (p *browserPage) waitFor(limit time.Duration, cond func(pageStatus) bool) error {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		if s, err := p.status(); err == nil && cond(s) {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return errors.New("timed out waiting for the page")
+}
+
+// browser runs the browser figures: single-task latency and where its time
+// goes, throughput, and the prime counter in Chromium against wazero.
+func (b *bench) browser(ctx context.Context) error {
+	p, err := b.openBrowser(ctx, 2)
+	if err != nil {
+		return err
+	}
+	defer p.cancel()
+	if err := b.browserSingle(ctx, p); err != nil {
+		b.printf("browser_single_task_ms: error: %v", err)
+	}
+	if err := b.browserThroughput(ctx, p); err != nil {
+		b.printf("browser_tasks_per_s: error: %v", err)
+	}
+	if err := b.browserVsWazero(ctx, p); err != nil {
+		b.printf("browser_vs_wazero: error: %v", err)
+	}
+	return nil
+}
+
+// browserSingle: one no-op task at a time through the page, submission to
+// durable result; then where the median task's time went.
+func (b *bench) browserSingle(ctx context.Context, p *browserPage) error {
+	wf := b.workflowJSON("browser-single", 1)
+	var lat []time.Duration
+	var ids []string
+	var before pageStatus
+	for i := range b.cfg.Singles + 20 {
+		if i == 20 { // after the warm-up
+			s, err := p.status()
+			if err != nil {
+				return err
+			}
+			before = s
+		}
+		start := time.Now()
+		s, err := b.client.Submit(ctx, wf)
+		if err != nil {
+			return err
+		}
+		if err := b.waitDone(ctx, s.ID, 200*time.Microsecond, 30*time.Second); err != nil {
+			return err
+		}
+		if i >= 20 {
+			lat = append(lat, time.Since(start))
+			ids = append(ids, s.ID)
+		}
+	}
+	b.printf("browser_single_task_ms_p50: %.2f", ms(percentile(lat, 50)))
+	b.printf("browser_single_task_ms_p99: %.2f", ms(percentile(lat, 99)))
+
+	// The server's side, by the database's clock (medians): ready to
+	// claimed, claimed to the start of the completion's commit.
+	var r2c, c2r float64
+	err := b.db.QueryRow(ctx, `SELECT
+		percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.started_at - (t.sort_key + interval '5 minutes'))),
+		percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.ended_at - a.started_at))
+		FROM tasks t JOIN attempts a ON a.task_id = t.id WHERE t.workflow_id = ANY($1::uuid[])`, ids).Scan(&r2c, &c2r)
+	if err != nil {
+		return err
+	}
+	b.printf("browser_single_ready_to_claim_ms_p50: %.2f", r2c*1000)
+	b.printf("browser_single_claim_to_result_ms_p50: %.2f", c2r*1000)
+	// Inside the browser (means over the same tasks; the page reports a
+	// few times a second, so wait for its last report).
+	time.Sleep(400 * time.Millisecond)
+	after, err := p.status()
+	if err != nil {
+		return err
+	}
+	n := float64(after.Trace.N - before.Trace.N)
+	if n <= 0 {
+		return errors.New("the page traced no task")
+	}
+	a, z := after.Trace, before.Trace
+	for _, seg := range []struct {
+		name string
+		v    float64
+	}{{"prepare", a.Prepare - z.Prepare}, {"to_task_worker", a.ToTask - z.ToTask}, {"instantiate", a.Instantiate - z.Instantiate},
+		{"run", a.Run - z.Run}, {"collect", a.Collect - z.Collect}, {"back", a.Back - z.Back}, {"return", a.Return - z.Return}} {
+		b.printf("browser_path_ms_%s: %.3f", seg.name, seg.v/n)
+	}
+	return nil
+}
+
+// browserThroughput: cfg.BrowserTasks no-op tasks at once, completed
+// durably by the one page.
+func (b *bench) browserThroughput(ctx context.Context, p *browserPage) error {
+	wf := b.workflowJSON("browser-dispatch", b.cfg.BrowserTasks)
+	start := time.Now()
+	s, err := b.client.Submit(ctx, wf)
+	if err != nil {
+		return err
+	}
+	if err := b.waitDone(ctx, s.ID, time.Millisecond, 10*time.Minute); err != nil {
+		return err
+	}
+	took := time.Since(start)
+	b.printf("browser_tasks_per_s: %.0f", float64(b.cfg.BrowserTasks)/took.Seconds())
+	b.printf("browser_dispatch_total_s: %.2f", took.Seconds())
+	return nil
+}
+
+// browserVsWazero: the prime counter's run time (its _start) in Chromium,
+// best of three after a first run, divided by the same in wazero.
+func (b *bench) browserVsWazero(ctx context.Context, p *browserPage) error {
+	const lo, hi = "0", "3000000"
+	wasm, err := os.ReadFile(filepath.Join(b.cfg.Repo, "bin", "tasks", "primes.wasm"))
+	if err != nil {
+		return fmt.Errorf("%w (run make tasks)", err)
+	}
+	mod, err := b.client.PushModule(ctx, wasm)
+	if err != nil {
+		return err
+	}
+	wf, _ := json.Marshal(map[string]any{"name": "browser-primes", "tasks": []map[string]any{
+		{"name": "primes", "module": mod.ID, "args": []string{lo, hi}}}})
+	var inBrowser time.Duration
+	for i := range 4 {
+		s, err := b.client.Submit(ctx, wf)
+		if err != nil {
+			return err
+		}
+		if err := b.waitDone(ctx, s.ID, 5*time.Millisecond, 2*time.Minute); err != nil {
+			return err
+		}
+		time.Sleep(400 * time.Millisecond)
+		st, err := p.status()
+		if err != nil {
+			return err
+		}
+		d := time.Duration(st.Trace.LastRun * float64(time.Millisecond))
+		if i == 1 || (i > 1 && d < inBrowser) { // the first run compiles and warms up
+			inBrowser = d
+		}
+	}
+	r, err := headless.New(ctx, headless.Config{CacheDir: filepath.Join(b.tmp, "wcache-browser")})
+	if err != nil {
+		return err
+	}
+	defer r.Close(ctx)
+	sum := sha256.Sum256(wasm)
+	id := "sha256:" + hex.EncodeToString(sum[:])
+	var inWazero time.Duration
+	for i := range 4 {
+		job := &wasmworker.Job{ModuleID: id, Host: nopHost{},
+			Assign: &protocol.Assign{Attempt: int64(i + 1), Module: id, Args: []string{lo, hi}},
+			Fetch:  func(context.Context) ([]byte, error) { return wasm, nil }}
+		start := time.Now()
+		out := r.Run(ctx, job)
+		if out.Reason != "" {
+			return fmt.Errorf("%s: %s", out.Reason, out.Message)
+		}
+		if d := time.Since(start); i == 1 || (i > 1 && d < inWazero) {
+			inWazero = d
+		}
+	}
+	b.printf("primes_chromium_ms: %.0f", ms(inBrowser))
+	b.printf("primes_wazero_ms: %.0f", ms(inWazero))
+	b.printf("browser_vs_wazero: %.2f", float64(inBrowser)/float64(inWazero))
+	return nil
+}

@@ -1,0 +1,157 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Run is one successful attempt's run time, for the averages per module and
+// task name (longest first, checkpoint optimum).
+type Run struct {
+	Module   string
+	Name     string
+	Duration time.Duration
+}
+
+// runBuffer gathers runs from Complete so that the averages are written in
+// batches, off the completion path.
+type runBuffer struct {
+	mu   sync.Mutex
+	runs []Run
+}
+
+// maxBufferedRuns bounds the buffer; runs beyond it are dropped (the
+// averages are estimates).
+const maxBufferedRuns = 100000
+
+func (b *runBuffer) add(rs []Run) {
+	if len(rs) == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.runs)+len(rs) <= maxBufferedRuns {
+		b.runs = append(b.runs, rs...)
+	}
+}
+
+func (b *runBuffer) take() []Run {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	rs := b.runs
+	b.runs = nil
+	return rs
+}
+
+// RuntimeStat is the average run time of one task name of a module.
+type RuntimeStat struct {
+	Module string
+	Name   string
+	Runs   int64
+	Mean   time.Duration
+}
+
+// aggregateRuns folds runs into one average per (module, name), sorted.
+func aggregateRuns(rs []Run) []RuntimeStat {
+	type key struct{ m, n string }
+	acc := map[key]*RuntimeStat{}
+	for _, r := range rs {
+		k := key{r.Module, r.Name}
+		a := acc[k]
+		if a == nil {
+			a = &RuntimeStat{Module: r.Module, Name: r.Name}
+			acc[k] = a
+		}
+		a.Runs++
+		a.Mean += (r.Duration - a.Mean) / time.Duration(a.Runs)
+	}
+	out := make([]RuntimeStat, 0, len(acc))
+	for _, a := range acc {
+		out = append(out, *a)
+	}
+	slices.SortFunc(out, func(a, b RuntimeStat) int {
+		if c := strings.Compare(a.Module, b.Module); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return out
+}
+
+// FlushRuntimeStats folds the run times of the successes committed since
+// the last flush into runtime_stats, in one statement, and returns how many
+// task names it updated.
+func (s *Store) FlushRuntimeStats(ctx context.Context) (int, error) {
+	stats := aggregateRuns(s.runs.take())
+	if len(stats) == 0 {
+		return 0, nil
+	}
+	ms := make([]string, len(stats))
+	ns := make([]string, len(stats))
+	runs := make([]int64, len(stats))
+	means := make([]float64, len(stats))
+	for i, st := range stats {
+		ms[i], ns[i], runs[i], means[i] = st.Module, st.Name, st.Runs, float64(st.Mean)/float64(time.Millisecond)
+	}
+	_, err := s.pool.Exec(ctx, `INSERT INTO runtime_stats AS r (module_id, name, runs, mean_ms)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::float8[])
+		ON CONFLICT (module_id, name) DO UPDATE SET runs = r.runs + EXCLUDED.runs,
+			mean_ms = (r.mean_ms * r.runs + EXCLUDED.mean_ms * EXCLUDED.runs) / (r.runs + EXCLUDED.runs)`, ms, ns, runs, means)
+	if err != nil {
+		return 0, fmt.Errorf("update run time averages: %w", err)
+	}
+	return len(stats), nil
+}
+
+// RuntimeStats reads the run time averages of the given modules.
+func (s *Store) RuntimeStats(ctx context.Context, modules []string) ([]RuntimeStat, error) {
+	rows, err := s.pool.Query(ctx, `SELECT module_id, name, runs, mean_ms FROM runtime_stats WHERE module_id = ANY($1)`, modules)
+	if err != nil {
+		return nil, fmt.Errorf("read run time averages: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (RuntimeStat, error) {
+		var st RuntimeStat
+		var mean float64
+		err := r.Scan(&st.Module, &st.Name, &st.Runs, &mean)
+		st.Mean = time.Duration(mean * float64(time.Millisecond))
+		return st, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read run time averages: %w", err)
+	}
+	return out, nil
+}
+
+// AttemptSpan is when one attempt of a workflow ran, and where.
+type AttemptSpan struct {
+	Task      string
+	Worker    string
+	Start     time.Time
+	End       time.Time // now for running attempts
+	Succeeded bool
+}
+
+// WorkflowSpans lists the attempts of a workflow (no owner check: callers
+// checked it already), for its efficiency.
+func (s *Store) WorkflowSpans(ctx context.Context, id string) ([]AttemptSpan, error) {
+	rows, err := s.pool.Query(ctx, `SELECT t.name, a.worker_id::text, a.started_at, coalesce(a.ended_at, now()), a.state = 'succeeded'
+		FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = $1 ORDER BY a.id`, id)
+	if err != nil {
+		return nil, fmt.Errorf("read attempts of %s: %w", id, err)
+	}
+	spans, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (AttemptSpan, error) {
+		var a AttemptSpan
+		err := r.Scan(&a.Task, &a.Worker, &a.Start, &a.End, &a.Succeeded)
+		return a, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read attempts of %s: %w", id, err)
+	}
+	return spans, nil
+}

@@ -1,0 +1,355 @@
+package server
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/sched"
+	"github.com/cyclepool/cyclepool/internal/store"
+)
+
+// maxSamples bounds the heartbeat history kept per connection for the
+// stability classification.
+const maxSamples = 200
+
+// deviceSample turns a heartbeat's device state into a sched.Sample.
+// Unknown fields count as the benign value (online, visible, no battery).
+func deviceSample(at time.Time, d *protocol.Device) sched.Sample {
+	s := sched.Sample{At: at, Battery: -1, Online: true}
+	if d == nil {
+		return s
+	}
+	if d.Battery != nil {
+		s.Battery = *d.Battery
+	}
+	s.Charging = d.Charging == "yes"
+	s.Online = d.Online != "no"
+	s.Connection = d.Connection
+	s.Hidden = d.Visibility == "hidden"
+	return s
+}
+
+// addSample records a heartbeat's device state on c (hub.mu held). Samples
+// closer than half a heartbeat interval to the previous one (a heartbeat
+// sent early because the device changed) replace it, so that the jitter
+// measures the regular heartbeats.
+func (c *conn) addSample(s sched.Sample, heartbeat time.Duration) {
+	if n := len(c.samples); n > 0 && s.At.Sub(c.samples[n-1].At) < heartbeat/2 {
+		s.At = c.samples[n-1].At
+		c.samples[n-1] = s
+		return
+	}
+	if len(c.samples) >= maxSamples {
+		c.samples = append(c.samples[:0], c.samples[len(c.samples)-maxSamples+1:]...)
+	}
+	c.samples = append(c.samples, s)
+}
+
+// runtimes is the in-memory copy of the run time averages (longest first,
+// checkpoint optimum), refreshed from the database, and the measured cost
+// of a checkpoint per module.
+type runtimes struct {
+	mu      sync.Mutex
+	stats   *sched.RuntimeStats
+	modules map[string]bool // modules seen among ready tasks, to load
+	ckpt    map[string]time.Duration
+}
+
+func newRuntimes() *runtimes {
+	return &runtimes{stats: &sched.RuntimeStats{}, modules: map[string]bool{}, ckpt: map[string]time.Duration{}}
+}
+
+// observeCheckpoint folds one checkpoint's cost into the module's moving
+// average.
+func (r *runtimes) observeCheckpoint(module string, d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if old, ok := r.ckpt[module]; ok {
+		d = (3*old + d) / 4
+	}
+	r.ckpt[module] = d
+}
+
+// refreshStats writes this replica's new run times and reloads the averages
+// of the modules recently seen, every few seconds.
+func (s *Server) refreshStats(ctx context.Context) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := s.store.FlushRuntimeStats(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("flush run times", "err", err)
+		}
+		s.rt.mu.Lock()
+		mods := make([]string, 0, len(s.rt.modules))
+		for m := range s.rt.modules {
+			mods = append(mods, m)
+		}
+		clear(s.rt.modules)
+		s.rt.mu.Unlock()
+		if len(mods) == 0 {
+			continue
+		}
+		stats, err := s.store.RuntimeStats(ctx, mods)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("read run times", "err", err)
+			}
+			continue
+		}
+		fresh := &sched.RuntimeStats{}
+		for _, st := range stats {
+			fresh.Set(st.Module, st.Name, int(st.Runs), st.Mean)
+		}
+		s.rt.mu.Lock()
+		s.rt.stats = fresh
+		s.rt.mu.Unlock()
+	}
+}
+
+// refreshRecords reloads the database records (reputation, attempts, lost
+// attempts) of this replica's workers.
+func (s *Server) refreshRecords(ctx context.Context, ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	recs, err := s.store.Workers(ctx, ids)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("read worker records", "err", err)
+		}
+		return
+	}
+	s.hub.mu.Lock()
+	defer s.hub.mu.Unlock()
+	for _, r := range recs {
+		if c := s.hub.conns[r.ID]; c != nil {
+			c.record = r
+		}
+	}
+}
+
+// planInput is one dispatch round's view of this replica's reserved slots.
+type planWorker struct {
+	w    sched.Worker
+	rep  sched.Reputation
+	idle int
+}
+
+// plan decides which ready task replicas go to which reserved slots, with
+// the policies of internal/sched: stability classes, fairness, longest
+// first, distinct workers for replicas, adaptive replication and the
+// checkpoint optimum. Workers offer one slot per Schedule call, round after
+// round, so that work spreads over the workers as the slots of each allow.
+func (s *Server) plan(now time.Time, cands []store.Candidate, workers []planWorker) []store.Pick {
+	s.rt.mu.Lock()
+	stats := s.rt.stats
+	for _, c := range cands {
+		s.rt.modules[c.Module] = true
+	}
+	ckptCost := make(map[string]time.Duration, len(s.rt.ckpt))
+	for m, d := range s.rt.ckpt {
+		ckptCost[m] = d
+	}
+	s.rt.mu.Unlock()
+
+	byID := map[string]store.Candidate{}
+	var tasks []sched.Task
+	for _, c := range cands {
+		id := strconv.FormatInt(c.TaskID, 10)
+		byID[id] = c
+		prio := sched.Batch
+		ready := c.ReadySince
+		if c.Priority == "interactive" {
+			prio = sched.Interactive
+			ready = ready.Add(s.headStart())
+		}
+		for j := range c.Pending {
+			r := j
+			if c.Replicas > 1 {
+				r += len(c.Exclude)
+			}
+			tasks = append(tasks, sched.Task{ID: id, Replica: r, Workflow: c.WorkflowID, Module: c.Module, Name: c.Name,
+				Priority: prio, ReadySince: ready, CheckpointCost: ckptCost[c.Module], Exclude: slices.Clone(c.Exclude)})
+		}
+	}
+	cfg := s.schedConfig()
+	clock := sched.FixedClock(now)
+	idle := make([]int, len(workers))
+	for i := range workers {
+		idle[i] = workers[i].idle
+	}
+	type key struct {
+		task    string
+		replica int
+	}
+	var picks []store.Pick
+	solo := map[string]bool{}    // fresh replicated tasks started alone on a trusted worker
+	started := map[string]bool{} // fresh replicated tasks given a first replica in this plan
+	vcfg := sched.DefaultVerify()
+	for len(tasks) > 0 {
+		var ws []sched.Worker
+		for i := range workers {
+			if idle[i] > 0 {
+				w := workers[i].w
+				w.Idle = 1
+				w.Busy = w.Slots - idle[i]
+				ws = append(ws, w)
+			}
+		}
+		if len(ws) == 0 {
+			break
+		}
+		p := sched.Schedule(clock, sched.Input{Ready: tasks, Workers: ws, Stats: stats, Rand: s.rng()}, cfg)
+		if len(p.Assignments) == 0 {
+			break
+		}
+		done := map[key]bool{}
+		for _, a := range p.Assignments {
+			done[key{a.Task, a.Replica}] = true
+			c := byID[a.Task]
+			wi := slices.IndexFunc(workers, func(w planWorker) bool { return w.w.ID == a.Worker })
+			idle[wi]--
+			if solo[a.Task] {
+				continue // a trusted worker runs this task alone
+			}
+			pk := store.Pick{TaskID: c.TaskID, Worker: a.Worker}
+			if a.Checkpoint.Interval > 0 {
+				pk.CkptMS = max(a.Checkpoint.Interval, time.Second).Milliseconds()
+			}
+			if c.Replicas > 1 && c.Fresh && !started[a.Task] {
+				started[a.Task] = true
+				vc := vcfg
+				vc.Replicas = c.Replicas
+				if sched.InitialReplicas(vc, workers[wi].rep) == 1 {
+					pk.Solo = true
+					solo[a.Task] = true
+				}
+			}
+			picks = append(picks, pk)
+		}
+		// Keep the instances not yet placed; a worker that took a replica
+		// of a task may take no other replica of it.
+		rest := tasks[:0]
+		for _, t := range tasks {
+			if done[key{t.ID, t.Replica}] || solo[t.ID] {
+				continue
+			}
+			rest = append(rest, t)
+		}
+		tasks = rest
+		for i := range tasks {
+			for _, a := range p.Assignments {
+				if a.Task == tasks[i].ID && !slices.Contains(tasks[i].Exclude, a.Worker) && byID[a.Task].Replicas > 1 {
+					tasks[i].Exclude = append(tasks[i].Exclude, a.Worker)
+				}
+			}
+		}
+	}
+	return picks
+}
+
+// rng returns the random source that orders tasks of unknown run time.
+func (s *Server) rng() *rand.Rand {
+	return rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+}
+
+// schedConfig is the policy configuration of this server.
+func (s *Server) schedConfig() sched.Config {
+	cfg := sched.DefaultConfig()
+	cfg.Fairness = s.cfg.Fairness
+	cfg.BatchAging = s.headStart()
+	cfg.Stability.Heartbeat = s.cfg.Heartbeat
+	return cfg
+}
+
+// history is what the classification knows of a worker's past.
+func (c *conn) history() sched.History {
+	return sched.History{Attempts: int(c.record.Attempts), Lost: int(c.record.TasksLost),
+		Valid: int(c.record.ResultsValid), Invalid: int(c.record.ResultsInvalid)}
+}
+
+// planWorkers describes the workers of the reserved slots for plan, in id
+// order, with their device history, record and idle slots.
+func (s *Server) planWorkers(reserved map[string][]*conn) []planWorker {
+	ids := make([]string, 0, len(reserved))
+	for id := range reserved {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	s.hub.mu.Lock()
+	defer s.hub.mu.Unlock()
+	out := make([]planWorker, 0, len(ids))
+	for _, id := range ids {
+		c := reserved[id][0]
+		rep := c.record.Reputation()
+		out = append(out, planWorker{
+			w: sched.Worker{ID: id, Slots: c.slots, Samples: slices.Clone(c.samples), History: c.history(),
+				Rep: rep, JobsDone: c.tasksDone, Link: -1},
+			rep:  rep,
+			idle: len(reserved[id]),
+		})
+	}
+	return out
+}
+
+// efficiency computes a workflow's resource efficiency after Heymann et
+// al. (useful work over the time its workers were held, a worker being held
+// from the start of its first attempt of the workflow to the end of its
+// last) and the suggested parallelism (Table 1) from the run time of each
+// task's successful attempt. Both are nil until an attempt succeeded.
+func efficiency(spans []store.AttemptSpan) (*float64, *int) {
+	type span struct{ first, last time.Time }
+	held := map[string]*span{}
+	work := map[string]time.Duration{}
+	runs := map[string]time.Duration{}
+	for _, a := range spans {
+		h := held[a.Worker]
+		if h == nil {
+			h = &span{a.Start, a.End}
+			held[a.Worker] = h
+		}
+		if a.Start.Before(h.first) {
+			h.first = a.Start
+		}
+		if a.End.After(h.last) {
+			h.last = a.End
+		}
+		if a.Succeeded {
+			work[a.Worker] += a.End.Sub(a.Start)
+			runs[a.Task] = a.End.Sub(a.Start)
+		}
+	}
+	if len(runs) == 0 {
+		return nil, nil
+	}
+	var wt []sched.WorkerTime
+	for w, h := range held {
+		wt = append(wt, sched.WorkerTime{Work: work[w], Up: h.last.Sub(h.first)})
+	}
+	e := sched.Efficiency(wt)
+	rs := make([]time.Duration, 0, len(runs))
+	for _, d := range runs {
+		rs = append(rs, d)
+	}
+	p := sched.ParallelismCap(rs)
+	return &e, &p
+}
+
+// headStart is the store's interactive head start (5 minutes without a
+// store, in tests).
+func (s *Server) headStart() time.Duration {
+	if s.store == nil {
+		return 5 * time.Minute
+	}
+	return s.store.InteractiveHeadStart()
+}

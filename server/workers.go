@@ -1,0 +1,100 @@
+package server
+
+import (
+	"encoding/json"
+	"math"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/sched"
+	"github.com/cyclepool/cyclepool/internal/store"
+)
+
+// workerStability is a worker's stability class as the API shows it.
+type workerStability struct {
+	Class       string   `json:"class"`
+	Reasons     []string `json:"reasons"`
+	TimeToEmpty *float64 `json:"time_to_empty_s"` // null when no drain is predicted
+	SlopePerH   *float64 `json:"battery_slope_per_hour"`
+}
+
+// workerReputation is a worker's record of verified results.
+type workerReputation struct {
+	Valid   int64   `json:"valid"`
+	Invalid int64   `json:"invalid"`
+	Score   float64 `json:"score"`
+	Trusted bool    `json:"trusted"`
+}
+
+// workerView is one worker in GET /api/v1/workers.
+type workerView struct {
+	ID          string           `json:"id"`
+	Kind        string           `json:"kind"`
+	Slots       int              `json:"slots"`
+	Volunteer   string           `json:"volunteer"`
+	Replica     string           `json:"replica"`
+	ConnectedAt time.Time        `json:"connected_at"`
+	LastSeen    time.Time        `json:"last_seen"`
+	Device      json.RawMessage  `json:"device"`
+	Running     *int             `json:"running"`    // null: connected to another replica
+	TasksDone   *int             `json:"tasks_done"` // results accepted since it connected; null: another replica
+	Attempts    int64            `json:"attempts"`
+	TasksLost   int64            `json:"tasks_lost"`
+	Stability   *workerStability `json:"stability"` // null: connected to another replica
+	Reputation  workerReputation `json:"reputation"`
+}
+
+func stabilityView(st sched.Stability) *workerStability {
+	v := &workerStability{Class: st.Class.String(), Reasons: st.Reasons}
+	if v.Reasons == nil {
+		v.Reasons = []string{}
+	}
+	if st.TimeToEmpty >= 0 {
+		x := st.TimeToEmpty.Seconds()
+		v.TimeToEmpty = &x
+	}
+	if !math.IsNaN(st.Slope) && !math.IsInf(st.Slope, 0) {
+		x := st.Slope
+		v.SlopePerH = &x
+	}
+	return v
+}
+
+// handleWorkers lists the connected workers of every replica: kind, device
+// state, reputation; for those connected to this replica also the
+// stability class with its reasons, running attempts and tasks done. It
+// adds the fairness metric (variance of tasks done per worker here).
+func (s *Server) handleWorkers(w http.ResponseWriter, r *http.Request, _ store.Owner) {
+	recs, err := s.store.Workers(r.Context(), nil)
+	if err != nil {
+		s.serverError(w, "list workers", err)
+		return
+	}
+	now := time.Now()
+	cfg := s.schedConfig()
+	out := make([]workerView, 0, len(recs))
+	var jobs []int
+	s.hub.mu.Lock()
+	for _, rec := range recs {
+		rep := rec.Reputation()
+		v := workerView{ID: rec.ID, Kind: rec.Kind, Slots: rec.Slots, Volunteer: rec.Volunteer, Replica: rec.Replica,
+			ConnectedAt: rec.ConnectedAt, LastSeen: rec.LastSeen, Device: rec.Device, Attempts: rec.Attempts, TasksLost: rec.TasksLost,
+			Reputation: workerReputation{Valid: rec.ResultsValid, Invalid: rec.ResultsInvalid, Score: rep.Score(),
+				Trusted: rep.Trusted(sched.DefaultVerify())}}
+		if c := s.hub.conns[rec.ID]; c != nil {
+			running, done := len(c.running), c.tasksDone
+			v.Running, v.TasksDone = &running, &done
+			if dev, err := json.Marshal(c.device); err == nil {
+				v.Device = dev
+			}
+			h := sched.History{Attempts: int(rec.Attempts), Lost: int(rec.TasksLost), Valid: int(rec.ResultsValid), Invalid: int(rec.ResultsInvalid)}
+			v.Stability = stabilityView(sched.Classify(now, slices.Clone(c.samples), h, cfg.Stability))
+			jobs = append(jobs, done)
+		}
+		out = append(out, v)
+	}
+	s.hub.mu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]any{"workers": out,
+		"fairness": map[string]any{"strategy": s.cfg.Fairness.String(), "variance_tasks_done": sched.Variance(jobs)}})
+}
