@@ -19,10 +19,11 @@ web:
 	GOOS=js GOARCH=wasm CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o web/static/worker.wasm ./wasmworker/browser
 	cp "$$($(GO) env GOROOT)/lib/wasm/wasm_exec.js" web/static/wasm_exec.js
 
-# Regenerates web/*_templ.go from web/*.templ (the generated files are
-# committed, so a build needs no templ binary).
+# Regenerates web/*_templ.go and web/app/*_templ.go from their .templ files
+# (the generated files are committed, so a build needs no templ binary).
 templ:
 	$(GO) run github.com/a-h/templ/cmd/templ@v0.3.977 generate -path web
+	$(GO) run github.com/a-h/templ/cmd/templ@v0.3.977 generate -path web/app
 
 tasks:
 	sh tasks/build.sh bin/tasks

@@ -407,6 +407,8 @@ func (s *Server) Handler() http.Handler {
 	volunteer := web.Handler()
 	mux.Handle("GET /{$}", volunteer)
 	mux.Handle("GET /static/", volunteer)
+	// The owners' dashboard (package web/app, server/dashboard.go).
+	mux.Handle("/app/", s.Dashboard())
 	return mux
 }
 

@@ -88,6 +88,7 @@ func runServe(ctx context.Context, args []string) error {
 	}()
 	url := "http://" + displayAddr(ln.Addr().(*net.TCPAddr))
 	fmt.Printf("cyclepool serving at %s\n", url)
+	fmt.Printf("  volunteers: %s/   owners' dashboard: %s/app/\n", url, url)
 	if tok, err := ensureLocalOwner(ctx, st, *dataDir); err != nil {
 		log.Warn("owner token", "err", err)
 	} else if tok != "" {

@@ -1,0 +1,573 @@
+package app
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/store"
+	"github.com/cyclepool/cyclepool/internal/workflow"
+)
+
+// home lists the running workflows and the latest finished ones.
+func (h *handler) home(p *pageCtx) {
+	ctx := p.r.Context()
+	running, nRunning, err := h.b.List(ctx, p.owner, store.ListOptions{State: store.StateRunning, Limit: 100})
+	if err != nil {
+		h.serverError(p, "list workflows", err)
+		return
+	}
+	recent, _, err := h.b.List(ctx, p.owner, store.ListOptions{Limit: 10})
+	if err != nil {
+		h.serverError(p, "list workflows", err)
+		return
+	}
+	h.render(p, http.StatusOK, HomePage(h.layout(p, "home"), rows(running), nRunning, rows(recent)))
+}
+
+// WorkflowRow is a workflow in a list.
+type WorkflowRow struct {
+	ID, Name, Priority, State, Created, Duration string
+	Tasks                                        int
+}
+
+func rows(ws []store.WorkflowStatus) []WorkflowRow {
+	out := make([]WorkflowRow, len(ws))
+	for i, w := range ws {
+		end := time.Now()
+		if w.FinishedAt != nil {
+			end = *w.FinishedAt
+		}
+		out[i] = WorkflowRow{ID: w.ID, Name: w.Name, Priority: w.Priority, State: w.State, Tasks: w.TaskCount,
+			Created: w.CreatedAt.Local().Format("2006-01-02 15:04:05"), Duration: dur(end.Sub(w.CreatedAt))}
+	}
+	return out
+}
+
+// WorkflowData is the workflow page.
+type WorkflowData struct {
+	ID, Name, Priority, State     string
+	Created                       string
+	CreatedUnixMS, FinishedUnixMS int64
+	Makespan                      string
+	Totals                        Totals
+	Tasks                         []TaskRow // the rows shown
+	Graph                         Graph
+	// TasksJSON is every task as [name, state, node], for the page's
+	// script to keep the totals and the graph right (the table shows at
+	// most taskPageSize rows).
+	TasksJSON string
+	// The table's filter and page.
+	Filter, Shown    string
+	PrevURL, NextURL string
+}
+
+const taskPageSize = 200
+
+// Totals counts tasks by what an owner cares about.
+type Totals struct{ Total, Done, Running, Waiting, Failed, Cancelled int }
+
+// TaskRow is one task in the workflow's table.
+type TaskRow struct {
+	store.TaskStatus
+	Node                        int
+	RunTime                     string
+	StartedUnixMS, EndedUnixMS  int64
+	LogURL                      string
+	OutputURLs                  []OutputLink
+	AttemptsText, ProgressClass string
+}
+
+// OutputLink is a download link of one output.
+type OutputLink struct{ Name, URL, Size string }
+
+func (h *handler) workflowPage(p *pageCtx) {
+	ctx := p.r.Context()
+	id := p.r.PathValue("id")
+	st, err := h.b.Status(ctx, p.owner, id)
+	if err != nil {
+		h.notFound(p, "workflow", err)
+		return
+	}
+	edges, err := h.b.Edges(ctx, p.owner, id)
+	if err != nil {
+		h.serverError(p, "read the workflow's graph", err)
+		return
+	}
+	d := WorkflowData{ID: st.ID, Name: st.Name, Priority: st.Priority, State: st.State,
+		Created: st.CreatedAt.Local().Format("2006-01-02 15:04:05"), CreatedUnixMS: st.CreatedAt.UnixMilli()}
+	end := time.Now()
+	if st.FinishedAt != nil {
+		end = *st.FinishedAt
+		d.FinishedUnixMS = st.FinishedAt.UnixMilli()
+	}
+	d.Makespan = dur(end.Sub(st.CreatedAt))
+	names, states := make([]string, len(st.Tasks)), make([]string, len(st.Tasks))
+	for i, t := range st.Tasks {
+		names[i], states[i] = t.Name, t.State
+	}
+	var unitOf []int
+	d.Graph, unitOf = layout(names, states, edges)
+	base := "/app/api/v1/workflows/" + url.PathEscape(st.ID) + "/tasks/"
+	q := p.r.URL.Query()
+	d.Filter = q.Get("tasks")
+	switch d.Filter {
+	case "", "running", "waiting", "done", "failed", "cancelled":
+	default:
+		d.Filter = ""
+	}
+	page, _ := strconv.Atoi(q.Get("page"))
+	page = max(page, 1)
+	all := make([][3]any, len(st.Tasks))
+	matched := 0
+	for i, t := range st.Tasks {
+		all[i] = [3]any{t.Name, t.State, unitOf[i]}
+		group := t.State
+		switch t.State {
+		case "blocked", "ready":
+			group = "waiting"
+		case "upstream_failed":
+			group = "failed"
+		}
+		d.Totals.Total++
+		switch group {
+		case "done":
+			d.Totals.Done++
+		case "running":
+			d.Totals.Running++
+		case "waiting":
+			d.Totals.Waiting++
+		case "failed":
+			d.Totals.Failed++
+		case "cancelled":
+			d.Totals.Cancelled++
+		}
+		if d.Filter != "" && group != d.Filter {
+			continue
+		}
+		matched++
+		if matched <= (page-1)*taskPageSize || matched > page*taskPageSize {
+			continue
+		}
+		r := TaskRow{TaskStatus: t, Node: unitOf[i], ProgressClass: fmt.Sprintf("p-%d", int(t.Progress*100+0.5)),
+			AttemptsText: fmt.Sprintf("%d / %d", t.Attempts, t.MaxAttempts)}
+		if t.StartedAt != nil {
+			r.StartedUnixMS = t.StartedAt.UnixMilli()
+			e := time.Now()
+			if t.FinishedAt != nil {
+				e = *t.FinishedAt
+				r.EndedUnixMS = t.FinishedAt.UnixMilli()
+			}
+			r.RunTime = dur(e.Sub(*t.StartedAt))
+		}
+		tb := base + url.PathEscape(t.Name)
+		if t.Attempts > 0 {
+			r.LogURL = tb + "/log"
+		}
+		for _, o := range t.Outputs {
+			r.OutputURLs = append(r.OutputURLs, OutputLink{Name: o.Name, URL: tb + "/outputs/" + escapePath(o.Name), Size: size(int64(o.Size))})
+		}
+		d.Tasks = append(d.Tasks, r)
+	}
+	b, _ := json.Marshal(all)
+	d.TasksJSON = string(b)
+	if matched > taskPageSize {
+		from := (page-1)*taskPageSize + 1
+		d.Shown = fmt.Sprintf("tasks %d to %d of %d", from, min(from+taskPageSize-1, matched), matched)
+	}
+	link := func(page int) string {
+		v := url.Values{}
+		if d.Filter != "" {
+			v.Set("tasks", d.Filter)
+		}
+		v.Set("page", strconv.Itoa(page))
+		return "/app/workflows/" + url.PathEscape(st.ID) + "?" + v.Encode() + "#tasks"
+	}
+	if page > 1 {
+		d.PrevURL = link(page - 1)
+	}
+	if page*taskPageSize < matched {
+		d.NextURL = link(page + 1)
+	}
+	h.render(p, http.StatusOK, WorkflowPage(h.layout(p, "home"), d))
+}
+
+func escapePath(p string) string {
+	parts := strings.Split(p, "/")
+	for i := range parts {
+		parts[i] = url.PathEscape(parts[i])
+	}
+	return strings.Join(parts, "/")
+}
+
+// cancel cancels a workflow through the API.
+func (h *handler) cancel(p *pageCtx) {
+	id := p.r.PathValue("id")
+	res := h.callAPI(p, http.MethodPost, "/api/v1/workflows/"+url.PathEscape(id)+"/cancel", nil)
+	if res.status == http.StatusNotFound {
+		h.notFound(p, "workflow", store.ErrNotFound)
+		return
+	}
+	if res.status >= 400 {
+		http.Error(p.w, res.err.Error, res.status)
+		return
+	}
+	http.Redirect(p.w, p.r, "/app/workflows/"+url.PathEscape(id), http.StatusSeeOther)
+}
+
+// SubmitData is the submit page.
+type SubmitData struct {
+	Text    string
+	Error   *workflow.Error
+	Checked bool // the file passed the checks
+	Tasks   []SubmitTask
+	Modules []store.Module
+}
+
+// SubmitTask is a task of the file being checked, with its error if the
+// refusal names it.
+type SubmitTask struct {
+	Name, Module, Inputs string
+	Error, Field         string
+}
+
+func (h *handler) submitPage(p *pageCtx) {
+	d := SubmitData{}
+	d.Modules, _ = h.b.Modules(p.r.Context(), p.owner)
+	if len(d.Modules) > 0 {
+		d.Text = fmt.Sprintf("{\n  \"name\": \"example\",\n  \"priority\": \"interactive\",\n  \"tasks\": [\n    {\"name\": \"first\", \"module\": %q, \"args\": []}\n  ]\n}\n", d.Modules[0].ID)
+	}
+	h.render(p, http.StatusOK, SubmitPage(h.layout(p, "submit"), d))
+}
+
+// readForm reads a multipart form (fields and files, each up to limit
+// bytes) and checks its CSRF token.
+func (h *handler) readForm(p *pageCtx, limit int64) (map[string][]byte, bool, error) {
+	ct := p.r.Header.Get("Content-Type")
+	if !strings.HasPrefix(ct, "multipart/form-data") {
+		if err := p.r.ParseForm(); err != nil {
+			return nil, false, err
+		}
+		f := map[string][]byte{}
+		for k, v := range p.r.PostForm {
+			f[k] = []byte(v[0])
+		}
+		return f, h.csrfOK(p.sess, string(f["csrf"])), nil
+	}
+	p.r.Body = http.MaxBytesReader(p.w, p.r.Body, limit+1<<20)
+	mr, err := p.r.MultipartReader()
+	if err != nil {
+		return nil, false, err
+	}
+	f := map[string][]byte{}
+	for {
+		part, err := mr.NextPart()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		b, err := io.ReadAll(io.LimitReader(part, limit+1))
+		if err != nil {
+			return nil, false, err
+		}
+		if int64(len(b)) > limit {
+			return nil, false, fmt.Errorf("%s is larger than %d MiB", part.FormName(), limit>>20)
+		}
+		if part.FileName() == "" || len(b) > 0 {
+			f[part.FormName()] = b
+		}
+	}
+	return f, h.csrfOK(p.sess, string(f["csrf"])), nil
+}
+
+// submit checks a workflow file and, when asked and it passes, submits it
+// through the API.
+func (h *handler) submit(p *pageCtx) {
+	f, csrfOK, err := h.readForm(p, workflow.MaxFileSize)
+	if err != nil {
+		http.Error(p.w, "could not read the form: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	if !csrfOK {
+		http.Error(p.w, "the form has expired or did not come from this site: reload the page and try again", http.StatusForbidden)
+		return
+	}
+	body := f["file"]
+	if len(body) == 0 {
+		body = f["workflow"]
+	}
+	d := SubmitData{Text: string(body)}
+	d.Modules, _ = h.b.Modules(p.r.Context(), p.owner)
+	_, we, err := h.b.CheckWorkflow(p.r.Context(), p.owner, body)
+	if err != nil {
+		h.serverError(p, "check the workflow", err)
+		return
+	}
+	if we == nil && string(f["action"]) == "submit" {
+		res := h.callAPI(p, http.MethodPost, "/api/v1/workflows", body)
+		if res.status == http.StatusCreated {
+			var created struct{ ID string }
+			_ = json.Unmarshal(res.body, &created)
+			http.Redirect(p.w, p.r, "/app/workflows/"+url.PathEscape(created.ID), http.StatusSeeOther)
+			return
+		}
+		we = &workflow.Error{Msg: res.err.Error, Task: res.err.Task, Field: res.err.Field}
+		if we.Task != "" {
+			// The API's message names the task already; the page shows it
+			// next to the task.
+			we.Msg = strings.TrimPrefix(we.Msg, fmt.Sprintf("task %q: ", we.Task))
+		}
+	}
+	d.Error, d.Checked = we, we == nil
+	d.Tasks = looseTasks(body, we)
+	status := http.StatusOK
+	if we != nil {
+		status = http.StatusBadRequest
+	}
+	h.render(p, status, SubmitPage(h.layout(p, "submit"), d))
+}
+
+// looseTasks reads what it can of a file's tasks, to show the refusal next
+// to the task it names.
+func looseTasks(body []byte, we *workflow.Error) []SubmitTask {
+	var f struct {
+		Tasks []map[string]any `json:"tasks"`
+	}
+	if json.Unmarshal(body, &f) != nil {
+		return nil
+	}
+	out := make([]SubmitTask, 0, min(len(f.Tasks), 1000))
+	for i, t := range f.Tasks {
+		if i >= 1000 && (we == nil || we.Task == "") {
+			break
+		}
+		name, _ := t["name"].(string)
+		module, _ := t["module"].(string)
+		st := SubmitTask{Name: name, Module: truncate(module, 24)}
+		if in, ok := t["inputs"].(map[string]any); ok {
+			var parts []string
+			for k, v := range in {
+				if m, ok := v.(map[string]any); ok {
+					from, _ := m["from"].(string)
+					parts = append(parts, k+" ← "+from)
+				}
+			}
+			st.Inputs = strings.Join(parts, ", ")
+		}
+		if we != nil && we.Task != "" && we.Task == name {
+			st.Error, st.Field = we.Msg, we.Field
+		}
+		if i >= 1000 && st.Error == "" {
+			continue
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// ModuleRow is a module on the modules page.
+type ModuleRow struct {
+	ID, Short, Size, Created string
+	Imports                  []string
+	HostImports              string // the cyclepool host functions it uses
+	UsedBy                   []string
+}
+
+func (h *handler) moduleRows(p *pageCtx) ([]ModuleRow, error) {
+	ms, err := h.b.Modules(p.r.Context(), p.owner)
+	if err != nil {
+		return nil, err
+	}
+	use, err := h.b.ModuleUse(p.r.Context(), p.owner)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ModuleRow, len(ms))
+	for i, m := range ms {
+		out[i] = ModuleRow{ID: m.ID, Short: truncate(strings.TrimPrefix(m.ID, "sha256:"), 13), Size: size(int64(m.Size)),
+			Created: m.CreatedAt.Local().Format("2006-01-02 15:04:05"), Imports: m.Imports, UsedBy: use[m.ID]}
+		var host []string
+		for _, i := range m.Imports {
+			if f, ok := strings.CutPrefix(i, "cyclepool."); ok {
+				host = append(host, f)
+			}
+		}
+		if len(host) > 0 {
+			out[i].HostImports = " · cyclepool: " + strings.Join(host, ", ")
+		}
+	}
+	return out, nil
+}
+
+func (h *handler) modulesPage(p *pageCtx) {
+	ms, err := h.moduleRows(p)
+	if err != nil {
+		h.serverError(p, "list modules", err)
+		return
+	}
+	h.render(p, http.StatusOK, ModulesPage(h.layout(p, "modules"), ms, "", ""))
+}
+
+// upload pushes a module through the API.
+func (h *handler) upload(p *pageCtx) {
+	f, csrfOK, err := h.readForm(p, 64<<20)
+	msg, okMsg, status := "", "", http.StatusOK
+	switch {
+	case err != nil:
+		msg, status = "Could not read the upload: "+err.Error(), http.StatusBadRequest
+	case !csrfOK:
+		http.Error(p.w, "the form has expired or did not come from this site: reload the page and try again", http.StatusForbidden)
+		return
+	case len(f["module"]) == 0:
+		msg, status = "Choose a .wasm file first.", http.StatusBadRequest
+	default:
+		res := h.callAPI(p, http.MethodPost, "/api/v1/modules", f["module"])
+		if res.status >= 400 {
+			msg, status = res.err.Error, res.status
+		} else {
+			var m store.Module
+			_ = json.Unmarshal(res.body, &m)
+			okMsg = "Uploaded " + m.ID + "."
+			if res.status == http.StatusOK {
+				okMsg = "You had already uploaded this module: " + m.ID + "."
+			}
+		}
+	}
+	ms, err := h.moduleRows(p)
+	if err != nil {
+		h.serverError(p, "list modules", err)
+		return
+	}
+	h.render(p, status, ModulesPage(h.layout(p, "modules"), ms, msg, okMsg))
+}
+
+// HistoryData is the history page.
+type HistoryData struct {
+	Rows             []WorkflowRow
+	Q, State         string
+	Total, Page      int
+	Pages            int
+	PrevURL, NextURL string
+}
+
+const historyPageSize = 25
+
+func (h *handler) history(p *pageCtx) {
+	q := p.r.URL.Query()
+	d := HistoryData{Q: q.Get("q"), State: q.Get("state")}
+	switch d.State {
+	case "", "running", "done", "failed", "cancelled":
+	default:
+		d.State = ""
+	}
+	d.Page, _ = strconv.Atoi(q.Get("page"))
+	d.Page = max(d.Page, 1)
+	ws, total, err := h.b.List(p.r.Context(), p.owner, store.ListOptions{State: d.State, Query: d.Q,
+		Limit: historyPageSize, Offset: (d.Page - 1) * historyPageSize})
+	if err != nil {
+		h.serverError(p, "list workflows", err)
+		return
+	}
+	d.Rows, d.Total = rows(ws), total
+	d.Pages = max((total+historyPageSize-1)/historyPageSize, 1)
+	link := func(page int) string {
+		v := url.Values{}
+		if d.Q != "" {
+			v.Set("q", d.Q)
+		}
+		if d.State != "" {
+			v.Set("state", d.State)
+		}
+		v.Set("page", strconv.Itoa(page))
+		return "/app/history?" + v.Encode()
+	}
+	if d.Page > 1 {
+		d.PrevURL = link(d.Page - 1)
+	}
+	if d.Page < d.Pages {
+		d.NextURL = link(d.Page + 1)
+	}
+	h.render(p, http.StatusOK, HistoryPage(h.layout(p, "history"), d))
+}
+
+// WorkerRow is a connected worker on the volunteers page.
+type WorkerRow struct {
+	ID, Kind, Battery, Connection, Visibility, Since, Current, Paused string
+	Slots                                                             int
+	Done, Lost                                                        int64
+}
+
+func (h *handler) volunteers(p *pageCtx) {
+	ws, err := h.b.Workers(p.r.Context(), p.owner)
+	if err != nil {
+		h.serverError(p, "list workers", err)
+		return
+	}
+	out := make([]WorkerRow, len(ws))
+	for i, w := range ws {
+		d := w.Device
+		r := WorkerRow{ID: truncate(w.ID, 9), Kind: w.Kind, Slots: w.Slots, Done: w.Done, Lost: w.Lost,
+			Since: dur(time.Since(w.ConnectedAt)) + " ago", Current: strings.Join(w.Running, ", "),
+			Visibility: orDash(d.Visibility), Connection: orDash(d.Connection), Battery: "—"}
+		if d.Battery != nil {
+			r.Battery = fmt.Sprintf("%.0f%%", *d.Battery*100)
+			switch d.Charging {
+			case "yes":
+				r.Battery += ", charging"
+			case "no":
+				r.Battery += ", on battery"
+			}
+		}
+		if d.DownlinkMbps != nil {
+			r.Connection += fmt.Sprintf(" (%.1f Mbit/s)", *d.DownlinkMbps)
+		}
+		if d.Paused {
+			r.Paused = "paused: " + d.PausedBecause
+		}
+		if r.Current == "" {
+			r.Current = "idle"
+		}
+		out[i] = r
+	}
+	h.render(p, http.StatusOK, VolunteersPage(h.layout(p, "volunteers"), out))
+}
+
+func orDash(s string) string {
+	if s == "" || s == "unknown" {
+		return "—"
+	}
+	return s
+}
+
+// dur formats a duration for people: 850ms, 12.3s, 4m05s, 2h03m.
+func dur(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < time.Second:
+		return fmt.Sprintf("%dms", d.Milliseconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	}
+	return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+}
+
+func size(n int64) string {
+	switch {
+	case n < 1024:
+		return fmt.Sprintf("%d B", n)
+	case n < 1<<20:
+		return fmt.Sprintf("%.1f KiB", float64(n)/1024)
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}

@@ -1,0 +1,152 @@
+package app
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/store"
+)
+
+const (
+	sessionCookie = "cp_session"
+	loginCookie   = "cp_login" // binds the sign-in form's CSRF token before there is a session
+)
+
+// session is the signed content of the session cookie.
+type session struct {
+	OwnerID int64  `json:"o"`
+	Owner   string `json:"n"`
+	Expires int64  `json:"e"` // unix seconds
+	Nonce   string `json:"k"` // random per sign-in; CSRF tokens derive from it
+}
+
+func (h *handler) mac(parts ...string) []byte {
+	m := hmac.New(sha256.New, h.opt.Key)
+	for _, p := range parts {
+		m.Write([]byte(p))
+		m.Write([]byte{0})
+	}
+	return m.Sum(nil)
+}
+
+func nonce() string {
+	b := make([]byte, 18)
+	_, _ = rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// sign encodes v as payload.mac.
+func (h *handler) sign(purpose string, v any) string {
+	b, _ := json.Marshal(v)
+	p := base64.RawURLEncoding.EncodeToString(b)
+	return p + "." + base64.RawURLEncoding.EncodeToString(h.mac(purpose, p))
+}
+
+// verify decodes a value sign made, or fails.
+func (h *handler) verify(purpose, s string, v any) bool {
+	p, m, ok := strings.Cut(s, ".")
+	if !ok {
+		return false
+	}
+	got, err := base64.RawURLEncoding.DecodeString(m)
+	if err != nil || !hmac.Equal(got, h.mac(purpose, p)) {
+		return false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(p)
+	return err == nil && json.Unmarshal(b, v) == nil
+}
+
+// session returns the request's valid session.
+func (h *handler) session(r *http.Request) (session, bool) {
+	c, err := r.Cookie(sessionCookie)
+	if err != nil {
+		return session{}, false
+	}
+	var s session
+	if !h.verify("session", c.Value, &s) || time.Now().Unix() > s.Expires || s.Nonce == "" {
+		return session{}, false
+	}
+	return s, true
+}
+
+// csrf is the form token of a session.
+func (h *handler) csrf(s session) string {
+	return base64.RawURLEncoding.EncodeToString(h.mac("csrf", s.Nonce))
+}
+
+func (h *handler) csrfOK(s session, token string) bool {
+	got, err := base64.RawURLEncoding.DecodeString(token)
+	return err == nil && token != "" && hmac.Equal(got, h.mac("csrf", s.Nonce))
+}
+
+func setCookie(w http.ResponseWriter, name, value string, maxAge int) {
+	http.SetCookie(w, &http.Cookie{Name: name, Value: value, Path: "/app/", MaxAge: maxAge,
+		HttpOnly: true, Secure: true, SameSite: http.SameSiteStrictMode})
+}
+
+// safeNext keeps a redirect after sign-in on the dashboard.
+func safeNext(next string) string {
+	if !strings.HasPrefix(next, "/app/") || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\\r\n") {
+		return "/app/"
+	}
+	return next
+}
+
+func (h *handler) loginPage(w http.ResponseWriter, r *http.Request) {
+	if _, ok := h.session(r); ok {
+		http.Redirect(w, r, safeNext(r.URL.Query().Get("next")), http.StatusSeeOther)
+		return
+	}
+	h.renderLogin(w, r, http.StatusOK, "")
+}
+
+func (h *handler) renderLogin(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	n := nonce()
+	setCookie(w, loginCookie, n, 3600)
+	w.Header().Set("Cache-Control", "no-store")
+	p := &pageCtx{w: w, r: r}
+	h.render(p, status, LoginPage(LoginData{CSS: h.assets.url("app.css"), JS: h.assets.url("app.js"),
+		CSRF: base64.RawURLEncoding.EncodeToString(h.mac("login", n)), Next: safeNext(r.FormValue("next")), Error: msg}))
+}
+
+func (h *handler) login(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	c, err := r.Cookie(loginCookie)
+	got, _ := base64.RawURLEncoding.DecodeString(r.PostFormValue("csrf"))
+	if err != nil || c.Value == "" || !hmac.Equal(got, h.mac("login", c.Value)) {
+		h.renderLogin(w, r, http.StatusForbidden, "The sign-in form expired or did not come from this site. Please try again.")
+		return
+	}
+	token := strings.TrimSpace(r.PostFormValue("token"))
+	if token == "" {
+		h.renderLogin(w, r, http.StatusUnauthorized, "Enter your owner token (cyclepool token create NAME prints one).")
+		return
+	}
+	o, err := h.b.OwnerByToken(r.Context(), token)
+	if errors.Is(err, store.ErrNotFound) {
+		h.log.Info("dashboard sign-in refused", "remote", r.RemoteAddr)
+		h.renderLogin(w, r, http.StatusUnauthorized, "That token is not known here.")
+		return
+	}
+	if err != nil {
+		h.log.Error("dashboard sign-in", "err", err)
+		h.renderLogin(w, r, http.StatusInternalServerError, "The server could not check the token just now. Please try again.")
+		return
+	}
+	s := session{OwnerID: o.ID, Owner: o.Name, Expires: time.Now().Add(h.opt.SessionTTL).Unix(), Nonce: nonce()}
+	setCookie(w, sessionCookie, h.sign("session", s), int(h.opt.SessionTTL/time.Second))
+	setCookie(w, loginCookie, "", -1)
+	http.Redirect(w, r, safeNext(r.PostFormValue("next")), http.StatusSeeOther)
+}
+
+func (h *handler) logout(p *pageCtx) {
+	setCookie(p.w, sessionCookie, "", -1)
+	http.Redirect(p.w, p.r, "/app/login", http.StatusSeeOther)
+}

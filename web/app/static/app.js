@@ -1,0 +1,278 @@
+// cyclepool dashboard: the live parts of the server-rendered pages. The
+// workflow page follows the API's event stream (/app/api/v1/workflows/{id}/events,
+// the same handler as /api/v1/, authenticated by the session cookie) and
+// updates the task table, the graph and the totals in place; the modules
+// page takes a dropped .wasm; the submit page reads a chosen file into the
+// text box.
+"use strict";
+
+(function () {
+  const wf = document.getElementById("workflow");
+  if (wf) live(wf);
+  const upload = document.getElementById("upload-form");
+  if (upload) dropUpload(upload);
+  const wfFile = document.getElementById("wf-file");
+  if (wfFile) readWorkflowFile(wfFile);
+
+  function dur(ms) {
+    if (ms < 0) ms = 0;
+    if (ms < 1000) return Math.round(ms) + "ms";
+    const s = ms / 1000;
+    if (s < 60) return s.toFixed(1) + "s";
+    if (s < 3600) return Math.floor(s / 60) + "m" + String(Math.floor(s) % 60).padStart(2, "0") + "s";
+    return Math.floor(s / 3600) + "h" + String(Math.floor(s / 60) % 60).padStart(2, "0") + "m";
+  }
+
+  // summary is dag.go's summary: the colour of a node of several tasks.
+  function summary(c, total) {
+    const n = (k) => c[k] || 0;
+    if (n("failed") + n("upstream_failed") > 0) return "failed";
+    if (n("running") > 0) return "running";
+    if (n("done") === total) return "done";
+    if (n("cancelled") > 0 && n("done") + n("cancelled") === total) return "cancelled";
+    if (n("ready") > 0) return "ready";
+    if (n("cancelled") > 0) return "cancelled";
+    return "blocked";
+  }
+
+  function setClass(el, prefix, state) {
+    for (const c of Array.from(el.classList)) if (c.startsWith(prefix)) el.classList.remove(c);
+    el.classList.add(prefix + state);
+  }
+
+  function live(wf) {
+    const api = "/app/api/v1/workflows/" + encodeURIComponent(wf.dataset.id);
+    const created = Number(wf.dataset.created);
+    let finishedAt = Number(wf.dataset.finished) || 0;
+    let wfState = wf.dataset.state;
+    const app = (window.cyclepoolApp = { events: 0, state: wfState, connected: false, applied: 0 });
+
+    const nodes = new Map();
+    for (const g of document.querySelectorAll("#dag .node")) {
+      nodes.set(Number(g.id.slice(2)), { el: g, total: Number(g.dataset.total), counts: {} });
+    }
+    // Every task (the table shows a page of them): name -> {state, node, row}.
+    const tasks = new Map();
+    const totals = {};
+    for (const [name, state, n] of JSON.parse(wf.dataset.tasks || "[]")) {
+      const node = nodes.get(n);
+      tasks.set(name, { state, node, row: null });
+      if (node) node.counts[state] = (node.counts[state] || 0) + 1;
+      totals[state] = (totals[state] || 0) + 1;
+    }
+    const running = new Set();
+    for (const tr of document.querySelectorAll("#tasks tbody tr")) {
+      const rec = tasks.get(tr.dataset.task);
+      if (!rec) continue;
+      rec.row = {
+        tr, started: Number(tr.dataset.started) || 0, ended: Number(tr.dataset.ended) || 0,
+        badge: tr.querySelector(".c-state .badge"), progress: tr.querySelector(".c-progress"),
+        attempts: tr.querySelector(".c-attempts"), ckpt: tr.querySelector(".c-ckpt"),
+        run: tr.querySelector(".c-run"), err: tr.querySelector(".c-err"), files: tr.querySelector(".c-files"),
+      };
+      if (rec.state === "running") running.add(rec.row);
+    }
+
+    function drawNode(nd) {
+      const st = summary(nd.counts, nd.total);
+      setClass(nd.el, "st-", st);
+      if (nd.total > 1) {
+        const done = nd.counts.done || 0;
+        const bar = nd.el.querySelector(".bar");
+        if (bar) bar.setAttribute("width", String(Math.round((Number(bar.dataset.full) * done) / nd.total)));
+        const count = nd.el.querySelector(".count");
+        if (count) count.textContent = done + "/" + nd.total + " done";
+      }
+    }
+
+    function drawTotals() {
+      const n = (k) => totals[k] || 0;
+      document.getElementById("t-done").textContent = n("done");
+      document.getElementById("t-running").textContent = n("running");
+      document.getElementById("t-waiting").textContent = n("blocked") + n("ready");
+      document.getElementById("t-failed").textContent = n("failed") + n("upstream_failed");
+      document.getElementById("t-cancelled").textContent = n("cancelled");
+    }
+
+    let refreshTimer = 0;
+    function apply(t) {
+      const rec = tasks.get(t.name);
+      if (!rec) return;
+      app.applied++;
+      const r = rec.row;
+      if (t.state && t.state !== rec.state) {
+        const old = rec.state;
+        rec.state = t.state;
+        totals[old]--;
+        totals[t.state] = (totals[t.state] || 0) + 1;
+        if (rec.node) {
+          rec.node.counts[old]--;
+          rec.node.counts[t.state] = (rec.node.counts[t.state] || 0) + 1;
+          drawNode(rec.node);
+        }
+        drawTotals();
+        if (r) {
+          r.tr.dataset.state = t.state;
+          setClass(r.badge, "st-", t.state);
+          r.badge.textContent = t.state;
+          if (t.state === "running") {
+            if (!r.started || r.ended) r.started = Date.now();
+            r.ended = 0;
+            running.add(r);
+          } else {
+            running.delete(r);
+            if (r.started && !r.ended && t.state !== "ready" && t.state !== "blocked") r.ended = Date.now();
+          }
+          if (t.state === "done" || t.state === "failed") {
+            clearTimeout(refreshTimer);
+            refreshTimer = setTimeout(refreshFiles, 800);
+          }
+        }
+      }
+      if (!r) return;
+      if (typeof t.progress === "number") {
+        setClass(r.progress, "p-", String(Math.round((rec.state === "done" ? 1 : t.progress) * 100)));
+      }
+      if (typeof t.attempts === "number") {
+        const max = r.attempts.textContent.split("/")[1];
+        r.attempts.textContent = t.attempts + " /" + (max === undefined ? " ?" : max);
+      }
+      if (typeof t.checkpoints === "number") r.ckpt.textContent = t.checkpoints;
+      if (typeof t.error === "string") r.err.textContent = t.error;
+      if (r.started) r.run.textContent = dur((r.ended || Date.now()) - r.started);
+    }
+
+    // refreshFiles reads the status (the API's GET) for what events do
+    // not carry: outputs, run times, the log link.
+    async function refreshFiles() {
+      try {
+        const res = await fetch(api, { credentials: "same-origin" });
+        if (!res.ok) return;
+        const st = await res.json();
+        for (const t of st.tasks || []) {
+          const rec = tasks.get(t.name);
+          const r = rec && rec.row;
+          if (!r) continue;
+          if (t.started_at) r.started = Date.parse(t.started_at);
+          if (t.finished_at) r.ended = Date.parse(t.finished_at);
+          if (r.started) r.run.textContent = dur((r.ended || Date.now()) - r.started);
+          const want = (t.outputs || []).length + (t.attempts > 0 ? 1 : 0);
+          if (r.files.querySelectorAll("a").length === want) continue;
+          r.files.textContent = "";
+          const base = api + "/tasks/" + encodeURIComponent(t.name);
+          if (t.attempts > 0) {
+            const a = document.createElement("a");
+            a.href = base + "/log"; a.className = "log"; a.target = "_blank"; a.textContent = "log";
+            r.files.append(a, " ");
+          }
+          for (const o of t.outputs || []) {
+            const a = document.createElement("a");
+            a.href = base + "/outputs/" + o.name.split("/").map(encodeURIComponent).join("/");
+            a.className = "output"; a.dataset.output = o.name; a.download = t.name + "-" + o.name;
+            a.textContent = o.name + " ";
+            const s = document.createElement("span");
+            s.className = "muted"; s.textContent = o.size < 1024 ? o.size + " B" : (o.size / 1024).toFixed(1) + " KiB";
+            a.append(s);
+            r.files.append(a, " ");
+          }
+        }
+        if (st.finished_at) finishedAt = Date.parse(st.finished_at);
+        app.refreshed = (app.refreshed || 0) + 1;
+      } catch (e) {
+        console.warn("refresh status:", e);
+      }
+    }
+
+    function setWorkflow(state) {
+      wfState = state;
+      app.state = state;
+      wf.dataset.state = state;
+      const b = document.querySelector("#wf-state .badge");
+      setClass(b, "st-", state);
+      b.textContent = state;
+      if (state !== "running") {
+        document.getElementById("cancel-form").classList.add("hidden");
+        if (!finishedAt) finishedAt = Date.now();
+      }
+    }
+
+    const liveEl = document.getElementById("t-live");
+    let es = null;
+    function connect() {
+      es = new EventSource(api + "/events");
+      es.addEventListener("open", () => {
+        app.connected = true;
+        liveEl.textContent = "on";
+        liveEl.classList.add("on");
+      });
+      es.addEventListener("status", (e) => {
+        app.events++;
+        const st = JSON.parse(e.data);
+        for (const t of st.tasks || []) apply(t);
+        setWorkflow(st.state);
+      });
+      es.addEventListener("task", (e) => {
+        app.events++;
+        apply(JSON.parse(e.data));
+      });
+      es.addEventListener("workflow", (e) => {
+        app.events++;
+        const w = JSON.parse(e.data);
+        es.close();
+        app.connected = false;
+        liveEl.textContent = "ended";
+        liveEl.classList.remove("on");
+        setWorkflow(w.state);
+        refreshFiles();
+      });
+      es.addEventListener("error", () => {
+        app.connected = false;
+        liveEl.textContent = "reconnecting";
+        liveEl.classList.remove("on");
+      });
+    }
+    if (wfState === "running") connect();
+    else liveEl.textContent = "ended";
+
+    const makespan = document.getElementById("t-makespan");
+    setInterval(() => {
+      if (wfState === "running" || finishedAt) makespan.textContent = dur((finishedAt || Date.now()) - created);
+      for (const r of running) if (r.started) r.run.textContent = dur(Date.now() - r.started);
+    }, 1000);
+  }
+
+  function dropUpload(form) {
+    const zone = document.getElementById("dropzone");
+    const input = document.getElementById("module");
+    const show = () => {
+      if (input.files.length) zone.textContent = input.files[0].name + " (" + input.files[0].size + " bytes): press Upload";
+    };
+    input.addEventListener("change", show);
+    for (const ev of ["dragenter", "dragover"]) {
+      zone.addEventListener(ev, (e) => {
+        e.preventDefault();
+        zone.classList.add("over");
+      });
+    }
+    zone.addEventListener("dragleave", () => zone.classList.remove("over"));
+    zone.addEventListener("drop", (e) => {
+      e.preventDefault();
+      zone.classList.remove("over");
+      if (!e.dataTransfer.files.length) return;
+      input.files = e.dataTransfer.files;
+      show();
+      form.requestSubmit();
+    });
+  }
+
+  function readWorkflowFile(input) {
+    input.addEventListener("change", () => {
+      const f = input.files[0];
+      if (!f) return;
+      f.text().then((text) => {
+        document.getElementById("workflow").value = text;
+        input.value = "";
+      });
+    });
+  }
+})();
