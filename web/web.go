@@ -15,95 +15,27 @@
 package web
 
 import (
-	"bytes"
-	"compress/gzip"
-	"crypto/sha256"
 	"embed"
-	"encoding/hex"
 	"io/fs"
-	"mime"
 	"net/http"
-	"path"
-	"strings"
-	"sync"
-	"time"
+
+	"github.com/cyclepool/cyclepool/internal/assets"
 )
 
 //go:embed static
 var staticFS embed.FS
 
-// asset is one embedded file.
-type asset struct {
-	name   string // file name under static/
-	hashed string // name with the content hash, e.g. page.3fa2c1d0.js
-	body   []byte
-	ctype  string
-
-	gzOnce sync.Once
-	gz     []byte // body gzipped, made on first request; nil when not worth it
-}
-
-// gzipped returns the body compressed, once (worker.wasm shrinks from about
-// 11 MB to 3 MB: it matters on a phone's connection).
-func (f *asset) gzipped() []byte {
-	f.gzOnce.Do(func() {
-		var b bytes.Buffer
-		zw, _ := gzip.NewWriterLevel(&b, gzip.DefaultCompression)
-		_, _ = zw.Write(f.body)
-		_ = zw.Close()
-		if b.Len() < len(f.body)*9/10 {
-			f.gz = b.Bytes()
+// loadAssets reads the embedded files; they are compiled in, so a failure
+// is a broken build.
+func loadAssets() *assets.Set {
+	sub, err := fs.Sub(staticFS, "static")
+	if err == nil {
+		var a *assets.Set
+		if a, err = assets.Load(sub, "/static/"); err == nil {
+			return a
 		}
-	})
-	return f.gz
-}
-
-// assets is every embedded file, by plain and by hashed name.
-type assets struct {
-	byName   map[string]*asset
-	byHashed map[string]*asset
-}
-
-func loadAssets() *assets {
-	a := &assets{byName: map[string]*asset{}, byHashed: map[string]*asset{}}
-	entries, err := fs.ReadDir(staticFS, "static")
-	if err != nil {
-		panic(err) // the directory is embedded: it always exists
 	}
-	for _, e := range entries {
-		if e.IsDir() {
-			continue
-		}
-		body, err := staticFS.ReadFile("static/" + e.Name())
-		if err != nil {
-			panic(err)
-		}
-		sum := sha256.Sum256(body)
-		ext := path.Ext(e.Name())
-		f := &asset{name: e.Name(), body: body,
-			hashed: strings.TrimSuffix(e.Name(), ext) + "." + hex.EncodeToString(sum[:4]) + ext,
-			ctype:  mime.TypeByExtension(ext)}
-		switch ext {
-		case ".wasm":
-			f.ctype = "application/wasm"
-		case ".js":
-			f.ctype = "text/javascript; charset=utf-8"
-		}
-		if f.ctype == "" {
-			f.ctype = "application/octet-stream"
-		}
-		a.byName[f.name], a.byHashed[f.hashed] = f, f
-	}
-	return a
-}
-
-// url returns the path of an asset under its hashed name, or "" when it is
-// not embedded (the worker was not built: see the Makefile's web target).
-func (a *assets) url(name string) string {
-	if f := a.byName[name]; f != nil {
-		return "/static/" + f.hashed
-	}
-	return ""
+	panic(err)
 }
 
 // Handler serves the volunteer page at / and the assets under /static/.
@@ -117,32 +49,8 @@ func Handler() http.Handler {
 		_ = Page(pageData(a)).Render(r.Context(), w)
 	})
 	mux.HandleFunc("GET /static/{name}", func(w http.ResponseWriter, r *http.Request) {
-		name := r.PathValue("name")
-		f, immutable := a.byHashed[name], true
-		if f == nil {
-			f, immutable = a.byName[name], false
-		}
-		if f == nil {
-			http.NotFound(w, r)
-			return
-		}
 		isolate(w)
-		w.Header().Set("Content-Type", f.ctype)
-		if immutable {
-			w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
-		} else {
-			w.Header().Set("Cache-Control", "no-cache")
-		}
-		w.Header().Set("Vary", "Accept-Encoding")
-		body, etag := f.body, `"`+f.hashed+`"`
-		if len(body) > 1024 && strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
-			if gz := f.gzipped(); gz != nil {
-				body, etag = gz, `"`+f.hashed+`.gz"`
-				w.Header().Set("Content-Encoding", "gzip")
-			}
-		}
-		w.Header().Set("ETag", etag)
-		http.ServeContent(w, r, f.name, time.Time{}, bytes.NewReader(body))
+		a.Serve(w, r, r.PathValue("name"))
 	})
 	return mux
 }
@@ -164,9 +72,9 @@ type PageData struct {
 	WorkerBuilt bool
 }
 
-func pageData(a *assets) PageData {
-	d := PageData{CSS: a.url("page.css"), PageJS: a.url("page.js"), WorkerJS: a.url("worker.js"),
-		WasmExecJS: a.url("wasm_exec.js"), WorkerWasm: a.url("worker.wasm"), TaskJS: a.url("task.js")}
+func pageData(a *assets.Set) PageData {
+	d := PageData{CSS: a.URL("page.css"), PageJS: a.URL("page.js"), WorkerJS: a.URL("worker.js"),
+		WasmExecJS: a.URL("wasm_exec.js"), WorkerWasm: a.URL("worker.wasm"), TaskJS: a.URL("task.js")}
 	d.WorkerBuilt = d.WasmExecJS != "" && d.WorkerWasm != ""
 	return d
 }

@@ -28,6 +28,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cyclepool/cyclepool/internal/assets"
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/internal/workflow"
@@ -89,7 +90,7 @@ type handler struct {
 	api    http.Handler
 	opt    Options
 	log    *slog.Logger
-	assets *assets
+	assets *assets.Set
 	mux    *http.ServeMux
 }
 
@@ -107,7 +108,7 @@ func New(b Backend, opt Options) http.Handler {
 	}
 	h := &handler{b: b, api: b.API(), opt: opt, log: opt.Logger, assets: loadAssets(), mux: http.NewServeMux()}
 	m := h.mux
-	m.HandleFunc("GET /app/static/{name}", h.assets.serve)
+	m.HandleFunc("GET /app/static/{name}", func(w http.ResponseWriter, r *http.Request) { h.assets.Serve(w, r, r.PathValue("name")) })
 	m.HandleFunc("GET /app/login", h.loginPage)
 	m.HandleFunc("POST /app/login", h.login)
 	m.HandleFunc("POST /app/logout", h.page(h.logout))
@@ -269,5 +270,5 @@ func (h *handler) notFound(p *pageCtx, what string, err error) {
 
 // layout is what every signed-in page shares.
 func (h *handler) layout(p *pageCtx, nav string) Layout {
-	return Layout{Owner: p.owner.Name, CSRF: h.csrf(p.sess), Nav: nav, CSS: h.assets.url("app.css"), JS: h.assets.url("app.js")}
+	return Layout{Owner: p.owner.Name, CSRF: h.csrf(p.sess), Nav: nav, CSS: h.assets.URL("app.css"), JS: h.assets.URL("app.js")}
 }

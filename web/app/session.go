@@ -112,7 +112,7 @@ func (h *handler) renderLogin(w http.ResponseWriter, r *http.Request, status int
 	setCookie(w, loginCookie, n, 3600)
 	w.Header().Set("Cache-Control", "no-store")
 	p := &pageCtx{w: w, r: r}
-	h.render(p, status, LoginPage(LoginData{CSS: h.assets.url("app.css"), JS: h.assets.url("app.js"),
+	h.render(p, status, LoginPage(LoginData{CSS: h.assets.URL("app.css"), JS: h.assets.URL("app.js"),
 		CSRF: base64.RawURLEncoding.EncodeToString(h.mac("login", n)), Next: safeNext(r.FormValue("next")), Error: msg}))
 }
 
