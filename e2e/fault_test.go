@@ -93,10 +93,8 @@ func TestStaleResultIsRefused(t *testing.T) {
 	}
 	stale := assign.Assign[0].Attempt
 
-	// Keep the socket alive with heartbeats that do not list the attempt (the
-	// server closes a socket that says nothing for 5 s), so its lease lapses
-	// while the worker is still connected.
-	fake.keepAlive(t)
+	// The fake worker's heartbeats do not list the attempt, so its lease
+	// lapses while the worker is still connected.
 	eventually(t, 15*time.Second, "the fake worker's attempt to be lost", func() bool {
 		as, err := p.client.Attempts(context.Background(), id, "t")
 		return err == nil && len(as) >= 1 && as[0].State == "lost"
@@ -433,6 +431,11 @@ func dialFake(t *testing.T, server string) *fakeWorker {
 	}()
 	w := f.next(t, protocol.TypeWelcome, 10*time.Second)
 	f.welcome = w.Welcome
+	// Heartbeat from the start: the server gives no work to a worker that
+	// has said nothing for a few heartbeat intervals (and closes its socket
+	// a little later), and uploading and submitting can take that long on a
+	// loaded machine.
+	f.keepAlive(t)
 	return f
 }
 
