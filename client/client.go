@@ -345,3 +345,16 @@ func (c *Client) Cancel(ctx context.Context, id string) (*Status, error) {
 	}
 	return &st, nil
 }
+
+// CancelTask cancels one unfinished task of a workflow and returns the
+// workflow's status: a running attempt is stopped on its worker, the task
+// ends cancelled and the tasks that need its outputs end upstream_failed;
+// the other tasks run on. Cancelling a task that already finished is
+// refused (an *APIError with status 409) and changes nothing.
+func (c *Client) CancelTask(ctx context.Context, id, task string) (*Status, error) {
+	var st Status
+	if _, err := c.doJSON(ctx, http.MethodPost, pathOf("workflows", id, "tasks", task, "cancel"), nil, "", &st); err != nil {
+		return nil, fmt.Errorf("cancel task %q of workflow %s: %w", task, id, err)
+	}
+	return &st, nil
+}

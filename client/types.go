@@ -116,17 +116,25 @@ type Output struct {
 
 // Task is one task of a workflow as shown in the status object.
 type Task struct {
-	Name        string     `json:"name"`
-	State       string     `json:"state"`
-	Attempts    int        `json:"attempts"`
-	MaxAttempts int        `json:"max_attempts"`
-	Progress    float64    `json:"progress"`
-	Module      string     `json:"module"`
-	Checkpoints int        `json:"checkpoints"`
-	StartedAt   *time.Time `json:"started_at"`
-	FinishedAt  *time.Time `json:"finished_at"`
-	Error       string     `json:"error"`
-	Outputs     []Output   `json:"outputs"`
+	Name        string  `json:"name"`
+	State       string  `json:"state"`
+	Attempts    int     `json:"attempts"`
+	MaxAttempts int     `json:"max_attempts"`
+	Progress    float64 `json:"progress"`
+	Module      string  `json:"module"`
+	Checkpoints int     `json:"checkpoints"`
+	// CheckpointAt is when the latest checkpoint was saved (nil: none).
+	CheckpointAt *time.Time `json:"checkpoint_at"`
+	// Worker is the id of the worker running the task now ("" if none).
+	Worker     string     `json:"worker"`
+	StartedAt  *time.Time `json:"started_at"`
+	FinishedAt *time.Time `json:"finished_at"`
+	Error      string     `json:"error"`
+	// Disputed is true when the task's result was accepted alone from a
+	// trusted worker that later lost a quorum, after the workflow had
+	// finished, so it could not be re-checked (docs/WORKFLOW.md).
+	Disputed bool     `json:"disputed,omitempty"`
+	Outputs  []Output `json:"outputs"`
 }
 
 // Status is a workflow's status object (GET /api/v1/workflows/{id}). In
@@ -138,8 +146,20 @@ type Status struct {
 	State      string     `json:"state"`
 	CreatedAt  time.Time  `json:"created_at"`
 	FinishedAt *time.Time `json:"finished_at"`
-	Counts     Counts     `json:"counts"`
-	Tasks      []Task     `json:"tasks,omitempty"`
+	// Replicas and Quorum are the workflow's result verification: replicas
+	// of each task started at first, identical results that accept it.
+	Replicas int `json:"replicas"`
+	Quorum   int `json:"quorum"`
+	// Efficiency is the workflow's resource efficiency (Heymann et al.):
+	// the time its successful attempts ran over the time its workers were
+	// held, from 0 to 1. Nil until an attempt succeeded, and in listings.
+	Efficiency *float64 `json:"efficiency,omitempty"`
+	// SuggestedParallelism is the number of workers that keeps the
+	// efficiency at 80% or more for the run times seen so far. Nil when
+	// Efficiency is.
+	SuggestedParallelism *int   `json:"suggested_parallelism,omitempty"`
+	Counts               Counts `json:"counts"`
+	Tasks                []Task `json:"tasks,omitempty"`
 }
 
 // Finished reports whether the workflow has reached a final state
@@ -255,7 +275,20 @@ type Attempt struct {
 	StartedAt    *time.Time `json:"started_at"`
 	EndedAt      *time.Time `json:"ended_at"`
 	RestoredFrom int        `json:"restored_from"`
+	// Verdict is set on attempts of replicated tasks once decided:
+	// VerdictValid, VerdictInvalid or VerdictUnverified.
+	Verdict string `json:"verdict,omitempty"`
+	// Superseded is true when the attempt ran on an upstream result that
+	// re-verification overturned: its task was reset and ran again.
+	Superseded bool `json:"superseded,omitempty"`
 }
+
+// Verdicts of a replicated task's attempt (Attempt.Verdict).
+const (
+	VerdictValid      = "valid"      // agreed with the accepted quorum
+	VerdictInvalid    = "invalid"    // lost the quorum
+	VerdictUnverified = "unverified" // accepted alone from a trusted worker
+)
 
 // Event types of the workflow event stream.
 const (

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -155,6 +156,53 @@ func TestDashboard(t *testing.T) {
 		t.Errorf("downloaded %q, the API gives %q", downloaded, want)
 	}
 
+	// Per-task cancel from the page. A long task that checkpoints shows the
+	// worker running it and the age of its latest checkpoint; its Cancel
+	// button stops it on the worker, the task that needs its output ends
+	// upstream_failed, and the rest runs on to a failed workflow.
+	counter, noop := push(t, p.client, "counter"), push(t, p.client, "noop")
+	cid := submit(t, p.client, workflow("dash-cancel-task",
+		task{"name": "long", "module": counter, "args": []string{"600", "100"}, "checkpoint_interval": "1s"},
+		task{"name": "after", "module": noop, "inputs": map[string]any{"x": map[string]any{"from": "long"}}},
+		task{"name": "side", "module": noop},
+	))
+	b.do(chromedp.Navigate(base + "/app/workflows/" + cid))
+	b.waitJS(45*time.Second, "the long task running on a worker, with a checkpoint", `(() => {
+		const r = document.querySelector('tr[data-task="long"]');
+		return r && r.dataset.state === "running" && r.querySelector(".c-worker code").textContent !== "—" &&
+			Number(r.querySelector(".c-ckpt").textContent) > 0 && r.querySelector(".c-ckpt-age").textContent.endsWith("ago");
+	})()`)
+	st, err := p.client.Status(context.Background(), cid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := b.text(`tr[data-task="long"] .c-worker code`); st.Tasks[0].Worker == "" || w != st.Tasks[0].Worker[:8]+"…" {
+		t.Errorf("the page shows worker %q for the long task, the API %q", w, st.Tasks[0].Worker)
+	}
+	b.screenshot("dash-running", 1280, 900)
+	b.screenshot("dash-running", 360, 800)
+	b.do(chromedp.Click(chromedp.CSS(`tr[data-task="long"] .task-cancel button`)))
+	b.waitJS(15*time.Second, "the long task cancelled and its dependent failed on the page", `location.pathname.endsWith("`+cid+`") &&
+		document.querySelector('tr[data-task="long"]').dataset.state === "cancelled" &&
+		document.querySelector('tr[data-task="after"]').dataset.state === "upstream_failed" &&
+		!document.querySelector('tr[data-task="long"] .task-cancel')`)
+	if done := wait(t, p.client, cid, 30*time.Second); done.State != "failed" || done.Tasks[2].State != "done" {
+		t.Errorf("after cancelling one task the workflow ended %s with side %s, want failed and done", done.State, done.Tasks[2].State)
+	}
+	if as, err := p.client.Attempts(context.Background(), cid, "long"); err != nil || len(as) != 1 || as[0].State != "cancelled" {
+		t.Errorf("attempts of the cancelled task: %+v, %v", as, err)
+	}
+	// A finished task cannot be cancelled, by the client or the CLI.
+	if _, err := p.client.CancelTask(context.Background(), cid, "side"); err == nil || !strings.Contains(err.Error(), "already done") {
+		t.Errorf("cancelling a done task: %v, want a refusal", err)
+	}
+	if out, err := runCLI(t, p.db, "cancel", cid, "--task", "side", "--server", base, "--token", p.srv.token); err == nil {
+		t.Errorf("cyclepool cancel --task of a done task succeeded: %s", out)
+	}
+	if out, err := runCLI(t, p.db, "cancel", cid, "--task", "nope", "--server", base, "--token", p.srv.token); err == nil {
+		t.Errorf("cyclepool cancel --task of an unknown task succeeded: %s", out)
+	}
+
 	// An invalid workflow: the error shows next to the task it names.
 	badWF, _ := json.MarshalIndent(workflow("dash-bad",
 		task{"name": "count-0", "module": primes, "args": []string{"0", "10"}},
@@ -176,11 +224,28 @@ func TestDashboard(t *testing.T) {
 	if h := b.text("#history tbody"); !strings.Contains(h, "dash-primes") || strings.Contains(h, "dash-big") {
 		t.Errorf("history for q=primes: %q", h)
 	}
+	// Volunteers: the headless worker with its stability class, plots of
+	// the last hour drawn from the tasks done, refreshed without a reload.
 	b.do(chromedp.Navigate(base + "/app/volunteers"))
 	if v := b.text("#workers tbody"); !strings.Contains(v, "headless") {
 		t.Errorf("volunteers page: %q", v)
 	}
+	if c := b.text("#workers tbody .c-stability .stab"); !strings.Contains(c, "stable") {
+		t.Errorf("stability class of the headless worker: %q, want its class", c)
+	}
+	var plotted bool
+	b.eval(`document.querySelector("#plot-done path.bars").getAttribute("d") !== "" && document.querySelector("#plot-connected path.line").getAttribute("d") !== ""`, &plotted)
+	if !plotted {
+		t.Errorf("the volunteers page's plots are empty")
+	}
+	if f := b.text("#v-variance"); f == "" {
+		t.Errorf("no fairness on the volunteers page")
+	}
+	b.eval(`window.noReload = "yes"`, nil)
+	b.waitJS(20*time.Second, "the volunteers page to refresh itself", `window.noReload === "yes" && window.cyclepoolVolunteers.polls >= 1 &&
+		document.querySelector("#workers tbody .c-stability .stab")`)
 	b.screenshot("dash-volunteers", 1280, 900)
+	b.screenshot("dash-volunteers", 360, 800)
 	b.do(chromedp.Navigate(base + "/app/modules"))
 	b.screenshot("dash-modules", 360, 800)
 	b.do(chromedp.Navigate(base + "/app/history"))
@@ -202,6 +267,13 @@ func TestDashboard(t *testing.T) {
 	}
 	if c := res.Header.Get("Content-Security-Policy"); c == "" {
 		t.Errorf("no CSP on a dashboard response")
+	}
+	taskCancel := base + "/app/workflows/" + cid + "/tasks/side/cancel"
+	if res, _ = dashRequest(t, http.MethodPost, taskCancel, cookie, url.Values{"csrf": {"forged"}}, nil); res.StatusCode != http.StatusForbidden {
+		t.Errorf("task cancel with a forged CSRF token: %s, want 403", res.Status)
+	}
+	if res, body := dashRequest(t, http.MethodPost, taskCancel, cookie, url.Values{"csrf": {csrf}}, nil); res.StatusCode != http.StatusConflict || !strings.Contains(body, "already done") {
+		t.Errorf("task cancel of a done task from the page: %s, want 409 saying it is done", res.Status)
 	}
 
 	// A second owner cannot see the first owner's workflow by URL.

@@ -19,7 +19,6 @@ import (
 // that reports how many results it sent.
 func (f *fakeWorker) liar(t *testing.T) func() int {
 	t.Helper()
-	f.keepAlive(t)
 	sent := make(chan int, 1)
 	sent <- 0
 	go func() {
@@ -182,26 +181,50 @@ func TestReplicasOutvoteLyingWorker(t *testing.T) {
 		if valid < 2 {
 			t.Errorf("task %s: %d valid results, want a quorum of 2: %+v", name, valid, as)
 		}
+		for _, a := range as {
+			if a.State == "running" {
+				t.Errorf("task %s is done but replica %d still runs (siblings are cancelled): %+v", name, a.ID, as)
+			}
+		}
 	}
 	if invalid == 0 {
 		t.Fatalf("no result was judged invalid, though the liar sent %d", forged())
 	}
-	var liar *apiWorker
-	ws := listWorkers(t, p.srv)
-	for i := range ws {
-		if ws[i].ID == liarID {
-			liar = &ws[i]
-		} else if ws[i].Reputation.Invalid != 0 {
-			t.Errorf("honest worker %s lost reputation: %+v", ws[i].ID, ws[i].Reputation)
+	// The liar's reputation, read through the Go client and checked
+	// against the raw API.
+	wl, err := p.client.Workers(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var liar *client.Worker
+	honest := 0
+	for i := range wl.Workers {
+		w := &wl.Workers[i]
+		if w.ID == liarID {
+			liar = w
+			continue
+		}
+		honest++
+		if w.Reputation.Invalid != 0 || w.Reputation.Valid == 0 || w.Reputation.Score <= 0.5 {
+			t.Errorf("honest worker %s: reputation %+v, want valid results only and a score above a new worker's 0.5", w.ID, w.Reputation)
 		}
 	}
-	if liar == nil {
-		t.Fatalf("the liar %s is not in GET /api/v1/workers: %+v", liarID, ws)
+	if liar == nil || honest != 2 {
+		t.Fatalf("the liar %s and two honest workers are not all in GET /api/v1/workers: %+v", liarID, wl.Workers)
 	}
-	if liar.Reputation.Invalid != int64(invalid) || liar.Reputation.Valid != 0 || liar.Reputation.Score >= 0.5 {
+	if liar.Reputation.Invalid != int64(invalid) || liar.Reputation.Valid != 0 || liar.Reputation.Score >= 0.5 || liar.Reputation.Trusted {
 		t.Errorf("liar reputation = %+v, want %d invalid, none valid, score below a new worker's 0.5", liar.Reputation, invalid)
 	}
 	if liar.Stability == nil || liar.Stability.Class == "" {
 		t.Errorf("liar has no stability class in the API: %+v", liar)
+	}
+	for _, w := range listWorkers(t, p.srv) {
+		if w.ID == liarID && w.Reputation.Invalid != liar.Reputation.Invalid {
+			t.Errorf("client and API disagree: %+v vs %+v", w.Reputation, liar.Reputation)
+		}
+	}
+	// Verification shows in the status object the client reads.
+	if st, err := p.client.Status(context.Background(), id); err != nil || st.Replicas != 2 || st.Quorum != 2 || st.Efficiency == nil {
+		t.Errorf("status through the client: %+v, %v; want replicas 2, quorum 2 and an efficiency", st, err)
 	}
 }

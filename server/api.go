@@ -29,6 +29,7 @@ func (s *Server) routeAPI(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/v1/workflows/{id}", s.authed(s.handleStatus))
 	mux.HandleFunc("POST /api/v1/workflows/{id}/cancel", s.authed(s.handleCancel))
 	mux.HandleFunc("GET /api/v1/workflows/{id}/events", s.authed(s.handleEvents))
+	mux.HandleFunc("POST /api/v1/workflows/{id}/tasks/{task}/cancel", s.authed(s.handleCancelTask))
 	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/attempts", s.authed(s.handleAttempts))
 	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/log", s.authed(s.handleLog))
 	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/outputs/{output...}", s.authed(s.handleOutput))
@@ -114,39 +115,13 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		writeError(w, http.StatusRequestEntityTooLarge, "workflow file is larger than %d MiB", workflow.MaxFileSize>>20)
 		return
 	}
-	spec, err := workflow.Parse(body)
-	if err != nil {
-		var we *workflow.Error
-		if errors.As(err, &we) {
-			writeJSON(w, http.StatusBadRequest, apiError{Error: we.Error(), Task: we.Task, Field: we.Field})
-			return
-		}
-		writeError(w, http.StatusBadRequest, "%v", err)
-		return
-	}
-	if paths := spec.ModulePaths(); len(paths) > 0 {
-		i := firstTaskWithModule(spec, paths[0])
-		writeJSON(w, http.StatusBadRequest, apiError{Task: spec.Tasks[i].Name, Field: "module",
-			Error: fmt.Sprintf("task %q: module %q is a path: push it first (cyclepool submit does) and use its sha256: id", spec.Tasks[i].Name, paths[0])})
-		return
-	}
-	ids := map[string]bool{}
-	var list []string
-	for _, t := range spec.Tasks {
-		if !ids[t.Module] {
-			ids[t.Module] = true
-			list = append(list, t.Module)
-		}
-	}
-	missing, err := s.missingModules(r.Context(), owner.ID, list)
+	spec, we, err := s.checkSubmission(r.Context(), owner, body)
 	if err != nil {
 		s.serverError(w, "check modules", err)
 		return
 	}
-	if len(missing) > 0 {
-		i := firstTaskWithModule(spec, missing[0])
-		writeJSON(w, http.StatusBadRequest, apiError{Task: spec.Tasks[i].Name, Field: "module",
-			Error: fmt.Sprintf("task %q: unknown module %s: push it first (cyclepool module push FILE.wasm)", spec.Tasks[i].Name, missing[0])})
+	if we != nil {
+		writeJSON(w, http.StatusBadRequest, apiError{Error: we.Error(), Task: we.Task, Field: we.Field})
 		return
 	}
 	nw := toNewWorkflow(spec)
@@ -158,6 +133,50 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 	s.wake()
 	s.log.Info("workflow submitted", "workflow", id, "name", spec.Name, "tasks", len(spec.Tasks), "owner", owner.Name)
 	writeJSON(w, http.StatusCreated, map[string]any{"id": id, "name": spec.Name, "tasks": len(spec.Tasks)})
+}
+
+// checkSubmission runs every check a submission must pass before anything
+// is written: the size, workflow.Parse (fields, names, cycles, inputs),
+// modules given as ids rather than paths, and modules the owner has
+// pushed. The API's submit handler and the dashboard's Check button both
+// call it, so their rules cannot drift apart. A refusal comes back as a
+// *workflow.Error naming the task and field; err is for the server's own
+// failures.
+func (s *Server) checkSubmission(ctx context.Context, owner store.Owner, body []byte) (*workflow.Spec, *workflow.Error, error) {
+	if len(body) > workflow.MaxFileSize {
+		return nil, &workflow.Error{Msg: fmt.Sprintf("workflow file is larger than %d MiB", workflow.MaxFileSize>>20)}, nil
+	}
+	spec, err := workflow.Parse(body)
+	if err != nil {
+		var we *workflow.Error
+		if errors.As(err, &we) {
+			return nil, we, nil
+		}
+		return nil, &workflow.Error{Msg: err.Error()}, nil
+	}
+	if paths := spec.ModulePaths(); len(paths) > 0 {
+		i := firstTaskWithModule(spec, paths[0])
+		return nil, &workflow.Error{Task: spec.Tasks[i].Name, Field: "module",
+			Msg: fmt.Sprintf("module %q is a path: push it first and use its sha256: id (cyclepool submit pushes paths itself; on the dashboard, upload it on the Modules page)", paths[0])}, nil
+	}
+	ids := map[string]bool{}
+	var list []string
+	for _, t := range spec.Tasks {
+		if !ids[t.Module] {
+			ids[t.Module] = true
+			list = append(list, t.Module)
+		}
+	}
+	missing, err := s.missingModules(ctx, owner.ID, list)
+	if err != nil {
+		return nil, nil, fmt.Errorf("check modules: %w", err)
+	}
+	if len(missing) > 0 {
+		i := firstTaskWithModule(spec, missing[0])
+		return nil, &workflow.Error{Task: spec.Tasks[i].Name, Field: "module",
+			Msg: fmt.Sprintf("unknown module %s: push it first (cyclepool module push FILE.wasm, or the dashboard's Modules page)", missing[0])}, nil
+	}
+	return spec, nil, nil
 }
 
 func firstTaskWithModule(spec *workflow.Spec, m string) int {
@@ -246,6 +265,30 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request, owner stor
 	writeJSON(w, http.StatusOK, st)
 }
 
+// handleCancelTask cancels one unfinished task (store.CancelTask): its
+// running attempts are stopped on their workers like those of a cancelled
+// workflow, its descendants end upstream_failed. A finished task answers
+// 409 and nothing changes.
+func (s *Server) handleCancelTask(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	id, task := r.PathValue("id"), r.PathValue("task")
+	attempts, err := s.store.CancelTask(r.Context(), owner.ID, id, task)
+	if errors.Is(err, store.ErrTaskFinished) {
+		writeJSON(w, http.StatusConflict, apiError{Error: err.Error(), Task: task})
+		return
+	}
+	if err != nil {
+		s.notFoundOr(w, "task", err)
+		return
+	}
+	s.log.Info("task cancelled", "workflow", id, "task", task, "running_attempts", len(attempts))
+	st, err := s.store.Status(r.Context(), owner.ID, id)
+	if err != nil {
+		s.notFoundOr(w, "workflow", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
 func (s *Server) handleAttempts(w http.ResponseWriter, r *http.Request, owner store.Owner) {
 	as, err := s.store.Attempts(r.Context(), owner.ID, r.PathValue("id"), r.PathValue("task"))
 	if err != nil {
@@ -313,14 +356,16 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, owner stor
 		return
 	}
 	type seen struct {
-		state    string
-		attempts int
-		progress float64
+		state       string
+		attempts    int
+		progress    float64
+		checkpoints int
+		worker      string
 	}
 	last := map[string]seen{}
 	since := time.Time{}
 	for _, t := range st.Tasks {
-		last[t.Name] = seen{t.State, t.Attempts, t.Progress}
+		last[t.Name] = seen{t.State, t.Attempts, t.Progress, t.Checkpoints, t.Worker}
 		if t.UpdatedAt.After(since) {
 			since = t.UpdatedAt
 		}
@@ -348,14 +393,15 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, owner stor
 			if t.UpdatedAt.After(since) {
 				since = t.UpdatedAt
 			}
-			now := seen{t.State, t.Attempts, t.Progress}
+			now := seen{t.State, t.Attempts, t.Progress, t.Checkpoints, t.Worker}
 			old := last[t.Name]
-			if old.state == now.state && old.attempts == now.attempts && absDiff(old.progress, now.progress) < 0.005 {
+			if old.state == now.state && old.attempts == now.attempts && old.checkpoints == now.checkpoints &&
+				old.worker == now.worker && absDiff(old.progress, now.progress) < 0.005 {
 				continue
 			}
 			last[t.Name] = now
 			ev := map[string]any{"name": t.Name, "state": t.State, "attempts": t.Attempts, "progress": t.Progress,
-				"checkpoints": t.Checkpoints, "error": t.Error}
+				"checkpoints": t.Checkpoints, "checkpoint_at": t.CheckpointAt, "worker": t.Worker, "error": t.Error}
 			if err := send("task", ev); err != nil {
 				return
 			}

@@ -10,22 +10,32 @@ import (
 // by one flush call each. There is no timer: a flusher takes everything
 // queued when it becomes free, so a lone item is flushed at once (low
 // latency) and items that arrive while a flush runs form the next batch
-// (high throughput). A full queue blocks submitters (back-pressure).
+// (high throughput). A full queue blocks submitters (back-pressure). Items
+// submitted together (submitAll) go in the same batch.
 type batcher[T any] struct {
-	in       chan T
+	in       chan []T
 	max      int
 	flushers int
 	flush    func(ctx context.Context, batch []T)
 }
 
 func newBatcher[T any](queue, max, flushers int, flush func(context.Context, []T)) *batcher[T] {
-	return &batcher[T]{in: make(chan T, queue), max: max, flushers: flushers, flush: flush}
+	return &batcher[T]{in: make(chan []T, queue), max: max, flushers: flushers, flush: flush}
 }
 
 // submit queues an item, waiting while the queue is full.
 func (b *batcher[T]) submit(ctx context.Context, item T) error {
+	return b.submitAll(ctx, []T{item})
+}
+
+// submitAll queues items to be flushed in one batch (a batch may go over
+// max by the items of its last submitAll), waiting while the queue is full.
+func (b *batcher[T]) submitAll(ctx context.Context, items []T) error {
+	if len(items) == 0 {
+		return nil
+	}
 	select {
-	case b.in <- item:
+	case b.in <- items:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -45,14 +55,14 @@ func (b *batcher[T]) run(ctx context.Context) {
 				select {
 				case <-ctx.Done():
 					return
-				case item := <-b.in:
-					batch = append(batch, item)
+				case items := <-b.in:
+					batch = append(batch, items...)
 				}
 			fill:
 				for len(batch) < b.max {
 					select {
-					case item := <-b.in:
-						batch = append(batch, item)
+					case items := <-b.in:
+						batch = append(batch, items...)
 					default:
 						break fill
 					}

@@ -5,10 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"net/http"
 	"os"
+	"slices"
 
 	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/internal/workflow"
@@ -35,6 +34,8 @@ func (s *Server) Dashboard() http.Handler {
 // dashboardBackend is what the dashboard may use of the server.
 type dashboardBackend struct{ s *Server }
 
+// OwnerByToken resolves an owner token as the API's bearer auth does (and
+// shares its cache).
 func (d dashboardBackend) OwnerByToken(ctx context.Context, token string) (store.Owner, error) {
 	if o, ok := d.s.owners.Load(token); ok {
 		return o.(store.Owner), nil
@@ -69,63 +70,34 @@ func (d dashboardBackend) API() http.Handler {
 	mux.HandleFunc("GET /api/v1/workflows/{id}", owned(s.handleStatus))
 	mux.HandleFunc("POST /api/v1/workflows/{id}/cancel", owned(s.handleCancel))
 	mux.HandleFunc("GET /api/v1/workflows/{id}/events", owned(s.handleEvents))
+	mux.HandleFunc("POST /api/v1/workflows/{id}/tasks/{task}/cancel", owned(s.handleCancelTask))
 	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/attempts", owned(s.handleAttempts))
 	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/log", owned(s.handleLog))
 	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/outputs/{output...}", owned(s.handleOutput))
+	mux.HandleFunc("GET /api/v1/workers", owned(s.handleWorkers))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: %s %s (see docs/API.md)", r.Method, r.URL.Path)
 	})
 	return mux
 }
 
-// CheckWorkflow runs the checks POST /api/v1/workflows makes before it
-// writes anything (workflow.Parse, module paths, unknown modules), without
-// submitting; the refusal names the task and field as the API's does.
+// CheckWorkflow runs the very checks POST /api/v1/workflows makes before
+// it writes anything (Server.checkSubmission), without submitting.
 func (d dashboardBackend) CheckWorkflow(ctx context.Context, owner store.Owner, body []byte) (*workflow.Spec, *workflow.Error, error) {
-	if len(body) > workflow.MaxFileSize {
-		return nil, &workflow.Error{Msg: fmt.Sprintf("workflow file is larger than %d MiB", workflow.MaxFileSize>>20)}, nil
-	}
-	spec, err := workflow.Parse(body)
-	if err != nil {
-		var we *workflow.Error
-		if errors.As(err, &we) {
-			return nil, we, nil
-		}
-		return nil, &workflow.Error{Msg: err.Error()}, nil
-	}
-	if paths := spec.ModulePaths(); len(paths) > 0 {
-		i := firstTaskWithModule(spec, paths[0])
-		return spec, &workflow.Error{Task: spec.Tasks[i].Name, Field: "module",
-			Msg: fmt.Sprintf("module %q is a path: upload it on the Modules page and use its sha256: id", paths[0])}, nil
-	}
-	seen := map[string]bool{}
-	var list []string
-	for _, t := range spec.Tasks {
-		if !seen[t.Module] {
-			seen[t.Module] = true
-			list = append(list, t.Module)
-		}
-	}
-	missing, err := d.s.missingModules(ctx, owner.ID, list)
-	if err != nil {
-		return nil, nil, err
-	}
-	if len(missing) > 0 {
-		i := firstTaskWithModule(spec, missing[0])
-		return spec, &workflow.Error{Task: spec.Tasks[i].Name, Field: "module",
-			Msg: fmt.Sprintf("unknown module %s: upload it on the Modules page first", missing[0])}, nil
-	}
-	return spec, nil, nil
+	return d.s.checkSubmission(ctx, owner, body)
 }
 
+// Status is the workflow's status, as GET /api/v1/workflows/{id} shows it.
 func (d dashboardBackend) Status(ctx context.Context, owner store.Owner, id string) (*store.WorkflowStatus, error) {
 	return d.s.store.Status(ctx, owner.ID, id)
 }
 
+// List is the owner's workflows, as GET /api/v1/workflows lists them.
 func (d dashboardBackend) List(ctx context.Context, owner store.Owner, o store.ListOptions) ([]store.WorkflowStatus, int, error) {
 	return d.s.store.List(ctx, owner.ID, o)
 }
 
+// Modules is the owner's modules.
 func (d dashboardBackend) Modules(ctx context.Context, owner store.Owner) ([]store.Module, error) {
 	return d.s.store.Modules(ctx, owner.ID)
 }
@@ -133,68 +105,46 @@ func (d dashboardBackend) Modules(ctx context.Context, owner store.Owner) ([]sto
 // ModuleUse maps each of the owner's modules to the names of the owner's
 // workflows (newest first, at most 5) whose tasks run it.
 func (d dashboardBackend) ModuleUse(ctx context.Context, owner store.Owner) (map[string][]string, error) {
-	rows, err := d.s.store.Pool().Query(ctx, `SELECT module_id, (array_agg(name ORDER BY created_at DESC))[1:5] FROM (
-			SELECT DISTINCT t.module_id, w.name, w.created_at FROM workflows w JOIN tasks t ON t.workflow_id = w.id WHERE w.owner_id = $1
-		) u GROUP BY module_id`, owner.ID)
-	if err != nil {
-		return nil, fmt.Errorf("module use: %w", err)
-	}
-	defer rows.Close()
-	use := map[string][]string{}
-	for rows.Next() {
-		var m string
-		var names []string
-		if err := rows.Scan(&m, &names); err != nil {
-			return nil, fmt.Errorf("module use: %w", err)
-		}
-		use[m] = names
-	}
-	return use, rows.Err()
+	return d.s.store.ModuleUse(ctx, owner.ID)
 }
 
 // Edges returns the DAG's edges (upstream task name, downstream task name)
 // of one of the owner's workflows.
 func (d dashboardBackend) Edges(ctx context.Context, owner store.Owner, id string) ([][2]string, error) {
-	rows, err := d.s.store.Pool().Query(ctx, `SELECT DISTINCT f.name, t.name FROM workflows w
-		JOIN tasks t ON t.workflow_id = w.id JOIN task_inputs i ON i.task_id = t.id JOIN tasks f ON f.id = i.from_task
-		WHERE w.id = $1 AND w.owner_id = $2`, id, owner.ID)
-	if err != nil {
-		return nil, fmt.Errorf("workflow edges: %w", err)
-	}
-	defer rows.Close()
-	var edges [][2]string
-	for rows.Next() {
-		var e [2]string
-		if err := rows.Scan(&e[0], &e[1]); err != nil {
-			return nil, fmt.Errorf("workflow edges: %w", err)
-		}
-		edges = append(edges, e)
-	}
-	return edges, rows.Err()
+	return d.s.store.Edges(ctx, owner.ID, id)
 }
 
-// Workers lists the connected workers. Task names are shown only for the
-// owner's own workflows.
-func (d dashboardBackend) Workers(ctx context.Context, owner store.Owner) ([]app.Worker, error) {
-	rows, err := d.s.store.Pool().Query(ctx, `SELECT w.id::text, w.kind, w.slots, w.device, w.connected_at, w.last_seen, w.tasks_lost,
-			(SELECT count(*) FROM attempts a WHERE a.worker_id = w.id AND a.state = 'succeeded'),
-			COALESCE((SELECT array_agg(CASE WHEN wf.owner_id = $1 THEN wf.name || ' / ' || t.name ELSE '(another project)' END)
-				FROM attempts a JOIN tasks t ON t.id = a.task_id JOIN workflows wf ON wf.id = t.workflow_id
-				WHERE a.worker_id = w.id AND a.state = 'running'), '{}')
-		FROM workers w WHERE w.connected ORDER BY w.connected_at`, owner.ID)
+// activityMinutes is how far back the volunteers page plots.
+const activityMinutes = 60
+
+// Volunteers is the volunteers page's data: the workers as GET
+// /api/v1/workers shows them (stability class and fairness included), with
+// their tasks (named only for the owner's own workflows) and the last
+// hour's activity.
+func (d dashboardBackend) Volunteers(ctx context.Context, owner store.Owner) (app.Volunteers, error) {
+	rep, err := d.s.workers(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("list workers: %w", err)
+		return app.Volunteers{}, err
 	}
-	defer rows.Close()
-	var ws []app.Worker
-	for rows.Next() {
-		var w app.Worker
-		var dev []byte
-		if err := rows.Scan(&w.ID, &w.Kind, &w.Slots, &dev, &w.ConnectedAt, &w.LastSeen, &w.Lost, &w.Done, &w.Running); err != nil {
-			return nil, fmt.Errorf("list workers: %w", err)
+	tasks, err := d.s.store.WorkerTasks(ctx, owner.ID)
+	if err != nil {
+		return app.Volunteers{}, err
+	}
+	act, err := d.s.store.Activity(ctx, activityMinutes)
+	if err != nil {
+		return app.Volunteers{}, err
+	}
+	v := app.Volunteers{FairnessStrategy: rep.Fairness.Strategy, Variance: rep.Fairness.VarianceTasksDone, Activity: act,
+		Workers: make([]app.Worker, 0, len(rep.Workers))}
+	for _, wv := range rep.Workers {
+		w := app.Worker{ID: wv.ID, Kind: wv.Kind, Slots: wv.Slots, ConnectedAt: wv.ConnectedAt, LastSeen: wv.LastSeen,
+			Lost: wv.TasksLost, Done: tasks[wv.ID].Succeeded, Running: tasks[wv.ID].Running, DoneHere: wv.TasksDone}
+		_ = json.Unmarshal(wv.Device, &w.Device)
+		if wv.Stability != nil {
+			w.Stability, w.Reasons = wv.Stability.Class, wv.Stability.Reasons
 		}
-		_ = json.Unmarshal(dev, &w.Device)
-		ws = append(ws, w)
+		v.Workers = append(v.Workers, w)
 	}
-	return ws, rows.Err()
+	slices.SortStableFunc(v.Workers, func(a, b app.Worker) int { return a.ConnectedAt.Compare(b.ConnectedAt) })
+	return v, nil
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -36,6 +37,13 @@ type conn struct {
 	log     *slog.Logger
 
 	lastDevice []byte // JSON of the device state last written; read loop only
+
+	// heard is when the last frame arrived (Unix ns). A worker heartbeats
+	// every heartbeat interval, so a connection silent for longer than the
+	// hub's silent limit is gone as far as new work goes, even while its
+	// socket is still open (a frozen tab, a phone that lost its network):
+	// it is given nothing until it speaks again (see hub.reserve).
+	heard atomic.Int64
 
 	// Guarded by hub.mu.
 	free    int
@@ -125,23 +133,42 @@ type hub struct {
 	mu       sync.Mutex
 	conns    map[string]*conn
 	attempts map[int64]*conn
+	// silent is how long a worker may go without sending a frame before
+	// it gets no more work: a little over two heartbeat intervals, well
+	// within a lease.
+	silent time.Duration
 }
 
-func newHub() *hub {
-	return &hub{conns: map[string]*conn{}, attempts: map[int64]*conn{}}
+func newHub(silent time.Duration) *hub {
+	return &hub{conns: map[string]*conn{}, attempts: map[int64]*conn{}, silent: silent}
+}
+
+// heardFrom records that a frame arrived from c now. It reports whether c
+// had been silent (and so received no work) until then.
+func (h *hub) heardFrom(c *conn) bool {
+	now := time.Now().UnixNano()
+	return now-c.heard.Swap(now) > int64(h.silent)
 }
 
 // reserve takes up to max free slots, spread round-robin over the workers,
 // and returns the worker of each slot. The slots stay taken until assigned
 // or given back with release.
+//
+// A worker that has been silent for longer than h.silent gets nothing. Its
+// socket may stay open long after it stopped listening (a tab frozen in
+// the back/forward cache, a phone that lost its network: the read loop
+// notices only after two leases): without this, the free slots and queue
+// room of such a worker would take every retry of a task whose lease lapsed
+// there, each retry lapsing in turn and using up one of the task's attempts.
 func (h *hub) reserve(max int) []*conn {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var slots []*conn
+	quiet := time.Now().UnixNano() - int64(h.silent)
 	for more := true; more && len(slots) < max; {
 		more = false
 		for _, c := range h.conns {
-			if c.free > 0 && !c.paused && len(slots) < max {
+			if c.free > 0 && !c.paused && len(slots) < max && c.heard.Load() >= quiet {
 				c.free--
 				slots = append(slots, c)
 				more = more || c.free > 0
@@ -415,6 +442,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 		}
 	}
 	c.free = c.slots - len(c.running)
+	c.heard.Store(time.Now().UnixNano())
 	welcome := &protocol.Frame{Type: protocol.TypeWelcome, Welcome: &protocol.Welcome{
 		WorkerID: id, ReconnectToken: token, HeartbeatMS: int(s.cfg.Heartbeat.Milliseconds()),
 		LeaseMS: int(s.cfg.Lease.Milliseconds()), MaxFrameBytes: s.cfg.MaxFrameBytes, Lost: lost,
@@ -452,6 +480,9 @@ func (s *Server) readLoop(ctx context.Context, c *conn) error {
 		cancel()
 		if err != nil {
 			return err
+		}
+		if s.hub.heardFrom(c) {
+			s.wake() // silent until now: it may have free slots
 		}
 		f, err := protocol.Decode(data, typ == websocket.MessageBinary)
 		if err != nil {
@@ -498,15 +529,17 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 		if len(hb.Running) > 2*c.slots+16 {
 			return fmt.Errorf("heartbeat lists %d attempts for %d slots and queue", len(hb.Running), c.slots)
 		}
+		var rs []renewal
 		for _, p := range hb.Running {
 			// Only attempts this connection holds reach the database; the
 			// others (an outcome on its way, or nonsense) are ignored.
 			if !s.hub.holds(c, p.Attempt) {
 				continue
 			}
-			if err := s.renewals.submit(ctx, renewal{c: c, r: store.Renewal{Attempt: p.Attempt, Worker: c.id, Progress: p.Fraction}}); err != nil {
-				return nil
-			}
+			rs = append(rs, renewal{c: c, r: store.Renewal{Attempt: p.Attempt, Worker: c.id, Progress: p.Fraction}})
+		}
+		if err := s.renewals.submitAll(ctx, rs); err != nil {
+			return nil
 		}
 	case protocol.TypeCheckpoint:
 		// Checkpoints are rare: saved in the read loop, one at a time per
@@ -534,38 +567,43 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 		}
 		c.enqueue(&protocol.Frame{Type: protocol.TypeAck, Acks: []protocol.Ack{ack}})
 	case protocol.TypeResult:
-		for _, r := range f.Results {
+		comps := make([]store.Completion, len(f.Results))
+		for i, r := range f.Results {
 			comp := store.Completion{Attempt: r.Attempt, Worker: c.id, OK: true, Log: r.Log.Data}
 			for _, o := range r.Outputs {
 				comp.Outputs = append(comp.Outputs, store.Output{Name: o.Name, Data: o.Data})
 			}
-			if err := s.finish(ctx, c, comp, protocol.AckResult); err != nil {
-				return err
-			}
+			comps[i] = comp
 		}
+		return s.finish(ctx, c, comps, protocol.AckResult)
 	case protocol.TypeFail:
-		for _, fl := range f.Fails {
+		comps := make([]store.Completion, len(f.Fails))
+		for i, fl := range f.Fails {
 			if !knownReason(fl.Reason) {
 				return fmt.Errorf("unknown failure reason %q", fl.Reason)
 			}
-			comp := store.Completion{Attempt: fl.Attempt, Worker: c.id, Log: fl.Log.Data,
+			comps[i] = store.Completion{Attempt: fl.Attempt, Worker: c.id, Log: fl.Log.Data,
 				Reason: fl.Reason, Message: truncate(fl.Message, 2000),
 				Uncounted: fl.Reason == protocol.ReasonWorker || fl.Reason == protocol.ReasonCancelled}
-			if err := s.finish(ctx, c, comp, protocol.AckFail); err != nil {
-				return err
-			}
 		}
+		return s.finish(ctx, c, comps, protocol.AckFail)
 	default:
 		return fmt.Errorf("a worker may not send %q frames", f.Type)
 	}
 	return nil
 }
 
-// finish frees the attempt's slot and queues its completion; the ack goes
-// out once the batch holding it is committed.
-func (s *Server) finish(ctx context.Context, c *conn, comp store.Completion, of string) error {
-	if s.hub.finished(c, comp.Attempt) {
+// finish frees the attempts' slots and queues their completions, those of
+// one frame together in one batch; the acks go out once it is committed.
+func (s *Server) finish(ctx context.Context, c *conn, comps []store.Completion, of string) error {
+	items := make([]completion, len(comps))
+	freed := false
+	for i, comp := range comps {
+		freed = s.hub.finished(c, comp.Attempt) || freed
+		items[i] = completion{c: c, comp: comp, of: of}
+	}
+	if freed {
 		s.wake()
 	}
-	return s.completions.submit(ctx, completion{c: c, comp: comp, of: of})
+	return s.completions.submitAll(ctx, items)
 }

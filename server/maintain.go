@@ -62,7 +62,10 @@ func (s *Server) listenOnce(ctx context.Context, pool *pgxpool.Pool) error {
 					ids = append(ids, id)
 				}
 			}
-			s.hub.cancel(ids, "cancelled by the owner")
+			// The owner cancelled the workflow, or the attempt's result is
+			// no longer needed (a quorum of other replicas agreed, its task
+			// failed, or an upstream result was overturned).
+			s.hub.cancel(ids, "cancelled: the owner cancelled it or its result is no longer needed")
 		}
 	}
 }

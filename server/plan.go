@@ -173,13 +173,18 @@ func (s *Server) plan(now time.Time, cands []store.Candidate, workers []planWork
 			prio = sched.Interactive
 			ready = ready.Add(s.headStart())
 		}
+		// The average run time, looked up once rather than in every
+		// round's Schedule (the same stats serve every round); 0 when
+		// unknown, which Schedule looks up itself.
+		est, _ := stats.Expected(c.Module, c.Name)
 		for j := range c.Pending {
 			r := j
 			if c.Replicas > 1 {
 				r += len(c.Exclude)
 			}
 			tasks = append(tasks, sched.Task{ID: id, Replica: r, Workflow: c.WorkflowID, Module: c.Module, Name: c.Name,
-				Priority: prio, ReadySince: ready, CheckpointCost: ckptCost[c.Module], Exclude: slices.Clone(c.Exclude)})
+				Priority: prio, ReadySince: ready, CheckpointCost: ckptCost[c.Module], Exclude: slices.Clone(c.Exclude),
+				Estimate: est})
 		}
 	}
 	cfg := s.schedConfig()

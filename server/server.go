@@ -114,7 +114,7 @@ func New(st *store.Store, cfg Config) *Server {
 	cfg.setDefaults()
 	s := &Server{
 		cfg: cfg, store: st, log: cfg.Logger.With("replica", cfg.Replica),
-		hub: newHub(), wakeC: make(chan struct{}, 1),
+		hub: newHub(2*cfg.Heartbeat + cfg.Heartbeat/2), wakeC: make(chan struct{}, 1),
 		modules: newModuleCache(64 << 20),
 		rt:      newRuntimes(),
 	}
@@ -258,10 +258,11 @@ func (s *Server) assign(ctx context.Context, slots []*conn) (int, int, error) {
 			}
 			continue
 		}
-		// One frame per attempt keeps every frame under the size limit.
 		for i := range as {
 			s.attemptModule.Store(as[i].Attempt, as[i].Module)
-			c.enqueue(&protocol.Frame{Type: protocol.TypeAssign, Assign: as[i : i+1]})
+		}
+		for _, batch := range assignFrames(as, s.cfg.MaxFrameBytes) {
+			c.enqueue(&protocol.Frame{Type: protocol.TypeAssign, Assign: batch})
 		}
 	}
 	s.metrics.dispatched.Add(float64(len(claimed) - len(undeliverable)))
@@ -275,6 +276,37 @@ func (s *Server) assign(ctx context.Context, slots []*conn) (int, int, error) {
 		return len(claimed), len(picks), err
 	}
 	return len(claimed), len(picks), nil
+}
+
+// assignFrames splits one worker's attempts into assign frames: several to
+// a frame (a worker decodes and handles one frame at a time, which matters
+// most for a browser), as long as the frame stays well under the limits of
+// a whole frame (maxFrame) and of its JSON header (1 MiB).
+func assignFrames(as []protocol.Assign, maxFrame int) [][]protocol.Assign {
+	const maxPerFrame, maxHeader = 64, 256 << 10
+	var out [][]protocol.Assign
+	for i := 0; i < len(as); {
+		j, data, head := i, 0, 0
+		for ; j < len(as) && j-i < maxPerFrame; j++ {
+			a := &as[j]
+			d := 64<<10 + len(a.Stdin.Data) + len(a.Restore.Data)
+			h := 1024 + len(a.Task) + len(a.Module)
+			for _, in := range a.Inputs {
+				d += len(in.Data)
+				h += 64 + len(in.Name)
+			}
+			for _, arg := range a.Args {
+				h += 8 + 2*len(arg) // JSON may escape
+			}
+			if j > i && (data+d > maxFrame || head+h > maxHeader) {
+				break
+			}
+			data, head = data+d, head+h
+		}
+		out = append(out, as[i:j])
+		i = j
+	}
+	return out
 }
 
 // assignSize is about the size of the assign frame of a claimed task.

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"math"
 	"net/http"
@@ -61,15 +62,37 @@ func stabilityView(st sched.Stability) *workerStability {
 	return v
 }
 
+// workerFairness is the fairness of the load in GET /api/v1/workers.
+type workerFairness struct {
+	Strategy          string  `json:"strategy"`
+	VarianceTasksDone float64 `json:"variance_tasks_done"`
+}
+
+// workersReport is the answer of GET /api/v1/workers.
+type workersReport struct {
+	Workers  []workerView   `json:"workers"`
+	Fairness workerFairness `json:"fairness"`
+}
+
 // handleWorkers lists the connected workers of every replica: kind, device
 // state, reputation; for those connected to this replica also the
 // stability class with its reasons, running attempts and tasks done. It
 // adds the fairness metric (variance of tasks done per worker here).
 func (s *Server) handleWorkers(w http.ResponseWriter, r *http.Request, _ store.Owner) {
-	recs, err := s.store.Workers(r.Context(), nil)
+	rep, err := s.workers(r.Context())
 	if err != nil {
 		s.serverError(w, "list workers", err)
 		return
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// workers builds GET /api/v1/workers' answer; the dashboard's volunteers
+// page shows the same.
+func (s *Server) workers(ctx context.Context) (workersReport, error) {
+	recs, err := s.store.Workers(ctx, nil)
+	if err != nil {
+		return workersReport{}, err
 	}
 	now := time.Now()
 	cfg := s.schedConfig()
@@ -95,6 +118,5 @@ func (s *Server) handleWorkers(w http.ResponseWriter, r *http.Request, _ store.O
 		out = append(out, v)
 	}
 	s.hub.mu.Unlock()
-	writeJSON(w, http.StatusOK, map[string]any{"workers": out,
-		"fairness": map[string]any{"strategy": s.cfg.Fairness.String(), "variance_tasks_done": sched.Variance(jobs)}})
+	return workersReport{Workers: out, Fairness: workerFairness{Strategy: s.cfg.Fairness.String(), VarianceTasksDone: sched.Variance(jobs)}}, nil
 }

@@ -38,6 +38,12 @@ type Config struct {
 	Logger    *slog.Logger
 	// HTTPClient fetches modules (default http.DefaultClient).
 	HTTPClient *http.Client
+	// Gather is how long an outcome may wait for others, to travel in one
+	// frame with them, while other attempts run or wait (default 0: an
+	// outcome goes at once, with those that finished while the previous
+	// frame was being sent). An outcome of a worker with nothing else to do
+	// never waits.
+	Gather time.Duration
 }
 
 // Worker connects to a server and runs the attempts it is given.
@@ -51,6 +57,8 @@ type Worker struct {
 	sessDone  chan struct{} // closed when the current connection ends
 	running   map[int64]*attempt
 	pending   map[int64]*protocol.Frame // outcomes not yet acknowledged
+	outbox    []*protocol.Frame         // outcomes not yet sent on the current connection
+	outboxNew chan struct{}             // an outcome was put in outbox
 	modules   map[string][]byte
 	connected chan struct{} // closed while connected
 	stats     Stats
@@ -97,7 +105,8 @@ func New(cfg Config) *Worker {
 		cfg.Queue = 0
 	}
 	return &Worker{cfg: cfg, log: cfg.Logger, running: map[int64]*attempt{}, pending: map[int64]*protocol.Frame{},
-		modules: map[string][]byte{}, connected: make(chan struct{}), slotSem: make(chan struct{}, cfg.Slots), hbNow: make(chan struct{}, 1)}
+		modules: map[string][]byte{}, connected: make(chan struct{}), slotSem: make(chan struct{}, cfg.Slots), hbNow: make(chan struct{}, 1),
+		outboxNew: make(chan struct{}, 1)}
 }
 
 // Stats returns a snapshot of the worker's counters.
@@ -222,10 +231,13 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	w.out, w.sessDone = out, make(chan struct{})
 	w.stats.Connected, w.stats.Server = true, server
 	close(w.connected)
+	// Every outcome not yet acknowledged goes out again, those still in the
+	// outbox included (in the same critical section, so none goes twice).
 	var resend []*protocol.Frame
 	for _, p := range w.pending {
 		resend = append(resend, p)
 	}
+	w.outbox = nil
 	w.mu.Unlock()
 	w.log.Info("connected", "server", server, "worker", wel.WorkerID, "slots", w.cfg.Slots)
 	defer func() {
@@ -236,10 +248,11 @@ func (w *Worker) session(ctx context.Context, server string) error {
 		w.connected = make(chan struct{})
 		w.mu.Unlock()
 	}()
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	go func() { errc <- w.writeLoop(sctx, ws, out) }()
 	go func() { errc <- w.heartbeatLoop(sctx, time.Duration(wel.HeartbeatMS)*time.Millisecond) }()
 	go func() { errc <- w.readLoop(sctx, ws, server) }()
+	go func() { errc <- w.outcomeLoop(sctx) }()
 	// Outcomes not yet acknowledged go out again, once the writer runs
 	// (there may be more of them than the send queue holds).
 	go func() {
@@ -318,6 +331,87 @@ func (w *Worker) send(f *protocol.Frame) bool {
 	case <-done:
 		return false
 	}
+}
+
+// Bounds of one frame of outcomes: a bigger outcome travels alone.
+const (
+	maxOutcomesPerFrame = 64
+	maxOutcomeFrameData = 1 << 20
+)
+
+// outcomeLoop sends the outcomes put in the outbox, as few frames as the
+// bounds allow: one result frame and one fail frame for all the outcomes
+// that came meanwhile (the server handles a frame's items one by one and
+// acknowledges them together). An outcome waits up to cfg.Gather for others
+// while more attempts run or wait.
+func (w *Worker) outcomeLoop(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-w.outboxNew:
+		}
+		if w.cfg.Gather > 0 {
+			w.mu.Lock()
+			busy := len(w.running) > 0
+			w.mu.Unlock()
+			if busy {
+				t := time.NewTimer(w.cfg.Gather)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return ctx.Err()
+				case <-t.C:
+				}
+			}
+		}
+		w.mu.Lock()
+		batch := w.outbox
+		w.outbox = nil
+		w.mu.Unlock()
+		for _, f := range mergeOutcomes(batch) {
+			if !w.send(f) {
+				break // disconnected: they are pending, and go again on reconnecting
+			}
+		}
+	}
+}
+
+// mergeOutcomes packs outcome frames (one result or fail each) into as few
+// frames as the bounds allow.
+func mergeOutcomes(fs []*protocol.Frame) []*protocol.Frame {
+	if len(fs) < 2 {
+		return fs
+	}
+	var out []*protocol.Frame
+	var res, fail *protocol.Frame
+	var resData, failData int
+	for _, f := range fs {
+		switch {
+		case f.Type == protocol.TypeResult && len(f.Results) == 1:
+			n := len(f.Results[0].Log.Data)
+			for _, o := range f.Results[0].Outputs {
+				n += len(o.Data)
+			}
+			if res == nil || len(res.Results) >= maxOutcomesPerFrame || resData+n > maxOutcomeFrameData {
+				res, resData = &protocol.Frame{Type: protocol.TypeResult}, 0
+				out = append(out, res)
+			}
+			res.Results = append(res.Results, f.Results[0])
+			resData += n
+		case f.Type == protocol.TypeFail && len(f.Fails) == 1:
+			n := len(f.Fails[0].Log.Data)
+			if fail == nil || len(fail.Fails) >= maxOutcomesPerFrame || failData+n > maxOutcomeFrameData {
+				fail, failData = &protocol.Frame{Type: protocol.TypeFail}, 0
+				out = append(out, fail)
+			}
+			fail.Fails = append(fail.Fails, f.Fails[0])
+			failData += n
+		default:
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 func (w *Worker) heartbeatLoop(ctx context.Context, every time.Duration) error {
@@ -451,8 +545,12 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		// Even a cancelled attempt reports: the server frees its slot on the
 		// report (and refuses it, the attempt being over already).
 		w.pending[as.Attempt] = f
+		w.outbox = append(w.outbox, f)
 		w.mu.Unlock()
-		w.send(f)
+		select {
+		case w.outboxNew <- struct{}{}:
+		default:
+		}
 	}()
 }
 

@@ -41,8 +41,9 @@ func commands() []command {
 		{"status", "status ID [--watch] [--json]", "show a workflow's tasks, once or live", runStatus},
 		{"wait", "wait ID [--timeout 10m]", "wait until a workflow ends (exit 0 done, 1 failed, 2 cancelled, 3 timed out)", runWait},
 		{"results", "results ID -o DIR", "download every done task's outputs to DIR/<task>/<output>", runResults},
-		{"cancel", "cancel ID", "cancel a workflow's unfinished tasks", runCancel},
+		{"cancel", "cancel ID [--task NAME]", "cancel a workflow's unfinished tasks, or one task", runCancel},
 		{"list", "list [--state S] [--limit N] [--offset N] [-q TEXT] [--json]", "list recent workflows, newest first", runList},
+		{"workers", "workers [--json]", "list the connected workers: stability class, reasons, reputation, tasks done", runWorkers},
 	}
 }
 

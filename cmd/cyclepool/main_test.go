@@ -239,3 +239,50 @@ func TestRenderStatusWithoutErrorsWidensTheBar(t *testing.T) {
 		t.Errorf("row = %q, want %q", lines[5], want)
 	}
 }
+
+func TestSchedText(t *testing.T) {
+	eff, par, one := 0.834, 12, 1
+	tests := []struct {
+		name string
+		st   client.Status
+		want string
+	}{
+		{"nothing known", client.Status{Replicas: 1, Quorum: 1}, ""},
+		{"efficiency", client.Status{Replicas: 1, Quorum: 1, Efficiency: &eff, SuggestedParallelism: &par},
+			"efficiency 83%, suggested parallelism 12 workers"},
+		{"verified", client.Status{Replicas: 3, Quorum: 2, Efficiency: &eff, SuggestedParallelism: &one,
+			Tasks: []client.Task{{Name: "a", Disputed: true}, {Name: "b"}}},
+			"replicas 3, quorum 2; efficiency 83%, suggested parallelism 1 worker; 1 disputed result"},
+	}
+	for _, tc := range tests {
+		if got := schedText(&tc.st); got != tc.want {
+			t.Errorf("%s: schedText = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+	st := exampleStatus()
+	st.Efficiency, st.SuggestedParallelism = &eff, &par
+	if lines := renderStatus(st, 80, 0, now); lines[2] != "efficiency 83%, suggested parallelism 12 workers" {
+		t.Errorf("status header = %q", lines[:3])
+	}
+}
+
+func TestWriteWorkers(t *testing.T) {
+	two := 2
+	l := client.WorkerList{Workers: []client.Worker{
+		{ID: "w1", Kind: "browser", Slots: 2, Running: &two, TasksDone: &two, Attempts: 5, TasksLost: 1,
+			Stability:  &client.WorkerStability{Class: "unstable", Reasons: []string{"on battery (62%)", "battery predicted empty in 21m0s"}},
+			Reputation: client.WorkerReputation{Valid: 3, Invalid: 1, Score: 4.0 / 6}},
+		{ID: "w2", Kind: "headless", Slots: 4, Reputation: client.WorkerReputation{Valid: 30, Score: 31.0 / 32, Trusted: true}},
+	}, Fairness: client.Fairness{Strategy: "none", VarianceTasksDone: 0.5}}
+	var b strings.Builder
+	if err := writeWorkers(&b, l); err != nil {
+		t.Fatal(err)
+	}
+	got := b.String()
+	for _, want := range []string{"unstable", "on battery (62%); battery predicted empty in 21m0s", "0.67 (3 valid, 1 invalid)",
+		"0.97 (30 valid, 0 invalid) trusted", "1/5", "2 workers; fairness none, variance of tasks done 0.50"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("workers table lacks %q:\n%s", want, got)
+		}
+	}
+}

@@ -79,6 +79,41 @@ func countsText(st *client.Status) string {
 	return fmt.Sprintf("%d %s: %s", total, noun, strings.Join(parts, ", "))
 }
 
+// schedText is the header line on verification and efficiency, when there
+// is something to say: "replicas 2, quorum 2; efficiency 83%, suggested
+// parallelism 12 workers; 1 disputed result". "" otherwise.
+func schedText(st *client.Status) string {
+	var parts []string
+	if st.Replicas > 1 || st.Quorum > 1 {
+		parts = append(parts, fmt.Sprintf("replicas %d, quorum %d", st.Replicas, st.Quorum))
+	}
+	if st.Efficiency != nil {
+		e := fmt.Sprintf("efficiency %.0f%%", *st.Efficiency*100)
+		if p := st.SuggestedParallelism; p != nil {
+			noun := "workers"
+			if *p == 1 {
+				noun = "worker"
+			}
+			e += fmt.Sprintf(", suggested parallelism %d %s", *p, noun)
+		}
+		parts = append(parts, e)
+	}
+	disputed := 0
+	for _, t := range st.Tasks {
+		if t.Disputed {
+			disputed++
+		}
+	}
+	if disputed > 0 {
+		noun := "results"
+		if disputed == 1 {
+			noun = "result"
+		}
+		parts = append(parts, fmt.Sprintf("%d disputed %s", disputed, noun))
+	}
+	return strings.Join(parts, "; ")
+}
+
 // bar draws progress (0 to 1) as "[#####.....]  50%" with inner width w.
 func bar(progress float64, w int) string {
 	if math.IsNaN(progress) || progress < 0 {
@@ -124,6 +159,9 @@ func renderStatus(st *client.Status, width, height int, now time.Time) []string 
 	lines := []string{
 		fit(fmt.Sprintf("workflow %s %q  %s  %s  elapsed %s", st.ID, st.Name, strings.ToUpper(st.State), st.Priority, elapsed(st, now)), width),
 		fit(countsText(st), width),
+	}
+	if l := schedText(st); l != "" {
+		lines = append(lines, fit(l, width))
 	}
 	if len(st.Tasks) == 0 {
 		return lines

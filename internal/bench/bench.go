@@ -272,8 +272,18 @@ func (b *bench) startServer(ctx context.Context, db string) error {
 }
 
 func (b *bench) startWorker(ctx context.Context, name string, slots int) (*process, error) {
-	p, err := b.spawn([]string{"worker", "--server", b.url, "--slots", strconv.Itoa(slots), "--queue", strconv.Itoa(b.cfg.Queue),
-		"--cache-dir", filepath.Join(b.tmp, "cache"), "--log-level", "warn"}, nil)
+	args := []string{"worker", "--server", b.url, "--slots", strconv.Itoa(slots), "--queue", strconv.Itoa(b.cfg.Queue),
+		"--cache-dir", filepath.Join(b.tmp, "cache"), "--log-level", "warn"}
+	if addr := os.Getenv("CYCLEPOOL_BENCH_WORKER_PPROF"); addr != "" {
+		// host:port of the first worker's profiler; the next workers take
+		// the next ports.
+		if host, port, err := net.SplitHostPort(addr); err == nil {
+			if n, err := strconv.Atoi(port); err == nil {
+				args = append(args, "--pprof", net.JoinHostPort(host, strconv.Itoa(n+len(b.workers))))
+			}
+		}
+	}
+	p, err := b.spawn(args, nil)
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
@@ -336,7 +346,12 @@ func (b *bench) single(ctx context.Context) error {
 	var lat []time.Duration
 	var ids []string
 	wf := b.workflowJSON("single", 1)
+	var cpu0 cpuShare
+	var began time.Time
 	for i := range b.cfg.Singles + 20 {
+		if i == 20 {
+			cpu0, began = b.cpuNow(), time.Now()
+		}
 		start := time.Now()
 		s, err := b.client.Submit(ctx, wf)
 		if err != nil {
@@ -350,6 +365,7 @@ func (b *bench) single(ctx context.Context) error {
 			ids = append(ids, s.ID)
 		}
 	}
+	cpu, wall := b.cpuNow().sub(cpu0), time.Since(began)
 	p50, p99 := percentile(lat, 50), percentile(lat, 99)
 	b.printf("single_task_ms_p50: %.2f", ms(p50))
 	b.printf("single_task_ms_p99: %.2f", ms(p99))
@@ -381,13 +397,29 @@ func (b *bench) single(ctx context.Context) error {
 		return err
 	}
 	b.printf("single_task_claim_to_result_p50_ms: %.2f", worker*1000)
+	b.printCPU("single", cpu, len(lat), wall)
 	return nil
 }
 
 // dispatch submits cfg.Tasks no-op tasks at once and measures submission to
 // the durable completion of the last.
+//
+// A warm-up workflow runs first, so that every worker has started its slot
+// processes (a worker starts them as its attempts first run side by side,
+// and keeps them for later attempts; starting one costs tens of
+// milliseconds of CPU, once per worker rather than per task).
 func (b *bench) dispatch(ctx context.Context) error {
+	warm := b.workflowJSON("warm-up", max(2000, 4*b.cfg.Workers*(b.cfg.Slots+b.cfg.Queue)))
+	ws, err := b.client.Submit(ctx, warm)
+	if err != nil {
+		return err
+	}
+	if err := b.waitDone(ctx, ws.ID, 10*time.Millisecond, 10*time.Minute); err != nil {
+		return err
+	}
 	wf := b.workflowJSON("dispatch", b.cfg.Tasks)
+	batches0 := b.batchStats(ctx)
+	cpu0 := b.cpuNow()
 	start := time.Now()
 	s, err := b.client.Submit(ctx, wf)
 	if err != nil {
@@ -398,9 +430,12 @@ func (b *bench) dispatch(ctx context.Context) error {
 		return err
 	}
 	took := time.Since(start)
+	cpu := b.cpuNow().sub(cpu0)
 	b.printf("dispatch_tasks_per_s: %.0f", float64(b.cfg.Tasks)/took.Seconds())
 	b.printf("dispatch_submit_ms: %.0f", ms(submitted))
 	b.printf("dispatch_total_s: %.2f", took.Seconds())
+	b.printCPU("dispatch", cpu, b.cfg.Tasks, took)
+	b.printBatches("dispatch", batches0, b.batchStats(ctx))
 	return nil
 }
 

@@ -204,20 +204,29 @@ func Schedule(clock Clock, in Input, cfg Config) Plan {
 		return in.Stats.Expected(t.Module, t.Name)
 	}
 	tasks := in.Ready
+	// Rank and expected run time once per task: the dispatcher calls
+	// Schedule round after round with hundreds of tasks.
+	ranks := make([]int, len(tasks))
+	exps := make([]time.Duration, len(tasks))
+	knowns := make([]bool, len(tasks))
+	for i := range tasks {
+		ranks[i] = rank(tasks[i])
+		exps[i], knowns[i] = expected(tasks[i])
+	}
 	var order []int
 	if cfg.LongestFirst {
-		order = LongestFirst(len(tasks), func(i int) int { return rank(tasks[i]) }, func(i int) (time.Duration, bool) { return expected(tasks[i]) }, in.Rand)
+		order = LongestFirst(len(tasks), func(i int) int { return ranks[i] }, func(i int) (time.Duration, bool) { return exps[i], knowns[i] }, in.Rand)
 	} else {
 		order = make([]int, len(tasks))
 		for i := range order {
 			order[i] = i
 		}
 		sort.SliceStable(order, func(a, b int) bool {
-			ta, tb := tasks[order[a]], tasks[order[b]]
-			if ra, rb := rank(ta), rank(tb); ra != rb {
+			ia, ib := order[a], order[b]
+			if ra, rb := ranks[ia], ranks[ib]; ra != rb {
 				return ra < rb
 			}
-			return ta.ReadySince.Before(tb.ReadySince)
+			return tasks[ia].ReadySince.Before(tasks[ib].ReadySince)
 		})
 	}
 	// Workers in order of preference: most stable first, then input order
@@ -228,18 +237,28 @@ func Schedule(clock Clock, in Input, cfg Config) Plan {
 	}
 	sort.SliceStable(wOrder, func(a, b int) bool { return stab[wOrder[a]].Class < stab[wOrder[b]].Class })
 
-	holds := map[string]map[string]bool{} // task id -> workers holding a replica
+	holds := map[string]map[string]bool{} // task id -> workers holding a replica (made when needed)
 	for _, t := range tasks {
-		if holds[t.ID] == nil {
-			holds[t.ID] = map[string]bool{}
-		}
 		for _, x := range t.Exclude {
+			if holds[t.ID] == nil {
+				holds[t.ID] = map[string]bool{}
+			}
 			holds[t.ID][x] = true
 		}
 	}
+	idle := 0
+	for _, w := range ws {
+		idle += max(w.Idle, 0)
+	}
+	plan.Waiting = make([]Skip, 0, len(tasks))
 	for _, ti := range order {
-		t := tasks[ti]
-		exp, known := expected(t)
+		t := &tasks[ti]
+		if idle == 0 {
+			// What the loop below concludes when no worker is idle.
+			plan.Waiting = append(plan.Waiting, Skip{Task: t.ID, Replica: t.Replica, Reason: "no idle slot"})
+			continue
+		}
+		exp, known := exps[ti], knowns[ti]
 		candidates := 0
 		var fits []int
 		reason := "no idle slot"
@@ -301,6 +320,10 @@ func Schedule(clock Clock, in Input, cfg Config) Plan {
 		w := &ws[chosen]
 		w.Idle--
 		w.Busy++
+		idle--
+		if holds[t.ID] == nil {
+			holds[t.ID] = map[string]bool{}
+		}
 		holds[t.ID][w.ID] = true
 		a := Assignment{Task: t.ID, Replica: t.Replica, Worker: w.ID, FairnessOff: off && cfg.Fairness != None}
 		if known {

@@ -416,7 +416,8 @@ func TestQuorumNeverAcceptsMinority(t *testing.T) {
 		var res []Result
 		for i := 0; i < 10; i++ {
 			res = append(res, Result{Worker: fmt.Sprint(i), Hash: string(rune('a' + rng.IntN(3)))})
-			v := Decide(res, 0, cfg, rng.IntN(4) == 0)
+			trusted := rng.IntN(4) == 0
+			v := Decide(res, 0, cfg, trusted)
 			if v.State == Accepted {
 				n := 0
 				for _, x := range res {
@@ -426,6 +427,9 @@ func TestQuorumNeverAcceptsMinority(t *testing.T) {
 				}
 				if 2*n <= len(res) {
 					t.Fatalf("accepted minority %q in %v", v.Hash, res)
+				}
+				if n < cfg.Quorum && !(trusted && len(res) == 1) {
+					t.Fatalf("accepted %q with %d results, fewer than quorum %d: %v", v.Hash, n, cfg.Quorum, res)
 				}
 				break
 			}

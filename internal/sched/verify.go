@@ -168,7 +168,9 @@ type AcceptedResult struct {
 }
 
 // Recheck lists the tasks whose accepted result came, unverified, from a
-// worker that has just lost a quorum: they need new replicas.
+// worker that has just lost a quorum: they need new replicas. The store
+// applies the same rule in SQL when it records a loss (reopening such tasks
+// of running workflows, flagging those of finished ones as disputed).
 func Recheck(loser string, accepted []AcceptedResult) []string {
 	var out []string
 	for _, a := range accepted {

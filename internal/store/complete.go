@@ -393,6 +393,11 @@ func (s *Store) settleEnds(ctx context.Context, tx querier, ends []attemptEnd) e
 			return fmt.Errorf("requeue tasks: %w", err)
 		}
 		if len(failed) > 0 {
+			// Replicas of a failed task still running elsewhere are of no
+			// use: stop them on their workers.
+			if err := cancelRunning(ctx, tx, failed, "the task failed"); err != nil {
+				return fmt.Errorf("cancel replicas of failed tasks: %w", err)
+			}
 			rows, err := tx.Query(ctx, `WITH RECURSIVE down(id) AS (
 					SELECT task_id FROM task_inputs WHERE from_task = ANY($1)
 					UNION SELECT ti.task_id FROM task_inputs ti JOIN down ON ti.from_task = down.id)

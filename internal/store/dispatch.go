@@ -187,7 +187,7 @@ func (s *Store) Candidates(ctx context.Context, limit int) ([]Candidate, error) 
 	rows, err := s.pool.Query(ctx, `SELECT t.id, t.workflow_id::text, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas,
 			t.attempts = 0, t.ckpt_ms,
 			CASE WHEN t.max_replicas > 1 THEN ARRAY(SELECT DISTINCT a.worker_id::text FROM attempts a
-				WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded')) END
+				WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) END
 		FROM tasks t WHERE t.state = 'ready' ORDER BY t.sort_key, t.id LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read ready tasks: %w", err)
@@ -270,7 +270,7 @@ func (s *Store) ClaimPicks(ctx context.Context, picks []Pick, lease time.Duratio
 // intervals, $4 solo flags; $5 lease in ms). Tasks are locked in id order
 // (SKIP LOCKED: another replica's claim wins), a task gives at most its
 // pending replicas, each to a distinct worker without a running or
-// succeeded attempt of it.
+// succeeded attempt of it (attempts superseded by a reset do not count).
 const claimPicksSQL = `
 WITH p AS (
 	SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::bool[]) WITH ORDINALITY AS p(task_id, w, ckpt, solo, ord)
@@ -280,7 +280,8 @@ WITH p AS (
 ), fit AS (
 	SELECT d.*, row_number() OVER (PARTITION BY d.task_id ORDER BY d.ord) AS k FROM (
 		SELECT DISTINCT ON (p.task_id, p.w) p.* FROM p JOIN locked l ON l.id = p.task_id
-		WHERE NOT EXISTS (SELECT 1 FROM attempts a WHERE a.task_id = p.task_id AND a.worker_id = p.w AND a.state IN ('running', 'succeeded'))
+		WHERE NOT EXISTS (SELECT 1 FROM attempts a WHERE a.task_id = p.task_id AND a.worker_id = p.w AND a.state IN ('running', 'succeeded')
+			AND NOT a.superseded)
 		ORDER BY p.task_id, p.w, p.ord
 	) d
 ), ok AS (

@@ -86,7 +86,9 @@ func (s *Store) migrate(ctx context.Context) error {
 // Close closes the connection pool.
 func (s *Store) Close() { s.pool.Close() }
 
-// Pool exposes the pool for LISTEN connections and health checks.
+// Pool exposes the pool for the one thing that needs a connection of its
+// own: the server's LISTEN loop (server/maintain.go). Every query belongs
+// in this package, as a method of Store.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // Ping checks that the database answers.

@@ -77,6 +77,8 @@ type verifyOutcome struct {
 	more     int      // replicas to queue
 	fail     string   // reason the task fails ("" = it does not)
 	solo     bool     // accepted alone from a trusted worker
+	// soloWorker is the worker whose lone result was accepted (solo).
+	soloWorker string
 }
 
 // verifyConfig is a task's sched.VerifyConfig.
@@ -124,12 +126,18 @@ func decideReplicas(t verifyTask, as []replicaAttempt, reps map[string]sched.Rep
 	if len(results) == 0 {
 		return out
 	}
-	trusted := len(results) == 1 && reps[results[0].Worker].Trusted(cfg)
+	// A task under re-check (t.hash set while it is not done) is never
+	// accepted on one result: its first one came from a worker that lost a
+	// quorum.
+	trusted := len(results) == 1 && t.hash == "" && reps[results[0].Worker].Trusted(cfg)
 	v := sched.Decide(results, outstanding, cfg, trusted)
 	switch v.State {
 	case sched.Accepted:
 		out.accept = v.Hash
 		out.solo = len(results) == 1 && cfg.Quorum > 1
+		if out.solo {
+			out.soloWorker = results[0].Worker
+		}
 		for i, r := range results {
 			switch {
 			case r.Hash != v.Hash:
@@ -177,8 +185,11 @@ func reputation(valid, invalid int64, streak int) sched.Reputation {
 // quorum get the quorum's outputs and are returned as done (state running,
 // for doneSQL); tasks that need more replicas queue them; tasks that cannot
 // reach a quorum are returned as permanent ends. Workers whose results
-// agreed or lost gain or lose reputation. It runs in Complete's
-// transaction, and only for replicated tasks.
+// agreed or lost gain or lose reputation, and the results that losers had
+// got accepted alone are re-checked (recheckUnverified); a re-check whose
+// quorum overturns the old result resets everything downstream
+// (resetDescendants). It runs in Complete's transaction, and only for
+// replicated tasks.
 func (s *Store) verify(ctx context.Context, tx querier, rs []replicaResult) (done []int64, ends []attemptEnd, err error) {
 	var aids []int64
 	var hashes []string
@@ -227,7 +238,7 @@ func (s *Store) verify(ctx context.Context, tx querier, rs []replicaResult) (don
 	}
 	rows, err = tx.Query(ctx, `SELECT a.task_id, a.id, a.worker_id::text, a.state, coalesce(a.result_hash, ''), coalesce(a.verdict, ''),
 			w.results_valid, w.results_invalid, w.valid_streak
-		FROM attempts a LEFT JOIN workers w ON w.id = a.worker_id WHERE a.task_id = ANY($1) ORDER BY a.id`, tids)
+		FROM attempts a LEFT JOIN workers w ON w.id = a.worker_id WHERE a.task_id = ANY($1) AND NOT a.superseded ORDER BY a.id`, tids)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read replicas: %w", err)
 	}
@@ -260,10 +271,71 @@ func (s *Store) verify(ctx context.Context, tx querier, rs []replicaResult) (don
 	var moreT []int64
 	var moreN []int32
 	var finished []int64 // tasks whose kept replica outputs can go
+	var refuted []int64  // re-checked tasks whose quorum overturned the result accepted alone
 	type delta struct{ valid, invalid int32 }
 	deltas := map[string]*delta{}
-	for _, t := range tasks {
-		o := decideReplicas(t, byTask[t.id], reps)
+	outcomes := make([]verifyOutcome, len(tasks))
+	for i, t := range tasks {
+		outcomes[i] = decideReplicas(t, byTask[t.id], reps)
+	}
+	// A worker that loses a quorum in this batch is not trusted with a
+	// lone result in the same batch either: decide again without its trust.
+	losers := map[string]bool{}
+	for _, o := range outcomes {
+		for _, w := range o.invalid {
+			losers[w] = true
+		}
+	}
+	// A lone result is accepted on the worker's latest record: its row is
+	// locked (FOR SHARE) and read again, so that a concurrent batch in which
+	// it loses a quorum either commits first (and the worker is no longer
+	// trusted here) or waits for this one (and then sees the unverified
+	// result to re-check).
+	var soloWorkers []string
+	for _, o := range outcomes {
+		if o.solo && !slices.Contains(soloWorkers, o.soloWorker) {
+			soloWorkers = append(soloWorkers, o.soloWorker)
+		}
+	}
+	again := false
+	if len(soloWorkers) > 0 {
+		slices.Sort(soloWorkers)
+		rows, err := tx.Query(ctx, `SELECT id::text, results_valid, results_invalid, valid_streak FROM workers
+			WHERE id = ANY($1::uuid[]) ORDER BY id FOR SHARE`, soloWorkers)
+		if err != nil {
+			return nil, nil, fmt.Errorf("read trusted workers: %w", err)
+		}
+		for rows.Next() {
+			var w string
+			var valid, invalid int64
+			var streak int
+			if err := rows.Scan(&w, &valid, &invalid, &streak); err != nil {
+				rows.Close()
+				return nil, nil, fmt.Errorf("read trusted workers: %w", err)
+			}
+			if r := reputation(valid, invalid, streak); !r.Trusted(sched.DefaultVerify()) {
+				reps[w] = r
+				again = true
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, nil, fmt.Errorf("read trusted workers: %w", err)
+		}
+	}
+	for _, o := range outcomes {
+		if o.solo && losers[o.soloWorker] {
+			reps[o.soloWorker] = sched.Reputation{Invalid: 1}
+			again = true
+		}
+	}
+	if again {
+		for i, t := range tasks {
+			outcomes[i] = decideReplicas(t, byTask[t.id], reps)
+		}
+	}
+	for i, t := range tasks {
+		o := outcomes[i]
 		for id, v := range o.verdicts {
 			vIDs, vVals = append(vIDs, id), append(vVals, v)
 		}
@@ -284,6 +356,9 @@ func (s *Store) verify(ctx context.Context, tx querier, rs []replicaResult) (don
 			accT, accH, accW = append(accT, t.id), append(accH, o.accept), append(accW, o.winner)
 			finished = append(finished, t.id)
 			done = append(done, t.id)
+			if t.state != StateDone && t.hash != "" && t.hash != o.accept {
+				refuted = append(refuted, t.id)
+			}
 		case o.fail != "":
 			finished = append(finished, t.id)
 			ends = append(ends, attemptEnd{task: t.id, reason: o.fail, permanent: true})
@@ -313,8 +388,12 @@ func (s *Store) verify(ctx context.Context, tx querier, rs []replicaResult) (don
 				valid_streak = CASE WHEN d.i > 0 THEN 0 ELSE w.valid_streak + d.v END
 			FROM unnest($1::uuid[], $2::int[], $3::int[]) AS d(id, v, i) WHERE w.id = d.id`, ws, dv, di)
 	}
+	if len(refuted) > 0 {
+		// The quorum's outputs replace those accepted alone.
+		b.Queue(`DELETE FROM task_outputs WHERE task_id = ANY($1)`, refuted)
+	}
 	if len(accT) > 0 {
-		b.Queue(`UPDATE tasks t SET result_hash = u.h, pending = 0, state = 'running'
+		b.Queue(`UPDATE tasks t SET result_hash = u.h, pending = 0, state = 'running', disputed = false
 			FROM unnest($1::bigint[], $2::text[]) AS u(id, h) WHERE t.id = u.id`, accT, accH)
 		b.Queue(`INSERT INTO task_outputs (task_id, name, data)
 			SELECT u.t, o.name, o.data FROM unnest($1::bigint[], $2::bigint[]) AS u(t, a) JOIN attempt_outputs o ON o.attempt_id = u.a
@@ -334,24 +413,222 @@ func (s *Store) verify(ctx context.Context, tx querier, rs []replicaResult) (don
 		}
 	}
 	if len(accT) > 0 {
-		// The other replicas of an accepted task are no longer needed. An
-		// attempt another transaction is completing right now is skipped:
-		// its result then arrives for a done task and is judged late.
-		rows, err := tx.Query(ctx, `UPDATE attempts SET state = 'cancelled', ended_at = now(), reason = 'a quorum of other replicas agreed'
-			WHERE id IN (SELECT id FROM attempts WHERE task_id = ANY($1) AND state = 'running' ORDER BY id FOR UPDATE SKIP LOCKED)
-			RETURNING id`, accT)
-		if err != nil {
+		// The other replicas of an accepted task are no longer needed.
+		if err := cancelRunning(ctx, tx, accT, "a quorum of other replicas agreed"); err != nil {
 			return nil, nil, fmt.Errorf("cancel extra replicas: %w", err)
 		}
-		cancelled, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			return nil, nil, fmt.Errorf("cancel extra replicas: %w", err)
+	}
+	if len(refuted) > 0 {
+		if err := s.resetDescendants(ctx, tx, refuted); err != nil {
+			return nil, nil, err
 		}
-		if err := notifyCancel(ctx, tx, cancelled); err != nil {
+	}
+	if len(losers) > 0 {
+		ls := make([]string, 0, len(losers))
+		for w := range losers {
+			ls = append(ls, w)
+		}
+		slices.Sort(ls)
+		if err := s.recheckUnverified(ctx, tx, ls); err != nil {
 			return nil, nil, err
 		}
 	}
 	return done, ends, nil
+}
+
+// cancelRunning ends the running attempts of tasks as cancelled, with a
+// reason, and tells every server replica (ChannelCancel) to stop them on
+// their workers. An attempt another transaction is completing right now is
+// skipped (SKIP LOCKED): its result then arrives for a task that moved on
+// and is judged late or ignored.
+func cancelRunning(ctx context.Context, tx querier, tasks []int64, reason string) error {
+	if len(tasks) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, `UPDATE attempts SET state = 'cancelled', ended_at = now(), reason = $2
+		WHERE id IN (SELECT id FROM attempts WHERE task_id = ANY($1) AND state = 'running' ORDER BY id FOR UPDATE SKIP LOCKED)
+		RETURNING id`, tasks, reason)
+	if err != nil {
+		return err
+	}
+	cancelled, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return err
+	}
+	return notifyCancel(ctx, tx, cancelled)
+}
+
+// recheckUnverified re-checks the results that workers who just lost a
+// quorum had got accepted alone (verdict unverified, adaptive replication).
+// A task of a running workflow is reopened: its lone result counts again as
+// one replica's, more replicas are queued until a quorum decides, the
+// workflow waits for it, and its dependents that have not yet read its
+// outputs wait too (they become blocked again). When the quorum agrees with
+// the old result, nothing else changes; when it overturns it, the task takes
+// the quorum's outputs and everything downstream that ran on the old ones
+// runs again (resetDescendants). A task of a finished workflow cannot be
+// re-run: it is flagged disputed instead.
+func (s *Store) recheckUnverified(ctx context.Context, tx querier, losers []string) error {
+	// Lock the running workflows concerned first, so that none finishes or
+	// is cancelled while its tasks are reopened.
+	rows, err := tx.Query(ctx, `SELECT w.id::text FROM workflows w
+		WHERE w.id IN (SELECT t.workflow_id FROM attempts a JOIN tasks t ON t.id = a.task_id
+			WHERE a.worker_id = ANY($1::uuid[]) AND a.verdict = 'unverified' AND t.state = 'done')
+		AND w.state = 'running' ORDER BY w.id FOR UPDATE`, losers)
+	if err != nil {
+		return fmt.Errorf("re-check unverified results: %w", err)
+	}
+	wfs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("re-check unverified results: %w", err)
+	}
+	if len(wfs) > 0 {
+		rows, err := tx.Query(ctx, `WITH r AS (
+				SELECT DISTINCT ON (t.id) t.id, a.id AS attempt FROM attempts a JOIN tasks t ON t.id = a.task_id
+				WHERE a.worker_id = ANY($1::uuid[]) AND a.verdict = 'unverified' AND t.state = 'done' AND t.workflow_id = ANY($2::uuid[])
+				ORDER BY t.id, a.id
+			), t AS (
+				UPDATE tasks SET state = 'ready', pending = greatest(tasks.quorum - 1, 1), finished_at = NULL, updated_at = now(),
+					error = 'result being re-checked: the worker that produced it alone lost a quorum on another task'
+				FROM r WHERE tasks.id = r.id AND tasks.state = 'done' RETURNING tasks.id, tasks.workflow_id
+			), av AS (
+				UPDATE attempts SET verdict = NULL FROM r WHERE attempts.id = r.attempt AND r.id IN (SELECT id FROM t) RETURNING 1
+			), dep AS (
+				UPDATE tasks d SET deps_left = d.deps_left + x.n, state = 'blocked', updated_at = now()
+				FROM (SELECT ti.task_id, count(DISTINCT ti.from_task) AS n FROM task_inputs ti JOIN t ON ti.from_task = t.id GROUP BY ti.task_id) x
+				WHERE d.id = x.task_id AND (d.state = 'blocked' OR d.state = 'ready' AND d.attempts = 0)
+				RETURNING 1
+			), c AS (
+				SELECT workflow_id, count(*) AS n FROM t GROUP BY workflow_id
+			), wf AS (
+				UPDATE workflows w SET tasks_left = w.tasks_left + c.n FROM c WHERE w.id = c.workflow_id RETURNING 1
+			)
+			SELECT count(*) FROM t`, losers, wfs)
+		if err != nil {
+			return fmt.Errorf("reopen unverified results: %w", err)
+		}
+		reopened, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+		if err != nil {
+			return fmt.Errorf("reopen unverified results: %w", err)
+		}
+		if reopened > 0 {
+			if _, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, ChannelReady); err != nil {
+				return fmt.Errorf("reopen unverified results: %w", err)
+			}
+		}
+	}
+	// What is left are results of finished workflows: flag them.
+	if _, err := tx.Exec(ctx, `UPDATE tasks t SET disputed = true, updated_at = now() FROM attempts a
+		WHERE a.task_id = t.id AND a.worker_id = ANY($1::uuid[]) AND a.verdict = 'unverified' AND t.state = 'done' AND NOT t.disputed`,
+		losers); err != nil {
+		return fmt.Errorf("flag disputed results: %w", err)
+	}
+	return nil
+}
+
+// resetDescendants runs again everything downstream of re-checked tasks
+// whose result a quorum overturned (tasks in state running, about to be
+// marked done with the quorum's outputs). Every descendant that is not
+// cancelled goes back to blocked, as new: its running attempts are
+// cancelled, its outputs, checkpoint and verification are dropped, its
+// past attempts are superseded (they count neither as replicas nor against
+// its workers) and its attempts count from zero. A descendant that also
+// depends on a failed task becomes upstream_failed. The workflows' counts
+// follow; marking the tasks done afterwards (doneSQL) releases their
+// direct dependents.
+func (s *Store) resetDescendants(ctx context.Context, tx querier, tasks []int64) error {
+	rows, err := tx.Query(ctx, `WITH RECURSIVE down(id) AS (
+			SELECT ti.task_id FROM task_inputs ti JOIN tasks d ON d.id = ti.task_id WHERE ti.from_task = ANY($1) AND d.state <> 'cancelled'
+			UNION SELECT ti.task_id FROM task_inputs ti JOIN down ON ti.from_task = down.id JOIN tasks d ON d.id = ti.task_id
+				WHERE d.state <> 'cancelled')
+		SELECT t.id, t.workflow_id::text, t.state FROM tasks t WHERE t.id IN (SELECT id FROM down) AND NOT t.id = ANY($1)
+		ORDER BY t.id FOR UPDATE`, tasks)
+	if err != nil {
+		return fmt.Errorf("reset descendants: %w", err)
+	}
+	type counts struct{ left, failed int32 }
+	deltas := map[string]*counts{}
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		var wf, state string
+		if err := rows.Scan(&id, &wf, &state); err != nil {
+			rows.Close()
+			return fmt.Errorf("reset descendants: %w", err)
+		}
+		ids = append(ids, id)
+		d := deltas[wf]
+		if d == nil {
+			d = &counts{}
+			deltas[wf] = d
+		}
+		switch state {
+		case StateDone:
+			d.left++
+		case StateFailed, StateUpstreamFailed:
+			d.left++
+			d.failed--
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("reset descendants: %w", err)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	if err := cancelRunning(ctx, tx, ids, "an upstream result was overturned by re-verification"); err != nil {
+		return fmt.Errorf("reset descendants: cancel attempts: %w", err)
+	}
+	b := &pgx.Batch{}
+	b.Queue(`DELETE FROM task_outputs WHERE task_id = ANY($1)`, ids)
+	b.Queue(`DELETE FROM attempt_outputs o USING attempts a WHERE a.id = o.attempt_id AND a.task_id = ANY($1)`, ids)
+	b.Queue(`UPDATE attempts SET superseded = true WHERE task_id = ANY($1)`, ids)
+	b.Queue(`UPDATE tasks SET state = 'blocked', pending = replicas, attempts = 0, checkpoint = NULL, checkpoint_at = NULL,
+			result_hash = NULL, disputed = false, started_at = NULL, finished_at = NULL, updated_at = now(),
+			error = 'reset: an upstream result was overturned by re-verification'
+		WHERE id = ANY($1)`, ids)
+	// Now that they are all blocked: count the upstream tasks each waits for.
+	b.Queue(`UPDATE tasks t SET deps_left = (SELECT count(DISTINCT ti.from_task) FROM task_inputs ti JOIN tasks u ON u.id = ti.from_task
+			WHERE ti.task_id = t.id AND u.state <> 'done')
+		WHERE t.id = ANY($1)`, ids)
+	if err := sendBatch(ctx, tx, b); err != nil {
+		return fmt.Errorf("reset descendants: %w", err)
+	}
+	// Those that also wait for a task that will never be done cannot run.
+	rows, err = tx.Query(ctx, `WITH RECURSIVE bad(id) AS (
+			SELECT DISTINCT ti.task_id FROM task_inputs ti JOIN tasks u ON u.id = ti.from_task
+			WHERE ti.task_id = ANY($1) AND u.state IN ('failed', 'upstream_failed', 'cancelled')
+			UNION SELECT ti.task_id FROM task_inputs ti JOIN bad ON ti.from_task = bad.id WHERE ti.task_id = ANY($1))
+		UPDATE tasks SET state = 'upstream_failed', finished_at = now(), error = 'an upstream task failed'
+		WHERE id IN (SELECT id FROM bad) RETURNING workflow_id::text`, ids)
+	if err != nil {
+		return fmt.Errorf("reset descendants: fail dependents: %w", err)
+	}
+	failedWF, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("reset descendants: fail dependents: %w", err)
+	}
+	for _, wf := range failedWF {
+		deltas[wf].left--
+		deltas[wf].failed++
+	}
+	wfs := make([]string, 0, len(deltas))
+	for wf := range deltas {
+		wfs = append(wfs, wf)
+	}
+	slices.Sort(wfs)
+	left := make([]int32, len(wfs))
+	failed := make([]int32, len(wfs))
+	for i, wf := range wfs {
+		left[i], failed[i] = deltas[wf].left, deltas[wf].failed
+	}
+	if _, err := tx.Exec(ctx, `UPDATE workflows w SET tasks_left = w.tasks_left + d.l, tasks_failed = w.tasks_failed + d.f
+		FROM unnest($1::uuid[], $2::int[], $3::int[]) AS d(id, l, f) WHERE w.id = d.id AND w.state = 'running'`,
+		wfs, left, failed); err != nil {
+		return fmt.Errorf("reset descendants: count workflows: %w", err)
+	}
+	return nil
 }
 
 // sendBatch runs a batch on a connection in a transaction.

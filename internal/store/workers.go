@@ -54,6 +54,15 @@ func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Du
 				return err
 			}
 		}
+		// The connection's row in the history the dashboard plots; a
+		// connection the worker did not close is closed now, and rows older
+		// than a day are pruned.
+		if _, err := tx.Exec(ctx, `WITH closed AS (
+				UPDATE worker_sessions SET disconnected_at = now() WHERE worker_id = $1 AND disconnected_at IS NULL),
+			pruned AS (DELETE FROM worker_sessions WHERE disconnected_at < now() - interval '1 day')
+			INSERT INTO worker_sessions (worker_id) VALUES ($1)`, id); err != nil {
+			return err
+		}
 		if len(h.Running) == 0 {
 			return nil
 		}
@@ -95,7 +104,9 @@ func (s *Store) UpdateDevice(ctx context.Context, id string, device any) error {
 // their leases until they lapse, so that a worker that reconnects in time
 // can still deliver.
 func (s *Store) WorkerGone(ctx context.Context, id string) error {
-	if _, err := s.pool.Exec(ctx, `UPDATE workers SET connected = false, last_seen = now() WHERE id = $1`, id); err != nil {
+	if _, err := s.pool.Exec(ctx, `WITH ended AS (
+			UPDATE worker_sessions SET disconnected_at = now() WHERE worker_id = $1 AND disconnected_at IS NULL)
+		UPDATE workers SET connected = false, last_seen = now() WHERE id = $1`, id); err != nil {
 		return fmt.Errorf("disconnect worker %s: %w", id, err)
 	}
 	return nil
@@ -105,8 +116,10 @@ func (s *Store) WorkerGone(ctx context.Context, id string) error {
 // disconnected: those connected to a replica but not seen for longer than
 // after.
 func (s *Store) ForgetReplicaWorkers(ctx context.Context, after time.Duration) error {
-	if _, err := s.pool.Exec(ctx, `UPDATE workers SET connected = false
-		WHERE connected AND last_seen < now() - $1 * interval '1 millisecond'`, after.Milliseconds()); err != nil {
+	if _, err := s.pool.Exec(ctx, `WITH gone AS (UPDATE workers SET connected = false
+			WHERE connected AND last_seen < now() - $1 * interval '1 millisecond' RETURNING id, last_seen)
+		UPDATE worker_sessions ws SET disconnected_at = gone.last_seen FROM gone
+		WHERE ws.worker_id = gone.id AND ws.disconnected_at IS NULL`, after.Milliseconds()); err != nil {
 		return fmt.Errorf("forget stale workers: %w", err)
 	}
 	return nil
@@ -127,7 +140,9 @@ func (s *Store) TouchWorkers(ctx context.Context, ids []string) error {
 // ReplicaGone records that every worker connected to replica disconnected
 // (the replica is shutting down).
 func (s *Store) ReplicaGone(ctx context.Context, replica string) error {
-	if _, err := s.pool.Exec(ctx, `UPDATE workers SET connected = false, last_seen = now() WHERE replica = $1 AND connected`, replica); err != nil {
+	if _, err := s.pool.Exec(ctx, `WITH gone AS (UPDATE workers SET connected = false, last_seen = now() WHERE replica = $1 AND connected RETURNING id)
+		UPDATE worker_sessions ws SET disconnected_at = now() FROM gone
+		WHERE ws.worker_id = gone.id AND ws.disconnected_at IS NULL`, replica); err != nil {
 		return fmt.Errorf("disconnect workers of %s: %w", replica, err)
 	}
 	return nil

@@ -131,8 +131,23 @@ func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflo
 	if err != nil {
 		return "", fmt.Errorf("create workflow %q: %w", w.Name, err)
 	}
+	if len(w.Tasks) >= analyzeAfterTasks {
+		// The planner's statistics of tasks may date from when the table
+		// was small (autovacuum refreshes them only after its next nap, up
+		// to a minute later); with them, the dispatcher's queries over the
+		// ready tasks of a large workflow scan them all (50 times slower,
+		// measured). A few tens of milliseconds here is little next to the
+		// submission of this many tasks. The workflow is committed
+		// whatever happens here; autovacuum refreshes the statistics
+		// anyway, so a failure is ignored.
+		_, _ = s.pool.Exec(ctx, `ANALYZE tasks, task_inputs`)
+	}
 	return id, nil
 }
+
+// analyzeAfterTasks is the size of a workflow after whose submission
+// CreateWorkflow refreshes the planner's statistics.
+const analyzeAfterTasks = 1000
 
 // taskColumns are the columns of a row built by CreateWorkflow.
 var taskColumns = []string{"id", "workflow_id", "name", "module_id", "args", "stdin", "priority", "state", "deps_left", "sort_key",
@@ -216,18 +231,27 @@ type OutputInfo struct {
 
 // TaskStatus is a task as the API shows it.
 type TaskStatus struct {
-	Name        string       `json:"name"`
-	State       string       `json:"state"`
-	Attempts    int          `json:"attempts"`
-	MaxAttempts int          `json:"max_attempts"`
-	Progress    float64      `json:"progress"`
-	Module      string       `json:"module"`
-	Checkpoints int          `json:"checkpoints"`
-	StartedAt   *time.Time   `json:"started_at"`
-	FinishedAt  *time.Time   `json:"finished_at"`
-	Error       string       `json:"error"`
-	Outputs     []OutputInfo `json:"outputs"`
-	UpdatedAt   time.Time    `json:"-"`
+	Name        string  `json:"name"`
+	State       string  `json:"state"`
+	Attempts    int     `json:"attempts"`
+	MaxAttempts int     `json:"max_attempts"`
+	Progress    float64 `json:"progress"`
+	Module      string  `json:"module"`
+	Checkpoints int     `json:"checkpoints"`
+	// CheckpointAt is when the latest checkpoint was saved (null: none).
+	CheckpointAt *time.Time `json:"checkpoint_at"`
+	// Worker is the id of the worker running the task's latest running
+	// attempt ("" when none runs).
+	Worker     string     `json:"worker"`
+	StartedAt  *time.Time `json:"started_at"`
+	FinishedAt *time.Time `json:"finished_at"`
+	Error      string     `json:"error"`
+	// Disputed is true when the task's result was accepted alone from a
+	// worker that later lost a quorum, after the workflow had finished, so
+	// it could not be re-checked (docs/WORKFLOW.md, "Result verification").
+	Disputed  bool         `json:"disputed,omitempty"`
+	Outputs   []OutputInfo `json:"outputs"`
+	UpdatedAt time.Time    `json:"-"`
 }
 
 // WorkflowStatus is a workflow as the API shows it.
@@ -291,12 +315,17 @@ func looksLikeUUID(s string) bool {
 	return true
 }
 
+// runningAttemptSQL joins a task (t) to its latest running attempt (ra:
+// progress, worker), if any.
+const runningAttemptSQL = ` LEFT JOIN LATERAL (SELECT a.progress, a.worker_id::text AS worker FROM attempts a
+		WHERE a.task_id = t.id AND a.state = 'running' ORDER BY a.id DESC LIMIT 1) ra ON true`
+
 const taskStatusSQL = `SELECT t.name, t.state, t.attempts, t.max_attempts,
-	CASE WHEN t.state = 'done' THEN 1 ELSE coalesce((SELECT a.progress FROM attempts a WHERE a.task_id = t.id AND a.state = 'running' ORDER BY a.id DESC LIMIT 1), 0) END,
-	t.module_id, t.checkpoint_seq, t.started_at, t.finished_at, t.error, t.updated_at,
+	CASE WHEN t.state = 'done' THEN 1 ELSE coalesce(ra.progress, 0) END,
+	t.module_id, t.checkpoint_seq, t.checkpoint_at, coalesce(ra.worker, ''), t.started_at, t.finished_at, t.error, t.disputed, t.updated_at,
 	coalesce((SELECT array_agg(o.name ORDER BY o.name) FROM task_outputs o WHERE o.task_id = t.id), '{}'),
 	coalesce((SELECT array_agg(length(o.data) ORDER BY o.name) FROM task_outputs o WHERE o.task_id = t.id), '{}')
-	FROM tasks t`
+	FROM tasks t` + runningAttemptSQL
 
 func scanTaskStatus(rows pgx.Rows) ([]TaskStatus, error) {
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (TaskStatus, error) {
@@ -305,7 +334,7 @@ func scanTaskStatus(rows pgx.Rows) ([]TaskStatus, error) {
 		var names []string
 		var sizes []int32
 		err := r.Scan(&t.Name, &t.State, &t.Attempts, &t.MaxAttempts, &progress, &t.Module, &t.Checkpoints,
-			&t.StartedAt, &t.FinishedAt, &t.Error, &t.UpdatedAt, &names, &sizes)
+			&t.CheckpointAt, &t.Worker, &t.StartedAt, &t.FinishedAt, &t.Error, &t.Disputed, &t.UpdatedAt, &names, &sizes)
 		t.Progress = float64(progress)
 		t.Outputs = make([]OutputInfo, len(names))
 		for i := range names {
@@ -341,17 +370,16 @@ func (s *Store) Status(ctx context.Context, ownerID int64, id string) (*Workflow
 // out outputs: event streams do not carry them.
 func (s *Store) TaskChanges(ctx context.Context, id string, since time.Time) ([]TaskStatus, error) {
 	rows, err := s.pool.Query(ctx, `SELECT t.name, t.state, t.attempts, t.max_attempts,
-		CASE WHEN t.state = 'done' THEN 1 WHEN t.state = 'running' THEN
-			coalesce((SELECT a.progress FROM attempts a WHERE a.task_id = t.id AND a.state = 'running' ORDER BY a.id DESC LIMIT 1), 0)
-		ELSE 0 END, t.checkpoint_seq, t.error, t.updated_at
-		FROM tasks t WHERE t.workflow_id = $1 AND (t.updated_at > $2 OR t.state = 'running') ORDER BY t.id`, id, since)
+		CASE WHEN t.state = 'done' THEN 1 WHEN t.state = 'running' THEN coalesce(ra.progress, 0) ELSE 0 END,
+		t.checkpoint_seq, t.checkpoint_at, coalesce(ra.worker, ''), t.error, t.updated_at
+		FROM tasks t`+runningAttemptSQL+` WHERE t.workflow_id = $1 AND (t.updated_at > $2 OR t.state = 'running') ORDER BY t.id`, id, since)
 	if err != nil {
 		return nil, fmt.Errorf("read task changes of %s: %w", id, err)
 	}
 	ts, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (TaskStatus, error) {
 		var t TaskStatus
 		var progress float32
-		err := r.Scan(&t.Name, &t.State, &t.Attempts, &t.MaxAttempts, &progress, &t.Checkpoints, &t.Error, &t.UpdatedAt)
+		err := r.Scan(&t.Name, &t.State, &t.Attempts, &t.MaxAttempts, &progress, &t.Checkpoints, &t.CheckpointAt, &t.Worker, &t.Error, &t.UpdatedAt)
 		t.Progress = float64(progress)
 		return t, err
 	})
@@ -438,6 +466,9 @@ type Attempt struct {
 	// Verdict is set on results of replicated tasks: valid, invalid or
 	// unverified (accepted alone from a trusted worker).
 	Verdict string `json:"verdict,omitempty"`
+	// Superseded is true when the attempt ran on an upstream result that
+	// re-verification overturned: its task was reset and ran again.
+	Superseded bool `json:"superseded,omitempty"`
 }
 
 // Attempts lists the attempts of a task, oldest first.
@@ -445,14 +476,14 @@ func (s *Store) Attempts(ctx context.Context, ownerID int64, id, task string) ([
 	if _, err := s.ownedWorkflow(ctx, nil, ownerID, id); err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, `SELECT a.id, a.state, a.worker_id::text, a.reason, a.started_at, a.ended_at, a.restored_seq, coalesce(a.verdict, '')
+	rows, err := s.pool.Query(ctx, `SELECT a.id, a.state, a.worker_id::text, a.reason, a.started_at, a.ended_at, a.restored_seq, coalesce(a.verdict, ''), a.superseded
 		FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = $1 AND t.name = $2 ORDER BY a.id`, id, task)
 	if err != nil {
 		return nil, fmt.Errorf("list attempts: %w", err)
 	}
 	as, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Attempt, error) {
 		var a Attempt
-		err := r.Scan(&a.ID, &a.State, &a.Worker, &a.Reason, &a.StartedAt, &a.EndedAt, &a.RestoredFrom, &a.Verdict)
+		err := r.Scan(&a.ID, &a.State, &a.Worker, &a.Reason, &a.StartedAt, &a.EndedAt, &a.RestoredFrom, &a.Verdict, &a.Superseded)
 		return a, err
 	})
 	if err != nil {
@@ -557,6 +588,88 @@ func (s *Store) Cancel(ctx context.Context, ownerID int64, id string) ([]int64, 
 			return nil, err
 		}
 		return nil, fmt.Errorf("cancel workflow %s: %w", id, err)
+	}
+	return attempts, nil
+}
+
+// ErrTaskFinished is returned when cancelling a task that already reached a
+// final state (done, failed, upstream_failed or cancelled).
+// Its message completes the error that wraps it: `task "sum" is already
+// done: nothing to cancel`.
+var ErrTaskFinished = errors.New("nothing to cancel")
+
+// CancelTask cancels one unfinished task of an owner's workflow: the task
+// ends cancelled, its running attempts (replicas included) end cancelled
+// and every replica is told (ChannelCancel) to stop them on their workers,
+// as Cancel does for a whole workflow. The task's descendants cannot run
+// without its outputs: they end upstream_failed, as below a failed task.
+// A cancelled task counts as a failure of its workflow, which therefore
+// ends failed once its other tasks finish (or at once, when it was the
+// last). The other tasks run on.
+//
+// A task that already finished is left alone: the error wraps
+// ErrTaskFinished and says its state. An unknown task, or a workflow of
+// another owner, gives ErrNotFound. It returns the attempts that were
+// running.
+func (s *Store) CancelTask(ctx context.Context, ownerID int64, id, task string) ([]int64, error) {
+	var attempts []int64
+	err := s.tx(ctx, func(tx pgx.Tx) error {
+		attempts = nil
+		if !looksLikeUUID(id) {
+			return ErrNotFound
+		}
+		// Lock the task row first, as completions and claims do, and decide
+		// on its state under the lock.
+		var taskID int64
+		var state string
+		err := tx.QueryRow(ctx, `SELECT t.id, t.state FROM tasks t JOIN workflows w ON w.id = t.workflow_id
+			WHERE w.id = $1 AND w.owner_id = $2 AND t.name = $3 FOR UPDATE OF t`, id, ownerID, task).Scan(&taskID, &state)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		switch state {
+		case StateBlocked, StateReady, StateRunning:
+		default:
+			return fmt.Errorf("task %q is already %s: %w", task, state, ErrTaskFinished)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE tasks SET state = 'cancelled', pending = 0, finished_at = now(), updated_at = now(),
+			error = 'cancelled by the owner' WHERE id = $1`, taskID); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `UPDATE attempts SET state = 'cancelled', ended_at = now(), reason = 'task cancelled'
+			WHERE task_id = $1 AND state = 'running' RETURNING id`, taskID)
+		if err != nil {
+			return err
+		}
+		if attempts, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+			return err
+		}
+		var below int
+		if err := tx.QueryRow(ctx, `WITH RECURSIVE down(id) AS (
+				SELECT task_id FROM task_inputs WHERE from_task = $1
+				UNION SELECT ti.task_id FROM task_inputs ti JOIN down ON ti.from_task = down.id),
+			failed AS (UPDATE tasks SET state = 'upstream_failed', pending = 0, finished_at = now(), updated_at = now(),
+					error = format('upstream task %s was cancelled', $2::text)
+				WHERE id IN (SELECT id FROM down) AND state = 'blocked' RETURNING 1)
+			SELECT count(*) FROM failed`, taskID, task).Scan(&below); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE workflows SET tasks_left = tasks_left - $2, tasks_failed = tasks_failed + $2,
+				state = CASE WHEN tasks_left - $2 > 0 THEN state ELSE 'failed' END,
+				finished_at = CASE WHEN tasks_left - $2 > 0 THEN NULL ELSE now() END
+			WHERE id = $1 AND state = 'running'`, id, 1+below); err != nil {
+			return err
+		}
+		return notifyCancel(ctx, tx, attempts)
+	})
+	if err != nil {
+		if errors.Is(err, ErrNotFound) || errors.Is(err, ErrTaskFinished) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("cancel task %q of workflow %s: %w", task, id, err)
 	}
 	return attempts, nil
 }

@@ -121,12 +121,22 @@ func strOr(v js.Value) string {
 }
 
 // queuePerThread is the number of attempts accepted ahead of time per
-// thread. It stays 0: with 4, one page did 629 no-op tasks a second instead
-// of 490 (docs/BENCHMARKS.md), but a closed tab whose socket the server has
-// not yet seen close keeps free queue room, and the server gave a lost
-// attempt's retries to it until the task ran out of attempts
-// (TestBrowserTabClosedResumesFromCheckpoint).
-const queuePerThread = 0
+// thread (the most the server allows), so that a task Web Worker that
+// finishes starts its next attempt at once instead of after a dispatch
+// round trip. A closed or frozen tab cannot keep that room: the server
+// gives nothing to a worker it has not heard from for a little over two
+// heartbeat intervals (server/hub.go, reserve), long before the lapsed
+// leases of its attempts requeue their tasks, so their retries go to live
+// workers (TestBrowserTabClosedResumesFromCheckpoint). Throughput and
+// where the time goes: docs/BENCHMARKS.md, "The browser worker".
+const queuePerThread = 4
+
+// gather is how long a finished attempt's outcome may wait for others
+// while the worker has more to do, so that they travel in one frame and
+// the server commits them in one batch (and claims their successors in
+// one round): 3 ms cut the CPU per task by 10 to 15% against 1 ms. A lone
+// outcome (nothing else running or queued) goes at once.
+const gather = 3 * time.Millisecond
 
 func main() {
 	self := js.Global()
@@ -141,7 +151,8 @@ func main() {
 	threads := b.settings.Threads
 	b.mu.Unlock()
 	w := wasmworker.New(wasmworker.Config{Servers: []string{init.server}, Slots: threads, Queue: queuePerThread * threads,
-		Kind: protocol.KindBrowser, Runner: r, Device: b.protocolDevice, Volunteer: init.volunteer, Logger: log})
+		Kind: protocol.KindBrowser, Runner: r, Device: b.protocolDevice, Volunteer: init.volunteer, Logger: log,
+		Gather: gather})
 	r.connected = func() bool { return w.Stats().Connected }
 	// A change of settings or device state (the charger unplugged, the tab
 	// hidden) stops what the settings now forbid and reaches the server in a
@@ -176,7 +187,7 @@ func main() {
 			"taskWorkers": map[string]any{"started": counts.Get("started"), "terminated": counts.Get("terminated"),
 				"busy": counts.Get("busy")},
 			"modules": map[string]any{"fetched": counts.Get("fetched"), "cached": counts.Get("cached")},
-			"trace":   r.traced().js(),
+			"trace":   r.traced(),
 		})
 	}
 	tick := time.NewTicker(250 * time.Millisecond)

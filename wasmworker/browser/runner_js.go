@@ -4,11 +4,11 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall/js"
@@ -28,18 +28,27 @@ const (
 
 // runner is the browser's wasmworker.Runner: every attempt runs in a task Web
 // Worker (web/static/task.js), managed by self.cyclepoolTasks in worker.js.
+// Every value that crosses syscall/js costs (a call, a reference with a
+// finalizer, a string conversion), so an attempt crosses with one call of
+// run and comes back through one long-lived event function, and its
+// outputs as one packed byte array.
 type runner struct {
 	tasks     js.Value
+	run_      js.Value // tasks.run
+	terminate js.Value // tasks.terminate
+	answer    js.Value // tasks.answer
+	events    js.Func  // given to tasks.listen: events of every attempt
 	b         *bridge
 	log       *slog.Logger
 	connected func() bool // whether the worker has a connection now
 
-	mu      sync.Mutex
-	runs    map[int64]*taskRun
-	cpu     time.Duration
-	ended   int // Run calls returned (their outcomes go to the worker then)
-	trace   pathTrace
-	stopped string // set once the volunteer stopped: every attempt is refused
+	mu       sync.Mutex
+	runs     map[int64]*taskRun
+	handlers map[int64]func(kind int, a []js.Value) // by attempt: its events
+	cpu      time.Duration
+	ended    int     // Run calls returned (their outcomes go to the worker then)
+	returned float64 // ms from done events to Run's return, summed (the trace's last segment)
+	stopped  string  // set once the volunteer stopped: every attempt is refused
 }
 
 // taskRun is one running attempt, as the page shows it.
@@ -53,32 +62,33 @@ type taskRun struct {
 }
 
 func newRunner(tasks js.Value, b *bridge, log *slog.Logger) *runner {
-	return &runner{tasks: tasks, b: b, log: log, runs: map[int64]*taskRun{}}
+	r := &runner{tasks: tasks, run_: tasks.Get("run"), terminate: tasks.Get("terminate"), answer: tasks.Get("answer"),
+		b: b, log: log, runs: map[int64]*taskRun{}, handlers: map[int64]func(int, []js.Value){}}
+	r.events = js.FuncOf(func(_ js.Value, a []js.Value) any {
+		attempt := int64(a[0].Float())
+		r.mu.Lock()
+		h := r.handlers[attempt]
+		r.mu.Unlock()
+		if h != nil {
+			h(a[1].Int(), a[2:])
+		}
+		return nil
+	})
+	tasks.Call("listen", r.events)
+	return r
 }
 
-// pathTrace adds up where successful attempts' time went inside the browser
-// (ms), for the benchmark (docs/BENCHMARKS.md, "Where a browser task's time
-// goes"): Run's start to the task Web Worker being handed the attempt
-// (module compile or cache, inputs), the postMessage to it, instantiation
-// and WASI set-up, _start, collecting outputs, the postMessage back, and the
-// done message to Run's return.
-type pathTrace struct {
-	N                                                        int
-	Prepare, ToTask, Instantiate, Run, Collect, Back, Return float64
-	LastRun                                                  float64 // the last attempt's _start
-}
-
-func (t pathTrace) js() map[string]any {
-	return map[string]any{"n": t.N, "prepare": t.Prepare, "toTask": t.ToTask, "instantiate": t.Instantiate,
-		"run": t.Run, "collect": t.Collect, "back": t.Back, "return": t.Return, "lastRun": t.LastRun}
-}
-
-// snapshot returns the running attempts, by attempt id, and the CPU time
-// given so far.
-func (r *runner) traced() pathTrace {
+// traced returns where successful attempts' time went inside the browser
+// (sums in ms, for the benchmark: docs/BENCHMARKS.md, "Where a browser
+// task's millisecond goes"): worker.js adds up Run's preparation, the
+// postMessage to the task Web Worker, instantiation and WASI set-up,
+// _start, collecting outputs and the postMessage back; Go adds the done
+// event to Run's return.
+func (r *runner) traced() js.Value {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.trace
+	ret := r.returned
+	r.mu.Unlock()
+	return r.tasks.Call("traced", ret)
 }
 
 func (r *runner) snapshot() ([]taskRun, time.Duration) {
@@ -137,6 +147,14 @@ func (r *runner) Run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 	return r.run(ctx, job)
 }
 
+// Event kinds of worker.js's events function.
+const (
+	eventProgress   = 0
+	eventCheckpoint = 1
+	eventDone       = 2
+	eventStarted    = 3 // after its module compiled, for an attempt whose run returned false
+)
+
 func (r *runner) run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outcome {
 	start := time.Now()
 	as := job.Assign
@@ -162,79 +180,58 @@ func (r *runner) run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 	if lim.LogBytes <= 0 {
 		lim.LogBytes = defaultLogBytes
 	}
-	inputs := js.Global().Get("Array").New()
-	seen := map[string]bool{}
-	for _, in := range as.Inputs {
-		if in.Name == "" || in.Name == "." || in.Name == ".." || strings.ContainsAny(in.Name, "/\\\x00") {
-			return fail(start, protocol.ReasonWorker, "input name %q is not a plain file name", in.Name)
+	var inputs any // null when there are none (the usual case)
+	if len(as.Inputs) > 0 {
+		list := make([]any, 0, len(as.Inputs))
+		seen := map[string]bool{}
+		for _, in := range as.Inputs {
+			if in.Name == "" || in.Name == "." || in.Name == ".." || strings.ContainsAny(in.Name, "/\\\x00") {
+				return fail(start, protocol.ReasonWorker, "input name %q is not a plain file name", in.Name)
+			}
+			if seen[in.Name] {
+				return fail(start, protocol.ReasonWorker, "input %q appears twice", in.Name)
+			}
+			seen[in.Name] = true
+			list = append(list, map[string]any{"name": in.Name, "data": bytesToJS(in.Data)})
 		}
-		if seen[in.Name] {
-			return fail(start, protocol.ReasonWorker, "input %q appears twice", in.Name)
+		inputs = list
+	}
+	var args any
+	if len(as.Args) > 0 {
+		list := make([]any, len(as.Args))
+		for i, a := range as.Args {
+			list[i] = a
 		}
-		seen[in.Name] = true
-		inputs.Call("push", map[string]any{"name": in.Name, "data": bytesToJS(in.Data)})
+		args = list
 	}
 	wall := time.NewTimer(time.Duration(lim.WallMS) * time.Millisecond)
 	defer wall.Stop()
 
-	mod, err := await(ctx, r.tasks.Call("compile", as.Module, lim.MemoryPages))
-	if ctx.Err() != nil {
-		return fail(start, protocol.ReasonCancelled, "cancelled")
-	}
-	if err != nil {
-		return fail(start, protocol.ReasonModule, "%v", err)
-	}
-
 	tr := &taskRun{attempt: as.Attempt, task: as.Task, stop: make(chan string, 1)}
-	r.mu.Lock()
-	r.runs[as.Attempt] = tr
-	r.mu.Unlock()
-	defer func() {
-		r.mu.Lock()
-		delete(r.runs, as.Attempt)
-		r.mu.Unlock()
-	}()
-
-	args := make([]any, len(as.Args))
-	for i, a := range as.Args {
-		args[i] = a
-	}
-	share := r.b.share()
-	params := map[string]any{
-		"module": mod, "args": args, "stdin": bytesToJS(as.Stdin.Data), "inputs": inputs,
-		"restore": bytesToJS(as.Restore.Data), "seed": strconv.FormatUint(as.Seed, 10), "ckptMs": as.CkptMS, "share": share,
-		"limits": map[string]any{"memoryPages": lim.MemoryPages, "wallMs": lim.WallMS,
-			"outputBytes": lim.OutputBytes, "logBytes": lim.LogBytes},
-	}
-
 	type doneMsg struct {
 		out *wasmworker.Outcome
 		at  time.Time
-		t   [6]float64 // task.js's and worker.js's clock readings
 	}
 	done := make(chan doneMsg, 1)
-	var handle js.Value
-	onEvent := js.FuncOf(func(_ js.Value, a []js.Value) any {
-		m := a[0]
-		switch m.Get("type").String() {
-		case "progress":
-			f := m.Get("f").Float()
+	handle := func(kind int, a []js.Value) {
+		switch kind {
+		case eventProgress:
+			f := a[0].Float()
 			r.mu.Lock()
 			tr.progress = f
 			r.mu.Unlock()
 			if job.Host != nil {
 				job.Host.Progress(f)
 			}
-		case "checkpoint":
-			state := bytesFromJS(m.Get("state"))
-			h := handle
+		case eventCheckpoint:
+			state := bytesFromJS(a[0])
 			if r.connected != nil && !r.connected() {
 				// Offline: the task goes on at once (the checkpoint is not
 				// saved yet: 2 tells task.js to report 1 and wait another
 				// interval) and the latest state is delivered on reconnecting.
 				r.keep(ctx, job, tr, state)
-				h.Call("answer", 2)
-				return nil
+				r.answer.Invoke(float64(as.Attempt), 2)
+				return
 			}
 			r.mu.Lock()
 			tr.kept = nil // superseded
@@ -248,56 +245,57 @@ func (r *runner) run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 						r.log.Debug("checkpoint not saved", "task", as.Task, "attempt", as.Attempt, "err", err)
 					}
 				}
-				h.Call("answer", code)
+				r.answer.Invoke(float64(as.Attempt), code)
 			}()
-		case "done":
-			d := doneMsg{out: outcomeFromJS(m, start), at: time.Now()}
-			if t := m.Get("t"); t.Type() == js.TypeObject {
-				for i, k := range []string{"posted", "recv", "started", "ran", "sent", "back"} {
-					if v := t.Get(k); v.Type() == js.TypeNumber {
-						d.t[i] = v.Float()
-					}
-				}
-			}
-			done <- d
+		case eventDone:
+			done <- doneMsg{out: outcomeFromJS(a[0], a[1], a[2], start), at: time.Now()}
+		case eventStarted:
+			r.mu.Lock()
+			r.runs[as.Attempt] = tr
+			r.mu.Unlock()
 		}
-		return nil
-	})
-	prepared := time.Now()
-	handle = r.tasks.Call("run", params, onEvent)
+	}
+	r.mu.Lock()
+	r.handlers[as.Attempt] = handle
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.runs, as.Attempt)
+		delete(r.handlers, as.Attempt)
+		r.mu.Unlock()
+	}()
+
+	share := r.b.share()
+	// The attempt counts as running (the page shows it) once its task Web
+	// Worker has it: at once when its module is compiled already, or on
+	// the started event.
+	if r.run_.Invoke(float64(as.Attempt), as.Module, lim.MemoryPages, args, bytesOrNull(as.Stdin.Data), inputs,
+		bytesOrNull(as.Restore.Data), float64(as.Seed>>32), float64(as.Seed&0xffffffff), as.CkptMS, share,
+		lim.WallMS, lim.OutputBytes, lim.LogBytes, float64(time.Since(start))/1e6).Truthy() {
+		r.mu.Lock()
+		r.runs[as.Attempt] = tr
+		r.mu.Unlock()
+	}
 
 	var out *wasmworker.Outcome
 	select {
 	case d := <-done:
 		out = d.out
-		if out.Reason == "" && d.t[0] > 0 && d.t[5] > 0 {
-			ms := func(a, b time.Time) float64 { return float64(b.Sub(a)) / 1e6 }
+		if out.Reason == "" {
 			r.mu.Lock()
-			tr := &r.trace
-			tr.N++
-			tr.Prepare += ms(start, prepared)
-			tr.ToTask += d.t[1] - d.t[0]
-			tr.Instantiate += d.t[2] - d.t[1]
-			tr.Run += d.t[3] - d.t[2]
-			tr.LastRun = d.t[3] - d.t[2]
-			tr.Collect += d.t[4] - d.t[3]
-			tr.Back += d.t[5] - d.t[4]
-			tr.Return += ms(d.at, time.Now())
+			r.returned += float64(time.Since(d.at)) / 1e6
 			r.mu.Unlock()
 		}
 	case <-ctx.Done():
-		handle.Call("terminate")
+		r.terminate.Invoke(float64(as.Attempt))
 		out = fail(start, protocol.ReasonCancelled, "cancelled")
 	case <-wall.C:
-		handle.Call("terminate")
+		r.terminate.Invoke(float64(as.Attempt))
 		out = fail(start, protocol.ReasonWallTime, "wall time limit of %v exceeded", time.Duration(lim.WallMS)*time.Millisecond)
 	case why := <-tr.stop:
-		handle.Call("terminate")
+		r.terminate.Invoke(float64(as.Attempt))
 		out = fail(start, protocol.ReasonWorker, "%s", why)
 	}
-	// A terminated task Web Worker sends nothing more; a finished one has
-	// sent its last message. Either way the callback can go.
-	onEvent.Release()
 	r.mu.Lock()
 	r.cpu += time.Duration(float64(out.Duration) * float64(share) / 100)
 	r.mu.Unlock()
@@ -342,19 +340,74 @@ func (r *runner) keep(ctx context.Context, job *wasmworker.Job, tr *taskRun, sta
 	}()
 }
 
-// outcomeFromJS converts task.js's done message.
-func outcomeFromJS(m js.Value, start time.Time) *wasmworker.Outcome {
-	o := &wasmworker.Outcome{Reason: m.Get("reason").String(), Message: m.Get("message").String(),
-		Log: bytesFromJS(m.Get("log")), Duration: time.Since(start)}
+// outcomeFromJS converts worker.js's done event: the failure reason (null
+// on success), its message, and the outputs and log packed by worker.js's
+// pack.
+func outcomeFromJS(reason, message, packed js.Value, start time.Time) *wasmworker.Outcome {
+	o := &wasmworker.Outcome{Duration: time.Since(start)}
+	if reason.Type() == js.TypeString {
+		o.Reason, o.Message = reason.String(), message.String()
+	}
+	outputs, log, err := unpack(bytesFromJS(packed))
+	if err != nil {
+		return &wasmworker.Outcome{Reason: protocol.ReasonWorker, Message: err.Error(), Duration: o.Duration}
+	}
+	o.Log = log
 	if o.Reason == "" {
-		outs := m.Get("outputs")
-		for i := 0; i < outs.Length(); i++ {
-			e := outs.Index(i)
-			data := bytesFromJS(e.Get("data"))
-			o.Outputs = append(o.Outputs, protocol.Blob{Name: e.Get("name").String(), Size: len(data), Data: data})
-		}
+		o.Outputs = outputs
 	}
 	return o
+}
+
+// unpack reads what worker.js's pack wrote: a uint32 count of outputs, per
+// output a uint32 name length, the name, a uint32 data length, the data;
+// then a uint32 log length and the log (all little endian). The blobs share
+// b's memory.
+func unpack(b []byte) (outputs []protocol.Blob, log []byte, err error) {
+	next := func() ([]byte, error) {
+		if len(b) < 4 {
+			return nil, errors.New("task outcome cut short")
+		}
+		n := binary.LittleEndian.Uint32(b)
+		if uint64(len(b)-4) < uint64(n) {
+			return nil, errors.New("task outcome cut short")
+		}
+		v := b[4 : 4+n : 4+n]
+		b = b[4+n:]
+		return v, nil
+	}
+	if len(b) < 4 {
+		return nil, nil, errors.New("task outcome cut short")
+	}
+	count := binary.LittleEndian.Uint32(b)
+	b = b[4:]
+	if uint64(count) > uint64(len(b)/8) {
+		return nil, nil, fmt.Errorf("task outcome claims %d outputs", count)
+	}
+	outputs = make([]protocol.Blob, 0, count)
+	for range count {
+		name, err := next()
+		if err != nil {
+			return nil, nil, err
+		}
+		data, err := next()
+		if err != nil {
+			return nil, nil, err
+		}
+		outputs = append(outputs, protocol.Blob{Name: string(name), Size: len(data), Data: data})
+	}
+	if log, err = next(); err != nil {
+		return nil, nil, err
+	}
+	return outputs, log, nil
+}
+
+// bytesOrNull is b as a Uint8Array, or null when b is empty.
+func bytesOrNull(b []byte) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return bytesToJS(b)
 }
 
 func bytesToJS(b []byte) js.Value {
@@ -374,36 +427,4 @@ func bytesFromJS(v js.Value) []byte {
 		js.CopyBytesToGo(b, v)
 	}
 	return b
-}
-
-// await waits for a JavaScript promise.
-func await(ctx context.Context, p js.Value) (js.Value, error) {
-	type result struct {
-		v   js.Value
-		err error
-	}
-	ch := make(chan result, 1)
-	var then, catch js.Func
-	then = js.FuncOf(func(_ js.Value, a []js.Value) any {
-		ch <- result{v: a[0]}
-		return nil
-	})
-	catch = js.FuncOf(func(_ js.Value, a []js.Value) any {
-		msg := "error"
-		if len(a) > 0 {
-			msg = a[0].Call("toString").String()
-		}
-		ch <- result{err: errors.New(msg)}
-		return nil
-	})
-	p.Call("then", then, catch)
-	release := func() { then.Release(); catch.Release() }
-	select {
-	case r := <-ch:
-		release()
-		return r.v, r.err
-	case <-ctx.Done():
-		go func() { <-ch; release() }() // released once the promise settles
-		return js.Undefined(), ctx.Err()
-	}
 }

@@ -106,7 +106,7 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 		stop(&limitError{protocol.ReasonWorker, "the runner is closing"})
 	})()
 
-	a.mem = &memoryLimit{limit: uint64(a.limits.MemoryPages) * 65536}
+	a.mem = &memoryLimit{limit: uint64(a.limits.MemoryPages) * 65536, pool: a.e.memPool}
 	if a.e.slot != nil {
 		a.mem.onRefuse = a.e.slot.memoryRefused
 	}

@@ -1,12 +1,17 @@
 package headless
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/taskbuild"
@@ -116,9 +121,51 @@ func benchmarkAttempts(b *testing.B, r *Runner, j *wasmworker.Job) {
 		b.Fatalf("%s: %s", o.Reason, o.Message)
 	}
 	b.ReportAllocs()
+	slots0 := slotsCPU(r)
+	self0 := selfCPU()
+	n := 0
 	for b.Loop() {
 		if o := r.Run(ctx, j); o.Reason != "" {
 			b.Fatalf("%s: %s", o.Reason, o.Message)
 		}
+		n++
 	}
+	// CPU time per attempt of this process (the worker's side) and, in
+	// isolation mode, of the slot processes.
+	b.ReportMetric(float64((selfCPU()-self0).Microseconds())/float64(n), "self-cpu-µs/op")
+	if r.pool != nil {
+		b.ReportMetric(float64((slotsCPU(r)-slots0).Microseconds())/float64(n), "slot-cpu-µs/op")
+	}
+}
+
+// selfCPU is the CPU time (user and system) this process has used.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// slotsCPU adds up the CPU time of r's slot processes (from /proc).
+func slotsCPU(r *Runner) time.Duration {
+	if r.pool == nil {
+		return 0
+	}
+	var total time.Duration
+	for _, pid := range r.pool.pids() {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(data, ')')
+		f := strings.Fields(string(data[i+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		total += time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ = 100
+	}
+	return total
 }

@@ -36,9 +36,10 @@ func (a *attempt) prepareDirs() error {
 		}
 		seen[in.Name] = true
 	}
-	if a.e.slot != nil {
+	slot := a.e.slot
+	if slot != nil {
 		// A slot process reuses its directories, emptied after each attempt.
-		dir, err := a.e.slot.attemptDir()
+		dir, err := slot.attemptDir()
 		if err != nil {
 			return err
 		}
@@ -53,6 +54,10 @@ func (a *attempt) prepareDirs() error {
 	inDir := filepath.Join(a.dir, "in")
 	for _, in := range a.job.Assign.Inputs {
 		p := filepath.Join(inDir, in.Name)
+		if slot != nil {
+			slot.inFiles = append(slot.inFiles, in.Name) // before writing: tidy removes what may exist
+			slot.inStamped = false
+		}
 		if err := os.WriteFile(p, in.Data, 0o444); err != nil {
 			return err
 		}
@@ -60,7 +65,16 @@ func (a *attempt) prepareDirs() error {
 			return err
 		}
 	}
-	return os.Chtimes(inDir, inputTime, inputTime)
+	if slot != nil && slot.inStamped {
+		return nil // in/ has not changed since its times were set
+	}
+	if err := os.Chtimes(inDir, inputTime, inputTime); err != nil {
+		return err
+	}
+	if slot != nil {
+		slot.inStamped = true
+	}
+	return nil
 }
 
 // makeAttemptDir makes a directory under parent holding empty in/ and out/.
@@ -133,6 +147,15 @@ func (a *attempt) collectOutputs() ([]protocol.Blob, error) {
 	outputs := []protocol.Blob{{Name: "stdout", Size: len(stdout), Data: stdout}}
 	total := int64(len(stdout))
 	outDir := filepath.Join(a.dir, "out")
+	if empty, err := dirEmpty(outDir); err != nil {
+		return nil, err
+	} else if empty {
+		// Most tasks write no files: one look, no walk.
+		if a.e.slot != nil {
+			a.e.slot.outEmpty = true
+		}
+		return outputs, nil
+	}
 	type file struct {
 		name, path string
 		size       int64

@@ -17,6 +17,7 @@ import (
 type memoryLimit struct {
 	limit    uint64       // bytes
 	onRefuse func(string) // if set, called with message() at the first refusal
+	pool     *memPool     // if set, where memory comes from and goes back to
 
 	mu      sync.Mutex
 	asked   uint64 // bytes of the first refused request; 0 = none refused
@@ -79,6 +80,12 @@ func (l *linearMemory) Reallocate(size uint64) []byte {
 		return l.buf
 	}
 	c := max(size, l.capacity, min(2*uint64(cap(l.buf)), l.lim.limit))
+	if initial && l.lim.pool != nil {
+		if b := l.lim.pool.get(size, c); b != nil {
+			l.buf = b
+			return l.buf
+		}
+	}
 	nb := make([]byte, size, c)
 	copy(nb, l.buf)
 	l.buf = nb
@@ -86,7 +93,59 @@ func (l *linearMemory) Reallocate(size uint64) []byte {
 }
 
 // Free implements experimental.LinearMemory.
-func (l *linearMemory) Free() { l.buf = nil }
+func (l *linearMemory) Free() {
+	if l.lim.pool != nil && l.buf != nil {
+		l.lim.pool.put(l.buf)
+	}
+	l.buf = nil
+}
+
+// memPool keeps the linear memory of a finished attempt for the next one,
+// so that a slot process running many small attempts does not allocate
+// (and zero, and collect) a new memory for each. It holds at most one
+// buffer of at most maxPooledMemory bytes of capacity. A buffer comes back
+// with its length at the highest size the module used: only that prefix
+// can hold the module's bytes, and get zeroes it; past it, up to the
+// capacity, the bytes were never handed out and are still zero.
+//
+// Only for attempts that run one after the other and whose module is
+// closed by the goroutine that ran it (slot processes): with
+// WithCloseOnContextDone, wazero may free a memory that compiled code is
+// still writing.
+type memPool struct {
+	mu    sync.Mutex
+	spare []byte
+}
+
+// maxPooledMemory bounds the memory a memPool keeps between attempts.
+const maxPooledMemory = 16 << 20
+
+// get returns a zeroed buffer of length size and capacity at least c, or
+// nil when the pool has none that large.
+func (p *memPool) get(size, c uint64) []byte {
+	p.mu.Lock()
+	b := p.spare
+	if uint64(cap(b)) < c {
+		p.mu.Unlock()
+		return nil
+	}
+	p.spare = nil
+	p.mu.Unlock()
+	clear(b) // the used prefix; the rest of the capacity is still zero
+	return b[:size]
+}
+
+// put gives back a buffer whose length is the highest size it was used at.
+func (p *memPool) put(b []byte) {
+	if cap(b) > maxPooledMemory {
+		return
+	}
+	p.mu.Lock()
+	if cap(b) >= cap(p.spare) {
+		p.spare = b
+	}
+	p.mu.Unlock()
+}
 
 // cappedWriter captures a stream up to limit bytes. The first write that
 // would pass the limit keeps what fits, calls onFull once and panics with

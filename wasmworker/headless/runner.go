@@ -94,6 +94,10 @@ type engine struct {
 	rt     wazero.Runtime
 	tmpDir string     // parent of per-attempt directories
 	slot   *slotChild // set in a slot process
+	// memPool keeps the linear memory of the last attempt for the next
+	// (slot processes only: their attempts run one after the other and
+	// are never closed from another goroutine).
+	memPool *memPool
 
 	closing context.Context // cancelled by Close, which stops running attempts
 	close   context.CancelFunc

@@ -6,13 +6,18 @@ import (
 	"encoding/gob"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/cyclepool/cyclepool/wasmworker"
 )
@@ -43,15 +48,29 @@ type slotChild struct {
 	dir string // given by the parent, which removes it
 	cur string // the attempt directory, with in/ and out/ empty between attempts
 
+	// What the slot knows of cur, so that a small attempt costs few
+	// system calls: the input files written for the current attempt (the
+	// task cannot write to /in, so they are all there is), whether in/
+	// carries the fixed modification time since its content last changed,
+	// and whether out/ was seen empty after the attempt.
+	inFiles   []string
+	inStamped bool
+	outEmpty  bool
+
+	dec *gob.Decoder // requests; read by one goroutine at a time
+
 	sendMu sync.Mutex
 	enc    *gob.Encoder
-
-	checkpointed chan *slotRequest // the parent's answers to checkpoint
 }
 
 // serveSlot is the main function of a slot process; it returns the exit
 // status.
 func serveSlot() int {
+	// One goroutine does the work (below): more Ps only add threads that
+	// spin and wake each other around every blocking read of the pipe.
+	// A garbage collection still runs: this goroutine allocates, and so
+	// assists it and lets its workers run when it blocks.
+	runtime.GOMAXPROCS(1)
 	// Signals are for the worker, which stops its slots itself.
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	in, out := os.NewFile(3, "slot-requests"), os.NewFile(4, "slot-replies")
@@ -59,10 +78,9 @@ func serveSlot() int {
 		fmt.Fprintln(os.Stderr, "cyclepool slot process: no pipes on fds 3 and 4")
 		return 2
 	}
-	dec := gob.NewDecoder(bufio.NewReaderSize(in, 64<<10))
-	c := &slotChild{enc: gob.NewEncoder(out), checkpointed: make(chan *slotRequest, 1)}
+	c := &slotChild{dec: gob.NewDecoder(bufio.NewReaderSize(in, 64<<10)), enc: gob.NewEncoder(out)}
 	var init slotRequest
-	if err := dec.Decode(&init); err != nil || init.Kind != reqInit {
+	if err := c.dec.Decode(&init); err != nil || init.Kind != reqInit {
 		fmt.Fprintf(os.Stderr, "cyclepool slot process: bad first message (%v)\n", err)
 		return 2
 	}
@@ -70,6 +88,8 @@ func serveSlot() int {
 		c.send(&slotReply{Kind: repHello, Version: wireVersion, Err: fmt.Sprintf("wire version %d, parent speaks %d", wireVersion, init.Version)})
 		return 2
 	}
+	stopProfile := startSlotProfile()
+	defer stopProfile()
 	ctx := context.Background()
 	e, err := newEngine(ctx, init.CacheDir, slog.New(slog.DiscardHandler), init.Dir, false)
 	if err == nil {
@@ -81,25 +101,23 @@ func serveSlot() int {
 		return 1
 	}
 	e.slot = c
+	e.memPool = &memPool{}
 	c.send(&slotReply{Kind: repHello, Version: wireVersion, Pid: os.Getpid()})
 
-	work := make(chan *slotRequest)
-	go func() {
-		for {
-			m := new(slotRequest)
-			if err := dec.Decode(m); err != nil {
-				// The parent closed the pipe (or died): nothing more to do,
-				// even in the middle of an attempt.
-				os.Exit(0)
-			}
-			if m.Kind == reqCheckpointed {
-				c.checkpointed <- m
-			} else {
-				work <- m
-			}
+	// One goroutine reads the requests and runs the attempts: a hand-off
+	// to another goroutine would cost a wake-up of another thread per
+	// message, which is most of the cost of a small attempt. While an
+	// attempt runs nothing is read, except the answer to a checkpoint
+	// (read by Checkpoint itself); the parent kills the process to stop an
+	// attempt, and on Linux the kernel kills it when the parent dies
+	// (slotSysProcAttr).
+	for {
+		m := new(slotRequest)
+		if err := c.dec.Decode(m); err != nil {
+			// The parent closed the pipe (or died): nothing more to do.
+			stopProfile()
+			return 0
 		}
-	}()
-	for m := range work {
 		switch m.Kind {
 		case reqLoad:
 			c.load(ctx, e, m)
@@ -110,7 +128,48 @@ func serveSlot() int {
 			return 2
 		}
 	}
-	return 0
+}
+
+// slotProfileEnv names a directory: when set, each slot process writes a
+// CPU profile of itself there, slot-PID.pprof, covering its first
+// slotProfileSecondsEnv seconds (default 30) or its life if shorter (the
+// parent usually ends slot processes with SIGKILL, which no profile
+// survives; the time limit makes sure the profile is written).
+const (
+	slotProfileEnv        = "CYCLEPOOL_SLOT_CPUPROFILE"
+	slotProfileSecondsEnv = "CYCLEPOOL_SLOT_CPUPROFILE_SECONDS"
+)
+
+// startSlotProfile starts the CPU profile asked for by slotProfileEnv and
+// returns the function that stops it (idempotent; a no-op without one).
+func startSlotProfile() func() {
+	dir := os.Getenv(slotProfileEnv)
+	if dir == "" {
+		return func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, fmt.Sprintf("slot-%d.pprof", os.Getpid())))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "cyclepool slot process: CPU profile: %v\n", err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fmt.Fprintf(os.Stderr, "cyclepool slot process: CPU profile: %v\n", err)
+		f.Close()
+		return func() {}
+	}
+	secs, err := strconv.Atoi(os.Getenv(slotProfileSecondsEnv))
+	if err != nil || secs <= 0 {
+		secs = 30
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		})
+	}
+	time.AfterFunc(time.Duration(secs)*time.Second, stop)
+	return stop
 }
 
 // send writes a reply; a slot process whose parent is gone exits.
@@ -157,20 +216,30 @@ func (c *slotChild) attemptDir() (string, error) {
 		if err != nil {
 			return "", err
 		}
-		c.cur = d
+		c.cur, c.inFiles, c.inStamped = d, nil, false
 	}
+	c.outEmpty = false
 	return c.cur, nil
 }
 
 // tidy empties in/ and out/ after an attempt (after its outcome was sent,
 // so that it costs the attempt nothing); when that fails, the next attempt
-// gets a new directory.
+// gets a new directory. The input files are removed by name, and out/ is
+// left alone when it was seen empty after the attempt.
 func (c *slotChild) tidy() {
 	if c.cur == "" {
 		return
 	}
-	err := emptyDir(filepath.Join(c.cur, "in"))
-	if err == nil {
+	var err error
+	for _, name := range c.inFiles {
+		if err = os.Remove(filepath.Join(c.cur, "in", name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		err = nil
+		c.inStamped = false
+	}
+	c.inFiles = c.inFiles[:0]
+	if err == nil && !c.outEmpty {
 		err = emptyDir(filepath.Join(c.cur, "out"))
 	}
 	if err != nil {
@@ -194,7 +263,16 @@ func (c *slotChild) Progress(f float64) { c.send(&slotReply{Kind: repProgress, F
 // meanwhile).
 func (c *slotChild) Checkpoint(_ context.Context, state []byte) error {
 	c.send(&slotReply{Kind: repCheckpoint, Data: state})
-	m := <-c.checkpointed
+	// The attempt runs on the goroutine that reads the requests, and the
+	// parent sends nothing else while an attempt runs.
+	m := new(slotRequest)
+	if err := c.dec.Decode(m); err != nil {
+		os.Exit(0) // the parent is gone
+	}
+	if m.Kind != reqCheckpointed {
+		fmt.Fprintf(os.Stderr, "cyclepool slot process: unexpected message kind %d during an attempt\n", m.Kind)
+		os.Exit(2)
+	}
 	if m.Err != "" {
 		return errors.New(m.Err)
 	}

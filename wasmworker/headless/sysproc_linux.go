@@ -3,6 +3,7 @@
 package headless
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"syscall"
@@ -41,4 +42,37 @@ func freeBytes(dir string) uint64 {
 // processGone reports whether no process has the given pid.
 func processGone(pid int) bool {
 	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+}
+
+// dirEmpty reports whether a directory has no entries, in three system
+// calls (open, one getdents64, close): the first read of a directory
+// returns as many entries as fit in the buffer, so one that returns only
+// "." and ".." has read them all.
+func dirEmpty(dir string) (bool, error) {
+	fd, err := syscall.Open(dir, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return false, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer syscall.Close(fd)
+	var buf [4096]byte
+	n, err := syscall.Getdents(fd, buf[:])
+	if err != nil {
+		return false, &os.PathError{Op: "getdents", Path: dir, Err: err}
+	}
+	for b := buf[:n]; len(b) >= 19; {
+		// struct linux_dirent64: ino u64, off i64, reclen u16, type u8, name.
+		reclen := int(b[16]) | int(b[17])<<8
+		if reclen < 19 || reclen > len(b) {
+			return false, nil // not understood: say non-empty, and the caller walks it
+		}
+		name := b[19:reclen]
+		if i := bytes.IndexByte(name, 0); i >= 0 {
+			name = name[:i]
+		}
+		if string(name) != "." && string(name) != ".." {
+			return false, nil
+		}
+		b = b[reclen:]
+	}
+	return true, nil
 }

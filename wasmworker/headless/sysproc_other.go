@@ -3,6 +3,7 @@
 package headless
 
 import (
+	"io"
 	"os"
 	"syscall"
 )
@@ -19,3 +20,20 @@ func freeBytes(string) uint64 { return 0 }
 
 // processGone reports false: unknown.
 func processGone(int) bool { return false }
+
+// dirEmpty reports whether a directory has no entries.
+func dirEmpty(dir string) (bool, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(1)
+	if len(names) > 0 {
+		return false, nil
+	}
+	if err != nil && err != io.EOF {
+		return false, err
+	}
+	return true, nil
+}

@@ -31,7 +31,11 @@ package headless
 //	child:  done{Outputs, Reason, Message}
 //
 // log carries, in order, every byte of stderr the attempt keeps (so a child
-// that is killed loses no log); done therefore carries no log. memory says
+// that is killed loses no log); done therefore carries no log. The child
+// reads its requests on the goroutine that runs the attempts (a hand-off
+// between goroutines would cost a thread wake-up per message): while an
+// attempt runs it reads nothing but the answer to its checkpoint, which is
+// all the parent sends then. memory says
 // that the memory limit refused a request (so that a child killed at its
 // wall time still fails with limit_memory). The child keeps every module it
 // has loaded, compiled, until it exits. It exits when its request pipe is

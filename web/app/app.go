@@ -10,8 +10,9 @@
 // a bearer token; the API is also reachable by the page's script under
 // /app/api/v1/ with the session cookie (and the CSRF token for writes).
 //
-// Security: the session is an HMAC-signed, HTTP-only, Secure,
-// SameSite=Strict cookie; every form carries a CSRF token bound to the
+// Security: the session is an HMAC-signed, HTTP-only, SameSite=Strict
+// cookie, Secure unless the page is served over plain HTTP to another host
+// than the machine itself (the sign-in page then says so); every form carries a CSRF token bound to the
 // session; every response sets a Content-Security-Policy without inline
 // scripts or styles.
 package app
@@ -48,7 +49,21 @@ type Backend interface {
 	List(ctx context.Context, owner store.Owner, o store.ListOptions) ([]store.WorkflowStatus, int, error)
 	Modules(ctx context.Context, owner store.Owner) ([]store.Module, error)
 	ModuleUse(ctx context.Context, owner store.Owner) (map[string][]string, error)
-	Workers(ctx context.Context, owner store.Owner) ([]Worker, error)
+	// Volunteers is the connected workers as GET /api/v1/workers shows
+	// them, and the last hour's activity.
+	Volunteers(ctx context.Context, owner store.Owner) (Volunteers, error)
+}
+
+// Volunteers is what the volunteers page shows.
+type Volunteers struct {
+	Workers []Worker
+	// FairnessStrategy and Variance are GET /api/v1/workers' fairness: the
+	// strategy in force and the variance of tasks done per worker (since
+	// each connected, over the workers of this replica).
+	FairnessStrategy string
+	Variance         float64
+	// Activity is the last hour, minute by minute, oldest first.
+	Activity []store.ActivityMinute
 }
 
 // Worker is a connected worker as the volunteers page shows it.
@@ -59,9 +74,17 @@ type Worker struct {
 	Device      protocol.Device
 	ConnectedAt time.Time
 	LastSeen    time.Time
-	Done        int64
-	Lost        int64
+	Done        int64    // successful attempts over its life
+	Lost        int64    // attempts lost to lapsed leases
 	Running     []string // "workflow / task", or "(another project)"
+	// DoneHere is the tasks done since it connected, the count the
+	// fairness is measured on; nil when it is connected to another replica.
+	DoneHere *int
+	// Stability is the dispatcher's class of the worker (very_stable,
+	// stable, unstable, too_unstable) and Reasons what lowered it; ""
+	// when it is connected to another replica.
+	Stability string
+	Reasons   []string
 }
 
 // Options configures the dashboard.
@@ -115,12 +138,14 @@ func New(b Backend, opt Options) http.Handler {
 	m.HandleFunc("GET /app/{$}", h.page(h.home))
 	m.HandleFunc("GET /app/workflows/{id}", h.page(h.workflowPage))
 	m.HandleFunc("POST /app/workflows/{id}/cancel", h.page(h.cancel))
+	m.HandleFunc("POST /app/workflows/{id}/tasks/{task}/cancel", h.page(h.cancelTask))
 	m.HandleFunc("GET /app/submit", h.page(h.submitPage))
 	m.HandleFunc("POST /app/submit", h.page(h.submit))
 	m.HandleFunc("GET /app/modules", h.page(h.modulesPage))
 	m.HandleFunc("POST /app/modules", h.page(h.upload))
 	m.HandleFunc("GET /app/history", h.page(h.history))
 	m.HandleFunc("GET /app/volunteers", h.page(h.volunteers))
+	m.HandleFunc("GET /app/volunteers.json", h.page(h.volunteersJSON))
 	m.HandleFunc("/app/api/", h.proxyAPI)
 	m.HandleFunc("/app/", func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no such page", http.StatusNotFound)

@@ -82,6 +82,14 @@ type TaskRow struct {
 	LogURL                      string
 	OutputURLs                  []OutputLink
 	AttemptsText, ProgressClass string
+	// WorkerShort is the start of the running worker's id ("—": none).
+	WorkerShort string
+	// CheckpointAge is how long ago the latest checkpoint was saved ("—":
+	// none); CheckpointUnixMS the same as a time, for the page's script.
+	CheckpointAge    string
+	CheckpointUnixMS int64
+	// CancelURL is the form that cancels the task, while it can be.
+	CancelURL string
 }
 
 // OutputLink is a download link of one output.
@@ -156,7 +164,15 @@ func (h *handler) workflowPage(p *pageCtx) {
 			continue
 		}
 		r := TaskRow{TaskStatus: t, Node: unitOf[i], ProgressClass: fmt.Sprintf("p-%d", int(t.Progress*100+0.5)),
-			AttemptsText: fmt.Sprintf("%d / %d", t.Attempts, t.MaxAttempts)}
+			AttemptsText: fmt.Sprintf("%d / %d", t.Attempts, t.MaxAttempts), WorkerShort: shortID(t.Worker), CheckpointAge: "—"}
+		if t.CheckpointAt != nil {
+			r.CheckpointUnixMS = t.CheckpointAt.UnixMilli()
+			r.CheckpointAge = dur(time.Since(*t.CheckpointAt)) + " ago"
+		}
+		switch t.State {
+		case store.StateBlocked, store.StateReady, store.StateRunning:
+			r.CancelURL = "/app/workflows/" + url.PathEscape(st.ID) + "/tasks/" + url.PathEscape(t.Name) + "/cancel"
+		}
 		if t.StartedAt != nil {
 			r.StartedUnixMS = t.StartedAt.UnixMilli()
 			e := time.Now()
@@ -219,6 +235,31 @@ func (h *handler) cancel(p *pageCtx) {
 		return
 	}
 	http.Redirect(p.w, p.r, "/app/workflows/"+url.PathEscape(id), http.StatusSeeOther)
+}
+
+// cancelTask cancels one task through the API and goes back to the
+// workflow's page; a task that already finished gets the API's refusal.
+func (h *handler) cancelTask(p *pageCtx) {
+	id, task := p.r.PathValue("id"), p.r.PathValue("task")
+	res := h.callAPI(p, http.MethodPost, "/api/v1/workflows/"+url.PathEscape(id)+"/tasks/"+url.PathEscape(task)+"/cancel", nil)
+	back := "/app/workflows/" + url.PathEscape(id)
+	switch {
+	case res.status == http.StatusNotFound:
+		h.notFound(p, "task", store.ErrNotFound)
+	case res.status >= 400:
+		h.render(p, res.status, MessagePage(h.layout(p, "home"), "Not cancelled", res.err.Error, back))
+	default:
+		http.Redirect(p.w, p.r, back+"#tasks", http.StatusSeeOther)
+	}
+}
+
+// shortID is the start of a worker's id, enough to tell workers apart on a
+// page ("—" for none).
+func shortID(id string) string {
+	if id == "" {
+		return "—"
+	}
+	return truncate(id, 9)
 }
 
 // SubmitData is the submit page.
@@ -324,6 +365,9 @@ func (h *handler) submit(p *pageCtx) {
 			// The API's message names the task already; the page shows it
 			// next to the task.
 			we.Msg = strings.TrimPrefix(we.Msg, fmt.Sprintf("task %q: ", we.Task))
+		}
+		if we.Field != "" {
+			we.Msg = strings.TrimPrefix(we.Msg, fmt.Sprintf("field %q: ", we.Field))
 		}
 	}
 	d.Error, d.Checked = we, we == nil
@@ -500,44 +544,132 @@ func (h *handler) history(p *pageCtx) {
 
 // WorkerRow is a connected worker on the volunteers page.
 type WorkerRow struct {
-	ID, Kind, Battery, Connection, Visibility, Since, Current, Paused string
-	Slots                                                             int
-	Done, Lost                                                        int64
+	ID         string `json:"id"`
+	FullID     string `json:"full_id"`
+	Kind       string `json:"kind"`
+	Slots      int    `json:"slots"`
+	Battery    string `json:"battery"`
+	Connection string `json:"connection"`
+	Visibility string `json:"visibility"`
+	Since      string `json:"since"`
+	Current    string `json:"current"`
+	Paused     string `json:"paused"`
+	Done       int64  `json:"done"`
+	Lost       int64  `json:"lost"`
+	// Stability is the dispatcher's class ("—": another replica knows it),
+	// Reasons what lowered it.
+	Stability string `json:"stability"`
+	Reasons   string `json:"reasons"`
+	// Jobs is the tasks done since it connected (the count fairness is
+	// measured on, "—" when another replica knows it) and JobsClass its
+	// bar's width against the busiest worker.
+	Jobs      string `json:"jobs"`
+	JobsClass string `json:"jobs_class"`
 }
 
-func (h *handler) volunteers(p *pageCtx) {
-	ws, err := h.b.Workers(p.r.Context(), p.owner)
+// VolunteersData is the volunteers page, and /app/volunteers.json that
+// app.js polls to redraw it.
+type VolunteersData struct {
+	Count     string      `json:"count"`
+	Workers   []WorkerRow `json:"workers"`
+	Done      Plot        `json:"done"`      // tasks done per minute, last hour
+	Connected Plot        `json:"connected"` // workers connected per minute
+	Fairness  string      `json:"fairness"`
+	Variance  string      `json:"variance"`
+	Strategy  string      `json:"strategy"`
+}
+
+func (h *handler) volunteersData(p *pageCtx) (VolunteersData, error) {
+	v, err := h.b.Volunteers(p.r.Context(), p.owner)
 	if err != nil {
-		h.serverError(p, "list workers", err)
-		return
+		return VolunteersData{}, err
 	}
-	out := make([]WorkerRow, len(ws))
-	for i, w := range ws {
-		d := w.Device
-		r := WorkerRow{ID: truncate(w.ID, 9), Kind: w.Kind, Slots: w.Slots, Done: w.Done, Lost: w.Lost,
+	d := VolunteersData{Workers: make([]WorkerRow, len(v.Workers)), Strategy: v.FairnessStrategy,
+		Variance: fmt.Sprintf("%.2f", v.Variance)}
+	d.Count = fmt.Sprintf("%d workers connected", len(v.Workers))
+	if len(v.Workers) == 1 {
+		d.Count = "1 worker connected"
+	}
+	busiest, known := 0, []int{}
+	for _, w := range v.Workers {
+		if w.DoneHere != nil {
+			busiest = max(busiest, *w.DoneHere)
+			known = append(known, *w.DoneHere)
+		}
+	}
+	for i, w := range v.Workers {
+		dv := w.Device
+		r := WorkerRow{ID: shortID(w.ID), FullID: w.ID, Kind: w.Kind, Slots: w.Slots, Done: w.Done, Lost: w.Lost,
 			Since: dur(time.Since(w.ConnectedAt)) + " ago", Current: strings.Join(w.Running, ", "),
-			Visibility: orDash(d.Visibility), Connection: orDash(d.Connection), Battery: "—"}
-		if d.Battery != nil {
-			r.Battery = fmt.Sprintf("%.0f%%", *d.Battery*100)
-			switch d.Charging {
+			Visibility: orDash(dv.Visibility), Connection: orDash(dv.Connection), Battery: "—",
+			Stability: orDash(w.Stability), Reasons: strings.Join(w.Reasons, "; "), Jobs: "—", JobsClass: "p-0"}
+		if dv.Battery != nil {
+			r.Battery = fmt.Sprintf("%.0f%%", *dv.Battery*100)
+			switch dv.Charging {
 			case "yes":
 				r.Battery += ", charging"
 			case "no":
 				r.Battery += ", on battery"
 			}
 		}
-		if d.DownlinkMbps != nil {
-			r.Connection += fmt.Sprintf(" (%.1f Mbit/s)", *d.DownlinkMbps)
+		if dv.DownlinkMbps != nil {
+			r.Connection += fmt.Sprintf(" (%.1f Mbit/s)", *dv.DownlinkMbps)
 		}
-		if d.Paused {
-			r.Paused = "paused: " + d.PausedBecause
+		if dv.Paused {
+			r.Paused = "paused: " + dv.PausedBecause
 		}
 		if r.Current == "" {
 			r.Current = "idle"
 		}
-		out[i] = r
+		if w.DoneHere != nil {
+			r.Jobs = strconv.Itoa(*w.DoneHere)
+			if busiest > 0 {
+				r.JobsClass = fmt.Sprintf("p-%d", *w.DoneHere*100/busiest)
+			}
+		}
+		d.Workers[i] = r
 	}
-	h.render(p, http.StatusOK, VolunteersPage(h.layout(p, "volunteers"), out))
+	done, conn := make([]int, len(v.Activity)), make([]int, len(v.Activity))
+	for i, m := range v.Activity {
+		done[i], conn[i] = m.TasksDone, m.Workers
+	}
+	d.Done, d.Connected = barsPlot(done), stepPlot(conn)
+	d.Done.Caption = fmt.Sprintf("%d tasks done in the last hour, %d in the current minute, at most %d in one minute", d.Done.Sum, d.Done.Last, d.Done.Peak)
+	d.Connected.Caption = fmt.Sprintf("%s now, at most %d at once in the last hour", d.Count, d.Connected.Peak)
+	if len(known) == 0 {
+		d.Fairness = "No worker connected to this server yet."
+	} else {
+		lo, sum := known[0], 0
+		for _, n := range known {
+			lo, sum = min(lo, n), sum+n
+		}
+		d.Fairness = fmt.Sprintf("Tasks done since connecting, over %d workers of this server: mean %.1f, fewest %d, most %d.",
+			len(known), float64(sum)/float64(len(known)), lo, busiest)
+	}
+	return d, nil
+}
+
+func (h *handler) volunteers(p *pageCtx) {
+	d, err := h.volunteersData(p)
+	if err != nil {
+		h.serverError(p, "list workers", err)
+		return
+	}
+	h.render(p, http.StatusOK, VolunteersPage(h.layout(p, "volunteers"), d))
+}
+
+// volunteersJSON is the volunteers page's data, which app.js polls.
+func (h *handler) volunteersJSON(p *pageCtx) {
+	d, err := h.volunteersData(p)
+	if err != nil {
+		h.log.Error("dashboard", "what", "list workers", "err", err)
+		p.w.Header().Set("Content-Type", "application/json")
+		p.w.WriteHeader(http.StatusInternalServerError)
+		_, _ = io.WriteString(p.w, `{"error":"server error while trying to list workers"}`+"\n")
+		return
+	}
+	p.w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(p.w).Encode(d)
 }
 
 func orDash(s string) string {

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -86,9 +87,42 @@ func (h *handler) csrfOK(s session, token string) bool {
 	return err == nil && token != "" && hmac.Equal(got, h.mac("csrf", s.Nonce))
 }
 
-func setCookie(w http.ResponseWriter, name, value string, maxAge int) {
+// setCookie sets an HTTP-only, SameSite=Strict cookie on /app/, Secure
+// whenever the browser will send a Secure cookie back (secureRequest).
+func setCookie(w http.ResponseWriter, r *http.Request, name, value string, maxAge int) {
 	http.SetCookie(w, &http.Cookie{Name: name, Value: value, Path: "/app/", MaxAge: maxAge,
-		HttpOnly: true, Secure: true, SameSite: http.SameSiteStrictMode})
+		HttpOnly: true, Secure: secureRequest(r), SameSite: http.SameSiteStrictMode})
+}
+
+// secureRequest tells whether a Secure cookie set in answer to r comes
+// back: when r came over TLS, here or (X-Forwarded-Proto: https) at a
+// proxy in front, or when it was made to the machine itself (localhost,
+// 127.0.0.0/8, [::1]), which browsers treat as secure even over plain
+// HTTP. Over plain HTTP to any other host a browser drops a Secure cookie
+// without a word, and signing in would silently fail.
+func secureRequest(r *http.Request) bool {
+	if r.TLS != nil {
+		return true
+	}
+	proto, _, _ := strings.Cut(r.Header.Get("X-Forwarded-Proto"), ",")
+	if strings.EqualFold(strings.TrimSpace(proto), "https") {
+		return true
+	}
+	return loopbackHost(r.Host)
+}
+
+// loopbackHost tells whether a Host header names the machine itself.
+func loopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.ToLower(strings.TrimSuffix(strings.Trim(host, "[]"), "."))
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // safeNext keeps a redirect after sign-in on the dashboard.
@@ -109,11 +143,12 @@ func (h *handler) loginPage(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) renderLogin(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	n := nonce()
-	setCookie(w, loginCookie, n, 3600)
+	setCookie(w, r, loginCookie, n, 3600)
 	w.Header().Set("Cache-Control", "no-store")
 	p := &pageCtx{w: w, r: r}
 	h.render(p, status, LoginPage(LoginData{CSS: h.assets.URL("app.css"), JS: h.assets.URL("app.js"),
-		CSRF: base64.RawURLEncoding.EncodeToString(h.mac("login", n)), Next: safeNext(r.FormValue("next")), Error: msg}))
+		CSRF: base64.RawURLEncoding.EncodeToString(h.mac("login", n)), Next: safeNext(r.FormValue("next")), Error: msg,
+		Insecure: !secureRequest(r), Host: r.Host}))
 }
 
 func (h *handler) login(w http.ResponseWriter, r *http.Request) {
@@ -141,12 +176,12 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s := session{OwnerID: o.ID, Owner: o.Name, Expires: time.Now().Add(h.opt.SessionTTL).Unix(), Nonce: nonce()}
-	setCookie(w, sessionCookie, h.sign("session", s), int(h.opt.SessionTTL/time.Second))
-	setCookie(w, loginCookie, "", -1)
+	setCookie(w, r, sessionCookie, h.sign("session", s), int(h.opt.SessionTTL/time.Second))
+	setCookie(w, r, loginCookie, "", -1)
 	http.Redirect(w, r, safeNext(r.PostFormValue("next")), http.StatusSeeOther)
 }
 
 func (h *handler) logout(p *pageCtx) {
-	setCookie(p.w, sessionCookie, "", -1)
+	setCookie(p.w, p.r, sessionCookie, "", -1)
 	http.Redirect(p.w, p.r, "/app/login", http.StatusSeeOther)
 }

@@ -7,6 +7,15 @@
 //
 // Messages from the page: {type:"init", ...}, {type:"device"},
 // {type:"settings"}, {type:"stop"}; they wait in an inbox until Go is ready.
+//
+// The interface with Go is cheap on purpose, because every value that
+// crosses syscall/js costs: Go starts an attempt with one call of run (plain
+// numbers, the module id and the attempt's bytes), names it by attempt id in
+// terminate and answer, and hears of it through the one function it gave
+// listen, events(attempt, kind, a, b, c): kind 0 progress (a: fraction), 1
+// checkpoint (a: state), 2 done (a: failure reason or null, b: message, c:
+// outputs and log packed in one Uint8Array, see pack), 3 started (only for
+// an attempt whose run returned false: it waited for its module).
 "use strict";
 // The page shows what the worker logs (Go's log goes to console.log here):
 // a worker's own console is hard to find in devtools and in tests.
@@ -43,7 +52,19 @@ async function boot(init) {
 function makeTasks(taskJs, server) {
   const bytesById = new Map(); // module id -> Promise<ArrayBuffer> (checked against its id)
   const modules = new Map();   // module id + "/" + memory pages -> Promise<WebAssembly.Module>
+  const compiled = new Map();  // the same keys -> WebAssembly.Module, once compiled
   const idle = [];             // task Web Workers waiting for their next attempt
+  const runs = new Map();      // attempt id -> {w, over, prepareMs}
+  let events = () => {};       // Go's event function (listen)
+  // Where successful attempts' time went (sums in ms, for the benchmark:
+  // docs/BENCHMARKS.md): Go's preparation (measured by Go), the postMessage
+  // to the task Web Worker, instantiation, _start, collecting the outputs,
+  // the postMessage back. Go adds the last segment (the done event to Run's
+  // return) in traced.
+  const trace = { n: 0, prepare: 0, toTask: 0, instantiate: 0, run: 0, collect: 0, back: 0, lastRun: 0 };
+  const now = () => performance.timeOrigin + performance.now();
+  const enc = new TextEncoder();
+  const EMPTY = new Uint8Array(0);
   // Counters the page shows (and the tests read): task Web Workers started,
   // terminated and busy; modules fetched from the server and found in the
   // IndexedDB cache.
@@ -89,8 +110,11 @@ function makeTasks(taskJs, server) {
     if (!p) {
       p = moduleBytes(id).then((bytes) => WebAssembly.compile(limitMemory(new Uint8Array(bytes), pages)));
       modules.set(key, p);
-      p.catch(() => modules.delete(key));
-      if (modules.size > 64) modules.delete(modules.keys().next().value);
+      p.then((m) => { if (modules.get(key) === p) compiled.set(key, m); }, () => modules.delete(key));
+      if (modules.size > 64) {
+        const old = modules.keys().next().value;
+        modules.delete(old); compiled.delete(old);
+      }
     }
     return p;
   }
@@ -146,44 +170,118 @@ function makeTasks(taskJs, server) {
     counts.terminated++;
   }
 
-  // run starts an attempt in a task Web Worker; onEvent gets its progress,
-  // checkpoint and done messages. The handle's terminate() ends it at once.
-  function run(params, onEvent) {
+  // pack puts the outputs and the log of a finished attempt in one
+  // Uint8Array, so that Go copies them with one call: per output a uint32
+  // (little endian) name length, the name (UTF-8), a uint32 data length and
+  // the data; then a uint32 log length and the log. The count of outputs
+  // comes first.
+  function pack(outputs, log) {
+    const names = outputs.map((o) => enc.encode(o.name));
+    let n = 8 + log.length;
+    for (let i = 0; i < outputs.length; i++) n += 8 + names[i].length + outputs[i].data.length;
+    const b = new Uint8Array(n), v = new DataView(b.buffer);
+    let p = 0;
+    v.setUint32(p, outputs.length, true); p += 4;
+    for (let i = 0; i < outputs.length; i++) {
+      const name = names[i], data = outputs[i].data;
+      v.setUint32(p, name.length, true); b.set(name, p + 4); p += 4 + name.length;
+      v.setUint32(p, data.length, true); b.set(data, p + 4); p += 4 + data.length;
+    }
+    v.setUint32(p, log.length, true); b.set(log, p + 4);
+    return b;
+  }
+  const fail = (attempt, reason, message) => events(attempt, 2, reason, message, pack([], EMPTY));
+
+  // run starts an attempt in a task Web Worker, once its module is compiled
+  // (at once when it is). The task Web Worker keeps the modules it was
+  // given (and its checkpoint channel), so an attempt of a module it has run
+  // before posts no module. Events go to Go's events function. It returns
+  // whether the attempt started at once; if not, a started event follows
+  // once the module is compiled (or a done event if it cannot be).
+  function run(attempt, moduleId, pages, args, stdin, inputs, restore, seedHi, seedLo, ckptMs, share,
+    wallMs, outputBytes, logBytes, prepareMs) {
+    const r = { w: null, over: false, prepareMs };
+    runs.set(attempt, r);
+    const key = moduleId + "/" + pages;
+    const p = {
+      type: "run", key, module: null, reset: false, args: args || [], stdin: stdin || EMPTY, inputs: inputs || [],
+      restore, seed: (BigInt(seedHi) << 32n) | BigInt(seedLo), ckptMs, share, ctl: null,
+      limits: { memoryPages: pages, wallMs, outputBytes, logBytes }, postedAt: 0,
+    };
+    const mod = compiled.get(key);
+    if (mod) {
+      start(attempt, r, p, mod);
+      return true;
+    }
+    compile(moduleId, pages).then((m) => { if (!r.over) { start(attempt, r, p, m); events(attempt, 3); } },
+      (err) => { if (!r.over) { r.over = true; runs.delete(attempt); fail(attempt, "module", String(err)); } });
+    return false;
+  }
+
+  function start(attempt, r, p, mod) {
     const w = idle.pop() || spawn();
-    const ctl = new SharedArrayBuffer(8);
-    let over = false;
+    r.w = w;
     counts.busy++;
-    const finish = () => { over = true; counts.busy--; };
+    if (!w.ctl) { w.ctl = new SharedArrayBuffer(8); w.mods = new Set(); p.ctl = w.ctl; }
+    if (!w.mods.has(p.key)) {
+      if (w.mods.size >= 16) { w.mods.clear(); p.reset = true; }
+      w.mods.add(p.key);
+      p.module = mod;
+    }
+    const finish = () => { r.over = true; counts.busy--; runs.delete(attempt); };
     w.onmessage = (e) => {
-      if (over) return;
+      if (r.over) return;
       const m = e.data;
       if (m.type === "done") {
-        if (m.t) m.t.back = performance.timeOrigin + performance.now();
+        const back = now();
         finish();
         if (idle.length < 16) idle.push(w); else kill(w);
-      }
-      onEvent(m);
+        const t = m.t;
+        if (!m.reason && t) {
+          trace.n++;
+          trace.prepare += r.prepareMs; trace.toTask += t.recv - t.posted; trace.instantiate += t.started - t.recv;
+          trace.run += t.ran - t.started; trace.lastRun = t.ran - t.started; trace.collect += t.sent - t.ran;
+          trace.back += back - t.sent;
+        }
+        events(attempt, 2, m.reason || null, m.reason ? m.message : null, pack(m.outputs, m.log));
+      } else if (m.type === "progress") events(attempt, 0, m.f);
+      else if (m.type === "checkpoint") events(attempt, 1, m.state);
     };
     w.onerror = (e) => {
       e.preventDefault();
-      if (over) return;
+      if (r.over) return;
       finish(); kill(w);
-      onEvent({ type: "done", reason: "worker", message: "the task Web Worker failed: " + (e.message || "error"), outputs: [], log: new Uint8Array(0), ms: 0 });
+      fail(attempt, "worker", "the task Web Worker failed: " + (e.message || "error"));
     };
     w.onmessageerror = w.onerror;
-    params.ctl = ctl;
-    params.type = "run";
-    params.postedAt = performance.timeOrigin + performance.now();
-    w.postMessage(params);
-    return {
-      terminate() { if (!over) { finish(); kill(w); } },
-      answer(code) {
-        const a = new Int32Array(ctl);
-        Atomics.store(a, 1, code); Atomics.store(a, 0, 1); Atomics.notify(a, 0);
-      },
-    };
+    p.postedAt = now();
+    w.postMessage(p);
   }
-  return { compile, run, counts };
+
+  // terminate ends an attempt at once: its task Web Worker is terminated,
+  // or it never starts if its module is still being compiled. Nothing more
+  // is reported.
+  function terminate(attempt) {
+    const r = runs.get(attempt);
+    if (!r || r.over) return;
+    if (r.w) { counts.busy--; kill(r.w); }
+    r.over = true;
+    runs.delete(attempt);
+  }
+
+  // answer wakes the attempt's task, blocked in checkpoint, with code (0
+  // saved, 1 refused, 2 kept to deliver on reconnecting).
+  function answer(attempt, code) {
+    const r = runs.get(attempt);
+    if (!r || !r.w) return;
+    const a = new Int32Array(r.w.ctl);
+    Atomics.store(a, 1, code); Atomics.store(a, 0, 1); Atomics.notify(a, 0);
+  }
+
+  // traced returns the trace with Go's last segment added.
+  const traced = (goReturn) => Object.assign({}, trace, { return: goReturn });
+  const listen = (fn) => { events = fn; };
+  return { compile, run, terminate, answer, listen, traced, counts };
 }
 
 // moduleCache keeps module bytes across visits in IndexedDB, keyed by module

@@ -9,6 +9,8 @@
 (function () {
   const wf = document.getElementById("workflow");
   if (wf) live(wf);
+  const vol = document.getElementById("volunteers");
+  if (vol) volunteers(vol);
   const upload = document.getElementById("upload-form");
   if (upload) dropUpload(upload);
   const wfFile = document.getElementById("wf-file");
@@ -67,8 +69,10 @@
       rec.row = {
         tr, started: Number(tr.dataset.started) || 0, ended: Number(tr.dataset.ended) || 0,
         badge: tr.querySelector(".c-state .badge"), progress: tr.querySelector(".c-progress"),
-        attempts: tr.querySelector(".c-attempts"), ckpt: tr.querySelector(".c-ckpt"),
+        attempts: tr.querySelector(".c-attempts"),
         run: tr.querySelector(".c-run"), err: tr.querySelector(".c-err"), files: tr.querySelector(".c-files"),
+        worker: tr.querySelector(".c-worker code"), ckpt: tr.querySelector(".c-ckpt"), ckptAge: tr.querySelector(".c-ckpt-age"),
+        ckptAt: Number(tr.dataset.ckpt) || 0, cancel: tr.querySelector(".task-cancel"),
       };
       if (rec.state === "running") running.add(rec.row);
     }
@@ -138,6 +142,18 @@
         r.attempts.textContent = t.attempts + " /" + (max === undefined ? " ?" : max);
       }
       if (typeof t.checkpoints === "number") r.ckpt.textContent = t.checkpoints;
+      if (t.checkpoint_at) {
+        r.ckptAt = Date.parse(t.checkpoint_at);
+        r.ckptAge.textContent = dur(Date.now() - r.ckptAt) + " ago";
+      }
+      if (typeof t.worker === "string") {
+        r.worker.textContent = t.worker ? t.worker.slice(0, 8) + "…" : "—";
+        r.worker.title = t.worker;
+      }
+      if (r.cancel && rec.state !== "blocked" && rec.state !== "ready" && rec.state !== "running") {
+        r.cancel.remove();
+        r.cancel = null;
+      }
       if (typeof t.error === "string") r.err.textContent = t.error;
       if (r.started) r.run.textContent = dur((r.ended || Date.now()) - r.started);
     }
@@ -237,8 +253,115 @@
     const makespan = document.getElementById("t-makespan");
     setInterval(() => {
       if (wfState === "running" || finishedAt) makespan.textContent = dur((finishedAt || Date.now()) - created);
-      for (const r of running) if (r.started) r.run.textContent = dur(Date.now() - r.started);
+      for (const r of running) {
+        if (r.started) r.run.textContent = dur(Date.now() - r.started);
+        if (r.ckptAt) r.ckptAge.textContent = dur(Date.now() - r.ckptAt) + " ago";
+      }
     }, 1000);
+  }
+
+  // volunteers polls /app/volunteers.json every few seconds (not while the
+  // tab is hidden, never two requests at once) and redraws the counts, the
+  // plots and the table in place: one timer, a fixed set of nodes apart
+  // from the table's rows, which are replaced.
+  function volunteers(root) {
+    const src = root.dataset.json;
+    const liveEl = document.getElementById("v-live");
+    const tbody = document.querySelector("#workers tbody");
+    const app = (window.cyclepoolVolunteers = { polls: 0, failures: 0 });
+    let timer = 0;
+    let busy = false;
+    const text = (id, s) => {
+      const el = document.getElementById(id);
+      if (el) el.textContent = s;
+    };
+    function plot(id, p) {
+      const fig = document.getElementById(id);
+      for (const k of ["bars", "line", "area"]) {
+        const path = fig.querySelector("path." + k);
+        if (path) path.setAttribute("d", p[k] || "");
+      }
+      fig.querySelector(".ymax").textContent = p.max;
+      fig.querySelector(".caption").textContent = p.caption;
+    }
+    // The labels of the cells, which a phone shows in front of each.
+    const labels = Array.from(document.querySelectorAll("#workers thead th"), (th) => th.textContent);
+    function cell(tr, cls, ...kids) {
+      const td = document.createElement("td");
+      if (cls) td.className = cls;
+      td.dataset.label = labels[tr.children.length] || "";
+      td.append(...kids);
+      tr.append(td);
+      return td;
+    }
+    function el(tag, cls, s, title) {
+      const e = document.createElement(tag);
+      if (cls) e.className = cls;
+      if (s !== undefined) e.textContent = s;
+      if (title) e.title = title;
+      return e;
+    }
+    function row(w) {
+      const tr = document.createElement("tr");
+      tr.dataset.worker = w.full_id;
+      cell(tr, "", el("code", "", w.id, w.full_id));
+      cell(tr, "", w.kind);
+      const st = cell(tr, "c-stability", el("span", "stab stab-" + w.stability, w.stability));
+      if (w.reasons) st.append(el("div", "muted small reasons", w.reasons));
+      cell(tr, "num", String(w.slots));
+      cell(tr, "", w.battery);
+      cell(tr, "", w.connection);
+      cell(tr, "", w.visibility);
+      const bar = el("span", "pbar");
+      bar.append(el("span", w.jobs_class));
+      cell(tr, "c-jobs", bar, " ", el("span", "n", w.jobs));
+      cell(tr, "num", String(w.done));
+      cell(tr, "num", String(w.lost));
+      const cur = cell(tr, "", w.current);
+      if (w.paused) cur.append(" ", el("span", "muted", w.paused));
+      cell(tr, "", w.since);
+      return tr;
+    }
+    async function poll() {
+      timer = 0;
+      busy = true;
+      try {
+        const res = await fetch(src, { credentials: "same-origin", cache: "no-store" });
+        if (res.status === 401 || res.redirected) {
+          liveEl.textContent = "signed out";
+          busy = false;
+          return;
+        }
+        if (!res.ok) throw new Error(res.status + " " + res.statusText);
+        const d = await res.json();
+        text("v-count", d.count);
+        text("v-variance", d.variance);
+        text("v-strategy", d.strategy);
+        text("v-fairness", d.fairness);
+        plot("plot-done", d.done);
+        plot("plot-connected", d.connected);
+        tbody.replaceChildren(...(d.workers || []).map(row));
+        app.polls++;
+        liveEl.textContent = "live";
+      } catch (e) {
+        app.failures++;
+        liveEl.textContent = "reconnecting";
+      }
+      busy = false;
+      schedule();
+    }
+    function schedule() {
+      clearTimeout(timer);
+      timer = document.hidden ? 0 : setTimeout(poll, 5000);
+    }
+    document.addEventListener("visibilitychange", () => {
+      if (!document.hidden && !timer && !busy) poll();
+      else if (document.hidden) {
+        clearTimeout(timer);
+        timer = 0;
+      }
+    });
+    schedule();
   }
 
   function dropUpload(form) {

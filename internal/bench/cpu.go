@@ -1,0 +1,179 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"time"
+)
+
+// clockTick is the unit of utime and stime in /proc/PID/stat (USER_HZ,
+// 100 on every Linux the benchmark runs on).
+const clockTick = 10 * time.Millisecond
+
+// cpuShare is the CPU time (user plus system) used by the benchmark's
+// processes, by role: the server, the worker parents, their slot processes,
+// PostgreSQL (the postmaster and its backends) and the benchmark itself
+// (the submission request and the polling).
+type cpuShare struct {
+	server, workers, slots, postgres, bench time.Duration
+}
+
+func (c cpuShare) total() time.Duration {
+	return c.server + c.workers + c.slots + c.postgres + c.bench
+}
+
+func (c cpuShare) sub(o cpuShare) cpuShare {
+	return cpuShare{c.server - o.server, c.workers - o.workers, c.slots - o.slots, c.postgres - o.postgres, c.bench - o.bench}
+}
+
+// procStat is what cpuNow reads of one process.
+type procStat struct {
+	ppid int
+	cpu  time.Duration
+}
+
+// readProcStat reads the parent and the CPU time of a process.
+func readProcStat(pid int) (procStat, bool) {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return procStat{}, false
+	}
+	// The command name (field 2) is in parentheses and may hold spaces.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return procStat{}, false
+	}
+	f := bytes.Fields(data[i+1:]) // f[0] is field 3 (state)
+	if len(f) < 13 {
+		return procStat{}, false
+	}
+	ppid, _ := strconv.Atoi(string(f[1]))
+	ut, _ := strconv.ParseInt(string(f[11]), 10, 64)
+	st, _ := strconv.ParseInt(string(f[12]), 10, 64)
+	return procStat{ppid: ppid, cpu: time.Duration(ut+st) * clockTick}, true
+}
+
+// cpuNow adds up the CPU time of this process's descendants by role. A
+// process that exited between two readings takes its CPU time with it, so
+// compare readings taken while the same processes live (slot processes
+// that ran no-op tasks live through a run).
+func (b *bench) cpuNow() cpuShare {
+	procs := map[int]procStat{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, ok := readProcStat(pid); ok {
+			procs[pid] = st
+		}
+	}
+	self := os.Getpid()
+	workers := map[int]bool{}
+	for _, w := range b.workers {
+		workers[w.cmd.Process.Pid] = true
+	}
+	server := 0
+	if b.server != nil {
+		server = b.server.cmd.Process.Pid
+	}
+	var c cpuShare
+	for pid, st := range procs {
+		if pid == self {
+			c.bench += st.cpu
+			continue
+		}
+		// Walk up to the child of this process that pid descends from.
+		top := pid
+		for n := 0; n < 64 && procs[top].ppid != self; n++ {
+			p, ok := procs[top]
+			if !ok || p.ppid <= 1 {
+				top = 0
+				break
+			}
+			top = p.ppid
+		}
+		switch {
+		case top == 0:
+		case top == server:
+			c.server += st.cpu
+		case workers[top] && top == pid:
+			c.workers += st.cpu
+		case workers[top]:
+			c.slots += st.cpu
+		default:
+			c.postgres += st.cpu // PostgreSQL is the benchmark's only other child
+		}
+	}
+	return c
+}
+
+// printCPU prints the CPU time per task of a part, by role, in µs.
+func (b *bench) printCPU(part string, d cpuShare, tasks int, wall time.Duration) {
+	per := func(x time.Duration) float64 { return float64(x.Microseconds()) / float64(tasks) }
+	b.printf("%s_cpu_us_per_task: %.0f", part, per(d.total()))
+	b.printf("%s_cpu_us_per_task_server: %.0f", part, per(d.server))
+	b.printf("%s_cpu_us_per_task_workers: %.0f", part, per(d.workers))
+	b.printf("%s_cpu_us_per_task_slots: %.0f", part, per(d.slots))
+	b.printf("%s_cpu_us_per_task_postgres: %.0f", part, per(d.postgres))
+	b.printf("%s_cpu_us_per_task_bench: %.0f", part, per(d.bench))
+	b.printf("%s_cpu_cores: %.2f", part, float64(d.total())/float64(wall))
+}
+
+// batchStats reads the server's database batch counters (Prometheus text at
+// /metrics): per operation, the number of batches, the items in them and
+// the seconds they took.
+func (b *bench) batchStats(ctx context.Context) map[string][3]float64 {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.url+"/metrics", nil)
+	if err != nil {
+		return nil
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	out := map[string][3]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	re := regexp.MustCompile(`^cyclepool_db_batch_(size|seconds)_(sum|count)\{op="(\w+)"\} (\S+)$`)
+	for sc.Scan() {
+		m := re.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		v, _ := strconv.ParseFloat(m[4], 64)
+		s := out[m[3]]
+		switch {
+		case m[1] == "size" && m[2] == "count":
+			s[0] = v
+		case m[1] == "size":
+			s[1] = v
+		case m[2] == "sum":
+			s[2] = v
+		}
+		out[m[3]] = s
+	}
+	return out
+}
+
+// printBatches prints the mean size and duration of the server's database
+// batches between two readings.
+func (b *bench) printBatches(part string, before, after map[string][3]float64) {
+	for _, op := range []string{"claim", "complete", "renew"} {
+		n := after[op][0] - before[op][0]
+		if n <= 0 {
+			continue
+		}
+		b.printf("%s_%s_batches: %.0f", part, op, n)
+		b.printf("%s_%s_batch_mean_size: %.1f", part, op, (after[op][1]-before[op][1])/n)
+		b.printf("%s_%s_batch_mean_ms: %.2f", part, op, 1000*(after[op][2]-before[op][2])/n)
+	}
+}

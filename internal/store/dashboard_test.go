@@ -1,0 +1,228 @@
+package store
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// CancelTask ends one task and its running attempt, fails its descendants,
+// leaves the other tasks running and refuses a finished task without a
+// change.
+func TestCancelTask(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	// a -> b -> c, and d alone.
+	id := f.submit(t, "batch", f.task("a"), f.task("b", NewInput{Name: "x", From: 0, Output: "stdout"}),
+		f.task("c", NewInput{Name: "x", From: 1, Output: "stdout"}), f.task("d"))
+	cs := f.claim(t, 2, time.Minute)
+	byName := map[string]Claimed{}
+	for _, c := range cs {
+		byName[c.Name] = c
+	}
+	attempts, err := f.s.CancelTask(ctx, f.owner, id, "a")
+	if err != nil || len(attempts) != 1 || attempts[0] != byName["a"].Attempt {
+		t.Fatalf("cancel a: %v, %v; want its running attempt %d", attempts, err, byName["a"].Attempt)
+	}
+	if acc, _ := f.s.Complete(ctx, []Completion{ok(byName["a"], "late")}); acc[0] {
+		t.Fatal("the cancelled attempt's result was accepted")
+	}
+	want := map[string]string{"": "running", "a": "cancelled", "b": "upstream_failed", "c": "upstream_failed", "d": "running"}
+	if st := f.states(t, id); !mapsEqual(st, want) {
+		t.Fatalf("after cancelling a: %v, want %v", st, want)
+	}
+	as, err := f.s.Attempts(ctx, f.owner, id, "a")
+	if err != nil || len(as) != 1 || as[0].State != "cancelled" {
+		t.Fatalf("attempts of a: %+v, %v", as, err)
+	}
+
+	tests := []struct {
+		name, owner, task string
+		want              error
+	}{
+		{"a cancelled task", "", "a", ErrTaskFinished},
+		{"a task failed upstream", "", "c", ErrTaskFinished},
+		{"an unknown task", "", "z", ErrNotFound},
+		{"another owner's task", "other", "d", ErrNotFound},
+	}
+	for _, tc := range tests {
+		owner := f.owner
+		if tc.owner != "" {
+			owner++
+		}
+		if _, err := f.s.CancelTask(ctx, owner, id, tc.task); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	if st := f.states(t, id); !mapsEqual(st, want) {
+		t.Fatalf("refused cancels changed the workflow: %v", st)
+	}
+
+	// The last task ends the workflow: failed, as it cannot be done.
+	if _, err := f.s.Complete(ctx, []Completion{ok(byName["d"], "D")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.s.CancelTask(ctx, f.owner, id, "d"); !errors.Is(err, ErrTaskFinished) {
+		t.Errorf("cancel a done task: %v, want ErrTaskFinished", err)
+	}
+	if out, err := f.s.Output(ctx, f.owner, id, "d", "stdout"); err != nil || string(out) != "D" {
+		t.Errorf("d's output after a refused cancel: %q, %v", out, err)
+	}
+	if st := f.states(t, id); st[""] != "failed" {
+		t.Errorf("workflow after its last task: %v, want failed", st)
+	}
+
+	// Cancelling the only unfinished task finishes the workflow at once.
+	one := f.submit(t, "batch", f.task("only"))
+	if attempts, err := f.s.CancelTask(ctx, f.owner, one, "only"); err != nil || len(attempts) != 0 {
+		t.Fatalf("cancel a ready task: %v, %v", attempts, err)
+	}
+	if st := f.states(t, one); st[""] != "failed" || st["only"] != "cancelled" {
+		t.Errorf("after cancelling its only task: %v", st)
+	}
+	if got := f.claim(t, 4, time.Minute); len(got) != 0 {
+		t.Errorf("a cancelled task was claimed: %+v", got)
+	}
+}
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// The status of a task names the worker running it and when its latest
+// checkpoint was saved.
+func TestStatusShowsWorkerAndCheckpoint(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	id := f.submit(t, "batch", f.task("a"), f.task("b"))
+	c := f.claim(t, 1, time.Minute)[0]
+	if saved, err := f.s.SaveCheckpoint(ctx, c.Attempt, c.Worker, []byte("s"), time.Minute); err != nil || !saved {
+		t.Fatalf("checkpoint: %v %v", saved, err)
+	}
+	st, err := f.s.Status(ctx, f.owner, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range st.Tasks {
+		switch tk.Name {
+		case c.Name:
+			if tk.Worker != f.worker || tk.Checkpoints != 1 || tk.CheckpointAt == nil || time.Since(*tk.CheckpointAt) > time.Minute {
+				t.Errorf("running task: worker %q checkpoints %d at %v; want worker %s, 1 checkpoint just now", tk.Worker, tk.Checkpoints, tk.CheckpointAt, f.worker)
+			}
+		default:
+			if tk.Worker != "" || tk.CheckpointAt != nil {
+				t.Errorf("waiting task: worker %q, checkpoint at %v", tk.Worker, tk.CheckpointAt)
+			}
+		}
+	}
+	changes, err := f.s.TaskChanges(ctx, id, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range changes {
+		if tk.Name == c.Name && (tk.Worker != f.worker || tk.CheckpointAt == nil) {
+			t.Errorf("task change of the running task: worker %q, checkpoint at %v", tk.Worker, tk.CheckpointAt)
+		}
+	}
+}
+
+// ModuleUse and Edges read an owner's own workflows only.
+func TestModuleUseAndEdges(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	id := f.submit(t, "batch", f.task("a"), f.task("b"),
+		f.task("c", NewInput{Name: "x", From: 0, Output: "stdout"}, NewInput{Name: "y", From: 1, Output: "stdout"}, NewInput{Name: "", From: 0, Output: "stdout"}))
+	use, err := f.s.ModuleUse(ctx, f.owner)
+	if err != nil || len(use) != 1 || !slices.Equal(use[f.module], []string{"wf"}) {
+		t.Fatalf("module use: %v, %v", use, err)
+	}
+	if use, err := f.s.ModuleUse(ctx, f.owner+1); err != nil || len(use) != 0 {
+		t.Errorf("another owner's module use: %v, %v", use, err)
+	}
+	edges, err := f.s.Edges(ctx, f.owner, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(edges, func(a, b [2]string) int { return cmp.Or(strings.Compare(a[0], b[0]), strings.Compare(a[1], b[1])) })
+	if want := [][2]string{{"a", "c"}, {"b", "c"}}; !slices.Equal(edges, want) {
+		t.Errorf("edges = %v, want %v (one per pair)", edges, want)
+	}
+	if _, err := f.s.Edges(ctx, f.owner+1, id); !errors.Is(err, ErrNotFound) {
+		t.Errorf("another owner's edges: %v, want ErrNotFound", err)
+	}
+}
+
+// WorkerTasks names only the owner's own running tasks; Activity counts
+// done tasks and connected workers per minute, connections included that
+// ended within the window.
+func TestWorkerTasksAndActivity(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	f.submit(t, "batch", f.task("a"), f.task("b"))
+	cs := f.claim(t, 2, time.Minute)
+	if _, err := f.s.Complete(ctx, []Completion{ok(cs[0], "A")}); err != nil {
+		t.Fatal(err)
+	}
+	wt, err := f.s.WorkerTasks(ctx, f.owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := wt[f.worker]; got.Succeeded != 1 || !slices.Equal(got.Running, []string{"wf / " + cs[1].Name}) {
+		t.Errorf("worker tasks for the owner: %+v", got)
+	}
+	wt, err = f.s.WorkerTasks(ctx, f.owner+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := wt[f.worker]; !slices.Equal(got.Running, []string{"(another project)"}) {
+		t.Errorf("worker tasks for another owner: %+v", got)
+	}
+
+	// A second worker connects and leaves; the first reconnects.
+	w2, _, _, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "browser", Slots: 1}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.s.WorkerGone(ctx, w2); err != nil {
+		t.Fatal(err)
+	}
+	if wt, err := f.s.WorkerTasks(ctx, f.owner); err != nil || len(wt) != 1 {
+		t.Errorf("worker tasks list disconnected workers: %v, %v", wt, err)
+	}
+	act, err := f.s.Activity(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(act) != 60 {
+		t.Fatalf("%d minutes of activity, want 60", len(act))
+	}
+	for i := 1; i < len(act); i++ {
+		if act[i].Minute.Sub(act[i-1].Minute) != time.Minute {
+			t.Fatalf("minutes %v and %v are not one apart", act[i-1].Minute, act[i].Minute)
+		}
+	}
+	// The test may cross a minute: look at the last two.
+	done, workers := 0, 0
+	for _, m := range act[len(act)-2:] {
+		done += m.TasksDone
+		workers = max(workers, m.Workers)
+	}
+	if last := act[len(act)-1]; time.Since(last.Minute) > time.Minute || done != 1 || workers != 2 {
+		t.Errorf("the last minutes: %+v, want 1 task done and 2 workers seen", act[len(act)-2:])
+	}
+	if first := act[0]; first.TasksDone != 0 || first.Workers != 0 {
+		t.Errorf("an hour ago: %+v, want nothing", first)
+	}
+}

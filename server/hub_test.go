@@ -1,0 +1,79 @@
+package server
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+)
+
+// A worker that has said nothing for longer than the hub's silent limit
+// (a frozen tab whose socket is still open) gets no work until it speaks
+// again, however much free room it announced.
+func TestReserveSkipsSilentWorkers(t *testing.T) {
+	h := newHub(time.Second)
+	quiet := &conn{id: "quiet", free: 5, running: map[int64]struct{}{}}
+	quiet.heard.Store(time.Now().Add(-2 * time.Second).UnixNano())
+	live := &conn{id: "live", free: 2, running: map[int64]struct{}{}}
+	live.heard.Store(time.Now().UnixNano())
+	h.add(quiet)
+	h.add(live)
+
+	slots := h.reserve(10)
+	if len(slots) != 2 || slots[0] != live || slots[1] != live {
+		t.Fatalf("reserved %d slots (%v): want the live worker's 2 only", len(slots), ids(slots))
+	}
+	h.release(slots)
+
+	if !h.heardFrom(quiet) {
+		t.Fatal("heardFrom: the quiet worker was not reported as silent until now")
+	}
+	if h.heardFrom(quiet) {
+		t.Fatal("heardFrom: a worker heard a moment ago reported as silent")
+	}
+	if slots := h.reserve(10); len(slots) != 7 {
+		t.Fatalf("reserved %d slots (%v) once the quiet worker spoke: want 7", len(slots), ids(slots))
+	}
+}
+
+func ids(cs []*conn) []string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = c.id
+	}
+	return out
+}
+
+// Attempts travel several to an assign frame, within the frame's bounds.
+func TestAssignFrames(t *testing.T) {
+	sizes := func(fs [][]protocol.Assign) []int {
+		out := make([]int, len(fs))
+		for i, f := range fs {
+			out[i] = len(f)
+		}
+		return out
+	}
+	small := make([]protocol.Assign, 150)
+	if got := sizes(assignFrames(small, protocol.DefaultMaxFrameBytes)); !slices.Equal(got, []int{64, 64, 22}) {
+		t.Errorf("150 small attempts in frames of %v", got)
+	}
+	big := make([]protocol.Assign, 3)
+	for i := range big {
+		big[i].Stdin.Data = make([]byte, 40<<20)
+	}
+	if got := sizes(assignFrames(big, protocol.DefaultMaxFrameBytes)); !slices.Equal(got, []int{1, 1, 1}) {
+		t.Errorf("3 attempts of 40 MiB in frames of %v", got)
+	}
+	long := make([]protocol.Assign, 4)
+	for i := range long {
+		long[i].Args = []string{strings.Repeat("x", 100<<10)}
+	}
+	if got := sizes(assignFrames(long, protocol.DefaultMaxFrameBytes)); !slices.Equal(got, []int{1, 1, 1, 1}) {
+		t.Errorf("4 attempts with 100 KiB of args in frames of %v", got)
+	}
+	if got := assignFrames(nil, protocol.DefaultMaxFrameBytes); len(got) != 0 {
+		t.Errorf("no attempts in %d frames", len(got))
+	}
+}
