@@ -49,6 +49,7 @@ func TestBadInputIsRefusedClearly(t *testing.T) {
 			{"unknown workflow", "GET", "/api/v1/workflows/00000000-0000-0000-0000-000000000000", p.srv.token, "", 404, "not found"},
 			{"malformed id", "GET", "/api/v1/workflows/x';--", p.srv.token, "", 404, "not found"},
 			{"unknown module bytes", "GET", "/modules/sha256:00", "", "", 404, "no module"},
+			{"activity minutes", "GET", "/api/v1/activity?minutes=1e9", p.srv.token, "", 400, "from 1 to 1440"},
 		}
 		for _, tc := range tests {
 			t.Run(tc.name, func(t *testing.T) {

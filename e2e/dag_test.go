@@ -93,4 +93,25 @@ func TestOperationsEndpoints(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+
+	// The plots' data: this platform's one task and one worker show in
+	// the last minutes (the task may have ended in the minute before).
+	var act struct {
+		Minutes []struct {
+			Minute    time.Time `json:"minute"`
+			TasksDone int       `json:"tasks_done"`
+			Workers   int       `json:"workers"`
+		} `json:"minutes"`
+	}
+	getJSON(t, p.srv, "/api/v1/activity?minutes=3", &act)
+	done := 0
+	for _, m := range act.Minutes {
+		done += m.TasksDone
+	}
+	if n := len(act.Minutes); n != 3 || done != 1 || act.Minutes[n-1].Workers != 1 {
+		t.Errorf("GET /api/v1/activity?minutes=3 = %+v, want 3 minutes, 1 task done, 1 worker now", act.Minutes)
+	}
+	if code, body := get("/api/v1/activity"); code != http.StatusUnauthorized {
+		t.Errorf("activity without a token: %d %q, want 401", code, body)
+	}
 }

@@ -20,27 +20,33 @@ import (
 
 const moduleCheckTimeout = 30 * time.Second
 
-// routeAPI registers the owners' REST API (docs/API.md).
-func (s *Server) routeAPI(mux *http.ServeMux) {
-	mux.HandleFunc("POST /api/v1/modules", s.authed(s.handlePushModule))
-	mux.HandleFunc("GET /api/v1/modules", s.authed(s.handleModules))
-	mux.HandleFunc("POST /api/v1/workflows", s.authed(s.handleSubmit))
-	mux.HandleFunc("GET /api/v1/workflows", s.authed(s.handleList))
-	mux.HandleFunc("GET /api/v1/workflows/{id}", s.authed(s.handleStatus))
-	mux.HandleFunc("POST /api/v1/workflows/{id}/cancel", s.authed(s.handleCancel))
-	mux.HandleFunc("GET /api/v1/workflows/{id}/events", s.authed(s.handleEvents))
-	mux.HandleFunc("POST /api/v1/workflows/{id}/tasks/{task}/cancel", s.authed(s.handleCancelTask))
-	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/attempts", s.authed(s.handleAttempts))
-	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/log", s.authed(s.handleLog))
-	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/outputs/{output...}", s.authed(s.handleOutput))
-	mux.HandleFunc("GET /api/v1/workers", s.authed(s.handleWorkers))
+// ownerHandler is an API handler for a request whose owner is known.
+type ownerHandler func(http.ResponseWriter, *http.Request, store.Owner)
+
+// routeAPI registers the owners' REST API (docs/API.md), each handler
+// wrapped by owned, which finds the request's owner (a bearer token for the
+// CLI, the session for the dashboard): one list of routes for both.
+func (s *Server) routeAPI(mux *http.ServeMux, owned func(ownerHandler) http.HandlerFunc) {
+	mux.HandleFunc("POST /api/v1/modules", owned(s.handlePushModule))
+	mux.HandleFunc("GET /api/v1/modules", owned(s.handleModules))
+	mux.HandleFunc("POST /api/v1/workflows", owned(s.handleSubmit))
+	mux.HandleFunc("GET /api/v1/workflows", owned(s.handleList))
+	mux.HandleFunc("GET /api/v1/workflows/{id}", owned(s.handleStatus))
+	mux.HandleFunc("POST /api/v1/workflows/{id}/cancel", owned(s.handleCancel))
+	mux.HandleFunc("GET /api/v1/workflows/{id}/events", owned(s.handleEvents))
+	mux.HandleFunc("POST /api/v1/workflows/{id}/tasks/{task}/cancel", owned(s.handleCancelTask))
+	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/attempts", owned(s.handleAttempts))
+	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/log", owned(s.handleLog))
+	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/outputs/{output...}", owned(s.handleOutput))
+	mux.HandleFunc("GET /api/v1/workers", owned(s.handleWorkers))
+	mux.HandleFunc("GET /api/v1/activity", owned(s.handleActivity))
 	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: %s %s (see docs/API.md)", r.Method, r.URL.Path)
 	})
 }
 
 // authed resolves the bearer token to an owner, or answers 401.
-func (s *Server) authed(h func(http.ResponseWriter, *http.Request, store.Owner)) http.HandlerFunc {
+func (s *Server) authed(h ownerHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || token == "" {

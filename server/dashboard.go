@@ -53,7 +53,7 @@ func (d dashboardBackend) OwnerByToken(ctx context.Context, token string) (store
 func (d dashboardBackend) API() http.Handler {
 	s := d.s
 	mux := http.NewServeMux()
-	owned := func(h func(http.ResponseWriter, *http.Request, store.Owner)) http.HandlerFunc {
+	owned := func(h ownerHandler) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			o, ok := app.OwnerFrom(r.Context())
 			if !ok {
@@ -63,21 +63,7 @@ func (d dashboardBackend) API() http.Handler {
 			h(w, r, o)
 		}
 	}
-	mux.HandleFunc("POST /api/v1/modules", owned(s.handlePushModule))
-	mux.HandleFunc("GET /api/v1/modules", owned(s.handleModules))
-	mux.HandleFunc("POST /api/v1/workflows", owned(s.handleSubmit))
-	mux.HandleFunc("GET /api/v1/workflows", owned(s.handleList))
-	mux.HandleFunc("GET /api/v1/workflows/{id}", owned(s.handleStatus))
-	mux.HandleFunc("POST /api/v1/workflows/{id}/cancel", owned(s.handleCancel))
-	mux.HandleFunc("GET /api/v1/workflows/{id}/events", owned(s.handleEvents))
-	mux.HandleFunc("POST /api/v1/workflows/{id}/tasks/{task}/cancel", owned(s.handleCancelTask))
-	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/attempts", owned(s.handleAttempts))
-	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/log", owned(s.handleLog))
-	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/outputs/{output...}", owned(s.handleOutput))
-	mux.HandleFunc("GET /api/v1/workers", owned(s.handleWorkers))
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "no such endpoint: %s %s (see docs/API.md)", r.Method, r.URL.Path)
-	})
+	s.routeAPI(mux, owned)
 	return mux
 }
 

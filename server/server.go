@@ -434,7 +434,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.Handle("GET /metrics", s.metrics.handler())
-	s.routeAPI(mux)
+	s.routeAPI(mux, s.authed)
 	// The volunteer page and its assets (package web).
 	volunteer := web.Handler()
 	mux.Handle("GET /{$}", volunteer)

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/sched"
@@ -85,6 +86,26 @@ func (s *Server) handleWorkers(w http.ResponseWriter, r *http.Request, _ store.O
 		return
 	}
 	writeJSON(w, http.StatusOK, rep)
+}
+
+// handleActivity is GET /api/v1/activity?minutes=N: tasks done (by every
+// owner) and workers connected per minute over the last N minutes (default
+// 60, at most 1440), the data of the dashboard's plots.
+func (s *Server) handleActivity(w http.ResponseWriter, r *http.Request, _ store.Owner) {
+	n := activityMinutes
+	if v := r.URL.Query().Get("minutes"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 || n > 1440 {
+			writeError(w, http.StatusBadRequest, "minutes must be a whole number from 1 to 1440, not %q", v)
+			return
+		}
+	}
+	act, err := s.store.Activity(r.Context(), n)
+	if err != nil {
+		s.serverError(w, "read activity", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"minutes": act})
 }
 
 // workers builds GET /api/v1/workers' answer; the dashboard's volunteers

@@ -61,7 +61,11 @@ func writeWorkers(w io.Writer, l client.WorkerList) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "%d workers; fairness %s, variance of tasks done %.2f\n", len(l.Workers), l.Fairness.Strategy,
+	noun := "workers"
+	if len(l.Workers) == 1 {
+		noun = "worker"
+	}
+	_, err := fmt.Fprintf(w, "%d %s; fairness %s, variance of tasks done %.2f\n", len(l.Workers), noun, l.Fairness.Strategy,
 		l.Fairness.VarianceTasksDone)
 	return err
 }
