@@ -22,11 +22,13 @@ import (
 
 // conn is one connected worker.
 type conn struct {
-	id    string
-	kind  string
-	slots int
-	ws    *websocket.Conn
-	done  chan struct{} // closed when the connection ends
+	id string
+	// session is this connection's row in worker_sessions.
+	session int64
+	kind    string
+	slots   int
+	ws      *websocket.Conn
+	done    chan struct{} // closed when the connection ends
 
 	// Frames wait in queue for a writer goroutine that exists only while
 	// there is something to write: an idle worker costs no goroutine for
@@ -330,7 +332,7 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 		}
 		gctx, gcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer gcancel()
-		if err := s.store.WorkerGone(gctx, c.id); err != nil {
+		if err := s.store.WorkerGone(gctx, c.id, c.session); err != nil {
 			s.log.Warn("record worker gone", "worker", c.id, "err", err)
 		}
 	}()
@@ -414,12 +416,11 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 	// The registration runs on a goroutine of its own: the database driver's
 	// deep call stacks would otherwise stay with this connection's
 	// long-lived goroutine, which matters with thousands of idle workers.
-	var id, token string
-	var lost []int64
+	var reg store.Registration
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		id, token, lost, err = s.store.RegisterWorker(ctx, store.WorkerHello{
+		reg, err = s.store.RegisterWorker(ctx, store.WorkerHello{
 			ID: h.WorkerID, Token: h.ReconnectToken, Kind: h.Kind, Slots: h.Slots, Volunteer: truncate(h.Volunteer, 100),
 			Device: h.Device, Replica: s.cfg.Replica, Running: h.Running,
 		}, s.cfg.Lease)
@@ -428,8 +429,9 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 	if err != nil {
 		return nil, err
 	}
+	id, token, lost := reg.ID, reg.Token, reg.Lost
 	c := &conn{
-		id: id, kind: h.Kind, slots: h.Slots + h.Queue, ws: ws,
+		id: id, session: reg.Session, kind: h.Kind, slots: h.Slots + h.Queue, ws: ws,
 		done:    make(chan struct{}),
 		log:     s.log.With("worker", id, "kind", h.Kind),
 		running: map[int64]struct{}{}, paused: h.Device.Paused,

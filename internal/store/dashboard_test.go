@@ -192,15 +192,35 @@ func TestWorkerTasksAndActivity(t *testing.T) {
 	}
 
 	// A second worker connects and leaves; the first reconnects.
-	w2, _, _, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "browser", Slots: 1}, time.Minute)
+	reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "browser", Slots: 1}, time.Minute)
+	w2 := reg.ID
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := f.s.WorkerGone(ctx, w2); err != nil {
+	if err := f.s.WorkerGone(ctx, w2, reg.Session); err != nil {
 		t.Fatal(err)
 	}
 	if wt, err := f.s.WorkerTasks(ctx, f.owner); err != nil || len(wt) != 1 {
 		t.Errorf("worker tasks list disconnected workers: %v, %v", wt, err)
+	}
+	// A third reconnects before its old connection is noticed gone: the old
+	// connection's end leaves it connected.
+	old, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "browser", Slots: 1}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := f.s.RegisterWorker(ctx, WorkerHello{ID: old.ID, Token: old.Token, Kind: "browser", Slots: 1}, time.Minute)
+	if err != nil || again.ID != old.ID || again.Session == old.Session {
+		t.Fatalf("reconnect: %+v, %v; want the same id in a new session", again, err)
+	}
+	if err := f.s.WorkerGone(ctx, old.ID, old.Session); err != nil {
+		t.Fatal(err)
+	}
+	if wt, err := f.s.WorkerTasks(ctx, f.owner); err != nil || len(wt) != 2 {
+		t.Errorf("after the old connection of a reconnected worker ended: %d connected workers (%v), want 2", len(wt), err)
+	}
+	if err := f.s.WorkerGone(ctx, old.ID, again.Session); err != nil {
+		t.Fatal(err)
 	}
 	act, err := f.s.Activity(ctx, 60)
 	if err != nil {
@@ -220,8 +240,8 @@ func TestWorkerTasksAndActivity(t *testing.T) {
 		done += m.TasksDone
 		workers = max(workers, m.Workers)
 	}
-	if last := act[len(act)-1]; time.Since(last.Minute) > time.Minute || done != 1 || workers != 2 {
-		t.Errorf("the last minutes: %+v, want 1 task done and 2 workers seen", act[len(act)-2:])
+	if last := act[len(act)-1]; time.Since(last.Minute) > time.Minute || done != 1 || workers != 3 {
+		t.Errorf("the last minutes: %+v, want 1 task done and 3 workers seen", act[len(act)-2:])
 	}
 	if first := act[0]; first.TasksDone != 0 || first.Workers != 0 {
 		t.Errorf("an hour ago: %+v, want nothing", first)

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,7 +20,8 @@ func newVerifyFixture(t *testing.T, names ...string) *verifyFixture {
 	t.Helper()
 	f := &verifyFixture{fixture: newFixture(t), workers: map[string]string{}}
 	for _, n := range names {
-		w, _, _, err := f.s.RegisterWorker(context.Background(), WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
+		reg, err := f.s.RegisterWorker(context.Background(), WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
+		w := reg.ID
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -307,5 +309,83 @@ func TestUnverifiedResultOfFinishedWorkflowDisputed(t *testing.T) {
 	}
 	if st.State != StateDone || !st.Tasks[0].Disputed || st.Tasks[0].State != StateDone {
 		t.Fatalf("first workflow after the loss: %+v, want done with task a disputed", st)
+	}
+}
+
+// When a re-check overturns a result, a downstream attempt still running on
+// the old input is stopped even if its row is locked at that moment (a
+// heartbeat renewing its lease), so it cannot save a checkpoint computed
+// from the overturned input; and the re-check's replicas start from zero,
+// not from the checkpoint of the worker whose result is in doubt.
+func TestOverturnStopsDescendantsAndDropsCheckpoints(t *testing.T) {
+	ctx := context.Background()
+	f := newVerifyFixture(t, "trusted", "w1", "w2", "w3")
+	f.trust(t, "trusted")
+	id, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "wf", Priority: "batch",
+		Tasks:    []NewTask{f.task("a"), f.task("b", NewInput{Name: "in", From: 0, Output: "stdout"}), f.task("c")},
+		Replicas: 2, Quorum: 2, MaxReplicas: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a runs alone on the trusted worker, checkpoints and is accepted.
+	a0 := f.claimOn(t, "a", "trusted", true)
+	if saved, err := f.s.SaveCheckpoint(ctx, a0.Attempt, a0.Worker, []byte("trusted-state"), time.Minute); err != nil || !saved {
+		t.Fatalf("checkpoint of a: %v, %v", saved, err)
+	}
+	f.complete(t, a0, "A?")
+	// One replica of b runs on a's output and checkpoints.
+	b1 := f.claimOn(t, "b", "w1", false)
+	if saved, err := f.s.SaveCheckpoint(ctx, b1.Attempt, b1.Worker, []byte("state-from-A?"), time.Minute); err != nil || !saved {
+		t.Fatalf("checkpoint of b: %v, %v", saved, err)
+	}
+	// The trusted worker loses a quorum on c: a is reopened.
+	c0 := f.claimOn(t, "c", "trusted", false)
+	c1 := f.claimOn(t, "c", "w2", false)
+	f.complete(t, c0, "forged")
+	f.complete(t, c1, "C")
+	f.complete(t, f.claimOn(t, "c", "w3", false), "C")
+	r1 := f.claimOn(t, "a", "w2", false)
+	if r1.Restore != nil {
+		t.Fatalf("a re-check replica restores %q, the checkpoint of the worker in doubt", r1.Restore)
+	}
+	f.complete(t, r1, "A")
+	r2 := f.claimOn(t, "a", "w3", false)
+
+	// The second re-check replica overturns A? while b1's row is locked.
+	locker, err := f.s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx)
+	if _, err := locker.Exec(ctx, `SELECT 1 FROM attempts WHERE id = $1 FOR UPDATE`, b1.Attempt); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		acc, err := f.s.Complete(ctx, []Completion{ok(r2, "A")})
+		if err == nil && !acc[0] {
+			err = errors.New("the overturning result was refused")
+		}
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if err := locker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := f.output(t, id, "a"); got != "A" {
+		t.Fatalf("a's output after the re-check = %q, want A", got)
+	}
+	if st := f.attemptStates(t, id, "b")[b1.Attempt].State; st != "cancelled" {
+		t.Errorf("b's attempt on the overturned input is %s, want cancelled", st)
+	}
+	if saved, err := f.s.SaveCheckpoint(ctx, b1.Attempt, b1.Worker, []byte("late-state-from-A?"), time.Minute); err != nil || saved {
+		t.Errorf("a checkpoint of b's stopped attempt was saved: %v, %v", saved, err)
+	}
+	b2 := f.claimOn(t, "b", "w2", false)
+	if string(b2.Inputs[0].Data) != "A" || b2.Restore != nil {
+		t.Errorf("b runs again on %q restoring %q, want input A from zero", b2.Inputs[0].Data, b2.Restore)
 	}
 }

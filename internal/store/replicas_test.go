@@ -14,7 +14,8 @@ func TestReplicatedTaskNeedsQuorum(t *testing.T) {
 	f := newFixture(t)
 	var ws []string
 	for range 3 {
-		w, _, _, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
+		reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
+		w := reg.ID
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,7 +95,8 @@ func TestReplicatedTaskNeedsQuorum(t *testing.T) {
 func TestFailedReplicaIsReplaced(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
-	w2, _, _, _ := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
+	reg, _ := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
+	w2 := reg.ID
 	id, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "wf", Priority: "batch", Tasks: []NewTask{f.task("a")},
 		Replicas: 2, Quorum: 2, MaxReplicas: 5})
 	if err != nil {

@@ -39,7 +39,8 @@ func newFixture(t testing.TB) *fixture {
 	if _, _, err := s.PutModule(ctx, o.ID, mod, []byte("\x00asm"), []string{}); err != nil {
 		t.Fatal(err)
 	}
-	w, _, _, err := s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 4}, time.Minute)
+	reg, err := s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 4}, time.Minute)
+	w := reg.ID
 	if err != nil {
 		t.Fatal(err)
 	}

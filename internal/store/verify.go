@@ -473,7 +473,7 @@ func (s *Store) recheckUnverified(ctx context.Context, tx querier, losers []stri
 	// is cancelled while its tasks are reopened.
 	rows, err := tx.Query(ctx, `SELECT w.id::text FROM workflows w
 		WHERE w.id IN (SELECT t.workflow_id FROM attempts a JOIN tasks t ON t.id = a.task_id
-			WHERE a.worker_id = ANY($1::uuid[]) AND a.verdict = 'unverified' AND t.state = 'done')
+			WHERE a.worker_id = ANY($1::uuid[]) AND a.verdict = 'unverified' AND NOT a.superseded AND t.state = 'done')
 		AND w.state = 'running' ORDER BY w.id FOR UPDATE`, losers)
 	if err != nil {
 		return fmt.Errorf("re-check unverified results: %w", err)
@@ -485,10 +485,11 @@ func (s *Store) recheckUnverified(ctx context.Context, tx querier, losers []stri
 	if len(wfs) > 0 {
 		rows, err := tx.Query(ctx, `WITH r AS (
 				SELECT DISTINCT ON (t.id) t.id, a.id AS attempt FROM attempts a JOIN tasks t ON t.id = a.task_id
-				WHERE a.worker_id = ANY($1::uuid[]) AND a.verdict = 'unverified' AND t.state = 'done' AND t.workflow_id = ANY($2::uuid[])
+				WHERE a.worker_id = ANY($1::uuid[]) AND a.verdict = 'unverified' AND NOT a.superseded AND t.state = 'done' AND t.workflow_id = ANY($2::uuid[])
 				ORDER BY t.id, a.id
 			), t AS (
 				UPDATE tasks SET state = 'ready', pending = greatest(tasks.quorum - 1, 1), finished_at = NULL, updated_at = now(),
+					checkpoint = NULL, checkpoint_at = NULL,
 					error = 'result being re-checked: the worker that produced it alone lost a quorum on another task'
 				FROM r WHERE tasks.id = r.id AND tasks.state = 'done' RETURNING tasks.id, tasks.workflow_id
 			), av AS (
@@ -519,7 +520,7 @@ func (s *Store) recheckUnverified(ctx context.Context, tx querier, losers []stri
 	}
 	// What is left are results of finished workflows: flag them.
 	if _, err := tx.Exec(ctx, `UPDATE tasks t SET disputed = true, updated_at = now() FROM attempts a
-		WHERE a.task_id = t.id AND a.worker_id = ANY($1::uuid[]) AND a.verdict = 'unverified' AND t.state = 'done' AND NOT t.disputed`,
+		WHERE a.task_id = t.id AND a.worker_id = ANY($1::uuid[]) AND a.verdict = 'unverified' AND NOT a.superseded AND t.state = 'done' AND NOT t.disputed`,
 		losers); err != nil {
 		return fmt.Errorf("flag disputed results: %w", err)
 	}
@@ -577,7 +578,22 @@ func (s *Store) resetDescendants(ctx context.Context, tx querier, tasks []int64)
 	if len(ids) == 0 {
 		return nil
 	}
-	if err := cancelRunning(ctx, tx, ids, "an upstream result was overturned by re-verification"); err != nil {
+	// Cancel their running attempts, waiting for the lock of one being
+	// renewed, checkpointed or completed right now (not SKIP LOCKED as in
+	// cancelRunning): an attempt left running here would go on renewing
+	// its lease and saving checkpoints computed from the overturned input,
+	// which the task's next attempts would then restore.
+	rows, err = tx.Query(ctx, `WITH r AS (SELECT id FROM attempts WHERE task_id = ANY($1) AND state = 'running' ORDER BY id FOR UPDATE)
+		UPDATE attempts a SET state = 'cancelled', ended_at = now(), reason = $2 FROM r WHERE a.id = r.id AND a.state = 'running'
+		RETURNING a.id`, ids, "an upstream result was overturned by re-verification")
+	if err != nil {
+		return fmt.Errorf("reset descendants: cancel attempts: %w", err)
+	}
+	cancelled, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return fmt.Errorf("reset descendants: cancel attempts: %w", err)
+	}
+	if err := notifyCancel(ctx, tx, cancelled); err != nil {
 		return fmt.Errorf("reset descendants: cancel attempts: %w", err)
 	}
 	b := &pgx.Batch{}

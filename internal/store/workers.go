@@ -24,15 +24,29 @@ type WorkerHello struct {
 	Running   []int64 // attempts it still runs from an earlier connection
 }
 
+// Registration is a connected worker's identity, as RegisterWorker
+// recorded it.
+type Registration struct {
+	ID    string
+	Token string  // its reconnect token
+	Lost  []int64 // attempts it claimed to run that no longer hold their lease
+	// Session identifies this connection; WorkerGone takes it so that the
+	// end of an old connection does not end a newer one.
+	Session int64
+}
+
 // RegisterWorker records a connected worker. A worker that proves an
 // earlier identity with its reconnect token keeps it, and keeps those of
 // its running attempts that still hold their lease (renewed to now+lease);
 // the others are returned as lost. A new worker gets a new id and token.
-func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Duration) (id, token string, lost []int64, err error) {
+func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Duration) (Registration, error) {
 	dev, err := json.Marshal(h.Device)
 	if err != nil {
-		return "", "", nil, fmt.Errorf("register worker: %w", err)
+		return Registration{}, fmt.Errorf("register worker: %w", err)
 	}
+	var id, token string
+	var lost []int64
+	var session int64
 	err = s.tx(ctx, func(tx pgx.Tx) error {
 		id, token, lost = "", "", nil
 		if h.ID != "" && looksLikeUUID(h.ID) {
@@ -57,10 +71,10 @@ func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Du
 		// The connection's row in the history the dashboard plots; a
 		// connection the worker did not close is closed now, and rows older
 		// than a day are pruned.
-		if _, err := tx.Exec(ctx, `WITH closed AS (
+		if err := tx.QueryRow(ctx, `WITH closed AS (
 				UPDATE worker_sessions SET disconnected_at = now() WHERE worker_id = $1 AND disconnected_at IS NULL),
 			pruned AS (DELETE FROM worker_sessions WHERE disconnected_at < now() - interval '1 day')
-			INSERT INTO worker_sessions (worker_id) VALUES ($1)`, id); err != nil {
+			INSERT INTO worker_sessions (worker_id) VALUES ($1) RETURNING id`, id).Scan(&session); err != nil {
 			return err
 		}
 		if len(h.Running) == 0 {
@@ -83,9 +97,9 @@ func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Du
 		return nil
 	})
 	if err != nil {
-		return "", "", nil, fmt.Errorf("register worker: %w", err)
+		return Registration{}, fmt.Errorf("register worker: %w", err)
 	}
-	return id, token, lost, nil
+	return Registration{ID: id, Token: token, Lost: lost, Session: session}, nil
 }
 
 // UpdateDevice records a worker's latest device state.
@@ -100,13 +114,17 @@ func (s *Store) UpdateDevice(ctx context.Context, id string, device any) error {
 	return nil
 }
 
-// WorkerGone records that a worker's connection closed. Its attempts keep
-// their leases until they lapse, so that a worker that reconnects in time
-// can still deliver.
-func (s *Store) WorkerGone(ctx context.Context, id string) error {
+// WorkerGone records that a worker's connection (session, from
+// RegisterWorker) closed. The worker stays connected if it has a newer
+// connection already (it reconnected, to this replica or another, before
+// the old socket was noticed gone). Its attempts keep their leases until
+// they lapse, so that a worker that reconnects in time can still deliver.
+func (s *Store) WorkerGone(ctx context.Context, id string, session int64) error {
 	if _, err := s.pool.Exec(ctx, `WITH ended AS (
-			UPDATE worker_sessions SET disconnected_at = now() WHERE worker_id = $1 AND disconnected_at IS NULL)
-		UPDATE workers SET connected = false, last_seen = now() WHERE id = $1`, id); err != nil {
+			UPDATE worker_sessions SET disconnected_at = now() WHERE id = $2 AND disconnected_at IS NULL)
+		UPDATE workers SET connected = false, last_seen = now() WHERE id = $1
+			AND NOT EXISTS (SELECT 1 FROM worker_sessions WHERE worker_id = $1 AND disconnected_at IS NULL AND id <> $2)`,
+		id, session); err != nil {
 		return fmt.Errorf("disconnect worker %s: %w", id, err)
 	}
 	return nil

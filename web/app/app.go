@@ -140,9 +140,9 @@ func New(b Backend, opt Options) http.Handler {
 	m.HandleFunc("POST /app/workflows/{id}/cancel", h.page(h.cancel))
 	m.HandleFunc("POST /app/workflows/{id}/tasks/{task}/cancel", h.page(h.cancelTask))
 	m.HandleFunc("GET /app/submit", h.page(h.submitPage))
-	m.HandleFunc("POST /app/submit", h.page(h.submit))
+	m.HandleFunc("POST /app/submit", h.formPage(h.submit))
 	m.HandleFunc("GET /app/modules", h.page(h.modulesPage))
-	m.HandleFunc("POST /app/modules", h.page(h.upload))
+	m.HandleFunc("POST /app/modules", h.formPage(h.upload))
 	m.HandleFunc("GET /app/history", h.page(h.history))
 	m.HandleFunc("GET /app/volunteers", h.page(h.volunteers))
 	m.HandleFunc("GET /app/volunteers.json", h.page(h.volunteersJSON))
@@ -172,7 +172,14 @@ type pageCtx struct {
 
 // page requires a session (else sends to the sign-in page) and, for
 // anything but GET, a valid CSRF token in the form.
-func (h *handler) page(fn func(*pageCtx)) http.HandlerFunc {
+func (h *handler) page(fn func(*pageCtx)) http.HandlerFunc { return h.pageFor(fn, false) }
+
+// formPage is page for the two upload forms, whose handlers read a
+// multipart body as a stream with readForm and check its CSRF token
+// themselves; any other body is checked here as in page.
+func (h *handler) formPage(fn func(*pageCtx)) http.HandlerFunc { return h.pageFor(fn, true) }
+
+func (h *handler) pageFor(fn func(*pageCtx), streamsMultipart bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		sess, ok := h.session(r)
 		if !ok {
@@ -185,7 +192,10 @@ func (h *handler) page(fn func(*pageCtx)) http.HandlerFunc {
 		}
 		p := &pageCtx{w: w, r: r, owner: store.Owner{ID: sess.OwnerID, Name: sess.Owner}, sess: sess}
 		p.r = r.WithContext(WithOwner(r.Context(), p.owner))
-		if r.Method != http.MethodGet && r.Method != http.MethodHead && !strings.HasPrefix(r.Header.Get("Content-Type"), "multipart/") {
+		multipart := strings.HasPrefix(r.Header.Get("Content-Type"), "multipart/")
+		if r.Method != http.MethodGet && r.Method != http.MethodHead && !(streamsMultipart && multipart) {
+			// Other forms are small: read whole, multipart or not.
+			r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
 			if !h.csrfOK(sess, r.PostFormValue("csrf")) {
 				http.Error(w, "the form has expired or did not come from this site: reload the page and try again", http.StatusForbidden)
 				return

@@ -1,15 +1,18 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"io"
+	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cyclepool/cyclepool/internal/store"
 )
@@ -100,4 +103,70 @@ func cookieNamed(cs []*http.Cookie, name string) *http.Cookie {
 		}
 	}
 	return nil
+}
+
+// apiRecorder is a Backend whose API records the requests that reach it.
+type apiRecorder struct {
+	fakeBackend
+	calls *[]string
+}
+
+func (b apiRecorder) API() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		*b.calls = append(*b.calls, r.Method+" "+r.URL.Path)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, "{}")
+	})
+}
+
+// Every form that changes something needs the session's CSRF token, sent
+// URL-encoded or as multipart: without it nothing reaches the API.
+func TestFormsNeedTheCSRFToken(t *testing.T) {
+	var calls []string
+	hd := New(apiRecorder{calls: &calls}, Options{Key: make([]byte, 32)})
+	h := hd.(*handler)
+	sess := session{OwnerID: 1, Owner: "ada", Expires: time.Now().Add(time.Hour).Unix(), Nonce: "n0nce"}
+	cookie := &http.Cookie{Name: sessionCookie, Value: h.sign("session", sess)}
+	post := func(path, csrf string, multi bool) int {
+		var body bytes.Buffer
+		ct := "application/x-www-form-urlencoded"
+		if multi {
+			mw := multipart.NewWriter(&body)
+			if csrf != "" {
+				_ = mw.WriteField("csrf", csrf)
+			}
+			_ = mw.WriteField("x", "y")
+			_ = mw.Close()
+			ct = mw.FormDataContentType()
+		} else if csrf != "" {
+			body.WriteString(url.Values{"csrf": {csrf}}.Encode())
+		}
+		req := httptest.NewRequest(http.MethodPost, "http://localhost/"+strings.TrimPrefix(path, "/"), &body)
+		req.Header.Set("Content-Type", ct)
+		req.AddCookie(cookie)
+		rec := httptest.NewRecorder()
+		hd.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	paths := []string{"/app/logout", "/app/workflows/w1/cancel", "/app/workflows/w1/tasks/t1/cancel", "/app/submit"}
+	for _, path := range paths {
+		for _, multi := range []bool{false, true} {
+			for _, csrf := range []string{"", "forged"} {
+				if code := post(path, csrf, multi); code != http.StatusForbidden {
+					t.Errorf("POST %s (multipart %v, csrf %q): %d, want 403", path, multi, csrf, code)
+				}
+			}
+		}
+	}
+	if len(calls) != 0 {
+		t.Fatalf("forms without a valid CSRF token reached the API: %v", calls)
+	}
+	for _, multi := range []bool{false, true} {
+		if code := post("/app/workflows/w1/tasks/t1/cancel", h.csrf(sess), multi); code != http.StatusSeeOther {
+			t.Errorf("cancel with the token (multipart %v): %d, want 303", multi, code)
+		}
+	}
+	if want := "POST /api/v1/workflows/w1/tasks/t1/cancel"; len(calls) != 2 || calls[0] != want || calls[1] != want {
+		t.Errorf("API calls = %v, want %q twice", calls, want)
+	}
 }
