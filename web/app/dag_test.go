@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,4 +66,39 @@ func TestRenderBigWorkflowPage(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("rendered %d KiB in %v", b.Len()>>10, time.Since(start))
+}
+
+// A disputed result is marked in its row and counted above the graph.
+func TestWorkflowPageShowsDisputedResults(t *testing.T) {
+	tests := []struct {
+		name     string
+		disputed []bool
+		notice   string // "" for no notice
+	}{
+		{"none", []bool{false, false}, ""},
+		{"one", []bool{true, false}, "1 of this workflow&#39;s results is disputed"},
+		{"two", []bool{true, true}, "2 of this workflow&#39;s results are disputed"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := WorkflowData{ID: "x", Name: "wf", State: "done"}
+			for i, disp := range tc.disputed {
+				d.Tasks = append(d.Tasks, TaskRow{TaskStatus: store.TaskStatus{Name: fmt.Sprint("t", i), State: "done", Disputed: disp}})
+				if disp {
+					d.Totals.Disputed++
+				}
+			}
+			var b bytes.Buffer
+			if err := WorkflowPage(Layout{}, d).Render(context.Background(), &b); err != nil {
+				t.Fatal(err)
+			}
+			page := b.String()
+			if got := strings.Count(page, `class="badge st-disputed"`); got != d.Totals.Disputed {
+				t.Errorf("%d disputed badges, want %d", got, d.Totals.Disputed)
+			}
+			if has := strings.Contains(page, `id="disputed"`); has != (tc.notice != "") || !strings.Contains(page, tc.notice) {
+				t.Errorf("notice shown %v, want %q in the page", has, tc.notice)
+			}
+		})
+	}
 }

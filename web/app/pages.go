@@ -70,8 +70,10 @@ type WorkflowData struct {
 
 const taskPageSize = 200
 
-// Totals counts tasks by what an owner cares about.
-type Totals struct{ Total, Done, Running, Waiting, Failed, Cancelled int }
+// Totals counts tasks by what an owner cares about. Disputed counts the
+// done tasks whose result was accepted alone from a worker that later lost
+// a quorum, once the workflow had finished (docs/WORKFLOW.md).
+type Totals struct{ Total, Done, Running, Waiting, Failed, Cancelled, Disputed int }
 
 // TaskRow is one task in the workflow's table.
 type TaskRow struct {
@@ -144,6 +146,9 @@ func (h *handler) workflowPage(p *pageCtx) {
 			group = "failed"
 		}
 		d.Totals.Total++
+		if t.Disputed {
+			d.Totals.Disputed++
+		}
 		switch group {
 		case "done":
 			d.Totals.Done++
