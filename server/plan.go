@@ -148,8 +148,8 @@ type planWorker struct {
 // plan decides which ready task replicas go to which reserved slots, with
 // the policies of internal/sched: stability classes, fairness, longest
 // first, distinct workers for replicas, adaptive replication and the
-// checkpoint optimum. Workers offer one slot per Schedule call, round after
-// round, so that work spreads over the workers as the slots of each allow.
+// checkpoint optimum. Workers offer one slot per round (sched.ScheduleRounds),
+// so that work spreads over the workers as the slots of each allow.
 func (s *Server) plan(now time.Time, cands []store.Candidate, workers []planWorker) []store.Pick {
 	s.rt.mu.Lock()
 	stats := s.rt.stats
@@ -187,79 +187,39 @@ func (s *Server) plan(now time.Time, cands []store.Candidate, workers []planWork
 				Estimate: est})
 		}
 	}
-	cfg := s.schedConfig()
-	clock := sched.FixedClock(now)
-	idle := make([]int, len(workers))
+	ws := make([]sched.Worker, len(workers))
 	for i := range workers {
-		idle[i] = workers[i].idle
-	}
-	type key struct {
-		task    string
-		replica int
+		ws[i] = workers[i].w
+		ws[i].Idle = workers[i].idle
+		ws[i].Busy = ws[i].Slots - workers[i].idle
 	}
 	var picks []store.Pick
-	solo := map[string]bool{}    // fresh replicated tasks started alone on a trusted worker
 	started := map[string]bool{} // fresh replicated tasks given a first replica in this plan
 	vcfg := sched.DefaultVerify()
-	for len(tasks) > 0 {
-		var ws []sched.Worker
-		for i := range workers {
-			if idle[i] > 0 {
-				w := workers[i].w
-				w.Idle = 1
-				w.Busy = w.Slots - idle[i]
-				ws = append(ws, w)
-			}
-		}
-		if len(ws) == 0 {
-			break
-		}
-		p := sched.Schedule(clock, sched.Input{Ready: tasks, Workers: ws, Stats: stats, Rand: s.rng()}, cfg)
-		if len(p.Assignments) == 0 {
-			break
-		}
-		done := map[key]bool{}
-		for _, a := range p.Assignments {
-			done[key{a.Task, a.Replica}] = true
+	// One slot per worker and round (ScheduleRounds), so that work spreads
+	// over the workers; a fresh replicated task that a trusted worker
+	// starts alone has its other replicas withdrawn.
+	sched.ScheduleRounds(sched.FixedClock(now), sched.Input{Ready: tasks, Workers: ws, Stats: stats, Rand: s.rng()}, s.schedConfig(),
+		func(a sched.Assignment) bool {
 			c := byID[a.Task]
-			wi := slices.IndexFunc(workers, func(w planWorker) bool { return w.w.ID == a.Worker })
-			idle[wi]--
-			if solo[a.Task] {
-				continue // a trusted worker runs this task alone
-			}
 			pk := store.Pick{TaskID: c.TaskID, Worker: a.Worker}
 			if a.Checkpoint.Interval > 0 {
 				pk.CkptMS = max(a.Checkpoint.Interval, time.Second).Milliseconds()
 			}
+			keep := true
 			if c.Replicas > 1 && c.Fresh && !started[a.Task] {
 				started[a.Task] = true
 				vc := vcfg
 				vc.Replicas = c.Replicas
+				wi := slices.IndexFunc(workers, func(w planWorker) bool { return w.w.ID == a.Worker })
 				if sched.InitialReplicas(vc, workers[wi].rep) == 1 {
 					pk.Solo = true
-					solo[a.Task] = true
+					keep = false
 				}
 			}
 			picks = append(picks, pk)
-		}
-		// Keep the instances not yet placed; a worker that took a replica
-		// of a task may take no other replica of it.
-		rest := tasks[:0]
-		for _, t := range tasks {
-			if done[key{t.ID, t.Replica}] || solo[t.ID] {
-				continue
-			}
-			rest = append(rest, t)
-		}
-		tasks = rest
-		for i := range tasks {
-			for _, a := range p.Assignments {
-				if a.Task == tasks[i].ID && !slices.Contains(tasks[i].Exclude, a.Worker) && byID[a.Task].Replicas > 1 {
-					tasks[i].Exclude = append(tasks[i].Exclude, a.Worker)
-				}
-			}
-		}
-	}
+			return keep
+		})
 	return picks
 }
 

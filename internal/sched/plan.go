@@ -158,36 +158,151 @@ type Plan struct {
 // Performance) of the workers the strategy lets take it. Tasks that fit nowhere stay waiting
 // with a reason. It reads the time once, from clock.
 func Schedule(clock Clock, in Input, cfg Config) Plan {
+	p := newPlanner(clock, in, cfg)
+	idle := 0
+	for _, w := range p.ws {
+		idle += max(w.Idle, 0)
+	}
+	p.plan.Waiting = make([]Skip, 0, len(p.tasks))
+	for _, ti := range p.order {
+		t := &p.tasks[ti]
+		if idle == 0 {
+			// What choose concludes when no worker is idle.
+			p.plan.Waiting = append(p.plan.Waiting, Skip{Task: t.ID, Replica: t.Replica, Reason: "no idle slot"})
+			continue
+		}
+		chosen, off, reason := p.choose(ti)
+		if chosen < 0 {
+			p.plan.Waiting = append(p.plan.Waiting, Skip{Task: t.ID, Replica: t.Replica, Reason: reason})
+			continue
+		}
+		p.plan.Assignments = append(p.plan.Assignments, p.assign(ti, chosen, off))
+		idle--
+	}
+	return p.plan
+}
+
+// ScheduleRounds plans like Schedule called round after round, each worker
+// with idle slots offering one of them per round, until no slot is idle or
+// a round places nothing: work spreads over the workers as their idle slots
+// allow, a worker's Busy growing with every task it takes. The tasks are
+// ordered and the workers classified once for all the rounds (tasks of
+// unknown run time keep one random order), which makes a plan for many
+// slots cost about one call of Schedule rather than one per round.
+//
+// placed, when not nil, sees each assignment as it is made; when it returns
+// false, the task's other instances are withdrawn (a fresh replicated task
+// that a trusted worker runs alone) and not reported as waiting. Waiting
+// lists the instances left, with the reason of the last round that
+// considered them.
+func ScheduleRounds(clock Clock, in Input, cfg Config, placed func(Assignment) bool) Plan {
+	p := newPlanner(clock, in, cfg)
+	left := make([]int, len(p.ws)) // idle slots not yet taken
+	for i, w := range p.ws {
+		left[i] = max(w.Idle, 0)
+	}
+	done := make([]bool, len(p.tasks)) // placed or withdrawn
+	reasons := make([]string, len(p.tasks))
+	var withdrawn map[string]bool
+	first := 0 // p.order[:first] is done
+	for {
+		offered := 0
+		for i := range p.ws {
+			p.ws[i].Idle = min(left[i], 1)
+			offered += p.ws[i].Idle
+		}
+		if offered == 0 {
+			break
+		}
+		for first < len(p.order) && done[p.order[first]] {
+			first++
+		}
+		placedAny := false
+		for _, ti := range p.order[first:] {
+			if offered == 0 {
+				break
+			}
+			if done[ti] {
+				continue
+			}
+			if withdrawn[p.tasks[ti].ID] {
+				done[ti] = true
+				continue
+			}
+			chosen, off, reason := p.choose(ti)
+			if chosen < 0 {
+				reasons[ti] = reason
+				continue
+			}
+			a := p.assign(ti, chosen, off)
+			left[chosen]--
+			offered--
+			done[ti], placedAny = true, true
+			p.plan.Assignments = append(p.plan.Assignments, a)
+			if placed != nil && !placed(a) {
+				if withdrawn == nil {
+					withdrawn = map[string]bool{}
+				}
+				withdrawn[a.Task] = true
+			}
+		}
+		if !placedAny {
+			break
+		}
+	}
+	for _, ti := range p.order {
+		t := &p.tasks[ti]
+		if done[ti] || withdrawn[t.ID] {
+			continue
+		}
+		reason := reasons[ti]
+		if reason == "" {
+			reason = "no idle slot"
+		}
+		p.plan.Waiting = append(p.plan.Waiting, Skip{Task: t.ID, Replica: t.Replica, Reason: reason})
+	}
+	return p.plan
+}
+
+// planner is the state of one plan: the tasks in dispatch order, the
+// workers classified, and which workers hold a replica of which task.
+type planner struct {
+	cfg    Config
+	now    time.Time
+	tasks  []Task
+	ws     []Worker // a copy: Idle and Busy change as tasks are placed
+	stab   []Stability
+	groups [][]int
+	exps   []time.Duration
+	knowns []bool
+	order  []int // indexes into tasks
+	wOrder []int // indexes into ws, most stable first
+	holds  map[string]map[string]bool
+	plan   Plan
+}
+
+func newPlanner(clock Clock, in Input, cfg Config) *planner {
 	now := clock.Now()
-	plan := Plan{Stability: make(map[string]Stability, len(in.Workers))}
-	ws := make([]Worker, len(in.Workers))
-	copy(ws, in.Workers)
-	ids := make([]string, len(ws))
-	stab := make([]Stability, len(ws))
-	for i, w := range ws {
+	p := &planner{cfg: cfg, now: now, tasks: in.Ready, plan: Plan{Stability: make(map[string]Stability, len(in.Workers))}}
+	p.ws = make([]Worker, len(in.Workers))
+	copy(p.ws, in.Workers)
+	ids := make([]string, len(p.ws))
+	p.stab = make([]Stability, len(p.ws))
+	for i, w := range p.ws {
 		ids[i] = w.ID
 		if cfg.DeviceAware {
-			stab[i] = Classify(now, w.Samples, w.History, cfg.Stability)
+			p.stab[i] = Classify(now, w.Samples, w.History, cfg.Stability)
 		} else {
-			stab[i] = Stability{Class: VeryStable, TimeToEmpty: -1}
+			p.stab[i] = Stability{Class: VeryStable, TimeToEmpty: -1}
 		}
-		plan.Stability[w.ID] = stab[i]
+		p.plan.Stability[w.ID] = p.stab[i]
 	}
-	groups := make([][]int, len(ws))
+	p.groups = make([][]int, len(p.ws))
 	if cfg.Fairness != None {
-		for i := range ws {
-			groups[i] = Group(ids, i, cfg.GroupSize)
+		for i := range p.ws {
+			p.groups[i] = Group(ids, i, cfg.GroupSize)
 		}
 	}
-	perf := func(i int) float64 {
-		w := ws[i]
-		b, ch := -1.0, false
-		if s := latest(now, w.Samples); s != nil {
-			b, ch = s.Battery, s.Charging
-		}
-		return Performance(b, ch, w.Link, w.Busy, w.Slots, w.JobsDone, cfg.JobWeight, cfg.LoadWeight)
-	}
-
 	rank := func(t Task) int {
 		if t.Priority == Interactive {
 			return 0
@@ -203,26 +318,24 @@ func Schedule(clock Clock, in Input, cfg Config) Plan {
 		}
 		return in.Stats.Expected(t.Module, t.Name)
 	}
-	tasks := in.Ready
-	// Rank and expected run time once per task: the dispatcher calls
-	// Schedule round after round with hundreds of tasks.
+	tasks := p.tasks
+	// Rank and expected run time once per task.
 	ranks := make([]int, len(tasks))
-	exps := make([]time.Duration, len(tasks))
-	knowns := make([]bool, len(tasks))
+	p.exps = make([]time.Duration, len(tasks))
+	p.knowns = make([]bool, len(tasks))
 	for i := range tasks {
 		ranks[i] = rank(tasks[i])
-		exps[i], knowns[i] = expected(tasks[i])
+		p.exps[i], p.knowns[i] = expected(tasks[i])
 	}
-	var order []int
 	if cfg.LongestFirst {
-		order = LongestFirst(len(tasks), func(i int) int { return ranks[i] }, func(i int) (time.Duration, bool) { return exps[i], knowns[i] }, in.Rand)
+		p.order = LongestFirst(len(tasks), func(i int) int { return ranks[i] }, func(i int) (time.Duration, bool) { return p.exps[i], p.knowns[i] }, in.Rand)
 	} else {
-		order = make([]int, len(tasks))
-		for i := range order {
-			order[i] = i
+		p.order = make([]int, len(tasks))
+		for i := range p.order {
+			p.order[i] = i
 		}
-		sort.SliceStable(order, func(a, b int) bool {
-			ia, ib := order[a], order[b]
+		sort.SliceStable(p.order, func(a, b int) bool {
+			ia, ib := p.order[a], p.order[b]
 			if ra, rb := ranks[ia], ranks[ib]; ra != rb {
 				return ra < rb
 			}
@@ -231,111 +344,117 @@ func Schedule(clock Clock, in Input, cfg Config) Plan {
 	}
 	// Workers in order of preference: most stable first, then input order
 	// (the dispatcher passes them in a stable order, e.g. by id).
-	wOrder := make([]int, len(ws))
-	for i := range wOrder {
-		wOrder[i] = i
+	p.wOrder = make([]int, len(p.ws))
+	for i := range p.wOrder {
+		p.wOrder[i] = i
 	}
-	sort.SliceStable(wOrder, func(a, b int) bool { return stab[wOrder[a]].Class < stab[wOrder[b]].Class })
+	sort.SliceStable(p.wOrder, func(a, b int) bool { return p.stab[p.wOrder[a]].Class < p.stab[p.wOrder[b]].Class })
 
-	holds := map[string]map[string]bool{} // task id -> workers holding a replica (made when needed)
+	p.holds = map[string]map[string]bool{} // task id -> workers holding a replica (made when needed)
 	for _, t := range tasks {
 		for _, x := range t.Exclude {
-			if holds[t.ID] == nil {
-				holds[t.ID] = map[string]bool{}
+			if p.holds[t.ID] == nil {
+				p.holds[t.ID] = map[string]bool{}
 			}
-			holds[t.ID][x] = true
+			p.holds[t.ID][x] = true
 		}
 	}
-	idle := 0
-	for _, w := range ws {
-		idle += max(w.Idle, 0)
+	return p
+}
+
+// perf is worker i's performance value f for the fairness strategies.
+func (p *planner) perf(i int) float64 {
+	w := p.ws[i]
+	b, ch := -1.0, false
+	if s := latest(p.now, w.Samples); s != nil {
+		b, ch = s.Battery, s.Charging
 	}
-	plan.Waiting = make([]Skip, 0, len(tasks))
-	for _, ti := range order {
-		t := &tasks[ti]
-		if idle == 0 {
-			// What the loop below concludes when no worker is idle.
-			plan.Waiting = append(plan.Waiting, Skip{Task: t.ID, Replica: t.Replica, Reason: "no idle slot"})
+	return Performance(b, ch, w.Link, w.Busy, w.Slots, w.JobsDone, p.cfg.JobWeight, p.cfg.LoadWeight)
+}
+
+// choose picks the worker, among those with an idle slot, for task ti:
+// chosen is -1, with the reason, when none may take it; off is set when the
+// deadlock prevention let the task past the fairness strategy.
+func (p *planner) choose(ti int) (chosen int, off bool, reason string) {
+	cfg := p.cfg
+	t := &p.tasks[ti]
+	exp, known := p.exps[ti], p.knowns[ti]
+	candidates := 0
+	var fits []int
+	reason = "no idle slot"
+	for _, wi := range p.wOrder {
+		w := &p.ws[wi]
+		if w.Idle <= 0 {
 			continue
 		}
-		exp, known := exps[ti], knowns[ti]
-		candidates := 0
-		var fits []int
-		reason := "no idle slot"
-		for _, wi := range wOrder {
-			w := ws[wi]
-			if w.Idle <= 0 {
-				continue
-			}
-			if holds[t.ID][w.ID] {
-				reason = "only workers holding a replica of this task are idle"
-				continue
-			}
-			run := scaled(exp, known, w.Speed)
-			if ok, why := stab[wi].Fits(run, t.Replica > 0, cfg.Stability); !ok {
-				reason = why
-				continue
-			}
-			fits = append(fits, wi)
-			candidates++
-		}
-		chosen, off := -1, false
-		if len(fits) > 0 {
-			if cfg.Fairness == None {
-				chosen = fits[0]
-			} else {
-				timeout := DeadlockTimeout(cfg.DeadlockPerCandidate, candidates)
-				off = now.Sub(t.ReadySince) >= timeout
-				// Among the workers of the most stable class that the
-				// strategy lets take the task, the most able (highest f).
-				bestF := 0.0
-				for _, wi := range fits {
-					if off {
-						chosen = wi
-						break
-					}
-					if chosen >= 0 && stab[wi].Class > stab[chosen].Class {
-						break
-					}
-					nb := make([]float64, len(groups[wi]))
-					for k, j := range groups[wi] {
-						nb[k] = perf(j)
-					}
-					if f := perf(wi); !cfg.Fairness.Refrains(f, nb) && (chosen < 0 || f > bestF) {
-						chosen, bestF = wi, f
-						if !cfg.MostAble {
-							break
-						}
-					}
-				}
-				if chosen < 0 {
-					reason = "every candidate refrains (" + cfg.Fairness.String() + "); deadlock prevention after " + timeout.String()
-				}
-			}
-		}
-		if chosen < 0 {
-			plan.Waiting = append(plan.Waiting, Skip{Task: t.ID, Replica: t.Replica, Reason: reason})
+		if p.holds[t.ID][w.ID] {
+			reason = "only workers holding a replica of this task are idle"
 			continue
 		}
-		w := &ws[chosen]
-		w.Idle--
-		w.Busy++
-		idle--
-		if holds[t.ID] == nil {
-			holds[t.ID] = map[string]bool{}
+		run := scaled(exp, known, w.Speed)
+		if ok, why := p.stab[wi].Fits(run, t.Replica > 0, cfg.Stability); !ok {
+			reason = why
+			continue
 		}
-		holds[t.ID][w.ID] = true
-		a := Assignment{Task: t.ID, Replica: t.Replica, Worker: w.ID, FairnessOff: off && cfg.Fairness != None}
-		if known {
-			a.Expected = scaled(exp, true, w.Speed)
-			if t.CheckpointCost > 0 {
-				mu := FaultRate(w.History.Lost, w.History.Exposure, cfg.FaultPrior, cfg.FaultPriorExposure)
-				a.Checkpoint = OptimalCheckpoints(mu, a.Expected, t.CheckpointCost, cfg.MaxCheckpoints)
+		fits = append(fits, wi)
+		candidates++
+	}
+	chosen = -1
+	if len(fits) > 0 {
+		if cfg.Fairness == None {
+			chosen = fits[0]
+		} else {
+			timeout := DeadlockTimeout(cfg.DeadlockPerCandidate, candidates)
+			off = p.now.Sub(t.ReadySince) >= timeout
+			// Among the workers of the most stable class that the
+			// strategy lets take the task, the most able (highest f).
+			bestF := 0.0
+			for _, wi := range fits {
+				if off {
+					chosen = wi
+					break
+				}
+				if chosen >= 0 && p.stab[wi].Class > p.stab[chosen].Class {
+					break
+				}
+				nb := make([]float64, len(p.groups[wi]))
+				for k, j := range p.groups[wi] {
+					nb[k] = p.perf(j)
+				}
+				if f := p.perf(wi); !cfg.Fairness.Refrains(f, nb) && (chosen < 0 || f > bestF) {
+					chosen, bestF = wi, f
+					if !cfg.MostAble {
+						break
+					}
+				}
+			}
+			if chosen < 0 {
+				reason = "every candidate refrains (" + cfg.Fairness.String() + "); deadlock prevention after " + timeout.String()
 			}
 		}
-		plan.Assignments = append(plan.Assignments, a)
 	}
-	return plan
+	return chosen, off, reason
+}
+
+// assign gives task ti to worker wi: one idle slot of it becomes busy.
+func (p *planner) assign(ti, wi int, off bool) Assignment {
+	t := &p.tasks[ti]
+	w := &p.ws[wi]
+	w.Idle--
+	w.Busy++
+	if p.holds[t.ID] == nil {
+		p.holds[t.ID] = map[string]bool{}
+	}
+	p.holds[t.ID][w.ID] = true
+	a := Assignment{Task: t.ID, Replica: t.Replica, Worker: w.ID, FairnessOff: off && p.cfg.Fairness != None}
+	if p.knowns[ti] {
+		a.Expected = scaled(p.exps[ti], true, w.Speed)
+		if t.CheckpointCost > 0 {
+			mu := FaultRate(w.History.Lost, w.History.Exposure, p.cfg.FaultPrior, p.cfg.FaultPriorExposure)
+			a.Checkpoint = OptimalCheckpoints(mu, a.Expected, t.CheckpointCost, p.cfg.MaxCheckpoints)
+		}
+	}
+	return a
 }
 
 func scaled(d time.Duration, known bool, speed float64) time.Duration {

@@ -250,6 +250,53 @@ func TestNoTwoReplicasOnOneWorker(t *testing.T) {
 	}
 }
 
+// ScheduleRounds gives each worker one slot per round: longest first, the
+// work alternates between the workers while both have idle slots, replicas
+// stay on distinct workers across rounds, and a task withdrawn by placed
+// leaves no instance waiting.
+func TestScheduleRounds(t *testing.T) {
+	mains := series(-1, 0, 10, false, "ethernet")
+	ws := []Worker{
+		{ID: "a", Slots: 3, Idle: 3, Samples: mains, History: History{Attempts: 20}},
+		{ID: "b", Slots: 2, Idle: 1, Samples: mains, History: History{Attempts: 20}},
+	}
+	ready := []Task{
+		{ID: "t1", Estimate: time.Minute, ReadySince: t0, Priority: Batch},
+		{ID: "t4", Estimate: 4 * time.Minute, ReadySince: t0, Priority: Batch},
+		{ID: "t3", Estimate: 3 * time.Minute, ReadySince: t0, Priority: Batch},
+		{ID: "t2", Estimate: 2 * time.Minute, ReadySince: t0, Priority: Batch},
+		{ID: "r", Estimate: 30 * time.Second, ReadySince: t0, Priority: Batch},
+		{ID: "r", Replica: 1, Estimate: 30 * time.Second, ReadySince: t0, Priority: Batch},
+	}
+	p := ScheduleRounds(FixedClock(t0), Input{Ready: ready, Workers: ws}, DefaultConfig(), nil)
+	var got []string
+	for _, a := range p.Assignments {
+		got = append(got, a.Task+"@"+a.Worker)
+	}
+	// Round 1: t4 to a, t3 to b; then only a is idle: t2, t1.
+	if want := "[t4@a t3@b t2@a t1@a]"; fmt.Sprint(got) != want {
+		t.Fatalf("assignments %v, want %s", got, want)
+	}
+	if len(p.Waiting) != 2 || p.Waiting[0].Reason != "no idle slot" {
+		t.Fatalf("waiting %v", p.Waiting)
+	}
+
+	ws[1].Idle = 2
+	ready = ready[4:] // the two replicas of r
+	var seen []string
+	p = ScheduleRounds(FixedClock(t0), Input{Ready: ready, Workers: ws}, DefaultConfig(), func(a Assignment) bool {
+		seen = append(seen, a.Task+"@"+a.Worker)
+		return false // r runs alone
+	})
+	if fmt.Sprint(seen) != "[r@a]" || len(p.Assignments) != 1 || len(p.Waiting) != 0 {
+		t.Fatalf("withdrawn: seen %v, assignments %v, waiting %v", seen, p.Assignments, p.Waiting)
+	}
+	p = ScheduleRounds(FixedClock(t0), Input{Ready: ready, Workers: ws}, DefaultConfig(), nil)
+	if len(p.Assignments) != 2 || p.Assignments[0].Worker == p.Assignments[1].Worker {
+		t.Fatalf("replicas: %v", p.Assignments)
+	}
+}
+
 func TestLongestFirst(t *testing.T) {
 	var st RuntimeStats
 	st.Observe("m", "a", 10*time.Second)

@@ -79,15 +79,19 @@ type moduleBytes struct {
 }
 
 // slotProc is one slot process. Between acquire and release it belongs to
-// one Run, which alone sends to it.
+// one Run, which alone sends to it and reads its replies, on its own
+// goroutine: a reader goroutine handing each reply over would cost a
+// goroutine wake-up, often a thread's, per reply. Nobody reads while the
+// process is idle (it says nothing then); reap notices its death.
 type slotProc struct {
-	id      int
-	dir     string
-	cmd     *exec.Cmd
-	reqW    *os.File
-	enc     *gob.Encoder
-	replies chan *slotReply // closed when the reply pipe ends
-	stderr  *tailBuffer
+	id     int
+	dir    string
+	cmd    *exec.Cmd
+	reqW   *os.File
+	enc    *gob.Encoder
+	repR   *os.File     // closed by reap
+	dec    *gob.Decoder // reads repR
+	stderr *tailBuffer
 
 	modules   map[string]bool // loaded in the child
 	running   atomic.Bool     // it was given an attempt that has not ended
@@ -98,7 +102,7 @@ type slotProc struct {
 	process  *os.Process
 	killed   bool
 	deadOnce sync.Once
-	dead     chan struct{} // closed when killed or exited: replies are dropped
+	dead     chan struct{} // closed when killed or exited
 	exited   chan struct{} // closed when reaped and its directory removed
 }
 
@@ -250,7 +254,7 @@ func (p *slotPool) attempt(ctx, rctx context.Context, c *slotProc, job *wasmwork
 		if c.send(&slotRequest{Kind: reqLoad, ModuleID: job.ModuleID, Module: mod}) != nil {
 			return ended(false)
 		}
-		m, ok := <-c.replies
+		m, ok := c.recv()
 		if !ok {
 			return ended(false)
 		}
@@ -282,7 +286,7 @@ func (p *slotPool) attempt(ctx, rctx context.Context, c *slotProc, job *wasmwork
 	})
 	defer wallTimer.Stop()
 	for {
-		m, ok := <-c.replies
+		m, ok := c.recv()
 		if !ok {
 			return ended(true)
 		}
@@ -479,7 +483,7 @@ func (p *slotPool) spawn(ctx context.Context) (c *slotProc, err error) {
 	}
 	p.nextID++
 	c = &slotProc{id: p.nextID, dir: filepath.Join(p.baseDir, fmt.Sprintf("slot-%d", p.nextID)),
-		replies: make(chan *slotReply), stderr: &tailBuffer{max: 8 << 10}, modules: map[string]bool{},
+		stderr: &tailBuffer{max: 8 << 10}, modules: map[string]bool{},
 		dead: make(chan struct{}), exited: make(chan struct{})}
 	p.all[c] = struct{}{}
 	p.procs.Add(1)
@@ -515,6 +519,7 @@ func (p *slotPool) spawn(ctx context.Context) (c *slotProc, err error) {
 	cmd.Stderr = c.stderr
 	cmd.SysProcAttr = slotSysProcAttr()
 	c.cmd, c.reqW, c.enc = cmd, reqW, gob.NewEncoder(reqW)
+	c.repR, c.dec = repR, gob.NewDecoder(bufio.NewReaderSize(repR, 64<<10))
 	err = cmd.Start()
 	reqR.Close()
 	repW.Close()
@@ -531,7 +536,6 @@ func (p *slotPool) spawn(ctx context.Context) (c *slotProc, err error) {
 	}
 	c.pmu.Unlock()
 	go p.reap(c)
-	go c.readReplies(repR)
 
 	fail := func(err error) (*slotProc, error) {
 		c.kill()
@@ -544,24 +548,27 @@ func (p *slotPool) spawn(ctx context.Context) (c *slotProc, err error) {
 	if err := c.send(&slotRequest{Kind: reqInit, Version: wireVersion, CacheDir: p.cacheDir, Dir: c.dir}); err != nil {
 		return fail(err)
 	}
-	t := time.NewTimer(helloTimeout)
-	defer t.Stop()
-	select {
-	case m, ok := <-c.replies:
-		switch {
-		case !ok:
-			return fail(fmt.Errorf("slot process exited at start (%s)", c.describeExitWait()))
-		case m.Kind != repHello:
-			return fail(fmt.Errorf("slot process said %d, not hello", m.Kind))
-		case m.Err != "":
-			return fail(fmt.Errorf("slot process: %s", m.Err))
-		case m.Version != wireVersion:
-			return fail(fmt.Errorf("slot process speaks wire version %d, not %d", m.Version, wireVersion))
-		}
-	case <-ctx.Done():
+	// The hello is read here; the end of ctx, or the time limit, kills the
+	// process, which ends the read.
+	var late atomic.Bool
+	t := time.AfterFunc(helloTimeout, func() { late.Store(true); c.kill() })
+	stop := context.AfterFunc(ctx, c.kill)
+	m, ok := c.recv()
+	t.Stop()
+	stop()
+	switch {
+	case ctx.Err() != nil:
 		return fail(ctx.Err())
-	case <-t.C:
+	case late.Load():
 		return fail(fmt.Errorf("slot process did not start within %v", helloTimeout))
+	case !ok:
+		return fail(fmt.Errorf("slot process exited at start (%s)", c.describeExitWait()))
+	case m.Kind != repHello:
+		return fail(fmt.Errorf("slot process said %d, not hello", m.Kind))
+	case m.Err != "":
+		return fail(fmt.Errorf("slot process: %s", m.Err))
+	case m.Version != wireVersion:
+		return fail(fmt.Errorf("slot process speaks wire version %d, not %d", m.Version, wireVersion))
 	}
 	p.log.Debug("slot process started", "slot", c.id, "pid", cmd.Process.Pid)
 	return c, nil
@@ -572,6 +579,7 @@ func (p *slotPool) reap(c *slotProc) {
 	c.cmd.Wait()
 	c.markDead()
 	c.reqW.Close()
+	c.repR.Close()
 	if err := os.RemoveAll(c.dir); err != nil {
 		p.log.Warn("removing a slot directory", "dir", c.dir, "err", err)
 	}
@@ -636,22 +644,14 @@ func (p *slotPool) pids(busy ...bool) []int {
 // send writes a request to c.
 func (c *slotProc) send(m *slotRequest) error { return c.enc.Encode(m) }
 
-// readReplies decodes c's replies until its pipe ends. Once c is dead
-// nobody listens: replies are dropped.
-func (c *slotProc) readReplies(r *os.File) {
-	defer r.Close()
-	defer close(c.replies)
-	dec := gob.NewDecoder(bufio.NewReaderSize(r, 64<<10))
-	for {
-		m := new(slotReply)
-		if err := dec.Decode(m); err != nil {
-			return
-		}
-		select {
-		case c.replies <- m:
-		case <-c.dead:
-		}
+// recv reads c's next reply; ok is false once its pipe ended (the process
+// exited or was killed). Only c's owner calls it.
+func (c *slotProc) recv() (m *slotReply, ok bool) {
+	m = new(slotReply)
+	if err := c.dec.Decode(m); err != nil {
+		return nil, false
 	}
+	return m, true
 }
 
 // kill kills the process (SIGKILL); it is reaped by reap.
