@@ -302,7 +302,11 @@ WITH p AS (
 		attempts = t.attempts + n.n, started_at = coalesce(t.started_at, now()), updated_at = now()
 	FROM n WHERE t.id = n.task_id
 	RETURNING t.id, t.workflow_id, t.name, t.module_id, t.args, t.stdin, t.priority, t.timeout_ms, t.memory_pages,
-		t.output_bytes, t.log_bytes, t.ckpt_ms, t.seed, t.checkpoint, t.checkpoint_seq
+		t.output_bytes, t.log_bytes, t.ckpt_ms, t.seed,
+		-- Replicas are independent: none resumes from a checkpoint that
+		-- another replica's worker saved.
+		CASE WHEN t.max_replicas > 1 THEN NULL ELSE t.checkpoint END AS checkpoint,
+		CASE WHEN t.max_replicas > 1 THEN 0 ELSE t.checkpoint_seq END AS checkpoint_seq
 ), ins AS (
 	INSERT INTO attempts (task_id, worker_id, lease_until, restored_seq, ckpt_ms)
 	SELECT ok.task_id, ok.w, now() + $5 * interval '1 millisecond', upd.checkpoint_seq,

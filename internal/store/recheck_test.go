@@ -389,3 +389,37 @@ func TestOverturnStopsDescendantsAndDropsCheckpoints(t *testing.T) {
 		t.Errorf("b runs again on %q restoring %q, want input A from zero", b2.Inputs[0].Data, b2.Restore)
 	}
 }
+
+// Replicas are independent: a replica started after another one saved a
+// checkpoint starts from zero; an unreplicated task resumes from its
+// checkpoint as usual.
+func TestReplicasDoNotShareCheckpoints(t *testing.T) {
+	ctx := context.Background()
+	f := newVerifyFixture(t, "w1", "w2", "w3")
+	if _, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "wf", Priority: "batch",
+		Tasks: []NewTask{f.task("r")}, Replicas: 2, Quorum: 2, MaxReplicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	r1 := f.claimOn(t, "r", "w1", false)
+	if saved, err := f.s.SaveCheckpoint(ctx, r1.Attempt, r1.Worker, []byte("w1-state"), time.Minute); err != nil || !saved {
+		t.Fatalf("checkpoint of the first replica: %v, %v", saved, err)
+	}
+	if r2 := f.claimOn(t, "r", "w2", false); r2.Restore != nil {
+		t.Errorf("the second replica restores %q, the first replica's checkpoint", r2.Restore)
+	}
+
+	if _, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "plain", Priority: "batch",
+		Tasks: []NewTask{f.task("u")}}); err != nil {
+		t.Fatal(err)
+	}
+	u1 := f.claimOn(t, "u", "w3", false)
+	if saved, err := f.s.SaveCheckpoint(ctx, u1.Attempt, u1.Worker, []byte("u-state"), time.Minute); err != nil || !saved {
+		t.Fatalf("checkpoint of u: %v, %v", saved, err)
+	}
+	if acc, err := f.s.Complete(ctx, []Completion{{Attempt: u1.Attempt, Worker: u1.Worker, Reason: "exit", Message: "exit code 1"}}); err != nil || !acc[0] {
+		t.Fatalf("fail u's attempt: %v, %v", acc, err)
+	}
+	if u2 := f.claimOn(t, "u", "w1", false); string(u2.Restore) != "u-state" {
+		t.Errorf("u's retry restores %q, want its checkpoint", u2.Restore)
+	}
+}
