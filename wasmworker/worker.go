@@ -35,6 +35,12 @@ type Config struct {
 	// per result frame; long ones do not wait at this worker while others
 	// idle. At most protocol.MaxQueuePerSlot × Slots.
 	MaxQueue int
+	// RunnerQueues says that the Runner queues attempts itself and runs at
+	// most Slots at once: the worker hands it every attempt as soon as it
+	// is assigned, rather than once a slot is free. (The browser's runner
+	// does, so that a task Web Worker that finishes starts its next attempt
+	// without waiting for Go.)
+	RunnerQueues bool
 	// Kind is protocol.KindHeadless or protocol.KindBrowser.
 	Kind   string
 	Runner Runner
@@ -540,10 +546,12 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 	go func() {
 		defer cancel()
 		// Wait for a slot: queued attempts are accepted ahead of time.
-		select {
-		case w.slotSem <- struct{}{}:
-			defer func() { <-w.slotSem }()
-		case <-actx.Done():
+		if !w.cfg.RunnerQueues {
+			select {
+			case w.slotSem <- struct{}{}:
+				defer func() { <-w.slotSem }()
+			case <-actx.Done():
+			}
 		}
 		job := &Job{Assign: as, ModuleID: as.Module, Host: &host{w: w, a: a},
 			Fetch: func(ctx context.Context) ([]byte, error) { return w.fetchModule(ctx, server, as.Module) }}

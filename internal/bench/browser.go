@@ -220,7 +220,7 @@ func (b *bench) browserThroughput(ctx context.Context, p *browserPage) error {
 	for tid, t := range threads {
 		d := t.cpu - threads0[tid].cpu
 		byName[t.name] += d
-		if t.name == "DedicatedWorker thread" {
+		if strings.HasPrefix(t.name, "DedicatedWorker") {
 			workers = append(workers, d)
 		}
 	}

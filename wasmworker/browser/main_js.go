@@ -156,7 +156,8 @@ func main() {
 	b.mu.Lock()
 	threads := b.settings.Threads
 	b.mu.Unlock()
-	w := wasmworker.New(wasmworker.Config{Servers: []string{init.server}, Slots: threads, Queue: queuePerThread * threads, MaxQueue: maxQueuePerThread * threads,
+	w := wasmworker.New(wasmworker.Config{Servers: []string{init.server}, Slots: threads, Queue: queuePerThread * threads,
+		MaxQueue: maxQueuePerThread * threads, RunnerQueues: true,
 		Kind: protocol.KindBrowser, Runner: r, Device: b.protocolDevice, Volunteer: init.volunteer, Logger: log,
 		Gather: gather})
 	r.connected = func() bool { return w.Stats().Connected }
@@ -180,7 +181,8 @@ func main() {
 	postStatus := func() {
 		st := w.Stats()
 		why := b.pause()
-		running, cpu := r.snapshot()
+		_, cpu := r.snapshot()
+		running := r.running()
 		list := make([]any, len(running))
 		for i, a := range running {
 			list[i] = map[string]any{"task": a.task, "progress": a.progress, "attempt": a.attempt}
