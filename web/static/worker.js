@@ -251,7 +251,7 @@ function makeTasks(taskJs, server) {
   // events function; its wall time counts from its start.
   function run(attempt, moduleId, pages, args, stdin, inputs, restore, seedHi, seedLo, ckptMs, share,
     wallMs, outputBytes, logBytes, prepareMs) {
-    const r = { w: null, over: false, prepareMs, wall: 0, startedAt: 0 };
+    const r = { w: null, over: false, prepareMs, startedAt: 0, deadline: 0 };
     runs.set(attempt, r);
     const key = moduleId + "/" + pages;
     const p = {
@@ -266,27 +266,19 @@ function makeTasks(taskJs, server) {
       (err) => { if (!r.over) { r.over = true; runs.delete(attempt); fail(attempt, "module", String(err)); } });
   }
 
-  function start(attempt, r, p, mod) {
-    const w = idle.pop() || spawn();
-    r.w = w;
-    counts.busy++;
-    active++;
-    if (!w.ctl) { w.ctl = new SharedArrayBuffer(8); w.mods = new Set(); p.ctl = w.ctl; }
-    if (!w.mods.has(p.key)) {
-      if (w.mods.size >= 16) { w.mods.clear(); p.reset = true; }
-      w.mods.add(p.key);
-      p.module = mod;
-    }
-    const finish = () => {
-      r.over = true; counts.busy--; active--; runs.delete(attempt);
-      if (r.wall) clearTimeout(r.wall);
-    };
+  // A task Web Worker's handlers are set once; they act on its current
+  // attempt (w.cur: {attempt, r}).
+  function spawnFor() {
+    const w = spawn();
     w.onmessage = (e) => {
-      if (r.over) return;
+      const c = w.cur;
+      if (!c || c.r.over) return;
+      const { attempt, r } = c;
       const m = e.data;
       if (m.type === "done") {
         const back = now();
-        finish();
+        finish(attempt, r);
+        w.cur = null;
         if (idle.length < 16) idle.push(w); else kill(w);
         const t = m.t;
         if (!m.reason && t) {
@@ -302,21 +294,50 @@ function makeTasks(taskJs, server) {
     };
     w.onerror = (e) => {
       e.preventDefault();
-      if (r.over) return;
-      finish(); kill(w);
-      end(attempt, "worker", "the task Web Worker failed: " + (e.message || "error"), pack([], EMPTY), now() - r.startedAt);
+      const c = w.cur;
+      if (!c || c.r.over) return;
+      finish(c.attempt, c.r); kill(w);
+      end(c.attempt, "worker", "the task Web Worker failed: " + (e.message || "error"), pack([], EMPTY), now() - c.r.startedAt);
       pump();
     };
     w.onmessageerror = w.onerror;
-    // The wall time limit: the task Web Worker is terminated (Go words the
-    // message).
-    r.wall = setTimeout(() => {
-      if (r.over) return;
-      finish(); kill(w);
-      end(attempt, "limit_wall_time", null, pack([], EMPTY), now() - r.startedAt);
-      pump();
-    }, Math.min(p.limits.wallMs, 0x7fffffff));
+    return w;
+  }
+
+  function finish(attempt, r) { r.over = true; counts.busy--; active--; runs.delete(attempt); }
+
+  // The wall time limit, counted from an attempt's start: checked every
+  // 50 ms while attempts run (one timer rather than one per attempt); the
+  // task Web Worker of an attempt past its limit is terminated (Go words
+  // the message).
+  let wallTimer = 0;
+  function checkWall() {
+    const t = now();
+    for (const [attempt, r] of runs) {
+      if (r.w && !r.over && t >= r.deadline) {
+        finish(attempt, r); kill(r.w);
+        end(attempt, "limit_wall_time", null, pack([], EMPTY), t - r.startedAt);
+      }
+    }
+    pump();
+    if (active === 0) { clearInterval(wallTimer); wallTimer = 0; }
+  }
+
+  function start(attempt, r, p, mod) {
+    const w = idle.pop() || spawnFor();
+    r.w = w;
+    w.cur = { attempt, r };
+    counts.busy++;
+    active++;
+    if (!w.ctl) { w.ctl = new SharedArrayBuffer(8); w.mods = new Set(); p.ctl = w.ctl; }
+    if (!w.mods.has(p.key)) {
+      if (w.mods.size >= 16) { w.mods.clear(); p.reset = true; }
+      w.mods.add(p.key);
+      p.module = mod;
+    }
     p.postedAt = r.startedAt = now();
+    r.deadline = r.startedAt + p.limits.wallMs;
+    if (!wallTimer) wallTimer = setInterval(checkWall, 50);
     w.postMessage(p);
   }
 
@@ -329,7 +350,6 @@ function makeTasks(taskJs, server) {
     runs.delete(attempt);
     if (r.w) {
       counts.busy--; active--; kill(r.w);
-      if (r.wall) clearTimeout(r.wall);
       pump();
     }
   }
