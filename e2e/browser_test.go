@@ -336,3 +336,35 @@ func TestBrowserMemoryLimit(t *testing.T) {
 		t.Fatalf("attempts %+v (%v): want one ended by limit_memory", as, err)
 	}
 }
+
+// A task that outlives its wall time in the browser fails with
+// limit_wall_time (counted from its start in a task Web Worker, not from
+// its assignment), and its task Web Worker is terminated; the page goes on
+// with the next task.
+func TestBrowserWallTimeLimit(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	spin := push(t, p.client, "spin")
+	noop := push(t, p.client, "noop")
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, p.srv.url)
+	before := b.status().TaskWorkers
+	id := submit(t, p.client, workflow("wall", task{"name": "loop", "module": spin, "max_attempts": 1, "timeout": "2s"},
+		task{"name": "after", "module": noop}))
+	st := wait(t, p.client, id, 60*time.Second)
+	if st.State != "failed" {
+		t.Fatalf("workflow %s: want failed", st.State)
+	}
+	as, err := p.client.Attempts(context.Background(), id, "loop")
+	if err != nil || len(as) != 1 || !strings.HasPrefix(as[0].Reason, "limit_wall_time: wall time limit of 2s exceeded") {
+		t.Fatalf("attempts %+v (%v): want one ended by limit_wall_time", as, err)
+	}
+	if s := b.status().TaskWorkers; s.Terminated != before.Terminated+1 {
+		t.Fatalf("task Web Workers terminated: %d, want %d", s.Terminated, before.Terminated+1)
+	}
+	for _, task := range st.Tasks {
+		if task.Name == "after" && task.State != "done" {
+			t.Fatalf("the next task: %+v", task)
+		}
+	}
+}

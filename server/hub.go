@@ -26,7 +26,7 @@ type conn struct {
 	// session is this connection's row in worker_sessions.
 	session int64
 	kind    string
-	slots   int
+	threads int // the worker's slots (hello.slots); slots adds its queue
 	ws      *websocket.Conn
 	done    chan struct{} // closed when the connection ends
 
@@ -47,7 +47,9 @@ type conn struct {
 	// it is given nothing until it speaks again (see hub.reserve).
 	heard atomic.Int64
 
-	// Guarded by hub.mu.
+	// Guarded by hub.mu. slots is the worker's slots plus its queue (a
+	// heartbeat may change the queue); free the part of it not taken.
+	slots   int
 	free    int
 	paused  bool
 	running map[int64]struct{}
@@ -178,6 +180,18 @@ func (h *hub) reserve(max int) []*conn {
 		}
 	}
 	return slots
+}
+
+// setQueue changes c's queue to queue attempts ahead of time. Room taken
+// beyond the new size is not taken back: free goes below 0 until enough
+// of c's attempts end. It reports whether c has more free room than before.
+func (h *hub) setQueue(c *conn, queue int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	d := c.threads + queue - c.slots
+	c.slots += d
+	c.free += d
+	return d > 0 && c.free > 0
 }
 
 // release gives back reserved slots that received no task; slots of a
@@ -408,7 +422,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 		return nil, fmt.Errorf("unknown worker kind %q", h.Kind)
 	case h.Slots < 1 || h.Slots > 256:
 		return nil, fmt.Errorf("slots must be 1 to 256, got %d", h.Slots)
-	case h.Queue < 0 || h.Queue > 4*h.Slots:
+	case h.Queue < 0 || h.Queue > 32*h.Slots:
 		return nil, fmt.Errorf("queue must be 0 to 4 times the slots, got %d", h.Queue)
 	case len(h.Running) > h.Slots+h.Queue:
 		return nil, fmt.Errorf("%d running attempts for %d slots and a queue of %d", len(h.Running), h.Slots, h.Queue)
@@ -431,7 +445,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 	}
 	id, token, lost := reg.ID, reg.Token, reg.Lost
 	c := &conn{
-		id: id, session: reg.Session, kind: h.Kind, slots: h.Slots + h.Queue, ws: ws,
+		id: id, session: reg.Session, kind: h.Kind, threads: h.Slots, slots: h.Slots + h.Queue, ws: ws,
 		done:    make(chan struct{}),
 		log:     s.log.With("worker", id, "kind", h.Kind),
 		running: map[int64]struct{}{}, paused: h.Device.Paused,
@@ -527,9 +541,19 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 				}(*hb.Device)
 			}
 		}
-		// Running and queued attempts, plus outcomes awaiting their ack.
-		if len(hb.Running) > 2*c.slots+16 {
-			return fmt.Errorf("heartbeat lists %d attempts for %d slots and queue", len(hb.Running), c.slots)
+		if hb.Queue != nil {
+			if q := *hb.Queue; q < 0 || q > protocol.MaxQueuePerSlot*c.threads {
+				return fmt.Errorf("queue must be 0 to %d times the slots, got %d", protocol.MaxQueuePerSlot, q)
+			}
+			if s.hub.setQueue(c, *hb.Queue) {
+				s.wake()
+			}
+		}
+		// Running and queued attempts, plus outcomes awaiting their ack
+		// (the queue may have been larger when they were assigned).
+		if most := (1 + protocol.MaxQueuePerSlot) * c.threads; len(hb.Running) > 2*most+16 {
+			return fmt.Errorf("heartbeat lists %d attempts for %d slots and a queue of at most %d", len(hb.Running), c.threads,
+				most-c.threads)
 		}
 		var rs []renewal
 		for _, p := range hb.Running {

@@ -77,3 +77,35 @@ func TestAssignFrames(t *testing.T) {
 		t.Errorf("no attempts in %d frames", len(got))
 	}
 }
+
+// A heartbeat's queue changes the room of a worker: more room is free at
+// once; less takes back only room that is free, the rest as attempts end.
+func TestSetQueue(t *testing.T) {
+	h := newHub(time.Minute)
+	c := &conn{id: "w", threads: 2, slots: 10, free: 10, running: map[int64]struct{}{}}
+	c.heard.Store(time.Now().UnixNano())
+	h.add(c)
+	if !h.setQueue(c, 64) || c.slots != 66 || c.free != 66 {
+		t.Fatalf("grown to a queue of 64: slots %d, free %d; want 66, 66", c.slots, c.free)
+	}
+	slots := h.reserve(100)
+	if len(slots) != 66 {
+		t.Fatalf("reserved %d, want 66", len(slots))
+	}
+	if !h.started(c, []int64{1, 2, 3}) {
+		t.Fatal("started refused")
+	}
+	h.release(slots[3:])
+	if h.setQueue(c, 0) || c.slots != 2 || c.free != -1 {
+		t.Fatalf("shrunk to no queue with 3 attempts held: slots %d, free %d; want 2, -1", c.slots, c.free)
+	}
+	if len(h.reserve(100)) != 0 {
+		t.Fatal("reserved room of a worker over its new size")
+	}
+	for _, a := range []int64{1, 2} {
+		h.finished(c, a)
+	}
+	if slots := h.reserve(100); len(slots) != 1 {
+		t.Fatalf("reserved %d once two of three ended, want 1", len(slots))
+	}
+}

@@ -27,6 +27,20 @@ type Config struct {
 	// Queue is the number of attempts accepted ahead of time, waiting for
 	// a free slot (default 0).
 	Queue int
+	// MaxQueue, when above Queue, lets the queue adapt to the attempts:
+	// starting at Queue, the worker asks (in heartbeats) for as many as
+	// keep its slots busy for about queueAhead, between one per slot and
+	// MaxQueue, and for no more than queueBytes of payload waiting. Short,
+	// small attempts then travel in larger batches per dispatch round and
+	// per result frame; long ones do not wait at this worker while others
+	// idle. At most protocol.MaxQueuePerSlot × Slots.
+	MaxQueue int
+	// RunnerQueues says that the Runner queues attempts itself and runs at
+	// most Slots at once: the worker hands it every attempt as soon as it
+	// is assigned, rather than once a slot is free. (The browser's runner
+	// does, so that a task Web Worker that finishes starts its next attempt
+	// without waiting for Go.)
+	RunnerQueues bool
 	// Kind is protocol.KindHeadless or protocol.KindBrowser.
 	Kind   string
 	Runner Runner
@@ -64,6 +78,9 @@ type Worker struct {
 	stats     Stats
 	slotSem   chan struct{} // one token per slot
 	hbNow     chan struct{} // asks for a heartbeat before the next tick
+	queue     int           // the queue asked for (Config.Queue until it adapts)
+	recent    recentRuns    // of the attempts that ended, for the queue
+	announced time.Time     // when a change of queue last asked for a heartbeat
 }
 
 // Stats counts what a worker did since it started.
@@ -104,9 +121,10 @@ func New(cfg Config) *Worker {
 	if cfg.Queue < 0 {
 		cfg.Queue = 0
 	}
+	cfg.MaxQueue = min(cfg.MaxQueue, protocol.MaxQueuePerSlot*cfg.Slots)
 	return &Worker{cfg: cfg, log: cfg.Logger, running: map[int64]*attempt{}, pending: map[int64]*protocol.Frame{},
 		modules: map[string][]byte{}, connected: make(chan struct{}), slotSem: make(chan struct{}, cfg.Slots), hbNow: make(chan struct{}, 1),
-		outboxNew: make(chan struct{}, 1)}
+		outboxNew: make(chan struct{}, 1), queue: cfg.Queue}
 }
 
 // Stats returns a snapshot of the worker's counters.
@@ -186,7 +204,7 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	defer scancel()
 
 	w.mu.Lock()
-	hello := &protocol.Hello{Version: protocol.Version, Kind: w.cfg.Kind, Slots: w.cfg.Slots, Queue: w.cfg.Queue, WorkerID: w.id,
+	hello := &protocol.Hello{Version: protocol.Version, Kind: w.cfg.Kind, Slots: w.cfg.Slots, Queue: w.queue, WorkerID: w.id,
 		ReconnectToken: w.token, Volunteer: w.cfg.Volunteer, Device: w.cfg.Device()}
 	for id := range w.running {
 		hello.Running = append(hello.Running, id)
@@ -199,8 +217,13 @@ func (w *Worker) session(ctx context.Context, server string) error {
 		}
 	}
 	w.mu.Unlock()
-	if len(hello.Running) > w.cfg.Slots+w.cfg.Queue {
-		hello.Running = hello.Running[:w.cfg.Slots+w.cfg.Queue]
+	// A queue that shrank may still hold more than it now allows: ask for
+	// room for them, as far as the largest queue allows.
+	if more := len(hello.Running) - w.cfg.Slots; more > hello.Queue {
+		hello.Queue = min(more, max(w.cfg.Queue, w.cfg.MaxQueue))
+	}
+	if len(hello.Running) > w.cfg.Slots+hello.Queue {
+		hello.Running = hello.Running[:w.cfg.Slots+hello.Queue]
 	}
 	if err := writeFrame(sctx, ws, &protocol.Frame{Type: protocol.TypeHello, Hello: hello}); err != nil {
 		return err
@@ -440,6 +463,10 @@ func (w *Worker) heartbeatLoop(ctx context.Context, every time.Duration) error {
 			}
 		}
 		hb.Free = max(w.cfg.Slots-len(w.running), 0)
+		if w.cfg.MaxQueue > w.cfg.Queue {
+			q := w.queue
+			hb.Queue = &q
+		}
 		w.mu.Unlock()
 		w.send(&protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: hb})
 	}
@@ -519,10 +546,12 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 	go func() {
 		defer cancel()
 		// Wait for a slot: queued attempts are accepted ahead of time.
-		select {
-		case w.slotSem <- struct{}{}:
-			defer func() { <-w.slotSem }()
-		case <-actx.Done():
+		if !w.cfg.RunnerQueues {
+			select {
+			case w.slotSem <- struct{}{}:
+				defer func() { <-w.slotSem }()
+			case <-actx.Done():
+			}
 		}
 		job := &Job{Assign: as, ModuleID: as.Module, Host: &host{w: w, a: a},
 			Fetch: func(ctx context.Context) ([]byte, error) { return w.fetchModule(ctx, server, as.Module) }}
@@ -542,6 +571,7 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		} else {
 			w.stats.Failed++
 		}
+		announce := w.adaptQueue(out.Duration, payloadBytes(as))
 		// Even a cancelled attempt reports: the server frees its slot on the
 		// report (and refuses it, the attempt being over already).
 		w.pending[as.Attempt] = f
@@ -550,6 +580,9 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		select {
 		case w.outboxNew <- struct{}{}:
 		default:
+		}
+		if announce {
+			w.DeviceChanged() // a heartbeat now carries the new queue
 		}
 	}()
 }

@@ -183,6 +183,8 @@ type bench struct {
 	url     string
 	client  *client.Client
 	noop    string
+	// browserPID is the Chromium of the browser part, once started.
+	browserPID int
 }
 
 func (b *bench) printf(format string, args ...any) {

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/chromedp/chromedp"
@@ -72,6 +74,9 @@ func (b *bench) openBrowser(ctx context.Context, threads int) (*browserPage, err
 		chromedp.Navigate(b.url+"/?autostart=1"))
 	if err == nil {
 		err = p.waitFor(30*time.Second, func(s pageStatus) bool { return s.Connected })
+	}
+	if c := chromedp.FromContext(cctx); c != nil && c.Browser != nil && c.Browser.Process() != nil {
+		b.browserPID = c.Browser.Process().Pid
 	}
 	if err != nil {
 		p.cancel()
@@ -191,6 +196,8 @@ func (b *bench) browserSingle(ctx context.Context, p *browserPage) error {
 // durably by the one page.
 func (b *bench) browserThroughput(ctx context.Context, p *browserPage) error {
 	wf := b.workflowJSON("browser-dispatch", b.cfg.BrowserTasks)
+	batches0, cpu0 := b.batchStats(ctx), b.cpuNow()
+	threads0 := threadCPU(b.browserPID)
 	start := time.Now()
 	s, err := b.client.Submit(ctx, wf)
 	if err != nil {
@@ -200,8 +207,47 @@ func (b *bench) browserThroughput(ctx context.Context, p *browserPage) error {
 		return err
 	}
 	took := time.Since(start)
+	cpu, threads := b.cpuNow().sub(cpu0), threadCPU(b.browserPID)
 	b.printf("browser_tasks_per_s: %.0f", float64(b.cfg.BrowserTasks)/took.Seconds())
 	b.printf("browser_dispatch_total_s: %.2f", took.Seconds())
+	b.printCPU("browser_dispatch", cpu, b.cfg.BrowserTasks, took)
+	// Chromium's threads by name, those that took at least a twentieth of
+	// Chromium's time; the Web Workers' threads share one name, so the
+	// busiest three of them also go one by one (the Go worker's and the
+	// two task Web Workers', most likely).
+	byName := map[string]time.Duration{}
+	var workers []time.Duration
+	for tid, t := range threads {
+		d := t.cpu - threads0[tid].cpu
+		byName[t.name] += d
+		if strings.HasPrefix(t.name, "DedicatedWorker") {
+			workers = append(workers, d)
+		}
+	}
+	names := make([]string, 0, len(byName))
+	for name := range byName {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	key := func(name string) string {
+		return strings.Map(func(r rune) rune {
+			if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+				return r
+			}
+			return '_'
+		}, strings.ToLower(name))
+	}
+	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(b.cfg.BrowserTasks) }
+	for _, name := range names {
+		if d := byName[name]; d > 0 && d*20 >= cpu.browser {
+			b.printf("browser_dispatch_cpu_us_per_task_chromium_thread_%s: %.0f", key(name), per(d))
+		}
+	}
+	sort.Slice(workers, func(i, j int) bool { return workers[i] > workers[j] })
+	for i, d := range workers[:min(3, len(workers))] {
+		b.printf("browser_dispatch_cpu_us_per_task_chromium_web_worker_%d: %.0f", i+1, per(d))
+	}
+	b.printBatches("browser_dispatch", batches0, b.batchStats(ctx))
 	return nil
 }
 

@@ -18,18 +18,20 @@ const clockTick = 10 * time.Millisecond
 
 // cpuShare is the CPU time (user plus system) used by the benchmark's
 // processes, by role: the server, the worker parents, their slot processes,
-// PostgreSQL (the postmaster and its backends) and the benchmark itself
-// (the submission request and the polling).
+// PostgreSQL (the postmaster and its backends), Chromium (every process of
+// the browser part's Chromium) and the benchmark itself (the submission
+// request and the polling).
 type cpuShare struct {
-	server, workers, slots, postgres, bench time.Duration
+	server, workers, slots, postgres, browser, bench time.Duration
 }
 
 func (c cpuShare) total() time.Duration {
-	return c.server + c.workers + c.slots + c.postgres + c.bench
+	return c.server + c.workers + c.slots + c.postgres + c.browser + c.bench
 }
 
 func (c cpuShare) sub(o cpuShare) cpuShare {
-	return cpuShare{c.server - o.server, c.workers - o.workers, c.slots - o.slots, c.postgres - o.postgres, c.bench - o.bench}
+	return cpuShare{c.server - o.server, c.workers - o.workers, c.slots - o.slots, c.postgres - o.postgres,
+		c.browser - o.browser, c.bench - o.bench}
 }
 
 // procStat is what cpuNow reads of one process.
@@ -108,6 +110,8 @@ func (b *bench) cpuNow() cpuShare {
 			c.workers += st.cpu
 		case workers[top]:
 			c.slots += st.cpu
+		case top == b.browserPID:
+			c.browser += st.cpu
 		default:
 			c.postgres += st.cpu // PostgreSQL is the benchmark's only other child
 		}
@@ -123,6 +127,9 @@ func (b *bench) printCPU(part string, d cpuShare, tasks int, wall time.Duration)
 	b.printf("%s_cpu_us_per_task_workers: %.0f", part, per(d.workers))
 	b.printf("%s_cpu_us_per_task_slots: %.0f", part, per(d.slots))
 	b.printf("%s_cpu_us_per_task_postgres: %.0f", part, per(d.postgres))
+	if d.browser > 0 {
+		b.printf("%s_cpu_us_per_task_chromium: %.0f", part, per(d.browser))
+	}
 	b.printf("%s_cpu_us_per_task_bench: %.0f", part, per(d.bench))
 	b.printf("%s_cpu_cores: %.2f", part, float64(d.total())/float64(wall))
 }
@@ -176,4 +183,52 @@ func (b *bench) printBatches(part string, before, after map[string][3]float64) {
 		b.printf("%s_%s_batch_mean_size: %.1f", part, op, (after[op][1]-before[op][1])/n)
 		b.printf("%s_%s_batch_mean_ms: %.2f", part, op, 1000*(after[op][2]-before[op][2])/n)
 	}
+}
+
+// threadStat is the name and CPU time of one thread.
+type threadStat struct {
+	name string
+	cpu  time.Duration
+}
+
+// threadCPU reads the CPU time of every thread of pid and of its
+// descendants, by thread id (Chromium names its threads: the Web Workers'
+// are "DedicatedWorker thread", the page's "CrRendererMain").
+func threadCPU(pid int) map[int]threadStat {
+	out := map[int]threadStat{}
+	kids := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, ok := readProcStat(p); ok {
+			kids[st.ppid] = append(kids[st.ppid], p)
+		}
+	}
+	for todo := []int{pid}; len(todo) > 0; {
+		p := todo[0]
+		todo = append(todo[1:], kids[p]...)
+		tasks, _ := os.ReadDir(filepath.Join("/proc", strconv.Itoa(p), "task"))
+		for _, t := range tasks {
+			data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p), "task", t.Name(), "stat"))
+			if err != nil {
+				continue
+			}
+			i, j := bytes.IndexByte(data, '('), bytes.LastIndexByte(data, ')')
+			if i < 0 || j < i {
+				continue
+			}
+			f := bytes.Fields(data[j+1:])
+			if len(f) < 13 {
+				continue
+			}
+			ut, _ := strconv.ParseInt(string(f[11]), 10, 64)
+			st, _ := strconv.ParseInt(string(f[12]), 10, 64)
+			tid, _ := strconv.Atoi(t.Name())
+			out[tid] = threadStat{string(data[i+1 : j]), time.Duration(ut+st) * clockTick}
+		}
+	}
+	return out
 }

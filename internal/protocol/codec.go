@@ -87,9 +87,12 @@ func Decode(data []byte, binaryMsg bool) (*Frame, error) {
 			return nil, fmt.Errorf("decode frame: text message of %d bytes is over the %d-byte header limit", len(hdr), MaxHeaderBytes)
 		}
 	}
-	f := new(Frame)
-	if err := json.Unmarshal(hdr, f); err != nil {
-		return nil, fmt.Errorf("decode frame: %w", err)
+	f, ok := decodeFast(hdr)
+	if !ok {
+		f = new(Frame)
+		if err := json.Unmarshal(hdr, f); err != nil {
+			return nil, fmt.Errorf("decode frame: %w", err)
+		}
 	}
 	if err := f.check(); err != nil {
 		return nil, fmt.Errorf("decode %q frame: %w", f.Type, err)

@@ -85,8 +85,9 @@ type Hello struct {
 	Kind    string `json:"kind"`
 	Slots   int    `json:"slots"`
 	// Queue is how many attempts beyond Slots the worker accepts ahead of
-	// time; they wait at the worker for a free slot (and their leases are
-	// renewed like running ones), which hides the dispatch round trip.
+	// time (0 to MaxQueuePerSlot × Slots); they wait at the worker for a
+	// free slot (and their leases are renewed like running ones), which
+	// hides the dispatch round trip. A heartbeat may change it.
 	Queue int `json:"queue,omitempty"`
 	// WorkerID and ReconnectToken, when set, resume an earlier identity so
 	// that attempts held by that identity can still report.
@@ -145,7 +146,15 @@ type Heartbeat struct {
 	Running []Progress `json:"running"`
 	Free    int        `json:"free"` // idle slots
 	Device  *Device    `json:"device,omitempty"`
+	// Queue, when set, replaces hello's queue from now on (0 to
+	// MaxQueuePerSlot × slots): a worker may queue more attempts ahead of
+	// time when they turn out short and small, and fewer when long.
+	Queue *int `json:"queue,omitempty"`
 }
+
+// MaxQueuePerSlot bounds a worker's queue (Hello.Queue, Heartbeat.Queue):
+// at most this many attempts per slot wait at a worker ahead of time.
+const MaxQueuePerSlot = 32
 
 // Checkpoint saves the state of a running attempt; its Blob carries the state.
 type Checkpoint struct {

@@ -121,22 +121,28 @@ func strOr(v js.Value) string {
 }
 
 // queuePerThread is the number of attempts accepted ahead of time per
-// thread (the most the server allows), so that a task Web Worker that
-// finishes starts its next attempt at once instead of after a dispatch
-// round trip. A closed or frozen tab cannot keep that room: the server
-// gives nothing to a worker it has not heard from for a little over two
-// heartbeat intervals (server/hub.go, reserve), long before the lapsed
-// leases of its attempts requeue their tasks, so their retries go to live
-// workers (TestBrowserTabClosedResumesFromCheckpoint). Throughput and
+// thread at first, so that a task Web Worker that finishes starts its next
+// attempt at once instead of after a dispatch round trip. The queue then
+// adapts to the attempts (wasmworker.Config.MaxQueue): up to
+// maxQueuePerThread per thread while they are short and small, so that the
+// server claims and commits them in larger batches, and down to one per
+// thread when they are long. A closed or frozen tab cannot keep that room:
+// the server gives nothing to a worker it has not heard from for a little
+// over two heartbeat intervals (server/hub.go, reserve), long before the
+// lapsed leases of its attempts requeue their tasks, so their retries go to
+// live workers (TestBrowserTabClosedResumesFromCheckpoint). Throughput and
 // where the time goes: docs/BENCHMARKS.md, "The browser worker".
-const queuePerThread = 4
+const (
+	queuePerThread    = 4
+	maxQueuePerThread = 32
+)
 
 // gather is how long a finished attempt's outcome may wait for others
 // while the worker has more to do, so that they travel in one frame and
 // the server commits them in one batch (and claims their successors in
 // one round): 3 ms cut the CPU per task by 10 to 15% against 1 ms. A lone
 // outcome (nothing else running or queued) goes at once.
-const gather = 3 * time.Millisecond
+const gather = 8 * time.Millisecond
 
 func main() {
 	self := js.Global()
@@ -151,6 +157,7 @@ func main() {
 	threads := b.settings.Threads
 	b.mu.Unlock()
 	w := wasmworker.New(wasmworker.Config{Servers: []string{init.server}, Slots: threads, Queue: queuePerThread * threads,
+		MaxQueue: maxQueuePerThread * threads, RunnerQueues: true,
 		Kind: protocol.KindBrowser, Runner: r, Device: b.protocolDevice, Volunteer: init.volunteer, Logger: log,
 		Gather: gather})
 	r.connected = func() bool { return w.Stats().Connected }
@@ -174,7 +181,8 @@ func main() {
 	postStatus := func() {
 		st := w.Stats()
 		why := b.pause()
-		running, cpu := r.snapshot()
+		_, cpu := r.snapshot()
+		running := r.running()
 		list := make([]any, len(running))
 		for i, a := range running {
 			list[i] = map[string]any{"task": a.task, "progress": a.progress, "attempt": a.attempt}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sort"
 	"strings"
 	"sync"
@@ -29,9 +30,12 @@ const (
 // runner is the browser's wasmworker.Runner: every attempt runs in a task Web
 // Worker (web/static/task.js), managed by self.cyclepoolTasks in worker.js.
 // Every value that crosses syscall/js costs (a call, a reference with a
-// finalizer, a string conversion), so an attempt crosses with one call of
-// run and comes back through one long-lived event function, and its
-// outputs as one packed byte array.
+// finalizer, a string conversion) and every event that resumes Go costs
+// more (its scheduler and timers), so an attempt crosses with one call of
+// run as soon as it is assigned (worker.js queues it and runs as many at
+// once as there are threads: wasmworker.Config.RunnerQueues), and comes
+// back through one long-lived event function, with the other attempts that
+// ended meanwhile, packed in one byte array.
 type runner struct {
 	tasks     js.Value
 	run_      js.Value // tasks.run
@@ -43,8 +47,9 @@ type runner struct {
 	connected func() bool // whether the worker has a connection now
 
 	mu       sync.Mutex
-	runs     map[int64]*taskRun
-	handlers map[int64]func(kind int, a []js.Value) // by attempt: its events
+	runs     map[int64]*taskRun                     // handed to worker.js, waiting or running
+	handlers map[int64]func(kind int, a []js.Value) // by attempt: its progress and checkpoint events
+	ends     map[int64]chan ended                   // by attempt: where its end goes
 	cpu      time.Duration
 	ended    int     // Run calls returned (their outcomes go to the worker then)
 	returned float64 // ms from done events to Run's return, summed (the trace's last segment)
@@ -63,8 +68,12 @@ type taskRun struct {
 
 func newRunner(tasks js.Value, b *bridge, log *slog.Logger) *runner {
 	r := &runner{tasks: tasks, run_: tasks.Get("run"), terminate: tasks.Get("terminate"), answer: tasks.Get("answer"),
-		b: b, log: log, runs: map[int64]*taskRun{}, handlers: map[int64]func(int, []js.Value){}}
+		b: b, log: log, runs: map[int64]*taskRun{}, handlers: map[int64]func(int, []js.Value){}, ends: map[int64]chan ended{}}
 	r.events = js.FuncOf(func(_ js.Value, a []js.Value) any {
+		if a[1].Int() == eventEnded {
+			r.onEnded(bytesFromJS(a[2]))
+			return nil
+		}
 		attempt := int64(a[0].Float())
 		r.mu.Lock()
 		h := r.handlers[attempt]
@@ -74,8 +83,75 @@ func newRunner(tasks js.Value, b *bridge, log *slog.Logger) *runner {
 		}
 		return nil
 	})
-	tasks.Call("listen", r.events)
+	b.mu.Lock()
+	threads := b.settings.Threads
+	b.mu.Unlock()
+	tasks.Call("listen", r.events, threads)
 	return r
+}
+
+// ended is how an attempt ended, as worker.js reported it.
+type ended struct {
+	reason, message string // reason "" on success
+	packed          []byte // outputs and log (worker.js's pack)
+	ran             time.Duration
+	at              time.Time
+}
+
+// onEnded hands the attempts worker.js reports ended (packed by its
+// flushEnded) to their Run calls.
+func (r *runner) onEnded(b []byte) {
+	at := time.Now()
+	bad := func() { r.log.Error("worker.js: ended attempts cut short") }
+	u32 := func() (uint32, bool) {
+		if len(b) < 4 {
+			return 0, false
+		}
+		v := binary.LittleEndian.Uint32(b)
+		b = b[4:]
+		return v, true
+	}
+	bytes := func() ([]byte, bool) {
+		n, ok := u32()
+		if !ok || n == 0xffffffff || uint64(n) > uint64(len(b)) {
+			return nil, ok && n == 0xffffffff
+		}
+		v := b[:n:n]
+		b = b[n:]
+		return v, true
+	}
+	count, ok := u32()
+	if !ok {
+		bad()
+		return
+	}
+	for range count {
+		if len(b) < 16 {
+			bad()
+			return
+		}
+		attempt := int64(math.Float64frombits(binary.LittleEndian.Uint64(b)))
+		ms := math.Float64frombits(binary.LittleEndian.Uint64(b[8:]))
+		b = b[16:]
+		reason, ok1 := bytes()
+		message, ok2 := bytes()
+		packed, ok3 := bytes()
+		if !ok1 || !ok2 || !ok3 {
+			bad()
+			return
+		}
+		e := ended{reason: string(reason), message: string(message), packed: packed,
+			ran: time.Duration(ms * float64(time.Millisecond)), at: at}
+		r.mu.Lock()
+		ch := r.ends[attempt]
+		r.mu.Unlock()
+		if ch != nil {
+			select {
+			case ch <- e:
+			default:
+			}
+		}
+	}
 }
 
 // traced returns where successful attempts' time went inside the browser
@@ -91,6 +167,8 @@ func (r *runner) traced() js.Value {
 	return r.tasks.Call("traced", ret)
 }
 
+// snapshot returns the attempts handed to worker.js (waiting for a task
+// Web Worker or running) and the CPU time used.
 func (r *runner) snapshot() ([]taskRun, time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -100,6 +178,25 @@ func (r *runner) snapshot() ([]taskRun, time.Duration) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].attempt < out[j].attempt })
 	return out, r.cpu
+}
+
+// running returns the attempts running in task Web Workers now, as the
+// page shows them.
+func (r *runner) running() []taskRun {
+	list := r.tasks.Call("running")
+	n := list.Length()
+	on := make(map[int64]bool, n)
+	for i := range n {
+		on[int64(list.Index(i).Float())] = true
+	}
+	all, _ := r.snapshot()
+	out := all[:0]
+	for _, t := range all {
+		if on[t.attempt] {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // settingsChanged stops the running attempts when the volunteer's settings
@@ -135,9 +232,11 @@ func fail(start time.Time, reason, format string, args ...any) *wasmworker.Outco
 	return &wasmworker.Outcome{Reason: reason, Message: fmt.Sprintf(format, args...), Duration: time.Since(start)}
 }
 
-// Run runs one attempt in a task Web Worker and waits for its outcome, for
-// the attempt's cancellation, for its wall time, or for the volunteer to
-// pause; the last three terminate the task Web Worker.
+// Run hands one attempt to worker.js, which runs it in a task Web Worker
+// once one is free, and waits for its outcome, for the attempt's
+// cancellation, or for the volunteer to pause; the last two terminate the
+// task Web Worker (or drop the attempt if it still waits). worker.js
+// enforces the wall time, counted from the attempt's start.
 func (r *runner) Run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outcome {
 	defer func() {
 		r.mu.Lock()
@@ -151,8 +250,7 @@ func (r *runner) Run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 const (
 	eventProgress   = 0
 	eventCheckpoint = 1
-	eventDone       = 2
-	eventStarted    = 3 // after its module compiled, for an attempt whose run returned false
+	eventEnded      = 4 // attempts that ended, packed (attempt 0)
 )
 
 func (r *runner) run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outcome {
@@ -204,15 +302,8 @@ func (r *runner) run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 		}
 		args = list
 	}
-	wall := time.NewTimer(time.Duration(lim.WallMS) * time.Millisecond)
-	defer wall.Stop()
-
 	tr := &taskRun{attempt: as.Attempt, task: as.Task, stop: make(chan string, 1)}
-	type doneMsg struct {
-		out *wasmworker.Outcome
-		at  time.Time
-	}
-	done := make(chan doneMsg, 1)
+	done := make(chan ended, 1)
 	handle := func(kind int, a []js.Value) {
 		switch kind {
 		case eventProgress:
@@ -247,51 +338,41 @@ func (r *runner) run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 				}
 				r.answer.Invoke(float64(as.Attempt), code)
 			}()
-		case eventDone:
-			done <- doneMsg{out: outcomeFromJS(a[0], a[1], a[2], start), at: time.Now()}
-		case eventStarted:
-			r.mu.Lock()
-			r.runs[as.Attempt] = tr
-			r.mu.Unlock()
 		}
 	}
 	r.mu.Lock()
 	r.handlers[as.Attempt] = handle
+	r.ends[as.Attempt] = done
+	r.runs[as.Attempt] = tr
 	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
 		delete(r.runs, as.Attempt)
 		delete(r.handlers, as.Attempt)
+		delete(r.ends, as.Attempt)
 		r.mu.Unlock()
 	}()
 
 	share := r.b.share()
-	// The attempt counts as running (the page shows it) once its task Web
-	// Worker has it: at once when its module is compiled already, or on
-	// the started event.
-	if r.run_.Invoke(float64(as.Attempt), as.Module, lim.MemoryPages, args, bytesOrNull(as.Stdin.Data), inputs,
+	r.run_.Invoke(float64(as.Attempt), as.Module, lim.MemoryPages, args, bytesOrNull(as.Stdin.Data), inputs,
 		bytesOrNull(as.Restore.Data), float64(as.Seed>>32), float64(as.Seed&0xffffffff), as.CkptMS, share,
-		lim.WallMS, lim.OutputBytes, lim.LogBytes, float64(time.Since(start))/1e6).Truthy() {
-		r.mu.Lock()
-		r.runs[as.Attempt] = tr
-		r.mu.Unlock()
-	}
+		lim.WallMS, lim.OutputBytes, lim.LogBytes, float64(time.Since(start))/1e6)
 
 	var out *wasmworker.Outcome
 	select {
-	case d := <-done:
-		out = d.out
+	case e := <-done:
+		out = outcomeOf(e)
+		if out.Reason == protocol.ReasonWallTime && out.Message == "" {
+			out.Message = fmt.Sprintf("wall time limit of %v exceeded", time.Duration(lim.WallMS)*time.Millisecond)
+		}
 		if out.Reason == "" {
 			r.mu.Lock()
-			r.returned += float64(time.Since(d.at)) / 1e6
+			r.returned += float64(time.Since(e.at)) / 1e6
 			r.mu.Unlock()
 		}
 	case <-ctx.Done():
 		r.terminate.Invoke(float64(as.Attempt))
 		out = fail(start, protocol.ReasonCancelled, "cancelled")
-	case <-wall.C:
-		r.terminate.Invoke(float64(as.Attempt))
-		out = fail(start, protocol.ReasonWallTime, "wall time limit of %v exceeded", time.Duration(lim.WallMS)*time.Millisecond)
 	case why := <-tr.stop:
 		r.terminate.Invoke(float64(as.Attempt))
 		out = fail(start, protocol.ReasonWorker, "%s", why)
@@ -340,15 +421,13 @@ func (r *runner) keep(ctx context.Context, job *wasmworker.Job, tr *taskRun, sta
 	}()
 }
 
-// outcomeFromJS converts worker.js's done event: the failure reason (null
-// on success), its message, and the outputs and log packed by worker.js's
-// pack.
-func outcomeFromJS(reason, message, packed js.Value, start time.Time) *wasmworker.Outcome {
-	o := &wasmworker.Outcome{Duration: time.Since(start)}
-	if reason.Type() == js.TypeString {
-		o.Reason, o.Message = reason.String(), message.String()
-	}
-	outputs, log, err := unpack(bytesFromJS(packed))
+// outcomeOf converts how an attempt ended: the failure reason ("" on
+// success), its message, and the outputs and log packed by worker.js's
+// pack. Its duration is its run time in its task Web Worker (not its wait
+// for one).
+func outcomeOf(e ended) *wasmworker.Outcome {
+	o := &wasmworker.Outcome{Duration: e.ran, Reason: e.reason, Message: e.message}
+	outputs, log, err := unpack(e.packed)
 	if err != nil {
 		return &wasmworker.Outcome{Reason: protocol.ReasonWorker, Message: err.Error(), Duration: o.Duration}
 	}

@@ -50,7 +50,10 @@ self.onmessage = (e) => {
   const done = runAttempt(p);
   // Where the attempt's time went, for the benchmark (docs/BENCHMARKS.md).
   done.t = { posted: e.data.postedAt, recv, started: done.started, ran: done.ran, sent: now() };
-  postMessage(done, [done.log.buffer, ...done.outputs.map((o) => o.data.buffer)]);
+  // Large buffers move (transferred); small ones are cheaper to copy.
+  const moved = [];
+  for (const b of [done.log, ...done.outputs.map((o) => o.data)]) if (b.byteLength >= 65536) moved.push(b.buffer);
+  postMessage(done, moved);
 };
 
 // byteCompare orders names by their UTF-8 bytes, as the headless runner does.
@@ -84,11 +87,12 @@ function runAttempt(p) {
 
   // ---- CPU share: sleep for real inside host calls ----
   const share = Math.min(1, Math.max(0.05, (p.share || 100) / 100));
-  const sleeper = new Int32Array(new SharedArrayBuffer(4));
+  let sleeper = null; // made on the first sleep: most attempts run at full share
   let sliceStart = performance.now(), calls = 0;
   const throttle = () => {
     const now = performance.now();
     if (now - sliceStart >= 100 * share) {
+      if (!sleeper) sleeper = new Int32Array(new SharedArrayBuffer(4));
       Atomics.wait(sleeper, 0, 0, 100 * (1 - share));
       sliceStart = performance.now();
     }

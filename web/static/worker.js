@@ -9,13 +9,17 @@
 // {type:"settings"}, {type:"stop"}; they wait in an inbox until Go is ready.
 //
 // The interface with Go is cheap on purpose, because every value that
-// crosses syscall/js costs: Go starts an attempt with one call of run (plain
-// numbers, the module id and the attempt's bytes), names it by attempt id in
-// terminate and answer, and hears of it through the one function it gave
-// listen, events(attempt, kind, a, b, c): kind 0 progress (a: fraction), 1
-// checkpoint (a: state), 2 done (a: failure reason or null, b: message, c:
-// outputs and log packed in one Uint8Array, see pack), 3 started (only for
-// an attempt whose run returned false: it waited for its module).
+// crosses syscall/js costs and every event that resumes Go costs more: Go
+// hands over an attempt as soon as the server assigns it, with one call of
+// run (plain numbers, the module id and the attempt's bytes); worker.js
+// queues it and runs `threads` attempts at a time (listen), so a task Web
+// Worker that finishes starts its next attempt without waiting for Go. Go
+// names an attempt by its id in terminate and answer, and hears of it
+// through the one function it gave listen, events(attempt, kind, a): kind 0
+// progress (a: fraction), 1 checkpoint (a: state), 4 ended attempts (attempt
+// 0; a: every attempt that ended since the last such event, packed in one
+// Uint8Array, see packEnded). Ended attempts go to Go together: at once when
+// nothing else runs or waits, else within endedDelayMs.
 "use strict";
 // The page shows what the worker logs (Go's log goes to console.log here):
 // a worker's own console is hard to find in devtools and in tests.
@@ -190,17 +194,64 @@ function makeTasks(taskJs, server) {
     v.setUint32(p, log.length, true); b.set(log, p + 4);
     return b;
   }
-  const fail = (attempt, reason, message) => events(attempt, 2, reason, message, pack([], EMPTY));
+  // Attempts that ended, waiting to go to Go in one event (see the top).
+  const endedDelayMs = 4;
+  let ended = [], endedTimer = 0;
+  // end records that an attempt ended (reason null on success) after ms
+  // milliseconds in its task Web Worker.
+  function end(attempt, reason, message, packed, ms) {
+    ended.push({ attempt, reason, message, packed, ms });
+    if (active === 0 && pending.length === 0) flushEnded();
+    else if (!endedTimer) endedTimer = setTimeout(flushEnded, endedDelayMs);
+  }
+  // packEnded packs ended attempts: a uint32 count; per attempt its id and
+  // its run time in ms (float64), the reason and the message (a uint32
+  // length, 0xffffffff for none, then UTF-8), and pack's bytes (a uint32
+  // length, then the bytes); little endian.
+  function flushEnded() {
+    if (endedTimer) { clearTimeout(endedTimer); endedTimer = 0; }
+    if (ended.length === 0) return;
+    const list = ended; ended = [];
+    const strs = list.map((e) => [e.reason == null ? null : enc.encode(e.reason), e.message == null ? null : enc.encode(e.message)]);
+    let n = 4;
+    for (let i = 0; i < list.length; i++) {
+      n += 16 + 12 + list[i].packed.length;
+      for (const x of strs[i]) if (x) n += x.length;
+    }
+    const b = new Uint8Array(n), v = new DataView(b.buffer);
+    let p = 0;
+    v.setUint32(p, list.length, true); p += 4;
+    for (let i = 0; i < list.length; i++) {
+      const e = list[i];
+      v.setFloat64(p, e.attempt, true); v.setFloat64(p + 8, e.ms, true); p += 16;
+      for (const x of strs[i]) {
+        if (x) { v.setUint32(p, x.length, true); b.set(x, p + 4); p += 4 + x.length; }
+        else { v.setUint32(p, 0xffffffff, true); p += 4; }
+      }
+      v.setUint32(p, e.packed.length, true); b.set(e.packed, p + 4); p += 4 + e.packed.length;
+    }
+    events(0, 4, b);
+  }
+  const fail = (attempt, reason, message) => end(attempt, reason, message, pack([], EMPTY), 0);
 
-  // run starts an attempt in a task Web Worker, once its module is compiled
-  // (at once when it is). The task Web Worker keeps the modules it was
-  // given (and its checkpoint channel), so an attempt of a module it has run
-  // before posts no module. Events go to Go's events function. It returns
-  // whether the attempt started at once; if not, a started event follows
-  // once the module is compiled (or a done event if it cannot be).
+  // Attempts waiting for a task Web Worker, and how many run; at most
+  // `threads` run at once (listen).
+  let pending = [], active = 0, threads = 1;
+  function pump() {
+    while (active < threads && pending.length > 0) {
+      const q = pending.shift();
+      if (!q.r.over) start(q.attempt, q.r, q.p, q.mod);
+    }
+  }
+
+  // run queues an attempt, to start in a task Web Worker once its module is
+  // compiled and one of the `threads` is free. The task Web Worker keeps
+  // the modules it was given (and its checkpoint channel), so an attempt of
+  // a module it has run before posts no module. Its events go to Go's
+  // events function; its wall time counts from its start.
   function run(attempt, moduleId, pages, args, stdin, inputs, restore, seedHi, seedLo, ckptMs, share,
     wallMs, outputBytes, logBytes, prepareMs) {
-    const r = { w: null, over: false, prepareMs };
+    const r = { w: null, over: false, prepareMs, startedAt: 0, deadline: 0 };
     runs.set(attempt, r);
     const key = moduleId + "/" + pages;
     const p = {
@@ -208,33 +259,26 @@ function makeTasks(taskJs, server) {
       restore, seed: (BigInt(seedHi) << 32n) | BigInt(seedLo), ckptMs, share, ctl: null,
       limits: { memoryPages: pages, wallMs, outputBytes, logBytes }, postedAt: 0,
     };
+    const queue = (mod) => { pending.push({ attempt, r, p, mod }); pump(); };
     const mod = compiled.get(key);
-    if (mod) {
-      start(attempt, r, p, mod);
-      return true;
-    }
-    compile(moduleId, pages).then((m) => { if (!r.over) { start(attempt, r, p, m); events(attempt, 3); } },
+    if (mod) { queue(mod); return; }
+    compile(moduleId, pages).then((m) => { if (!r.over) queue(m); },
       (err) => { if (!r.over) { r.over = true; runs.delete(attempt); fail(attempt, "module", String(err)); } });
-    return false;
   }
 
-  function start(attempt, r, p, mod) {
-    const w = idle.pop() || spawn();
-    r.w = w;
-    counts.busy++;
-    if (!w.ctl) { w.ctl = new SharedArrayBuffer(8); w.mods = new Set(); p.ctl = w.ctl; }
-    if (!w.mods.has(p.key)) {
-      if (w.mods.size >= 16) { w.mods.clear(); p.reset = true; }
-      w.mods.add(p.key);
-      p.module = mod;
-    }
-    const finish = () => { r.over = true; counts.busy--; runs.delete(attempt); };
+  // A task Web Worker's handlers are set once; they act on its current
+  // attempt (w.cur: {attempt, r}).
+  function spawnFor() {
+    const w = spawn();
     w.onmessage = (e) => {
-      if (r.over) return;
+      const c = w.cur;
+      if (!c || c.r.over) return;
+      const { attempt, r } = c;
       const m = e.data;
       if (m.type === "done") {
         const back = now();
-        finish();
+        finish(attempt, r);
+        w.cur = null;
         if (idle.length < 16) idle.push(w); else kill(w);
         const t = m.t;
         if (!m.reason && t) {
@@ -243,31 +287,76 @@ function makeTasks(taskJs, server) {
           trace.run += t.ran - t.started; trace.lastRun = t.ran - t.started; trace.collect += t.sent - t.ran;
           trace.back += back - t.sent;
         }
-        events(attempt, 2, m.reason || null, m.reason ? m.message : null, pack(m.outputs, m.log));
+        end(attempt, m.reason || null, m.reason ? m.message : null, pack(m.outputs, m.log), back - r.startedAt);
+        pump();
       } else if (m.type === "progress") events(attempt, 0, m.f);
       else if (m.type === "checkpoint") events(attempt, 1, m.state);
     };
     w.onerror = (e) => {
       e.preventDefault();
-      if (r.over) return;
-      finish(); kill(w);
-      fail(attempt, "worker", "the task Web Worker failed: " + (e.message || "error"));
+      const c = w.cur;
+      if (!c || c.r.over) return;
+      finish(c.attempt, c.r); kill(w);
+      end(c.attempt, "worker", "the task Web Worker failed: " + (e.message || "error"), pack([], EMPTY), now() - c.r.startedAt);
+      pump();
     };
     w.onmessageerror = w.onerror;
-    p.postedAt = now();
+    return w;
+  }
+
+  function finish(attempt, r) { r.over = true; counts.busy--; active--; runs.delete(attempt); }
+
+  // The wall time limit, counted from an attempt's start: checked every
+  // 50 ms while attempts run (one timer rather than one per attempt); the
+  // task Web Worker of an attempt past its limit is terminated (Go words
+  // the message).
+  let wallTimer = 0;
+  function checkWall() {
+    const t = now();
+    for (const [attempt, r] of runs) {
+      if (r.w && !r.over && t >= r.deadline) {
+        finish(attempt, r); kill(r.w);
+        end(attempt, "limit_wall_time", null, pack([], EMPTY), t - r.startedAt);
+      }
+    }
+    pump();
+    if (active === 0) { clearInterval(wallTimer); wallTimer = 0; }
+  }
+
+  function start(attempt, r, p, mod) {
+    const w = idle.pop() || spawnFor();
+    r.w = w;
+    w.cur = { attempt, r };
+    counts.busy++;
+    active++;
+    if (!w.ctl) { w.ctl = new SharedArrayBuffer(8); w.mods = new Set(); p.ctl = w.ctl; }
+    if (!w.mods.has(p.key)) {
+      if (w.mods.size >= 16) { w.mods.clear(); p.reset = true; }
+      w.mods.add(p.key);
+      p.module = mod;
+    }
+    p.postedAt = r.startedAt = now();
+    r.deadline = r.startedAt + p.limits.wallMs;
+    if (!wallTimer) wallTimer = setInterval(checkWall, 50);
     w.postMessage(p);
   }
 
   // terminate ends an attempt at once: its task Web Worker is terminated,
-  // or it never starts if its module is still being compiled. Nothing more
-  // is reported.
+  // or it never starts if it still waits. Nothing more is reported.
   function terminate(attempt) {
     const r = runs.get(attempt);
     if (!r || r.over) return;
-    if (r.w) { counts.busy--; kill(r.w); }
     r.over = true;
     runs.delete(attempt);
+    if (r.w) {
+      counts.busy--; active--; kill(r.w);
+      pump();
+    }
   }
+
+  // running lists the attempts running in task Web Workers (the others
+  // wait for one).
+  const running = () => Array.from(runs, ([a, r]) => (r.w && !r.over ? a : -1)).filter((a) => a >= 0);
 
   // answer wakes the attempt's task, blocked in checkpoint, with code (0
   // saved, 1 refused, 2 kept to deliver on reconnecting).
@@ -280,8 +369,8 @@ function makeTasks(taskJs, server) {
 
   // traced returns the trace with Go's last segment added.
   const traced = (goReturn) => Object.assign({}, trace, { return: goReturn });
-  const listen = (fn) => { events = fn; };
-  return { compile, run, terminate, answer, listen, traced, counts };
+  const listen = (fn, n) => { events = fn; threads = Math.max(1, n | 0); };
+  return { compile, run, terminate, answer, listen, traced, running, counts };
 }
 
 // moduleCache keeps module bytes across visits in IndexedDB, keyed by module

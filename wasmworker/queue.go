@@ -1,0 +1,83 @@
+package wasmworker
+
+import (
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+)
+
+// How much an adaptive queue (Config.MaxQueue) holds: about queueAhead of
+// work per slot, and at most queueBytes of payload (stdin, inputs and
+// checkpoints of the waiting attempts).
+const (
+	queueAhead = 100 * time.Millisecond
+	queueBytes = 16 << 20
+)
+
+// recentRuns is a moving average of the run time and payload of the
+// attempts that ended.
+type recentRuns struct {
+	n     int
+	run   float64 // ns
+	bytes float64
+}
+
+func (r *recentRuns) add(run time.Duration, bytes int) {
+	const weight = 1.0 / 8
+	if r.n == 0 {
+		r.run, r.bytes = float64(run), float64(bytes)
+	} else {
+		r.run += weight * (float64(run) - r.run)
+		r.bytes += weight * (float64(bytes) - r.bytes)
+	}
+	r.n++
+}
+
+// queueFor is the queue for slots slots whose attempts run for run and
+// carry bytes of payload on average: enough to keep every slot busy for
+// queueAhead, no more than queueBytes of payload, between one per slot and
+// most.
+func queueFor(slots, most int, run time.Duration, bytes float64) int {
+	q := float64(most)
+	if run > 0 {
+		q = min(q, float64(slots)*float64(queueAhead)/float64(run))
+	}
+	if bytes > 0 {
+		q = min(q, queueBytes/bytes)
+	}
+	return min(max(int(q), slots), most)
+}
+
+// adaptQueue records an ended attempt and, with an adaptive queue, sets the
+// queue it asks for when the attempts call for a clearly different one
+// (twice as much, or half as much: run times jitter). It reports whether
+// to announce it now, in a heartbeat before the next tick: at most once a
+// second, as a heartbeat renews every lease the worker holds. w.mu is held.
+func (w *Worker) adaptQueue(run time.Duration, bytes int) bool {
+	if w.cfg.MaxQueue <= w.cfg.Queue {
+		return false
+	}
+	w.recent.add(run, bytes)
+	if w.recent.n < 4 {
+		return false
+	}
+	q := queueFor(w.cfg.Slots, w.cfg.MaxQueue, time.Duration(w.recent.run), w.recent.bytes)
+	if q == w.queue || (q < 2*w.queue && 2*q > w.queue && q != w.cfg.MaxQueue && q != w.cfg.Slots) {
+		return false
+	}
+	w.queue = q
+	if now := time.Now(); now.Sub(w.announced) >= time.Second {
+		w.announced = now
+		return true
+	}
+	return false
+}
+
+// payloadBytes is the size of what an assignment carries.
+func payloadBytes(as *protocol.Assign) int {
+	n := len(as.Stdin.Data) + len(as.Restore.Data)
+	for _, in := range as.Inputs {
+		n += len(in.Data)
+	}
+	return n
+}
