@@ -356,11 +356,32 @@ func (w *Worker) send(f *protocol.Frame) bool {
 	}
 }
 
-// Bounds of one frame of outcomes: a bigger outcome travels alone.
+// Bounds of one frame of outcomes: a bigger outcome travels alone. The
+// header bound keeps a merged frame's JSON header (output names, failure
+// messages) well under protocol.MaxHeaderBytes.
 const (
-	maxOutcomesPerFrame = 64
-	maxOutcomeFrameData = 1 << 20
+	maxOutcomesPerFrame   = 64
+	maxOutcomeFrameData   = 1 << 20
+	maxOutcomeFrameHeader = protocol.MaxHeaderBytes / 4
 )
+
+// outcomeSizes estimates what one outcome adds to a frame: its data bytes
+// and, at worst (every character escaped as \u00XX), its header bytes.
+func outcomeSizes(f *protocol.Frame) (data, header int) {
+	const perItem, perBlob = 160, 96
+	header = perItem
+	if f.Type == protocol.TypeResult {
+		r := f.Results[0]
+		data = len(r.Log.Data)
+		for _, o := range r.Outputs {
+			data += len(o.Data)
+			header += perBlob + 6*len(o.Name)
+		}
+		return data, header
+	}
+	fl := f.Fails[0]
+	return len(fl.Log.Data), header + 6*(len(fl.Reason)+len(fl.Message))
+}
 
 // outcomeLoop sends the outcomes put in the outbox, as few frames as the
 // bounds allow: one result frame and one fail frame for all the outcomes
@@ -408,28 +429,27 @@ func mergeOutcomes(fs []*protocol.Frame) []*protocol.Frame {
 	}
 	var out []*protocol.Frame
 	var res, fail *protocol.Frame
-	var resData, failData int
+	var resData, resHdr, failData, failHdr int
 	for _, f := range fs {
 		switch {
 		case f.Type == protocol.TypeResult && len(f.Results) == 1:
-			n := len(f.Results[0].Log.Data)
-			for _, o := range f.Results[0].Outputs {
-				n += len(o.Data)
-			}
-			if res == nil || len(res.Results) >= maxOutcomesPerFrame || resData+n > maxOutcomeFrameData {
-				res, resData = &protocol.Frame{Type: protocol.TypeResult}, 0
+			n, h := outcomeSizes(f)
+			if res == nil || len(res.Results) >= maxOutcomesPerFrame || resData+n > maxOutcomeFrameData || resHdr+h > maxOutcomeFrameHeader {
+				res, resData, resHdr = &protocol.Frame{Type: protocol.TypeResult}, 0, 0
 				out = append(out, res)
 			}
 			res.Results = append(res.Results, f.Results[0])
 			resData += n
+			resHdr += h
 		case f.Type == protocol.TypeFail && len(f.Fails) == 1:
-			n := len(f.Fails[0].Log.Data)
-			if fail == nil || len(fail.Fails) >= maxOutcomesPerFrame || failData+n > maxOutcomeFrameData {
-				fail, failData = &protocol.Frame{Type: protocol.TypeFail}, 0
+			n, h := outcomeSizes(f)
+			if fail == nil || len(fail.Fails) >= maxOutcomesPerFrame || failData+n > maxOutcomeFrameData || failHdr+h > maxOutcomeFrameHeader {
+				fail, failData, failHdr = &protocol.Frame{Type: protocol.TypeFail}, 0, 0
 				out = append(out, fail)
 			}
 			fail.Fails = append(fail.Fails, f.Fails[0])
 			failData += n
+			failHdr += h
 		default:
 			out = append(out, f)
 		}
