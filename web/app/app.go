@@ -194,8 +194,11 @@ func (h *handler) pageFor(fn func(*pageCtx), streamsMultipart bool) http.Handler
 		p.r = r.WithContext(WithOwner(r.Context(), p.owner))
 		multipart := strings.HasPrefix(r.Header.Get("Content-Type"), "multipart/")
 		if r.Method != http.MethodGet && r.Method != http.MethodHead && !(streamsMultipart && multipart) {
-			// Other forms are small: read whole, multipart or not.
-			r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+			// Forms other than the uploads are small: read whole,
+			// multipart or not.
+			if !streamsMultipart {
+				r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+			}
 			if !h.csrfOK(sess, r.PostFormValue("csrf")) {
 				http.Error(w, "the form has expired or did not come from this site: reload the page and try again", http.StatusForbidden)
 				return
