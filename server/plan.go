@@ -209,10 +209,12 @@ func (s *Server) plan(now time.Time, cands []store.Candidate, workers []planWork
 			keep := true
 			if c.Replicas > 1 && c.Fresh && !started[a.Task] {
 				started[a.Task] = true
+				// Alone only where the task alone may go: an unstable
+				// worker takes long tasks only as one replica of several.
 				vc := vcfg
 				vc.Replicas = c.Replicas
 				wi := slices.IndexFunc(workers, func(w planWorker) bool { return w.w.ID == a.Worker })
-				if sched.InitialReplicas(vc, workers[wi].rep) == 1 {
+				if a.Alone && sched.InitialReplicas(vc, workers[wi].rep) == 1 {
 					pk.Solo = true
 					keep = false
 				}

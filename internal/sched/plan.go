@@ -130,6 +130,10 @@ type Assignment struct {
 	// FairnessOff is set when the deadlock prevention let this task past
 	// the fairness strategy.
 	FairnessOff bool
+	// Alone is set when the worker's stability would let it run the task
+	// as the only copy, not just as one replica among others: only then
+	// may a trusted worker run a replicated task alone.
+	Alone bool
 }
 
 // Skip explains why a task instance was left waiting.
@@ -447,6 +451,7 @@ func (p *planner) assign(ti, wi int, off bool) Assignment {
 	}
 	p.holds[t.ID][w.ID] = true
 	a := Assignment{Task: t.ID, Replica: t.Replica, Worker: w.ID, FairnessOff: off && p.cfg.Fairness != None}
+	a.Alone, _ = p.stab[wi].Fits(scaled(p.exps[ti], p.knowns[ti], w.Speed), false, p.cfg.Stability)
 	if p.knowns[ti] {
 		a.Expected = scaled(p.exps[ti], true, w.Speed)
 		if t.CheckpointCost > 0 {
