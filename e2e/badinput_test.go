@@ -90,6 +90,8 @@ func TestBadInputIsRefusedClearly(t *testing.T) {
 			{"not hello", websocket.MessageText, []byte(`{"t":"heartbeat","heartbeat":{"running":[]}}`), "first frame must be hello"},
 			{"old version", websocket.MessageText, []byte(`{"t":"hello","hello":{"version":99,"kind":"headless","slots":1}}`), "protocol version 99"},
 			{"no slots", websocket.MessageText, []byte(`{"t":"hello","hello":{"version":1,"kind":"headless","slots":0}}`), "slots"},
+			{"queue over 32 per slot", websocket.MessageText, []byte(`{"t":"hello","hello":{"version":1,"kind":"browser","slots":2,"queue":65}}`), "queue must be 0 to 64"},
+			{"queue over 1,024 in all", websocket.MessageText, []byte(`{"t":"hello","hello":{"version":1,"kind":"headless","slots":256,"queue":1025}}`), "queue must be 0 to 1024"},
 		}
 		for _, f := range frames {
 			t.Run(f.name, func(t *testing.T) {

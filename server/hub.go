@@ -422,8 +422,9 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 		return nil, fmt.Errorf("unknown worker kind %q", h.Kind)
 	case h.Slots < 1 || h.Slots > 256:
 		return nil, fmt.Errorf("slots must be 1 to 256, got %d", h.Slots)
-	case h.Queue < 0 || h.Queue > 32*h.Slots:
-		return nil, fmt.Errorf("queue must be 0 to 4 times the slots, got %d", h.Queue)
+	case h.Queue < 0 || h.Queue > protocol.QueueLimit(h.Slots):
+		return nil, fmt.Errorf("queue must be 0 to %d for %d slots (%d per slot, %d in all), got %d",
+			protocol.QueueLimit(h.Slots), h.Slots, protocol.MaxQueuePerSlot, protocol.MaxQueue, h.Queue)
 	case len(h.Running) > h.Slots+h.Queue:
 		return nil, fmt.Errorf("%d running attempts for %d slots and a queue of %d", len(h.Running), h.Slots, h.Queue)
 	}
@@ -542,8 +543,8 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 			}
 		}
 		if hb.Queue != nil {
-			if q := *hb.Queue; q < 0 || q > protocol.MaxQueuePerSlot*c.threads {
-				return fmt.Errorf("queue must be 0 to %d times the slots, got %d", protocol.MaxQueuePerSlot, q)
+			if q := *hb.Queue; q < 0 || q > protocol.QueueLimit(c.threads) {
+				return fmt.Errorf("queue must be 0 to %d for %d slots, got %d", protocol.QueueLimit(c.threads), c.threads, q)
 			}
 			if s.hub.setQueue(c, *hb.Queue) {
 				s.wake()
@@ -551,7 +552,7 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 		}
 		// Running and queued attempts, plus outcomes awaiting their ack
 		// (the queue may have been larger when they were assigned).
-		if most := (1 + protocol.MaxQueuePerSlot) * c.threads; len(hb.Running) > 2*most+16 {
+		if most := c.threads + protocol.QueueLimit(c.threads); len(hb.Running) > 2*most+16 {
 			return fmt.Errorf("heartbeat lists %d attempts for %d slots and a queue of at most %d", len(hb.Running), c.threads,
 				most-c.threads)
 		}

@@ -33,7 +33,7 @@ type Config struct {
 	// MaxQueue, and for no more than queueBytes of payload waiting. Short,
 	// small attempts then travel in larger batches per dispatch round and
 	// per result frame; long ones do not wait at this worker while others
-	// idle. At most protocol.MaxQueuePerSlot × Slots.
+	// idle. At most protocol.QueueLimit(Slots).
 	MaxQueue int
 	// RunnerQueues says that the Runner queues attempts itself and runs at
 	// most Slots at once: the worker hands it every attempt as soon as it
@@ -121,7 +121,7 @@ func New(cfg Config) *Worker {
 	if cfg.Queue < 0 {
 		cfg.Queue = 0
 	}
-	cfg.MaxQueue = min(cfg.MaxQueue, protocol.MaxQueuePerSlot*cfg.Slots)
+	cfg.MaxQueue = min(cfg.MaxQueue, protocol.QueueLimit(cfg.Slots))
 	return &Worker{cfg: cfg, log: cfg.Logger, running: map[int64]*attempt{}, pending: map[int64]*protocol.Frame{},
 		modules: map[string][]byte{}, connected: make(chan struct{}), slotSem: make(chan struct{}, cfg.Slots), hbNow: make(chan struct{}, 1),
 		outboxNew: make(chan struct{}, 1), queue: cfg.Queue}

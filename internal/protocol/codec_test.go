@@ -104,3 +104,12 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// A worker's queue is bounded per slot and in all.
+func TestQueueLimit(t *testing.T) {
+	for _, tc := range []struct{ slots, want int }{{1, 32}, {2, 64}, {32, 1024}, {256, 1024}} {
+		if got := QueueLimit(tc.slots); got != tc.want {
+			t.Errorf("QueueLimit(%d) = %d, want %d", tc.slots, got, tc.want)
+		}
+	}
+}

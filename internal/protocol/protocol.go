@@ -85,7 +85,7 @@ type Hello struct {
 	Kind    string `json:"kind"`
 	Slots   int    `json:"slots"`
 	// Queue is how many attempts beyond Slots the worker accepts ahead of
-	// time (0 to MaxQueuePerSlot × Slots); they wait at the worker for a
+	// time (0 to QueueLimit(Slots)); they wait at the worker for a
 	// free slot (and their leases are renewed like running ones), which
 	// hides the dispatch round trip. A heartbeat may change it.
 	Queue int `json:"queue,omitempty"`
@@ -147,14 +147,23 @@ type Heartbeat struct {
 	Free    int        `json:"free"` // idle slots
 	Device  *Device    `json:"device,omitempty"`
 	// Queue, when set, replaces hello's queue from now on (0 to
-	// MaxQueuePerSlot × slots): a worker may queue more attempts ahead of
+	// QueueLimit(slots)): a worker may queue more attempts ahead of
 	// time when they turn out short and small, and fewer when long.
 	Queue *int `json:"queue,omitempty"`
 }
 
-// MaxQueuePerSlot bounds a worker's queue (Hello.Queue, Heartbeat.Queue):
-// at most this many attempts per slot wait at a worker ahead of time.
-const MaxQueuePerSlot = 32
+// MaxQueuePerSlot and MaxQueue bound a worker's queue (Hello.Queue,
+// Heartbeat.Queue): at most MaxQueuePerSlot attempts per slot, and
+// MaxQueue in all, wait at a worker ahead of time. The total bound keeps
+// what one worker that goes silent can hold (each of its attempts then
+// waits for its lease to lapse and uses up one of its task's attempts).
+const (
+	MaxQueuePerSlot = 32
+	MaxQueue        = 1024
+)
+
+// QueueLimit is the longest queue a worker of slots slots may ask for.
+func QueueLimit(slots int) int { return min(MaxQueuePerSlot*slots, MaxQueue) }
 
 // Checkpoint saves the state of a running attempt; its Blob carries the state.
 type Checkpoint struct {
