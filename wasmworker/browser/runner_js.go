@@ -374,8 +374,17 @@ func (r *runner) run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 		r.terminate.Invoke(float64(as.Attempt))
 		out = fail(start, protocol.ReasonCancelled, "cancelled")
 	case why := <-tr.stop:
-		r.terminate.Invoke(float64(as.Attempt))
 		out = fail(start, protocol.ReasonWorker, "%s", why)
+		if !r.terminate.Invoke(float64(as.Attempt)).Bool() {
+			// It had ended already, its outcome held in worker.js for
+			// the next event (terminate sent it just now): deliver that
+			// rather than throw a finished result away.
+			select {
+			case e := <-done:
+				out = outcomeOf(e)
+			case <-time.After(time.Second):
+			}
+		}
 	}
 	r.mu.Lock()
 	r.cpu += time.Duration(float64(out.Duration) * float64(share) / 100)

@@ -342,16 +342,23 @@ function makeTasks(taskJs, server) {
   }
 
   // terminate ends an attempt at once: its task Web Worker is terminated,
-  // or it never starts if it still waits. Nothing more is reported.
+  // or it never starts if it still waits; nothing more is reported, and it
+  // returns true. An attempt that has already ended is not touched: its
+  // outcome, if still held for the next event, goes to Go now, and it
+  // returns false.
   function terminate(attempt) {
     const r = runs.get(attempt);
-    if (!r || r.over) return;
+    if (!r || r.over) {
+      if (ended.some((e) => e.attempt === attempt)) flushEnded();
+      return false;
+    }
     r.over = true;
     runs.delete(attempt);
     if (r.w) {
       counts.busy--; active--; kill(r.w);
       pump();
     }
+    return true;
   }
 
   // running lists the attempts running in task Web Workers (the others
