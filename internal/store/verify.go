@@ -538,12 +538,45 @@ func (s *Store) recheckUnverified(ctx context.Context, tx querier, losers []stri
 // follow; marking the tasks done afterwards (doneSQL) releases their
 // direct dependents.
 func (s *Store) resetDescendants(ctx context.Context, tx querier, tasks []int64) error {
+	// Locks go attempts first, then tasks, the order in which completions
+	// and checkpoints take them: the other order deadlocks with an attempt
+	// of a descendant that checkpoints or completes just now.
 	rows, err := tx.Query(ctx, `WITH RECURSIVE down(id) AS (
 			SELECT ti.task_id FROM task_inputs ti JOIN tasks d ON d.id = ti.task_id WHERE ti.from_task = ANY($1) AND d.state <> 'cancelled'
 			UNION SELECT ti.task_id FROM task_inputs ti JOIN down ON ti.from_task = down.id JOIN tasks d ON d.id = ti.task_id
 				WHERE d.state <> 'cancelled')
-		SELECT t.id, t.workflow_id::text, t.state FROM tasks t WHERE t.id IN (SELECT id FROM down) AND NOT t.id = ANY($1)
-		ORDER BY t.id FOR UPDATE`, tasks)
+		SELECT id FROM down WHERE NOT id = ANY($1) ORDER BY id`, tasks)
+	if err != nil {
+		return fmt.Errorf("reset descendants: %w", err)
+	}
+	down, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return fmt.Errorf("reset descendants: %w", err)
+	}
+	if len(down) == 0 {
+		return nil
+	}
+	// Cancel their running attempts, waiting for the lock of one being
+	// renewed, checkpointed or completed right now (not SKIP LOCKED as in
+	// cancelRunning): an attempt left running here would go on renewing
+	// its lease and saving checkpoints computed from the overturned input,
+	// which the task's next attempts would then restore.
+	rows, err = tx.Query(ctx, `WITH r AS (SELECT id FROM attempts WHERE task_id = ANY($1) AND state = 'running' ORDER BY id FOR UPDATE)
+		UPDATE attempts a SET state = 'cancelled', ended_at = now(), reason = $2 FROM r WHERE a.id = r.id AND a.state = 'running'
+		RETURNING a.id`, down, "an upstream result was overturned by re-verification")
+	if err != nil {
+		return fmt.Errorf("reset descendants: cancel attempts: %w", err)
+	}
+	cancelled, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return fmt.Errorf("reset descendants: cancel attempts: %w", err)
+	}
+	if err := notifyCancel(ctx, tx, cancelled); err != nil {
+		return fmt.Errorf("reset descendants: cancel attempts: %w", err)
+	}
+	// Now the tasks (one cancelled meanwhile stays cancelled).
+	rows, err = tx.Query(ctx, `SELECT id, workflow_id::text, state FROM tasks WHERE id = ANY($1) AND state <> 'cancelled'
+		ORDER BY id FOR UPDATE`, down)
 	if err != nil {
 		return fmt.Errorf("reset descendants: %w", err)
 	}
@@ -577,24 +610,6 @@ func (s *Store) resetDescendants(ctx context.Context, tx querier, tasks []int64)
 	}
 	if len(ids) == 0 {
 		return nil
-	}
-	// Cancel their running attempts, waiting for the lock of one being
-	// renewed, checkpointed or completed right now (not SKIP LOCKED as in
-	// cancelRunning): an attempt left running here would go on renewing
-	// its lease and saving checkpoints computed from the overturned input,
-	// which the task's next attempts would then restore.
-	rows, err = tx.Query(ctx, `WITH r AS (SELECT id FROM attempts WHERE task_id = ANY($1) AND state = 'running' ORDER BY id FOR UPDATE)
-		UPDATE attempts a SET state = 'cancelled', ended_at = now(), reason = $2 FROM r WHERE a.id = r.id AND a.state = 'running'
-		RETURNING a.id`, ids, "an upstream result was overturned by re-verification")
-	if err != nil {
-		return fmt.Errorf("reset descendants: cancel attempts: %w", err)
-	}
-	cancelled, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return fmt.Errorf("reset descendants: cancel attempts: %w", err)
-	}
-	if err := notifyCancel(ctx, tx, cancelled); err != nil {
-		return fmt.Errorf("reset descendants: cancel attempts: %w", err)
 	}
 	b := &pgx.Batch{}
 	b.Queue(`DELETE FROM task_outputs WHERE task_id = ANY($1)`, ids)
