@@ -61,13 +61,23 @@ func (f *fixture) submit(t testing.TB, priority string, tasks ...NewTask) string
 	return id
 }
 
+// claim claims up to n ready tasks for the fixture's worker, in dispatch
+// order, the way the server does (Candidates, then ClaimPicks).
 func (f *fixture) claim(t testing.TB, n int, lease time.Duration) []Claimed {
 	t.Helper()
-	slots := make([]string, n)
-	for i := range slots {
-		slots[i] = f.worker
+	ctx := context.Background()
+	cands, err := f.s.Candidates(ctx, n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	cs, err := f.s.Claim(context.Background(), slots, lease)
+	var picks []Pick
+	for _, c := range cands[:min(n, len(cands))] {
+		picks = append(picks, Pick{TaskID: c.TaskID, Worker: f.worker})
+	}
+	if len(picks) == 0 {
+		return nil
+	}
+	cs, err := f.s.ClaimPicks(ctx, picks, lease)
 	if err != nil {
 		t.Fatal(err)
 	}
