@@ -56,7 +56,6 @@ func (a *attempt) prepareDirs() error {
 		p := filepath.Join(inDir, in.Name)
 		if slot != nil {
 			slot.inFiles = append(slot.inFiles, in.Name) // before writing: tidy removes what may exist
-			slot.inStamped = false
 		}
 		if err := os.WriteFile(p, in.Data, 0o444); err != nil {
 			return err
@@ -65,16 +64,10 @@ func (a *attempt) prepareDirs() error {
 			return err
 		}
 	}
-	if slot != nil && slot.inStamped {
-		return nil // in/ has not changed since its times were set
-	}
-	if err := os.Chtimes(inDir, inputTime, inputTime); err != nil {
-		return err
-	}
-	if slot != nil {
-		slot.inStamped = true
-	}
-	return nil
+	// Every attempt, even when in/ did not change: a task that listed it
+	// moved its access time to the real time (relatime), which the next
+	// task on this slot would otherwise see.
+	return os.Chtimes(inDir, inputTime, inputTime)
 }
 
 // makeAttemptDir makes a directory under parent holding empty in/ and out/.

@@ -50,12 +50,10 @@ type slotChild struct {
 
 	// What the slot knows of cur, so that a small attempt costs few
 	// system calls: the input files written for the current attempt (the
-	// task cannot write to /in, so they are all there is), whether in/
-	// carries the fixed modification time since its content last changed,
-	// and whether out/ was seen empty after the attempt.
-	inFiles   []string
-	inStamped bool
-	outEmpty  bool
+	// task cannot write to /in, so they are all there is) and whether
+	// out/ was seen empty after the attempt.
+	inFiles  []string
+	outEmpty bool
 
 	dec *gob.Decoder // requests; read by one goroutine at a time
 
@@ -216,7 +214,7 @@ func (c *slotChild) attemptDir() (string, error) {
 		if err != nil {
 			return "", err
 		}
-		c.cur, c.inFiles, c.inStamped = d, nil, false
+		c.cur, c.inFiles = d, nil
 	}
 	c.outEmpty = false
 	return c.cur, nil
@@ -236,7 +234,6 @@ func (c *slotChild) tidy() {
 			break
 		}
 		err = nil
-		c.inStamped = false
 	}
 	c.inFiles = c.inFiles[:0]
 	if err == nil && !c.outEmpty {
