@@ -23,11 +23,6 @@ func newBatcher[T any](queue, max, flushers int, flush func(context.Context, []T
 	return &batcher[T]{in: make(chan []T, queue), max: max, flushers: flushers, flush: flush}
 }
 
-// submit queues an item, waiting while the queue is full.
-func (b *batcher[T]) submit(ctx context.Context, item T) error {
-	return b.submitAll(ctx, []T{item})
-}
-
 // submitAll queues items to be flushed in one batch (a batch may go over
 // max by the items of its last submitAll), waiting while the queue is full.
 func (b *batcher[T]) submitAll(ctx context.Context, items []T) error {

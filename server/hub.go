@@ -56,11 +56,10 @@ type conn struct {
 	// samples is the device history from heartbeats, for the stability
 	// class; record the worker's database record (reputation, attempts,
 	// losses), refreshed now and then; tasksDone the results accepted
-	// on this connection; stability the class of the latest plan.
+	// on this connection.
 	samples   []sched.Sample
 	record    store.WorkerRecord
 	tasksDone int
-	stability *sched.Stability
 	device    protocol.Device
 	connected time.Time
 }

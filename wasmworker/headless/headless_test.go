@@ -26,10 +26,6 @@ var (
 	sharedRunners = map[bool]*Runner{} // by Config.InProcess
 )
 
-// runner returns the isolation-mode Runner shared by the tests of this
-// package, with its compilation cache in a directory shared by test runs.
-func runner(t testing.TB) *Runner { return sharedRunner(t, false) }
-
 // sharedRunner returns the Runner shared by the tests of this package in
 // one mode.
 func sharedRunner(t testing.TB, inProcess bool) *Runner {

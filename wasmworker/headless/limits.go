@@ -197,10 +197,3 @@ func (w *cappedWriter) bytes() []byte {
 	defer w.mu.Unlock()
 	return append([]byte(nil), w.buf...)
 }
-
-// size returns the number of bytes captured.
-func (w *cappedWriter) size() int64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return int64(len(w.buf))
-}
