@@ -62,6 +62,32 @@ const (
 // workflow id. Tasks without upstream tasks are ready at once; the commit
 // wakes the dispatchers of every replica.
 func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflow) (string, error) {
+	create := s.createLarge
+	if len(w.Tasks) <= smallWorkflow {
+		create = s.createSmall
+	}
+	id, err := create(ctx, ownerID, w)
+	if err != nil {
+		return "", fmt.Errorf("create workflow %q: %w", w.Name, err)
+	}
+	if len(w.Tasks) >= analyzeAfterTasks {
+		// The planner's statistics of tasks may date from when the table
+		// was small (autovacuum refreshes them only after its next nap, up
+		// to a minute later); with them, the dispatcher's queries over the
+		// ready tasks of a large workflow scan them all (50 times slower,
+		// measured). A few tens of milliseconds here is little next to the
+		// submission of this many tasks. The workflow is committed
+		// whatever happens here; autovacuum refreshes the statistics
+		// anyway, so a failure is ignored.
+		_, _ = s.pool.Exec(ctx, `ANALYZE tasks, task_inputs`)
+	}
+	return id, nil
+}
+
+// createLarge writes a workflow in one transaction of a few round trips:
+// the workflow row with the ids of its tasks, the tasks and edges with
+// COPY, and the notification.
+func (s *Store) createLarge(ctx context.Context, ownerID int64, w *NewWorkflow) (string, error) {
 	var id string
 	err := s.tx(ctx, func(tx pgx.Tx) error {
 		// One round trip: the workflow row, the transaction's time and the
@@ -128,22 +154,116 @@ func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflo
 		}
 		return nil
 	})
-	if err != nil {
-		return "", fmt.Errorf("create workflow %q: %w", w.Name, err)
-	}
-	if len(w.Tasks) >= analyzeAfterTasks {
-		// The planner's statistics of tasks may date from when the table
-		// was small (autovacuum refreshes them only after its next nap, up
-		// to a minute later); with them, the dispatcher's queries over the
-		// ready tasks of a large workflow scan them all (50 times slower,
-		// measured). A few tens of milliseconds here is little next to the
-		// submission of this many tasks. The workflow is committed
-		// whatever happens here; autovacuum refreshes the statistics
-		// anyway, so a failure is ignored.
-		_, _ = s.pool.Exec(ctx, `ANALYZE tasks, task_inputs`)
-	}
-	return id, nil
+	return id, err
 }
+
+// smallWorkflow is the most tasks CreateWorkflow writes with createSmall.
+const smallWorkflow = 64
+
+// createSmall writes a small workflow (smallWorkflow tasks at most) in one
+// round trip: BEGIN, one statement (createSmallSQL) and COMMIT, pipelined.
+// A single task's submission is on the latency path of interactive work,
+// and each round trip of the general path (workflow row, then tasks, edges
+// and notification) costs as much as the rows of a small workflow.
+func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow) (string, error) {
+	n := len(w.Tasks)
+	var (
+		names, modules, args = make([]string, n), make([]string, n), make([]string, n)
+		stdins               = make([][]byte, n)
+		deps, maxAttempts    = make([]int32, n), make([]int32, n)
+		pages                = make([]int32, n)
+		timeouts, outBytes   = make([]int64, n), make([]int64, n)
+		logBytes, ckpts      = make([]int64, n), make([]int64, n)
+		seeds                = make([]int64, n)
+		edgeTask, edgeFrom   []int32
+		edgeName, edgeOutput []string
+	)
+	ready := false
+	for i := range w.Tasks {
+		t := &w.Tasks[i]
+		a := t.Args
+		if a == nil {
+			a = []string{}
+		}
+		b, err := json.Marshal(a) // an array of arrays may be ragged, so each travels as JSON
+		if err != nil {
+			return "", err
+		}
+		names[i], modules[i], args[i], stdins[i] = t.Name, t.Module, string(b), t.Stdin
+		deps[i], maxAttempts[i], pages[i] = int32(distinctDeps(t.Inputs)), int32(t.MaxAttempts), int32(t.MemoryPages)
+		timeouts[i], outBytes[i], logBytes[i], ckpts[i], seeds[i] = t.TimeoutMS, t.OutputBytes, t.LogBytes, t.CkptMS, t.Seed
+		ready = ready || deps[i] == 0
+		for _, in := range t.Inputs {
+			edgeTask, edgeFrom = append(edgeTask, int32(i+1)), append(edgeFrom, int32(in.From+1))
+			edgeName, edgeOutput = append(edgeName, in.Name), append(edgeOutput, in.Output)
+		}
+	}
+	headStart := time.Duration(0)
+	if w.Priority == "interactive" {
+		headStart = s.interactiveHeadStart
+	}
+	replicas, quorum := max(w.Replicas, 1), max(w.Quorum, 1)
+	maxR := max(w.MaxReplicas, w.Replicas, w.Quorum, 1)
+	channel := ""
+	if ready {
+		channel = ChannelReady
+	}
+	var id string
+	for try := 0; ; try++ {
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		b.Queue(createSmallSQL, ownerID, w.Name, w.Priority, n, replicas, quorum, maxR, headStart.Milliseconds(),
+			names, modules, args, stdins, deps, maxAttempts, timeouts, pages, outBytes, logBytes, ckpts, seeds,
+			edgeTask, edgeName, edgeFrom, edgeOutput, channel)
+		b.Queue("COMMIT")
+		br := s.pool.SendBatch(ctx, b)
+		_, err := br.Exec()
+		if err == nil {
+			err = br.QueryRow().Scan(&id)
+		}
+		if err == nil {
+			_, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil || try >= 5 || !retryable(err) {
+			return id, err
+		}
+	}
+}
+
+// createSmallSQL writes a workflow, its tasks ($9 to $20, one array element
+// per task, in submission order) and its edges ($21 to $24: task and
+// upstream task as 1-based positions in the task arrays) in one statement,
+// and notifies channel $25 unless it is empty. Task ids come from the
+// sequence in submission order. Replicated workflows ($5 replicas, $6
+// quorum, $7 most replicas) give each task more attempts, as many as the
+// extra replicas, so that a failed replica does not use up the others'.
+const createSmallSQL = `WITH wf AS (
+	INSERT INTO workflows (owner_id, name, priority, task_count, tasks_left, replicas, quorum)
+	VALUES ($1, $2, $3, $4, $4, $5, $6) RETURNING id, created_at
+), u AS (
+	SELECT nextval('tasks_id_seq') AS id, s.* FROM (
+		SELECT * FROM unnest($9::text[], $10::text[], $11::text[], $12::bytea[], $13::int[], $14::int[], $15::bigint[], $16::int[],
+			$17::bigint[], $18::bigint[], $19::bigint[], $20::bigint[]) WITH ORDINALITY
+			AS u(name, module, args, stdin, deps, max_attempts, timeout_ms, pages, output_bytes, log_bytes, ckpt_ms, seed, ord)
+		ORDER BY ord) s
+), t AS (
+	INSERT INTO tasks (id, workflow_id, name, module_id, args, stdin, priority, state, deps_left, sort_key,
+		max_attempts, timeout_ms, memory_pages, output_bytes, log_bytes, ckpt_ms, seed, pending, replicas, quorum, max_replicas)
+	SELECT u.id, wf.id, u.name, u.module, ARRAY(SELECT json_array_elements_text(u.args::json)), u.stdin, $3,
+		CASE WHEN u.deps = 0 THEN 'ready' ELSE 'blocked' END, u.deps,
+		CASE WHEN u.deps = 0 THEN wf.created_at - $8 * interval '1 millisecond' END,
+		u.max_attempts + $7 - 1, u.timeout_ms, u.pages, u.output_bytes, u.log_bytes, u.ckpt_ms, u.seed, $5, $5, $6, $7
+	FROM u, wf ORDER BY u.ord
+), e AS (
+	INSERT INTO task_inputs (task_id, name, from_task, output)
+	SELECT a.id, x.name, b.id, x.output
+	FROM unnest($21::int[], $22::text[], $23::int[], $24::text[]) AS x(task, name, from_task, output)
+	JOIN u a ON a.ord = x.task JOIN u b ON b.ord = x.from_task
+)
+SELECT wf.id::text FROM wf CROSS JOIN LATERAL (SELECT CASE WHEN $25 <> '' THEN pg_notify($25, '') END) note`
 
 // analyzeAfterTasks is the size of a workflow after whose submission
 // CreateWorkflow refreshes the planner's statistics.
@@ -153,35 +273,9 @@ const analyzeAfterTasks = 1000
 var taskColumns = []string{"id", "workflow_id", "name", "module_id", "args", "stdin", "priority", "state", "deps_left", "sort_key",
 	"max_attempts", "timeout_ms", "memory_pages", "output_bytes", "log_bytes", "ckpt_ms", "seed"}
 
-// insertTasks writes task rows: with COPY for large workflows, and with one
-// INSERT for small ones, where COPY's set-up costs more than the rows (a
-// single task's submission is on the latency path of interactive work).
+// insertTasks writes the task rows of a large workflow with COPY.
 func insertTasks(ctx context.Context, tx pgx.Tx, rows [][]any) error {
-	if len(rows) > 64 {
-		_, err := tx.CopyFrom(ctx, pgx.Identifier{"tasks"}, taskColumns, pgx.CopyFromRows(rows))
-		return err
-	}
-	cols := make([][]any, len(taskColumns))
-	for _, r := range rows {
-		for j, v := range r {
-			if j == 4 { // args: an array of arrays may be ragged, so it travels as JSON
-				b, err := json.Marshal(v)
-				if err != nil {
-					return err
-				}
-				v = string(b)
-			}
-			cols[j] = append(cols[j], v)
-		}
-	}
-	_, err := tx.Exec(ctx, `INSERT INTO tasks (`+strings.Join(taskColumns, ", ")+`)
-		SELECT u.id, $2, u.name, u.module, ARRAY(SELECT json_array_elements_text(u.args::json)), u.stdin, $7, u.state,
-			u.deps, u.key, u.max_attempts, u.timeout_ms, u.pages, u.output_bytes, u.log_bytes, u.ckpt_ms, u.seed
-		FROM unnest($1::bigint[], $3::text[], $4::text[], $5::text[], $6::bytea[], $8::text[], $9::int[], $10::timestamptz[],
-			$11::int[], $12::bigint[], $13::int[], $14::bigint[], $15::bigint[], $16::bigint[], $17::bigint[])
-			AS u(id, name, module, args, stdin, state, deps, key, max_attempts, timeout_ms, pages, output_bytes, log_bytes, ckpt_ms, seed)`,
-		cols[0], rows[0][1], cols[2], cols[3], cols[4], cols[5], rows[0][6], cols[7], cols[8], cols[9],
-		cols[10], cols[11], cols[12], cols[13], cols[14], cols[15], cols[16])
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"tasks"}, taskColumns, pgx.CopyFromRows(rows))
 	return err
 }
 
@@ -280,14 +374,21 @@ func (s *Store) ownedWorkflow(ctx context.Context, q pgx.Tx, ownerID int64, id s
 	if !looksLikeUUID(id) {
 		return nil, ErrNotFound
 	}
-	w := &WorkflowStatus{}
 	var row pgx.Row
-	const sql = `SELECT id::text, name, priority, state, created_at, finished_at, task_count, replicas, quorum FROM workflows WHERE id = $1 AND owner_id = $2`
 	if q != nil {
-		row = q.QueryRow(ctx, sql, id, ownerID)
+		row = q.QueryRow(ctx, ownedWorkflowSQL, id, ownerID)
 	} else {
-		row = s.pool.QueryRow(ctx, sql, id, ownerID)
+		row = s.pool.QueryRow(ctx, ownedWorkflowSQL, id, ownerID)
 	}
+	return scanOwnedWorkflow(row, id)
+}
+
+// ownedWorkflowSQL reads the workflow $1 of owner $2.
+const ownedWorkflowSQL = `SELECT id::text, name, priority, state, created_at, finished_at, task_count, replicas, quorum
+	FROM workflows WHERE id = $1 AND owner_id = $2`
+
+func scanOwnedWorkflow(row pgx.Row, id string) (*WorkflowStatus, error) {
+	w := &WorkflowStatus{}
 	err := row.Scan(&w.ID, &w.Name, &w.Priority, &w.State, &w.CreatedAt, &w.FinishedAt, &w.TaskCount, &w.Replicas, &w.Quorum)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
@@ -296,6 +397,13 @@ func (s *Store) ownedWorkflow(ctx context.Context, q pgx.Tx, ownerID int64, id s
 		return nil, fmt.Errorf("read workflow %s: %w", id, err)
 	}
 	return w, nil
+}
+
+// Summary returns an owner's workflow without its tasks (ErrNotFound when
+// it does not exist or belongs to another owner): one row, for a look at
+// its state.
+func (s *Store) Summary(ctx context.Context, ownerID int64, id string) (*WorkflowStatus, error) {
+	return s.ownedWorkflow(ctx, nil, ownerID, id)
 }
 
 func looksLikeUUID(s string) bool {
@@ -346,23 +454,60 @@ func scanTaskStatus(rows pgx.Rows) ([]TaskStatus, error) {
 
 // Status returns a workflow with all its tasks, in submission order.
 func (s *Store) Status(ctx context.Context, ownerID int64, id string) (*WorkflowStatus, error) {
-	w, err := s.ownedWorkflow(ctx, nil, ownerID, id)
-	if err != nil {
-		return nil, err
+	w, _, err := s.status(ctx, ownerID, id, false)
+	return w, err
+}
+
+// StatusAndSpans is Status plus the spans of the workflow's attempts
+// (WorkflowSpans), read in the same round trip.
+func (s *Store) StatusAndSpans(ctx context.Context, ownerID int64, id string) (*WorkflowStatus, []AttemptSpan, error) {
+	return s.status(ctx, ownerID, id, true)
+}
+
+// status reads a workflow, its tasks and, when spans is set, its attempts'
+// spans, the queries pipelined in one round trip (a status is the answer
+// an owner waits for when a workflow ends). The task and span queries name
+// the owner too, so another owner's workflow yields nothing at all.
+func (s *Store) status(ctx context.Context, ownerID int64, id string, spans bool) (*WorkflowStatus, []AttemptSpan, error) {
+	if !looksLikeUUID(id) {
+		return nil, nil, ErrNotFound
 	}
-	rows, err := s.pool.Query(ctx, taskStatusSQL+` WHERE t.workflow_id = $1 ORDER BY t.id`, id)
-	if err != nil {
-		return nil, fmt.Errorf("read tasks of %s: %w", id, err)
+	b := &pgx.Batch{}
+	b.Queue(ownedWorkflowSQL, id, ownerID)
+	b.Queue(taskStatusSQL+` WHERE t.workflow_id = $1 AND EXISTS (SELECT 1 FROM workflows w WHERE w.id = $1 AND w.owner_id = $2)
+		ORDER BY t.id`, id, ownerID)
+	if spans {
+		b.Queue(workflowSpansSQL+` AND EXISTS (SELECT 1 FROM workflows w WHERE w.id = $1 AND w.owner_id = $2) ORDER BY a.id`, id, ownerID)
 	}
-	w.Tasks, err = scanTaskStatus(rows)
+	br := s.pool.SendBatch(ctx, b)
+	defer br.Close()
+	w, err := scanOwnedWorkflow(br.QueryRow(), id)
 	if err != nil {
-		return nil, fmt.Errorf("read tasks of %s: %w", id, err)
+		return nil, nil, err
+	}
+	rows, err := br.Query()
+	if err == nil {
+		w.Tasks, err = scanTaskStatus(rows)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("read tasks of %s: %w", id, err)
 	}
 	w.Counts = &Counts{}
 	for _, t := range w.Tasks {
 		w.Counts.add(t.State, 1)
 	}
-	return w, nil
+	if !spans {
+		return w, nil, nil
+	}
+	rows, err = br.Query()
+	var sp []AttemptSpan
+	if err == nil {
+		sp, err = scanSpans(rows)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("read attempts of %s: %w", id, err)
+	}
+	return w, sp, nil
 }
 
 // TaskChanges returns the tasks of a workflow changed since since, plus every

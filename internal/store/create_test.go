@@ -1,0 +1,86 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"testing"
+)
+
+// The one-statement path for small workflows (createSmall) and the general
+// path (createLarge) write the same rows: tasks with their states, sort
+// keys, limits, arguments and replication settings, and the same edges.
+func TestSmallAndLargeSubmissionsWriteTheSameRows(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	dag := func(f *fixture) []NewTask {
+		a := f.task("a")
+		a.Args = []string{"x", "", "quote\"d", "{1,2}"}
+		a.Stdin = []byte("stdin bytes")
+		a.Seed, a.CkptMS = 42, 250
+		b := f.task("b", NewInput{Name: "in", From: 0, Output: "out"})
+		c := f.task("c", NewInput{Name: "", From: 0, Output: "stdout"}, NewInput{Name: "x", From: 1, Output: "y"},
+			NewInput{Name: "z", From: 1, Output: "w"})
+		c.MaxAttempts, c.TimeoutMS, c.MemoryPages, c.OutputBytes, c.LogBytes = 5, 9000, 32, 123, 45
+		d := f.task("d") // no args: an empty array, not NULL
+		return []NewTask{a, b, c, d}
+	}
+	for _, tc := range []struct {
+		name string
+		wf   NewWorkflow
+	}{
+		{"batch", NewWorkflow{Priority: "batch"}},
+		{"interactive", NewWorkflow{Priority: "interactive"}},
+		{"replicated", NewWorkflow{Priority: "batch", Replicas: 2, Quorum: 2, MaxReplicas: 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rows := map[string]any{}
+			for path, create := range map[string]func(context.Context, int64, *NewWorkflow) (string, error){
+				"small": f.s.createSmall, "large": f.s.createLarge,
+			} {
+				w := tc.wf
+				w.Name, w.Tasks = tc.name, dag(f)
+				id, err := create(ctx, f.owner, &w)
+				if err != nil {
+					t.Fatalf("%s: %v", path, err)
+				}
+				rows[path] = dump(t, f.s, id)
+			}
+			if !reflect.DeepEqual(rows["small"], rows["large"]) {
+				t.Errorf("rows differ:\nsmall %v\nlarge %v", rows["small"], rows["large"])
+			}
+		})
+	}
+}
+
+// dump reads a workflow's rows as text, with ids replaced by positions and
+// times by their offset from the workflow's creation.
+func dump(t *testing.T, s *Store, id string) []string {
+	t.Helper()
+	var out []string
+	q := func(sql string) {
+		rows, err := s.pool.Query(context.Background(), sql, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			vals, err := rows.Values()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, fmt.Sprint(vals...))
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q(`SELECT priority, state, task_count, tasks_left, replicas, quorum FROM workflows WHERE id = $1`)
+	q(`SELECT t.name, t.module_id, t.args, t.stdin, t.priority, t.state, t.deps_left, extract(epoch FROM w.created_at - t.sort_key),
+			t.attempts, t.max_attempts, t.timeout_ms, t.memory_pages, t.output_bytes, t.log_bytes, t.ckpt_ms, t.seed,
+			t.pending, t.replicas, t.quorum, t.max_replicas, t.id - min(t.id) OVER ()
+		FROM tasks t JOIN workflows w ON w.id = t.workflow_id WHERE t.workflow_id = $1 ORDER BY t.id`)
+	q(`SELECT t.name, i.name, u.name, i.output FROM task_inputs i JOIN tasks t ON t.id = i.task_id JOIN tasks u ON u.id = i.from_task
+		WHERE t.workflow_id = $1 ORDER BY t.name, i.name`)
+	return out
+}
