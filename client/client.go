@@ -261,6 +261,20 @@ func (c *Client) Status(ctx context.Context, id string) (*Status, error) {
 	return &st, nil
 }
 
+// StatusWhenFinished returns a workflow's status object once the workflow
+// has reached a final state, or after wait (at most a minute) with the
+// workflow still running, whichever comes first: one long-polling request
+// (GET /api/v1/workflows/{id}?wait=), answered as soon as the server hears
+// that the workflow ended. Check Status.Finished to tell the two apart.
+func (c *Client) StatusWhenFinished(ctx context.Context, id string, wait time.Duration) (*Status, error) {
+	var st Status
+	path := pathOf("workflows", id) + "?wait=" + url.QueryEscape(wait.String())
+	if _, err := c.doJSON(ctx, http.MethodGet, path, nil, "", &st); err != nil {
+		return nil, fmt.Errorf("status of workflow %s: %w", id, err)
+	}
+	return &st, nil
+}
+
 // StatusJSON returns a workflow's status object exactly as the server sent it.
 func (c *Client) StatusJSON(ctx context.Context, id string) (json.RawMessage, error) {
 	raw, err := c.doJSON(ctx, http.MethodGet, pathOf("workflows", id), nil, "", nil)

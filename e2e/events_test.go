@@ -3,8 +3,14 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/cyclepool/cyclepool/client"
 )
 
 // A subscriber to a workflow's event stream sees the whole status first,
@@ -66,5 +72,77 @@ func TestEventStreamReportsProgressAndStates(t *testing.T) {
 	}
 	if !sawProgress {
 		t.Errorf("no progress between 0 and 1 was streamed for the running task")
+	}
+}
+
+// GET /api/v1/workflows/{id}?wait= answers as soon as the workflow ends
+// (woken by the database's notification, not at a poll), answers with the
+// workflow still running when the wait runs out, refuses a bad wait, and
+// keeps other owners out like the plain status request.
+func TestStatusWaitAnswersWhenTheWorkflowEnds(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	counter := push(t, p.client, "counter")
+	id := submit(t, p.client, workflow("long-poll", task{"name": "count", "module": counter, "args": []string{"20", "50"}}))
+
+	// No worker yet: the wait runs out and the answer says running.
+	began := time.Now()
+	st, err := p.client.StatusWhenFinished(ctx, id, 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); st.State != "running" || took < 250*time.Millisecond {
+		t.Errorf("short wait: state %s after %v, want running after about 300ms", st.State, took)
+	}
+
+	// The client sends only valid waits: send bad ones by hand.
+	for _, bad := range []string{"soon", "-1s", "61s"} {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.srv.url+"/api/v1/workflows/"+id+"?wait="+bad, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+p.srv.token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || !strings.Contains(string(body), "wait must be a duration") {
+			t.Errorf("wait=%s: HTTP %d %q, want 400 naming the wait", bad, resp.StatusCode, body)
+		}
+	}
+	out, err := runCLI(t, p.db, "token", "create", "eve")
+	if err != nil {
+		t.Fatalf("token create: %v\n%s", err, out)
+	}
+	var apiErr *client.APIError
+	if _, err := client.New(p.srv.url, strings.TrimSpace(out)).StatusWhenFinished(ctx, id, time.Second); !errors.As(err, &apiErr) || apiErr.Status != 404 {
+		t.Errorf("another owner's wait: %v, want 404", err)
+	}
+
+	type answer struct {
+		st  *client.Status
+		err error
+		at  time.Time
+	}
+	ans := make(chan answer, 1)
+	go func() {
+		st, err := p.client.StatusWhenFinished(ctx, id, time.Minute)
+		ans <- answer{st, err, time.Now()}
+	}()
+	startWorker(t, "worker", 1, p.srv.url)
+	a := <-ans
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	if a.st.State != "done" || a.st.FinishedAt == nil || len(a.st.Tasks) != 1 || len(a.st.Tasks[0].Outputs) == 0 {
+		t.Fatalf("long poll answered %+v, want the done workflow with its outputs", a.st)
+	}
+	// Well before the minute: the end was told, not found by a poll.
+	if late := a.at.Sub(*a.st.FinishedAt); late > 5*time.Second {
+		t.Errorf("long poll answered %v after the workflow finished", late)
 	}
 }

@@ -241,14 +241,20 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, owner store.
 }
 
 func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request, owner store.Owner) {
-	st, err := s.store.Status(r.Context(), owner.ID, r.PathValue("id"))
+	if v := r.URL.Query().Get("wait"); v != "" {
+		wait, err := time.ParseDuration(v)
+		if err != nil || wait < 0 || wait > maxStatusWait {
+			writeError(w, http.StatusBadRequest, "wait must be a duration from 0s to %v, such as 30s or 500ms; got %q", maxStatusWait, v)
+			return
+		}
+		if err := s.waitFinished(r.Context(), owner.ID, r.PathValue("id"), wait); err != nil {
+			s.notFoundOr(w, "workflow", err)
+			return
+		}
+	}
+	st, spans, err := s.store.StatusAndSpans(r.Context(), owner.ID, r.PathValue("id"))
 	if err != nil {
 		s.notFoundOr(w, "workflow", err)
-		return
-	}
-	spans, err := s.store.WorkflowSpans(r.Context(), st.ID)
-	if err != nil {
-		s.serverError(w, "read attempts", err)
 		return
 	}
 	st.Efficiency, st.SuggestedParallelism = efficiency(spans)
@@ -381,13 +387,19 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, owner stor
 	defer tick.Stop()
 	keepalive := time.Now()
 	for state == store.StateRunning {
+		// The end of the workflow is told at once, not at the next look.
+		woken, forget := s.ends.add(id)
 		select {
 		case <-ctx.Done():
+			forget()
 			return
 		case <-s.ctx.Done():
+			forget()
 			return
 		case <-tick.C:
+		case <-woken:
 		}
+		forget()
 		changes, err := s.store.TaskChanges(ctx, id, since.Add(-time.Second))
 		if err != nil {
 			if ctx.Err() == nil {
@@ -425,6 +437,43 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, owner stor
 		}
 	}
 	_ = send("workflow", map[string]string{"id": id, "state": state})
+}
+
+// maxStatusWait bounds the long poll of GET /api/v1/workflows/{id}?wait=.
+const maxStatusWait = 60 * time.Second
+
+// waitFinished returns once the owner's workflow id is in a final state,
+// or after wait, or when the request or the server ends, whichever comes
+// first; only a failure to read the workflow (ErrNotFound included) is an
+// error. It wakes on the database's notification that a workflow finished
+// (ChannelFinished), heard by this replica's listener whichever replica
+// finished it.
+func (s *Server) waitFinished(ctx context.Context, ownerID int64, id string, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	for {
+		// Registered before the look, so a workflow that finishes
+		// between the two still wakes this waiter.
+		woken, forget := s.ends.add(id)
+		w, err := s.store.Summary(ctx, ownerID, id)
+		if err != nil || w.State != store.StateRunning {
+			forget()
+			if ctx.Err() != nil && !errors.Is(err, store.ErrNotFound) {
+				return nil // the time is up: answer with the status as it is
+			}
+			return err
+		}
+		var finished bool
+		select {
+		case finished = <-woken:
+		case <-ctx.Done():
+		case <-s.ctx.Done():
+		}
+		forget()
+		if finished || ctx.Err() != nil || s.ctx.Err() != nil {
+			return nil
+		}
+	}
 }
 
 // eventPollInterval is how often an event stream looks for changes in a

@@ -38,14 +38,16 @@ func (s *Server) listenOnce(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	defer c.Release()
-	for _, ch := range []string{store.ChannelReady, store.ChannelCancel} {
+	for _, ch := range []string{store.ChannelReady, store.ChannelCancel, store.ChannelFinished} {
 		if _, err := c.Exec(ctx, "LISTEN "+ch); err != nil {
 			c.Conn().Close(ctx)
 			return err
 		}
 	}
-	// Tasks may have become ready while we were not listening.
+	// Tasks may have become ready, and workflows finished, while we were
+	// not listening.
 	s.wake()
+	s.ends.all()
 	for {
 		n, err := c.Conn().WaitForNotification(ctx)
 		if err != nil {
@@ -55,6 +57,8 @@ func (s *Server) listenOnce(ctx context.Context, pool *pgxpool.Pool) error {
 		switch n.Channel {
 		case store.ChannelReady:
 			s.wake()
+		case store.ChannelFinished:
+			s.ends.finished(n.Payload)
 		case store.ChannelCancel:
 			var ids []int64
 			for _, f := range strings.Split(n.Payload, ",") {

@@ -94,7 +94,8 @@ type Server struct {
 	modules      *moduleCache
 
 	rt            *runtimes
-	attemptModule sync.Map // attempt id -> module id, for the checkpoint cost
+	ends          *finishWaiters // requests waiting for workflows to end
+	attemptModule sync.Map       // attempt id -> module id, for the checkpoint cost
 }
 
 type renewal struct {
@@ -117,6 +118,7 @@ func New(st *store.Store, cfg Config) *Server {
 		hub: newHub(2*cfg.Heartbeat + cfg.Heartbeat/2), wakeC: make(chan struct{}, 1),
 		modules: newModuleCache(64 << 20),
 		rt:      newRuntimes(),
+		ends:    newFinishWaiters(),
 	}
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	s.metrics = newMetrics(s)

@@ -359,8 +359,14 @@ func (b *bench) single(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := b.waitDone(ctx, s.ID, 200*time.Microsecond, 30*time.Second); err != nil {
+		// As an owner waits for a result: one long-polling status request,
+		// answered when the server hears that the workflow ended.
+		st, err := b.client.StatusWhenFinished(ctx, s.ID, 30*time.Second)
+		if err != nil {
 			return err
+		}
+		if st.State != "done" {
+			return fmt.Errorf("workflow %s is %s, not done", s.ID, st.State)
 		}
 		if i >= 20 { // warm-up
 			lat = append(lat, time.Since(start))

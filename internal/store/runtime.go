@@ -137,21 +137,15 @@ type AttemptSpan struct {
 	Succeeded bool
 }
 
-// WorkflowSpans lists the attempts of a workflow (no owner check: callers
-// checked it already), for its efficiency.
-func (s *Store) WorkflowSpans(ctx context.Context, id string) ([]AttemptSpan, error) {
-	rows, err := s.pool.Query(ctx, `SELECT t.name, a.worker_id::text, a.started_at, coalesce(a.ended_at, now()), a.state = 'succeeded'
-		FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = $1 ORDER BY a.id`, id)
-	if err != nil {
-		return nil, fmt.Errorf("read attempts of %s: %w", id, err)
-	}
-	spans, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (AttemptSpan, error) {
+// workflowSpansSQL reads the attempts of workflow $1 (to be completed with
+// an ORDER BY).
+const workflowSpansSQL = `SELECT t.name, a.worker_id::text, a.started_at, coalesce(a.ended_at, now()), a.state = 'succeeded'
+	FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = $1`
+
+func scanSpans(rows pgx.Rows) ([]AttemptSpan, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (AttemptSpan, error) {
 		var a AttemptSpan
 		err := r.Scan(&a.Task, &a.Worker, &a.Start, &a.End, &a.Succeeded)
 		return a, err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("read attempts of %s: %w", id, err)
-	}
-	return spans, nil
 }

@@ -29,6 +29,9 @@ const (
 	// ChannelCancel is notified with a comma-separated list of attempt ids
 	// that must be stopped on their workers.
 	ChannelCancel = "cyclepool_cancel"
+	// ChannelFinished is notified with a workflow's id when it reaches a
+	// final state (by a trigger: migrations/00006_workflow_finished.sql).
+	ChannelFinished = "cyclepool_finished"
 )
 
 // Store is a handle on the database.
