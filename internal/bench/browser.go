@@ -147,7 +147,7 @@ func (b *bench) browserSingle(ctx context.Context, p *browserPage) error {
 		if err != nil {
 			return err
 		}
-		if err := b.waitDone(ctx, s.ID, 200*time.Microsecond, 30*time.Second); err != nil {
+		if err := b.waitResult(ctx, s.ID); err != nil {
 			return err
 		}
 		if i >= 20 {
@@ -203,7 +203,7 @@ func (b *bench) browserThroughput(ctx context.Context, p *browserPage) error {
 	if err != nil {
 		return err
 	}
-	if err := b.waitDone(ctx, s.ID, time.Millisecond, 10*time.Minute); err != nil {
+	if err := b.waitDone(ctx, s.ID, 10*time.Minute); err != nil {
 		return err
 	}
 	took := time.Since(start)
@@ -271,7 +271,7 @@ func (b *bench) browserVsWazero(ctx context.Context, p *browserPage) error {
 		if err != nil {
 			return err
 		}
-		if err := b.waitDone(ctx, s.ID, 5*time.Millisecond, 2*time.Minute); err != nil {
+		if err := b.waitDone(ctx, s.ID, 2*time.Minute); err != nil {
 			return err
 		}
 		time.Sleep(400 * time.Millisecond)
