@@ -74,3 +74,44 @@ func (f *finishWaiters) waiting() int {
 	}
 	return n
 }
+
+// echoes pairs the two wake-ups a submission on this replica gives the
+// dispatcher: the submit handler's, after the commit, and the ready
+// notification the commit sends to every replica, this one included
+// (store.ReadyPayload names the replica and workflow). Whichever comes
+// second is dropped: the round the first started reads the new tasks, and
+// a second round would only read the ready tasks again, on the latency
+// path of the next submission. Ids whose notification never comes (the
+// listener was down) are forgotten when the listener reconnects.
+type echoes struct {
+	mu   sync.Mutex
+	seen map[string]struct{}
+}
+
+// maxEchoes bounds the ids echoes keeps.
+const maxEchoes = 4096
+
+func newEchoes() *echoes { return &echoes{seen: map[string]struct{}{}} }
+
+// first reports whether this is the first of the two wake-ups for
+// workflow id.
+func (e *echoes) first(id string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.seen[id]; ok {
+		delete(e.seen, id)
+		return false
+	}
+	if len(e.seen) >= maxEchoes {
+		clear(e.seen) // lost notifications: waking twice is harmless
+	}
+	e.seen[id] = struct{}{}
+	return true
+}
+
+// reset forgets every id: notifications may have been lost.
+func (e *echoes) reset() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	clear(e.seen)
+}

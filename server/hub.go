@@ -349,7 +349,7 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 			s.log.Warn("record worker gone", "worker", c.id, "err", err)
 		}
 	}()
-	s.wake()
+	s.wakeSlots()
 	err = s.readLoop(ctx, c)
 	var ce websocket.CloseError
 	switch {
@@ -498,7 +498,7 @@ func (s *Server) readLoop(ctx context.Context, c *conn) error {
 			return err
 		}
 		if s.hub.heardFrom(c) {
-			s.wake() // silent until now: it may have free slots
+			s.wakeSlots() // silent until now: it may have free slots
 		}
 		f, err := protocol.Decode(data, typ == websocket.MessageBinary)
 		if err != nil {
@@ -528,7 +528,7 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 			c.paused = hb.Device.Paused
 			s.hub.mu.Unlock()
 			if was && !hb.Device.Paused {
-				s.wake()
+				s.wakeSlots()
 			}
 			// Write the device state only when it changed: most heartbeats
 			// repeat the last one.
@@ -546,7 +546,7 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 				return fmt.Errorf("queue must be 0 to %d for %d slots, got %d", protocol.QueueLimit(c.threads), c.threads, q)
 			}
 			if s.hub.setQueue(c, *hb.Queue) {
-				s.wake()
+				s.wakeSlots()
 			}
 		}
 		// Running and queued attempts, plus outcomes awaiting their ack
@@ -629,7 +629,7 @@ func (s *Server) finish(ctx context.Context, c *conn, comps []store.Completion, 
 		items[i] = completion{c: c, comp: comp, of: of}
 	}
 	if freed {
-		s.wake()
+		s.wakeSlots()
 	}
 	return s.completions.submitAll(ctx, items)
 }

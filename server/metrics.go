@@ -14,6 +14,7 @@ import (
 type metrics struct {
 	reg            *prometheus.Registry
 	dispatched     prometheus.Counter
+	rounds         *prometheus.CounterVec
 	completions    *prometheus.CounterVec
 	checkpoints    prometheus.Counter
 	leaseExpiries  prometheus.Counter
@@ -29,6 +30,8 @@ func newMetrics(s *Server) *metrics {
 		reg: prometheus.NewRegistry(),
 		dispatched: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cyclepool_tasks_dispatched_total", Help: "Task attempts assigned to workers by this replica."}),
+		rounds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cyclepool_dispatch_rounds_total", Help: "Dispatcher wake-ups, by outcome: run (a round read the ready tasks), skipped (slots came free, but the last round had left no ready task)."}, []string{"outcome"}),
 		completions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cyclepool_attempt_completions_total", Help: "Attempt results and failures received, by outcome (succeeded, failed, refused)."}, []string{"outcome"}),
 		checkpoints: prometheus.NewCounter(prometheus.CounterOpts{
@@ -48,7 +51,7 @@ func newMetrics(s *Server) *metrics {
 			Name: "cyclepool_db_batch_seconds", Help: "Latency of database batches, by operation.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}, []string{"op"}),
 	}
-	m.reg.MustRegister(m.dispatched, m.completions, m.checkpoints, m.leaseExpiries, m.workerConnects, m.badFrames,
+	m.reg.MustRegister(m.dispatched, m.rounds, m.completions, m.checkpoints, m.leaseExpiries, m.workerConnects, m.badFrames,
 		m.leader, m.batchSize, m.batchSeconds,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{s: s,

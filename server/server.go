@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
@@ -83,8 +84,11 @@ type Server struct {
 	hub     *hub
 	metrics *metrics
 	wakeC   chan struct{}
-	ctx     context.Context // cancelled when Run's context is done; sockets live under it
-	stop    context.CancelFunc
+	// tasksWake says a wake-up was for tasks that became ready (wake), not
+	// only for free slots (wakeSlots).
+	tasksWake atomic.Bool
+	ctx       context.Context // cancelled when Run's context is done; sockets live under it
+	stop      context.CancelFunc
 
 	renewals    *batcher[renewal]
 	completions *batcher[completion]
@@ -95,6 +99,7 @@ type Server struct {
 
 	rt            *runtimes
 	ends          *finishWaiters // requests waiting for workflows to end
+	echoes        *echoes        // this replica's submissions, to wake the dispatcher once for each
 	attemptModule sync.Map       // attempt id -> module id, for the checkpoint cost
 }
 
@@ -119,6 +124,7 @@ func New(st *store.Store, cfg Config) *Server {
 		modules: newModuleCache(64 << 20),
 		rt:      newRuntimes(),
 		ends:    newFinishWaiters(),
+		echoes:  newEchoes(),
 	}
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	s.metrics = newMetrics(s)
@@ -152,8 +158,18 @@ func (s *Server) Run(ctx context.Context) error {
 	return nil
 }
 
-// wake asks the dispatcher for a round soon.
+// wake asks the dispatcher for a round soon: tasks may have become ready.
 func (s *Server) wake() {
+	s.tasksWake.Store(true)
+	s.wakeSlots()
+}
+
+// wakeSlots asks the dispatcher for a round soon because slots came free
+// (an attempt ended, a worker arrived or resumed, a queue grew). The
+// dispatcher skips the round when its last one left no ready task behind:
+// there is nothing for the slots until a task becomes ready, which wakes
+// it again (wake).
+func (s *Server) wakeSlots() {
 	select {
 	case s.wakeC <- struct{}{}:
 	default:
@@ -166,20 +182,33 @@ func (s *Server) wake() {
 func (s *Server) dispatch(ctx context.Context) {
 	t := time.NewTicker(s.cfg.Poll)
 	defer t.Stop()
+	// left: the last round may have left ready tasks unclaimed (it had
+	// fewer slots than tasks, read as many candidates as it could, or
+	// could not look).
+	left := true
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.wakeC:
+			if !s.tasksWake.Swap(false) && !left {
+				s.metrics.rounds.WithLabelValues("skipped").Inc()
+				continue
+			}
 		case <-t.C:
+			s.tasksWake.Store(false)
 		}
 		for races := 0; ctx.Err() == nil; {
 			slots := s.hub.reserve(1000)
 			if len(slots) == 0 {
+				left = true
 				break
 			}
-			n, planned, err := s.assign(ctx, slots)
+			s.metrics.rounds.WithLabelValues("run").Inc()
+			n, planned, more, err := s.assign(ctx, slots)
+			left = more
 			if err != nil {
+				left = true
 				if ctx.Err() == nil {
 					s.log.Error("dispatch", "err", err)
 				}
@@ -200,8 +229,9 @@ func (s *Server) dispatch(ctx context.Context) {
 
 // assign plans which ready tasks go to the reserved slots (plan), claims
 // them and sends them out; it returns how many were claimed and how many
-// were planned, and gives back the slots it did not use.
-func (s *Server) assign(ctx context.Context, slots []*conn) (int, int, error) {
+// were planned, and whether ready tasks may be left unclaimed; it gives
+// back the slots it did not use.
+func (s *Server) assign(ctx context.Context, slots []*conn) (claimedN, plannedN int, more bool, err error) {
 	ids := make([]string, len(slots))
 	reserved := map[string][]*conn{} // worker id -> its reserved slots
 	for i, c := range slots {
@@ -215,7 +245,11 @@ func (s *Server) assign(ctx context.Context, slots []*conn) (int, int, error) {
 		for _, cs := range reserved {
 			s.hub.release(cs)
 		}
-		return 0, 0, err
+		return 0, 0, true, err
+	}
+	pending := 0
+	for _, c := range cands {
+		pending += c.Pending
 	}
 	picks := s.plan(time.Now(), cands, s.planWorkers(reserved))
 	claimed, err := s.store.ClaimPicks(ctx, picks, s.cfg.Lease)
@@ -274,10 +308,8 @@ func (s *Server) assign(ctx context.Context, slots []*conn) (int, int, error) {
 		}
 		s.wake()
 	}
-	if err != nil {
-		return len(claimed), len(picks), err
-	}
-	return len(claimed), len(picks), nil
+	more = len(cands) == limit || len(claimed) < pending || len(undeliverable) > 0
+	return len(claimed), len(picks), more, err
 }
 
 // assignFrames splits one worker's attempts into assign frames: several to
