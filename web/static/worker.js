@@ -428,10 +428,13 @@ function makeTasks(taskJs, server) {
     runs.delete(attempt);
     if (r.w) {
       stopBatch(r.w, attempt);
-      pump();
+      // Not at once: Go terminates every attempt a cancel frame or a pause
+      // names in one go, and the rest of this batch may be among them.
+      if (!pumpSoon) { pumpSoon = true; queueMicrotask(() => { pumpSoon = false; pump(); }); }
     }
     return true;
   }
+  let pumpSoon = false;
 
   // running lists the attempts given to task Web Workers (the others wait
   // for one).
