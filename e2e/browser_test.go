@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -366,5 +367,75 @@ func TestBrowserWallTimeLimit(t *testing.T) {
 		if task.Name == "after" && task.State != "done" {
 			t.Fatalf("the next task: %+v", task)
 		}
+	}
+}
+
+// shortLoop is a WASI command (a memory and a _start) that counts to
+// 1,500,000 and exits: well under a millisecond once V8 optimised it, so
+// the page gives its attempts to its task Web Workers in batches
+// (web/static/worker.js, pump), and a batch lasts long enough to be cut
+// short by a cancel.
+var shortLoop = []byte{
+	0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, 0x01, 0x04, 0x01, 0x60,
+	0x00, 0x00, 0x03, 0x02, 0x01, 0x00, 0x05, 0x03, 0x01, 0x00, 0x01, 0x07,
+	0x13, 0x02, 0x06, 0x6d, 0x65, 0x6d, 0x6f, 0x72, 0x79, 0x02, 0x00, 0x06,
+	0x5f, 0x73, 0x74, 0x61, 0x72, 0x74, 0x00, 0x00, 0x0a, 0x18, 0x01, 0x16,
+	0x01, 0x01, 0x7f, 0x03, 0x40, 0x20, 0x00, 0x41, 0x01, 0x6a, 0x22, 0x00,
+	0x41, 0xe0, 0xc6, 0xdb, 0x00, 0x49, 0x0d, 0x00, 0x0b, 0x0b,
+}
+
+// Short attempts travel to the task Web Workers in batches: every task of a
+// large workflow is done once, and cancelling a workflow while batches run
+// terminates their task Web Workers without losing the page's other work.
+func TestBrowserShortTasksInBatches(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	m, err := p.client.PushModule(context.Background(), shortLoop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	many := func(name string, n int) map[string]any {
+		tasks := make([]task, n)
+		for i := range tasks {
+			tasks[i] = task{"name": fmt.Sprintf("t%d", i), "module": m.ID}
+		}
+		return workflow(name, tasks...)
+	}
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, p.srv.url)
+
+	id := submit(t, p.client, many("first", 400))
+	if st := wait(t, p.client, id, 60*time.Second); st.State != "done" {
+		t.Fatalf("first workflow ended %s", st.State)
+	}
+	st, err := p.client.Status(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range st.Tasks {
+		if tk.Attempts != 1 {
+			t.Fatalf("task %s: %d attempts, want 1", tk.Name, tk.Attempts)
+		}
+	}
+
+	// Cancel the second while it runs.
+	done := b.status().Done
+	id2 := submit(t, p.client, many("second", 2000))
+	eventually(t, 30*time.Second, "the second workflow to be under way", func() bool { return b.status().Done >= done+100 })
+	if _, err := p.client.Cancel(context.Background(), id2); err != nil {
+		t.Fatal(err)
+	}
+	if st := wait(t, p.client, id2, 30*time.Second); st.State != "cancelled" {
+		t.Fatalf("second workflow ended %s, want cancelled", st.State)
+	}
+	eventually(t, 10*time.Second, "the task Web Workers to be idle", func() bool {
+		s := b.status()
+		return s.TaskWorkers.Busy == 0 && len(s.Running) == 0
+	})
+	t.Logf("task Web Workers after the cancel: %+v", b.status().TaskWorkers)
+
+	id3 := submit(t, p.client, many("third", 100))
+	if st := wait(t, p.client, id3, 60*time.Second); st.State != "done" {
+		t.Fatalf("third workflow ended %s", st.State)
 	}
 }

@@ -10,13 +10,19 @@
 // A stuck or cancelled task is ended by terminating this Web Worker; the
 // worker script (worker.js) does that. Nothing here needs to be cancelled.
 //
-// Messages: in {type:"run", key, module, reset, args, stdin, inputs,
-// restore, seed, limits, ckptMs, share, ctl}; out {type:"progress", f},
-// {type:"checkpoint", state} (then blocks on ctl until the worker answers),
-// {type:"done", reason, message, outputs, log, ms, memoryBytes}. A Web
+// Messages: in {type:"run", list}, a batch of attempts to run one after the
+// other, each {attempt, key, module, reset, args, stdin, inputs, restore,
+// seed, limits, ckptMs, share, ctl}; out {type:"progress", attempt, f},
+// {type:"checkpoint", attempt, state} (then blocks on ctl until the worker
+// answers), and once the whole batch ran {type:"done", list} with per
+// attempt {attempt, reason, message, outputs, log, ms, memoryBytes}. A Web
 // Worker runs many attempts one after the other: it keeps the modules it
 // was sent by key (the worker sends a module only the first time, and
 // reset empties the collection) and the ctl buffer of its first message.
+// ctl: Int32 0 and 1 answer a checkpoint; Float64 1 and 2 say which attempt
+// runs now (0: none) and since when (performance.timeOrigin-based ms), so
+// that the worker enforces wall times and knows where a batch got to
+// without a message per attempt.
 "use strict";
 
 const E = { SUCCESS: 0, ACCES: 2, BADF: 8, EXIST: 20, FAULT: 21, INVAL: 28, IO: 29, ISDIR: 31, NOENT: 44, NOSYS: 52,
@@ -37,23 +43,31 @@ class OutOfRange extends Error {}
 const now = () => performance.timeOrigin + performance.now();
 
 const modules = new Map(); // key -> {module, imports}
-let ctlBuf = null;
+let ctlBuf = null, ctlNow = null;
 self.onmessage = (e) => {
-  const p = e.data;
-  if (p.type !== "run") return;
-  const recv = now();
-  if (p.reset) modules.clear();
-  if (p.module) modules.set(p.key, { module: p.module, imports: WebAssembly.Module.imports(p.module) });
-  const m = modules.get(p.key);
-  p.module = m.module; p.imports = m.imports;
-  if (p.ctl) ctlBuf = p.ctl; else p.ctl = ctlBuf;
-  const done = runAttempt(p);
-  // Where the attempt's time went, for the benchmark (docs/BENCHMARKS.md).
-  done.t = { posted: e.data.postedAt, recv, started: done.started, ran: done.ran, sent: now() };
-  // Large buffers move (transferred); small ones are cheaper to copy.
-  const moved = [];
-  for (const b of [done.log, ...done.outputs.map((o) => o.data)]) if (b.byteLength >= 65536) moved.push(b.buffer);
-  postMessage(done, moved);
+  const m = e.data;
+  if (m.type !== "run") return;
+  const dones = [], moved = [];
+  for (const p of m.list) {
+    const recv = now();
+    if (p.reset) modules.clear();
+    if (p.module) modules.set(p.key, { module: p.module, imports: WebAssembly.Module.imports(p.module) });
+    const mod = modules.get(p.key);
+    p.module = mod.module; p.imports = mod.imports;
+    if (p.ctl) { ctlBuf = p.ctl; ctlNow = new Float64Array(ctlBuf); } else p.ctl = ctlBuf;
+    ctlNow[2] = recv; ctlNow[1] = p.attempt;
+    const done = runAttempt(p);
+    done.attempt = p.attempt;
+    // Where the attempt's time went, for the benchmark (docs/BENCHMARKS.md).
+    done.t = { posted: m.postedAt, recv, started: done.started, ran: done.ran, sent: 0 };
+    // Large buffers move (transferred); small ones are cheaper to copy.
+    for (const b of [done.log, ...done.outputs.map((o) => o.data)]) if (b.byteLength >= 65536) moved.push(b.buffer);
+    dones.push(done);
+  }
+  ctlNow[1] = 0;
+  const sent = now();
+  for (const d of dones) d.t.sent = sent;
+  postMessage({ type: "done", list: dones }, moved);
 };
 
 // byteCompare orders names by their UTF-8 bytes, as the headless runner does.
@@ -521,7 +535,7 @@ function runAttempt(p) {
       if (Number.isNaN(f)) return;
       f = Math.min(1, Math.max(0, f));
       const now = performance.now();
-      if (f !== lastProgress && (now - progressAt >= 50 || f === 1)) { postMessage({ type: "progress", f }); progressAt = now; lastProgress = f; }
+      if (f !== lastProgress && (now - progressAt >= 50 || f === 1)) { postMessage({ type: "progress", attempt: p.attempt, f }); progressAt = now; lastProgress = f; }
     },
     checkpoint_due() {
       if (share < 1) throttle();
@@ -530,7 +544,7 @@ function runAttempt(p) {
     checkpoint(ptr, len) {
       const state = bytesAt(ptr, len).slice();
       Atomics.store(ctl, 0, 0);
-      postMessage({ type: "checkpoint", state }, [state.buffer]);
+      postMessage({ type: "checkpoint", attempt: p.attempt, state }, [state.buffer]);
       Atomics.wait(ctl, 0, 0); // the worker answers once the server committed it (or refused)
       // 0: saved; 2: offline, kept by the worker to deliver on reconnecting
       // (not saved yet, so 1 for the task, but not due again at once).

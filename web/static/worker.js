@@ -2,8 +2,8 @@
 // worker (worker.wasm, GOOS=js GOARCH=wasm, package wasmworker/browser),
 // which speaks the worker protocol to the server, and gives it
 // self.cyclepoolTasks: module compilation (cached) and task Web Workers
-// (task.js), one per running attempt, reused between attempts and
-// terminated to cancel one.
+// (task.js), one per thread, reused between attempts and terminated to
+// cancel one (short attempts go to a task Web Worker in batches: pump).
 //
 // Messages from the page: {type:"init", ...}, {type:"device"},
 // {type:"settings"}, {type:"stop"}; they wait in an inbox until Go is ready.
@@ -201,6 +201,9 @@ function makeTasks(taskJs, server) {
   // milliseconds in its task Web Worker.
   function end(attempt, reason, message, packed, ms) {
     ended.push({ attempt, reason, message, packed, ms });
+    settle();
+  }
+  function settle() {
     if (active === 0 && pending.length === 0) flushEnded();
     else if (!endedTimer) endedTimer = setTimeout(flushEnded, endedDelayMs);
   }
@@ -234,13 +237,32 @@ function makeTasks(taskJs, server) {
   }
   const fail = (attempt, reason, message) => end(attempt, reason, message, pack([], EMPTY), 0);
 
-  // Attempts waiting for a task Web Worker, and how many run; at most
-  // `threads` run at once (listen).
+  // Attempts waiting for a task Web Worker, and how many task Web Workers
+  // run; at most `threads` at once (listen). A task Web Worker is given a
+  // batch of attempts in one message and answers with all their outcomes
+  // in one message: every message wakes a thread, which costs more than a
+  // short attempt itself. Attempts of a module whose recent attempts ran
+  // shorter than batchShortMs go in batches of up to maxBatch (no more than
+  // their fair share of what waits); other attempts go one at a time, so
+  // that a long attempt never holds others back.
+  const maxBatch = 8, batchShortMs = 2;
+  const runMs = new Map(); // module key -> recent run time (ms, moving average)
   let pending = [], active = 0, threads = 1;
   function pump() {
     while (active < threads && pending.length > 0) {
       const q = pending.shift();
-      if (!q.r.over) start(q.attempt, q.r, q.p, q.mod);
+      if (q.r.over) continue;
+      const batch = [q];
+      if (runMs.get(q.p.key) < batchShortMs) {
+        const n = Math.min(maxBatch, Math.ceil((pending.length + 1) / (threads - active)));
+        while (batch.length < n && pending.length > 0) {
+          const x = pending[0];
+          if (x.r.over) { pending.shift(); continue; }
+          if (!(runMs.get(x.p.key) < batchShortMs)) break;
+          batch.push(pending.shift());
+        }
+      }
+      start(batch);
     }
   }
 
@@ -251,13 +273,13 @@ function makeTasks(taskJs, server) {
   // events function; its wall time counts from its start.
   function run(attempt, moduleId, pages, args, stdin, inputs, restore, seedHi, seedLo, ckptMs, share,
     wallMs, outputBytes, logBytes, prepareMs) {
-    const r = { w: null, over: false, prepareMs, startedAt: 0, deadline: 0 };
-    runs.set(attempt, r);
     const key = moduleId + "/" + pages;
+    const r = { w: null, over: false, prepareMs, wallMs, key };
+    runs.set(attempt, r);
     const p = {
-      type: "run", key, module: null, reset: false, args: args || [], stdin: stdin || EMPTY, inputs: inputs || [],
+      attempt, key, module: null, reset: false, args: args || [], stdin: stdin || EMPTY, inputs: inputs || [],
       restore, seed: (BigInt(seedHi) << 32n) | BigInt(seedLo), ckptMs, share, ctl: null,
-      limits: { memoryPages: pages, wallMs, outputBytes, logBytes }, postedAt: 0,
+      limits: { memoryPages: pages, wallMs, outputBytes, logBytes },
     };
     const queue = (mod) => { pending.push({ attempt, r, p, mod }); pump(); };
     const mod = compiled.get(key);
@@ -267,85 +289,135 @@ function makeTasks(taskJs, server) {
   }
 
   // A task Web Worker's handlers are set once; they act on its current
-  // attempt (w.cur: {attempt, r}).
+  // batch (w.batch: the queue entries {attempt, r, p, mod} it was sent).
   function spawnFor() {
     const w = spawn();
     w.onmessage = (e) => {
-      const c = w.cur;
-      if (!c || c.r.over) return;
-      const { attempt, r } = c;
       const m = e.data;
       if (m.type === "done") {
         const back = now();
-        finish(attempt, r);
-        w.cur = null;
-        if (idle.length < 16) idle.push(w); else kill(w);
-        const t = m.t;
-        if (!m.reason && t) {
-          trace.n++;
-          trace.prepare += r.prepareMs; trace.toTask += t.recv - t.posted; trace.instantiate += t.started - t.recv;
-          trace.run += t.ran - t.started; trace.lastRun = t.ran - t.started; trace.collect += t.sent - t.ran;
-          trace.back += back - t.sent;
+        const batch = w.batch;
+        if (!batch) return;
+        release(w);
+        if (runMs.size > 256) runMs.clear();
+        for (const d of m.list) {
+          const r = runs.get(d.attempt);
+          if (!r || r.over || r.w !== w) continue;
+          r.over = true; runs.delete(d.attempt);
+          const t = d.t;
+          if (!d.reason && t && batch.length === 1) {
+            trace.n++;
+            trace.prepare += r.prepareMs; trace.toTask += t.recv - t.posted; trace.instantiate += t.started - t.recv;
+            trace.run += t.ran - t.started; trace.lastRun = t.ran - t.started; trace.collect += t.sent - t.ran;
+            trace.back += back - t.sent;
+          }
+          if (!d.reason) runMs.set(r.key, runMs.has(r.key) ? 0.8 * runMs.get(r.key) + 0.2 * d.ms : d.ms);
+          ended.push({ attempt: d.attempt, reason: d.reason || null, message: d.reason ? d.message : null,
+            packed: pack(d.outputs, d.log), ms: d.ms });
         }
-        end(attempt, m.reason || null, m.reason ? m.message : null, pack(m.outputs, m.log), back - r.startedAt);
         pump();
-      } else if (m.type === "progress") events(attempt, 0, m.f);
-      else if (m.type === "checkpoint") events(attempt, 1, m.state);
+        settle();
+        return;
+      }
+      const r = runs.get(m.attempt);
+      if (!r || r.over || r.w !== w) return;
+      if (m.type === "progress") events(m.attempt, 0, m.f);
+      else if (m.type === "checkpoint") events(m.attempt, 1, m.state);
     };
     w.onerror = (e) => {
       e.preventDefault();
-      const c = w.cur;
-      if (!c || c.r.over) return;
-      finish(c.attempt, c.r); kill(w);
-      end(c.attempt, "worker", "the task Web Worker failed: " + (e.message || "error"), pack([], EMPTY), now() - c.r.startedAt);
+      if (!w.batch) return;
+      // The attempt that runs now fails; if none has started, the first.
+      let id = w.nowRunning();
+      if (!runs.has(id)) { const q = w.batch.find((x) => !x.r.over); id = q ? q.attempt : 0; }
+      const r = runs.get(id);
+      stopBatch(w, id);
+      if (r && !r.over) {
+        r.over = true; runs.delete(id);
+        end(id, "worker", "the task Web Worker failed: " + (e.message || "error"), pack([], EMPTY), now() - w.startedAt());
+      }
       pump();
     };
     w.onmessageerror = w.onerror;
     return w;
   }
 
-  function finish(attempt, r) { r.over = true; counts.busy--; active--; runs.delete(attempt); }
+  // release makes a task Web Worker whose batch is over idle again.
+  function release(w) {
+    w.batch = null; counts.busy--; active--; busy.delete(w);
+    if (idle.length < 16) idle.push(w); else kill(w);
+  }
 
-  // The wall time limit, counted from an attempt's start: checked every
-  // 50 ms while attempts run (one timer rather than one per attempt); the
-  // task Web Worker of an attempt past its limit is terminated (Go words
-  // the message).
+  // stopBatch terminates a task Web Worker in the middle of its batch,
+  // for the attempt `but` (which the caller ends): the batch's other
+  // attempts that have not ended go back to the front of the queue, to run
+  // again from their start elsewhere (nothing of them was reported).
+  function stopBatch(w, but) {
+    const batch = w.batch;
+    w.batch = null; counts.busy--; active--; busy.delete(w); kill(w);
+    const again = [];
+    for (const q of batch) {
+      if (q.attempt === but || q.r.over) continue;
+      q.r.w = null;
+      again.push(q);
+    }
+    pending.unshift(...again);
+  }
+
+  // The wall time limit, counted from an attempt's start in its task Web
+  // Worker (which it writes in its ctl buffer): checked every 50 ms while
+  // attempts run (one timer rather than one per attempt); the task Web
+  // Worker of an attempt past its limit is terminated (Go words the
+  // message).
   let wallTimer = 0;
+  const busy = new Set(); // task Web Workers with a batch
   function checkWall() {
     const t = now();
-    for (const [attempt, r] of runs) {
-      if (r.w && !r.over && t >= r.deadline) {
-        finish(attempt, r); kill(r.w);
-        end(attempt, "limit_wall_time", null, pack([], EMPTY), t - r.startedAt);
+    for (const w of busy) {
+      if (!w.batch) { busy.delete(w); continue; }
+      const id = w.nowRunning(), r = id ? runs.get(id) : null;
+      if (r && !r.over && r.w === w && t >= w.startedAt() + r.wallMs) {
+        stopBatch(w, id);
+        r.over = true; runs.delete(id);
+        end(id, "limit_wall_time", null, pack([], EMPTY), t - w.startedAt());
       }
     }
     pump();
     if (active === 0) { clearInterval(wallTimer); wallTimer = 0; }
   }
 
-  function start(attempt, r, p, mod) {
+  function start(batch) {
     const w = idle.pop() || spawnFor();
-    r.w = w;
-    w.cur = { attempt, r };
+    w.batch = batch;
     counts.busy++;
     active++;
-    if (!w.ctl) { w.ctl = new SharedArrayBuffer(8); w.mods = new Set(); p.ctl = w.ctl; }
-    if (!w.mods.has(p.key)) {
-      if (w.mods.size >= 16) { w.mods.clear(); p.reset = true; }
-      w.mods.add(p.key);
-      p.module = mod;
+    busy.add(w);
+    const list = [];
+    for (const q of batch) {
+      const p = q.p;
+      q.r.w = w;
+      p.module = null; p.reset = false; p.ctl = null;
+      if (!w.ctl) {
+        w.ctl = new SharedArrayBuffer(24); w.mods = new Set(); p.ctl = w.ctl;
+        const at = new Float64Array(w.ctl);
+        w.nowRunning = () => at[1]; w.startedAt = () => at[2];
+      }
+      if (!w.mods.has(p.key)) {
+        if (w.mods.size >= 16) { w.mods.clear(); p.reset = true; }
+        w.mods.add(p.key);
+        p.module = q.mod;
+      }
+      list.push(p);
     }
-    p.postedAt = r.startedAt = now();
-    r.deadline = r.startedAt + p.limits.wallMs;
     if (!wallTimer) wallTimer = setInterval(checkWall, 50);
-    w.postMessage(p);
+    w.postMessage({ type: "run", list, postedAt: now() });
   }
 
-  // terminate ends an attempt at once: its task Web Worker is terminated,
-  // or it never starts if it still waits; nothing more is reported, and it
-  // returns true. An attempt that has already ended is not touched: its
-  // outcome, if still held for the next event, goes to Go now, and it
-  // returns false.
+  // terminate ends an attempt at once: its task Web Worker is terminated
+  // (the other attempts of its batch go back to the queue), or it never
+  // starts if it still waits; nothing more is reported, and it returns
+  // true. An attempt that has already ended is not touched: its outcome,
+  // if still held for the next event, goes to Go now, and it returns false.
   function terminate(attempt) {
     const r = runs.get(attempt);
     if (!r || r.over) {
@@ -355,14 +427,17 @@ function makeTasks(taskJs, server) {
     r.over = true;
     runs.delete(attempt);
     if (r.w) {
-      counts.busy--; active--; kill(r.w);
-      pump();
+      stopBatch(r.w, attempt);
+      // Not at once: Go terminates every attempt a cancel frame or a pause
+      // names in one go, and the rest of this batch may be among them.
+      if (!pumpSoon) { pumpSoon = true; queueMicrotask(() => { pumpSoon = false; pump(); }); }
     }
     return true;
   }
+  let pumpSoon = false;
 
-  // running lists the attempts running in task Web Workers (the others
-  // wait for one).
+  // running lists the attempts given to task Web Workers (the others wait
+  // for one).
   const running = () => Array.from(runs, ([a, r]) => (r.w && !r.over ? a : -1)).filter((a) => a >= 0);
 
   // answer wakes the attempt's task, blocked in checkpoint, with code (0
