@@ -112,11 +112,7 @@ type Candidate struct {
 // without locking them: ClaimPicks claims those the plan chose, and skips
 // those another replica took meanwhile.
 func (s *Store) Candidates(ctx context.Context, limit int) ([]Candidate, error) {
-	rows, err := s.pool.Query(ctx, `SELECT t.id, t.workflow_id::text, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas,
-			t.attempts = 0, t.ckpt_ms,
-			CASE WHEN t.max_replicas > 1 THEN ARRAY(SELECT DISTINCT a.worker_id::text FROM attempts a
-				WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) END
-		FROM tasks t WHERE t.state = 'ready' ORDER BY t.sort_key, t.id LIMIT $1`, limit)
+	rows, err := s.pool.Query(ctx, candidatesSQL, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read ready tasks: %w", err)
 	}
@@ -131,6 +127,13 @@ func (s *Store) Candidates(ctx context.Context, limit int) ([]Candidate, error) 
 	}
 	return cs, nil
 }
+
+// candidatesSQL reads up to $1 ready tasks in dispatch order.
+const candidatesSQL = `SELECT t.id, t.workflow_id::text, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas,
+			t.attempts = 0, t.ckpt_ms,
+			CASE WHEN t.max_replicas > 1 THEN ARRAY(SELECT DISTINCT a.worker_id::text FROM attempts a
+				WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) END
+		FROM tasks t WHERE t.state = 'ready' ORDER BY t.sort_key, t.id LIMIT $1`
 
 // Pick is one decision of the dispatcher's plan: a replica of TaskID on
 // Worker.
