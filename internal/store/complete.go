@@ -35,6 +35,11 @@ type Completion struct {
 	// paused, the worker shut down): the task is queued again without using
 	// up one of its attempts.
 	Uncounted bool
+	// Duration is the run time the worker reported for a success. The run
+	// time averages take it, or the time since the attempt was created
+	// when that is shorter: the latter also counts the attempt's wait in
+	// the worker's queue, which says nothing of the task.
+	Duration time.Duration
 }
 
 // Complete commits a batch of completions in one transaction and reports,
@@ -182,6 +187,12 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	}
 	taskOf := map[int64]int64{}
 	replicated := map[int64]bool{}
+	reported := make(map[int64]time.Duration, len(cs))
+	for i := range cs {
+		if cs[i].OK {
+			reported[cs[i].Attempt] = max(cs[i].Duration, 0)
+		}
+	}
 	var runs []Run
 	for rows.Next() {
 		var a, t int64
@@ -198,7 +209,8 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 			replicated[a] = true
 		}
 		if ok {
-			runs = append(runs, Run{Module: module, Name: name, Duration: time.Duration(ms) * time.Millisecond})
+			d := min(time.Duration(ms)*time.Millisecond, reported[a])
+			runs = append(runs, Run{Module: module, Name: name, Duration: d})
 		}
 	}
 	rows.Close()
