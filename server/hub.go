@@ -595,7 +595,8 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 	case protocol.TypeResult:
 		comps := make([]store.Completion, len(f.Results))
 		for i, r := range f.Results {
-			comp := store.Completion{Attempt: r.Attempt, Worker: c.id, OK: true, Log: r.Log.Data}
+			comp := store.Completion{Attempt: r.Attempt, Worker: c.id, OK: true, Log: r.Log.Data,
+				Duration: time.Duration(r.DurationMS) * time.Millisecond}
 			for _, o := range r.Outputs {
 				comp.Outputs = append(comp.Outputs, store.Output{Name: o.Name, Data: o.Data})
 			}

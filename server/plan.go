@@ -108,7 +108,16 @@ func (s *Server) refreshStats(ctx context.Context) {
 		}
 		fresh := &sched.RuntimeStats{}
 		for _, st := range stats {
-			fresh.Set(st.Module, st.Name, int(st.Runs), st.Mean)
+			if st.Name != "" {
+				fresh.Set(st.Module, st.Name, int(st.Runs), st.Mean)
+			}
+		}
+		// The modules' averages cover their names without a row of their
+		// own too: they replace those Set folded from the names.
+		for _, st := range stats {
+			if st.Name == "" {
+				fresh.SetModule(st.Module, int(st.Runs), st.Mean)
+			}
 		}
 		s.rt.mu.Lock()
 		s.rt.stats = fresh

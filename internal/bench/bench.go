@@ -115,7 +115,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return nil
 	}
 	// The embedded default, durable as in production.
-	cl, err := pgembed.Start(ctx, pgembed.Config{Dir: filepath.Join(tmp, "pg")})
+	pgcfg := pgembed.Config{Dir: filepath.Join(tmp, "pg")}
+	if os.Getenv(statementsEnv) != "" {
+		pgcfg.Settings = statementsSettings
+	}
+	cl, err := pgembed.Start(ctx, pgcfg)
 	if err != nil {
 		return err
 	}
@@ -464,6 +468,7 @@ func (b *bench) dispatch(ctx context.Context) error {
 	}
 	wf := b.workflowJSON("dispatch", b.cfg.Tasks)
 	batches0 := b.batchStats(ctx)
+	b.resetStatements(ctx)
 	cpu0 := b.cpuNow()
 	start := time.Now()
 	s, err := b.client.Submit(ctx, wf)
@@ -481,6 +486,7 @@ func (b *bench) dispatch(ctx context.Context) error {
 	b.printf("dispatch_total_s: %.2f", took.Seconds())
 	b.printCPU("dispatch", cpu, b.cfg.Tasks, took)
 	b.printBatches("dispatch", batches0, b.batchStats(ctx))
+	b.printStatements(ctx, "dispatch", b.cfg.Tasks)
 	return nil
 }
 

@@ -68,12 +68,16 @@ type Config struct {
 	// StartTimeout bounds the wait for the server to accept connections;
 	// 0 means 60 seconds.
 	StartTimeout time.Duration
+	// Settings are extra server settings ("name=value", each passed as
+	// -c), e.g. to load pg_stat_statements for a measurement.
+	Settings []string
 }
 
 // Cluster is a running PostgreSQL server.
 type Cluster struct {
 	dir, dataDir, sockDir string
 	bin                   string
+	settings              []string
 	port                  int
 	password              string
 	log                   *slog.Logger
@@ -131,7 +135,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgembed: %w", err)
 	}
-	c := &Cluster{dir: dir, dataDir: filepath.Join(dir, "data"), sockDir: filepath.Join(dir, "run"), log: log}
+	c := &Cluster{dir: dir, dataDir: filepath.Join(dir, "data"), sockDir: filepath.Join(dir, "run"), log: log, settings: cfg.Settings}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("pgembed: create %s: %w", dir, err)
 	}
@@ -576,6 +580,9 @@ func (c *Cluster) startServer(ctx context.Context, cred *credential, timeout tim
 		"-c", "port="+strconv.Itoa(c.port),
 		"-c", "unix_socket_directories="+c.sockDir,
 		"-c", "unix_socket_permissions=0700")
+	for _, set := range c.settings {
+		cmd.Args = append(cmd.Args, "-c", set)
+	}
 	cmd.Dir = c.dataDir
 	cmd.Env = env(cred)
 	cmd.Stdout, cmd.Stderr = lf, lf

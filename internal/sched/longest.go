@@ -67,6 +67,20 @@ func (s *RuntimeStats) Set(module, name string, n int, mean time.Duration) {
 	m.n += n
 }
 
+// SetModule installs a known average (n runs averaging mean) over all the
+// task names of module, in place of the one Set and Observe computed from
+// the names they were given.
+func (s *RuntimeStats) SetModule(module string, n int, mean time.Duration) {
+	if n <= 0 {
+		return
+	}
+	if s.byModule == nil {
+		s.byModule = map[string]*avg{}
+		s.byName = map[[2]string]*avg{}
+	}
+	s.byModule[module] = &avg{n: n, mean: mean.Seconds()}
+}
+
 // Expected returns the expected run time of the task name of module: its own
 // average when known, else the module's, else ok is false.
 func (s *RuntimeStats) Expected(module, name string) (time.Duration, bool) {

@@ -311,6 +311,17 @@ func TestLongestFirst(t *testing.T) {
 	if _, ok := st.Expected("other", "a"); ok {
 		t.Fatal("unknown module known")
 	}
+	// A module average loaded from the database covers names without an
+	// average of their own.
+	var loaded RuntimeStats
+	loaded.Set("m", "a", 2, 20*time.Second)
+	loaded.SetModule("m", 100, 2*time.Second)
+	if d, _ := loaded.Expected("m", "a"); d != 20*time.Second {
+		t.Fatalf("loaded a: %v", d)
+	}
+	if d, _ := loaded.Expected("m", "zzz"); d != 2*time.Second {
+		t.Fatalf("loaded module average: %v", d)
+	}
 	tasks := []Task{
 		{ID: "1", Module: "m", Name: "a", Priority: Batch},
 		{ID: "2", Module: "m", Name: "b", Priority: Batch},

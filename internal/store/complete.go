@@ -35,6 +35,11 @@ type Completion struct {
 	// paused, the worker shut down): the task is queued again without using
 	// up one of its attempts.
 	Uncounted bool
+	// Duration is the run time the worker reported for a success. The run
+	// time averages take it, or the time since the attempt was created
+	// when that is shorter: the latter also counts the attempt's wait in
+	// the worker's queue, which says nothing of the task.
+	Duration time.Duration
 }
 
 // Complete commits a batch of completions in one transaction and reports,
@@ -168,12 +173,7 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	}()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(`UPDATE attempts a SET state = CASE WHEN u.ok THEN 'succeeded' ELSE 'failed' END,
-			ended_at = now(), log = u.log, reason = u.reason
-			FROM unnest($1::bigint[], $2::uuid[], $3::bool[], $4::bytea[], $5::text[]) AS u(id, w, ok, log, reason), tasks t
-			WHERE a.id = u.id AND a.worker_id = u.w AND a.state = 'running' AND t.id = a.task_id
-			RETURNING a.id, a.task_id, t.max_replicas > 1, u.ok, t.module_id, t.name,
-				(extract(epoch FROM now() - a.started_at) * 1000)::bigint`, ids, workers, oks, logs, reasons)
+	b.Queue(completeAttemptsSQL, ids, workers, oks, logs, reasons)
 	br := conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
@@ -187,6 +187,12 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	}
 	taskOf := map[int64]int64{}
 	replicated := map[int64]bool{}
+	reported := make(map[int64]time.Duration, len(cs))
+	for i := range cs {
+		if cs[i].OK {
+			reported[cs[i].Attempt] = max(cs[i].Duration, 0)
+		}
+	}
 	var runs []Run
 	for rows.Next() {
 		var a, t int64
@@ -203,7 +209,8 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 			replicated[a] = true
 		}
 		if ok {
-			runs = append(runs, Run{Module: module, Name: name, Duration: time.Duration(ms) * time.Millisecond})
+			d := min(time.Duration(ms)*time.Millisecond, reported[a])
+			runs = append(runs, Run{Module: module, Name: name, Duration: d})
 		}
 	}
 	rows.Close()
@@ -274,12 +281,40 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	return err
 }
 
+// completeAttemptsSQL ends the running attempts $1 (sorted, distinct) of
+// workers $2 (fencing: an attempt no longer running on its worker is left
+// alone) with success $3, log $4 and reason $5, and returns each ended
+// attempt's task.
+//
+// The attempts are found by a probe of attempts_running per id (a.id =
+// ANY($1)) and each one's values by its position in $1, without a join
+// with the unnested arrays: with the statistics of a table that autovacuum
+// has not analyzed within a run, PostgreSQL otherwise hash-joins the arrays
+// with every running attempt (and every dead entry of attempts_running), or
+// rescans the unnested arrays once per attempt.
+const completeAttemptsSQL = `UPDATE attempts a SET
+		state = CASE WHEN ($3::bool[])[array_position($1::bigint[], a.id)] THEN 'succeeded' ELSE 'failed' END,
+		ended_at = now(), log = ($4::bytea[])[array_position($1::bigint[], a.id)],
+		reason = ($5::text[])[array_position($1::bigint[], a.id)]
+	FROM tasks t
+	WHERE a.id = ANY($1) AND a.worker_id = ($2::uuid[])[array_position($1::bigint[], a.id)] AND a.state = 'running'
+		AND t.id = a.task_id
+	RETURNING a.id, a.task_id, t.max_replicas > 1, ($3::bool[])[array_position($1::bigint[], a.id)], t.module_id, t.name,
+		(extract(epoch FROM now() - a.started_at) * 1000)::bigint`
+
 // doneSQL marks tasks done, releases the dependents whose last upstream
 // task this was, counts the workflows down (finishing those with no task
 // left) and wakes the dispatchers when tasks became ready, in one statement.
+//
+// The tasks are found by id (tasks_pkey), not through tasks_active: the
+// state tests are written with COLLATE "C" (the same test for these ASCII
+// states) so that they do not match tasks_active's predicate. Otherwise, with
+// statistics that say few tasks run (taken when the workflow was
+// submitted), PostgreSQL reads every running (or blocked) task for each
+// batch.
 const doneSQL = `WITH done AS (
 	UPDATE tasks SET state = 'done', finished_at = now(), updated_at = now(), error = ''
-	WHERE id = ANY($1) AND state = 'running' RETURNING id, workflow_id
+	WHERE id = ANY($1) AND state COLLATE "C" = 'running' RETURNING id, workflow_id
 ), d AS (
 	SELECT ti.task_id, count(DISTINCT ti.from_task) AS n FROM task_inputs ti JOIN done ON ti.from_task = done.id GROUP BY ti.task_id
 ), rel AS (
@@ -287,7 +322,7 @@ const doneSQL = `WITH done AS (
 		state = CASE WHEN t.deps_left - d.n = 0 THEN 'ready' ELSE 'blocked' END,
 		sort_key = CASE WHEN t.deps_left - d.n = 0 THEN
 			now() - CASE WHEN t.priority = 'interactive' THEN $2 * interval '1 millisecond' ELSE interval '0' END END
-	FROM d WHERE t.id = d.task_id AND t.state = 'blocked'
+	FROM d WHERE t.id = d.task_id AND t.state COLLATE "C" = 'blocked'
 	RETURNING t.state = 'ready' AS ready
 ), c AS (
 	SELECT workflow_id, count(*) AS n FROM done GROUP BY workflow_id ORDER BY workflow_id

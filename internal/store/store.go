@@ -55,6 +55,14 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	if cfg.MaxConns < 16 {
 		cfg.MaxConns = 16
 	}
+	// No JIT compilation (unless the URL asks for it): the store's
+	// statements touch tens of rows, but a plan's estimated cost can pass
+	// jit_above_cost (Candidates' per-row subquery does as the tasks table
+	// grows), and compiling then costs tens of milliseconds of CPU per
+	// execution for nothing.
+	if _, set := cfg.ConnConfig.RuntimeParams["jit"]; !set {
+		cfg.ConnConfig.RuntimeParams["jit"] = "off"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: connect: %w", err)

@@ -1,0 +1,73 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestFlushRuntimeStatsKeepsNamesThatDiffer checks that the module average
+// covers every run and that only the names that differ notably from it, or
+// that had an average of their own already, keep one.
+func TestFlushRuntimeStatsKeepsNamesThatDiffer(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	ms := time.Millisecond
+	flushes := []struct {
+		runs []Run
+		// want: the averages read back, by name ("" for the module's).
+		want map[string]RuntimeStat
+	}{
+		{
+			// 53 ms of module average: a (5 ms), b (60 ms) and the 10 ms
+			// names are within 50 ms of it, c (1 s) is not; d, of another
+			// module, is alone in it.
+			runs: []Run{{"m", "a", 5 * ms}, {"m", "a", 5 * ms}, {"m", "b", 60 * ms}, {"m", "c", 1000 * ms},
+				{"m", "e", 10 * ms}, {"m", "f", 10 * ms}, {"m", "g", 10 * ms}, {"m", "h", 10 * ms},
+				{"m", "i", 10 * ms}, {"m", "j", 10 * ms}, {"m", "k", 10 * ms}, {"m", "l", 10 * ms},
+				{"m", "n", 10 * ms}, {"m", "o", 10 * ms}, {"m", "p", 10 * ms}, {"m", "q", 10 * ms},
+				{"m", "r", 10 * ms}, {"m", "s", 10 * ms}, {"m", "t", 10 * ms}, {"m", "u", 10 * ms},
+				{"m", "v", 10 * ms}, {"m", "w", 10 * ms}, {"m", "x", 10 * ms}, {"m", "y", 10 * ms},
+				{"o", "d", 7 * ms}},
+			want: map[string]RuntimeStat{
+				"m/":  {Runs: 24, Mean: 1270 * ms / 24},
+				"m/c": {Runs: 1, Mean: 1000 * ms},
+				"o/":  {Runs: 1, Mean: 7 * ms},
+			},
+		},
+		{
+			// c keeps its average even though this run is close to the
+			// module's; b now differs by far.
+			runs: []Run{{"m", "c", 50 * ms}, {"m", "b", 5000 * ms}},
+			want: map[string]RuntimeStat{
+				"m/":  {Runs: 26, Mean: 6320 * ms / 26},
+				"m/b": {Runs: 1, Mean: 5000 * ms},
+				"m/c": {Runs: 2, Mean: 525 * ms},
+				"o/":  {Runs: 1, Mean: 7 * ms},
+			},
+		},
+	}
+	for i, fl := range flushes {
+		f.s.runs.add(fl.runs)
+		if _, err := f.s.FlushRuntimeStats(ctx); err != nil {
+			t.Fatal(err)
+		}
+		stats, err := f.s.RuntimeStats(ctx, []string{"m", "o"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]RuntimeStat{}
+		for _, st := range stats {
+			got[st.Module+"/"+st.Name] = RuntimeStat{Runs: st.Runs, Mean: st.Mean.Round(time.Microsecond)}
+		}
+		for k, w := range fl.want {
+			w.Mean = w.Mean.Round(time.Microsecond)
+			if got[k] != w {
+				t.Errorf("flush %d: %s = %+v, want %+v", i, k, got[k], w)
+			}
+		}
+		if len(got) != len(fl.want) {
+			t.Errorf("flush %d: averages %v, want those of %v", i, got, fl.want)
+		}
+	}
+}
