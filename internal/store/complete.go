@@ -120,6 +120,132 @@ func validOutputs(os []Output) bool {
 
 // completeBatch is Complete for a batch of distinct attempts.
 func (s *Store) completeBatch(ctx context.Context, cs []Completion) ([]bool, error) {
+	if !allOK(cs) {
+		return s.completeGeneral(ctx, cs)
+	}
+	// Successes: one round trip, except for replicated tasks' attempts,
+	// which completeFast leaves to the general path.
+	var accepted []bool
+	var rest []int
+	var err error
+	for try := 0; ; try++ {
+		accepted, rest, err = s.completeFast(ctx, cs)
+		if err == nil || try >= 5 || !retryable(err) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("complete %d attempts: %w", len(cs), err)
+	}
+	if len(rest) == 0 {
+		return accepted, nil
+	}
+	sub := make([]Completion, len(rest))
+	for j, i := range rest {
+		sub[j] = cs[i]
+	}
+	acc, err := s.completeGeneral(ctx, sub)
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range rest {
+		accepted[i] = acc[j]
+	}
+	return accepted, nil
+}
+
+func allOK(cs []Completion) bool {
+	for i := range cs {
+		if !cs[i].OK {
+			return false
+		}
+	}
+	return true
+}
+
+// completeFast commits successes in one round trip (BEGIN, completeFastSQL
+// and COMMIT, pipelined): on the latency path of every task, where the
+// general path's two round trips cost as much as the rows. It leaves alone
+// the attempts of replicated tasks, whose results are verified first, and
+// returns their indexes in cs for the general path.
+func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []bool, rest []int, err error) {
+	order := make([]int, len(cs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return int(cs[a].Attempt - cs[b].Attempt) })
+	ids := make([]int64, len(cs))
+	workers := make([]string, len(cs))
+	logs := make([][]byte, len(cs))
+	var outAttempt []int64
+	var outName []string
+	var outData [][]byte
+	for j, i := range order {
+		c := &cs[i]
+		ids[j], workers[j], logs[j] = c.Attempt, c.Worker, c.Log
+		for _, o := range c.Outputs {
+			if o.Data == nil {
+				o.Data = []byte{} // an empty output is still an output
+			}
+			outAttempt, outName, outData = append(outAttempt, c.Attempt), append(outName, o.Name), append(outData, o.Data)
+		}
+	}
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(completeFastSQL, ids, workers, logs, outAttempt, outName, outData, s.interactiveHeadStart.Milliseconds(), ChannelReady)
+	b.Queue("COMMIT")
+	br := s.pool.SendBatch(ctx, b)
+	type row struct {
+		attempt    int64
+		replicated bool
+		module     string
+		name       string
+		ms         int64
+	}
+	var got []row
+	if _, err = br.Exec(); err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			got, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+				var x row
+				var ready, finished int64
+				err := r.Scan(&x.attempt, &x.replicated, &x.module, &x.name, &x.ms, &ready, &finished)
+				return x, err
+			})
+		}
+		if err == nil {
+			_, err = br.Exec()
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	index := make(map[int64]int, len(cs))
+	for i := range cs {
+		index[cs[i].Attempt] = i
+	}
+	accepted = make([]bool, len(cs))
+	var runs []Run
+	for _, x := range got {
+		i := index[x.attempt]
+		if x.replicated {
+			rest = append(rest, i)
+			continue
+		}
+		accepted[i] = true
+		d := min(time.Duration(x.ms)*time.Millisecond, max(cs[i].Duration, 0))
+		runs = append(runs, Run{Module: x.module, Name: x.name, Duration: d})
+	}
+	s.runs.add(runs)
+	slices.Sort(rest)
+	return accepted, rest, nil
+}
+
+// completeGeneral is Complete for any batch of distinct attempts.
+func (s *Store) completeGeneral(ctx context.Context, cs []Completion) ([]bool, error) {
 	order := make([]int, len(cs))
 	for i := range order {
 		order[i] = i
@@ -302,9 +428,49 @@ const completeAttemptsSQL = `UPDATE attempts a SET
 	RETURNING a.id, a.task_id, t.max_replicas > 1, ($3::bool[])[array_position($1::bigint[], a.id)], t.module_id, t.name,
 		(extract(epoch FROM now() - a.started_at) * 1000)::bigint`
 
-// doneSQL marks tasks done, releases the dependents whose last upstream
-// task this was, counts the workflows down (finishing those with no task
-// left) and wakes the dispatchers when tasks became ready, in one statement.
+// doneSQL marks tasks done ($1), releases the dependents whose last
+// upstream task this was, counts the workflows down (finishing those with no
+// task left) and wakes the dispatchers when tasks became ready, in one
+// statement.
+var doneSQL = "WITH " + doneCTEs("= ANY($1)", "$2") + `
+SELECT ready.n, (SELECT count(*) FROM wf),
+	(SELECT count(*) FROM (SELECT pg_notify($3, '') FROM ready r WHERE r.n > 0) x)
+FROM ready`
+
+// completeFastSQL ends the running attempts $1 (sorted, distinct) of
+// workers $2 (fencing, as completeAttemptsSQL) as successes with logs $3,
+// stores their outputs ($4 attempt, $5 name, $6 data; only for tasks still
+// running: a cancelled task keeps no outputs) and marks their tasks done as
+// doneSQL does ($7 head start, $8 channel), in one statement. Attempts of
+// replicated tasks are left running and come back with replicated set;
+// the others that come back were accepted, with their task's module and
+// name and the time since the claim (ms). The last two columns only make
+// the notification happen (the attempts ended are never none when tasks
+// became ready).
+var completeFastSQL = `WITH acc AS (
+	UPDATE attempts a SET state = 'succeeded', ended_at = now(), log = ($3::bytea[])[array_position($1::bigint[], a.id)], reason = ''
+	FROM tasks t
+	WHERE a.id = ANY($1) AND a.worker_id = ($2::uuid[])[array_position($1::bigint[], a.id)] AND a.state = 'running'
+		AND t.id = a.task_id AND t.max_replicas = 1
+	RETURNING a.id, a.task_id, t.module_id, t.name, (extract(epoch FROM now() - a.started_at) * 1000)::bigint AS ms
+), outs AS (
+	INSERT INTO task_outputs (task_id, name, data)
+	SELECT acc.task_id, o.name, o.data FROM unnest($4::bigint[], $5::text[], $6::bytea[]) AS o(attempt, name, data)
+	JOIN acc ON acc.id = o.attempt JOIN tasks t ON t.id = acc.task_id WHERE t.state = 'running'
+), ` + doneCTEs("IN (SELECT task_id FROM acc)", "$7") + `
+SELECT acc.id, false, acc.module_id, acc.name, acc.ms, (SELECT count(*) FROM (SELECT pg_notify($8, '') FROM ready r WHERE r.n > 0) x),
+	(SELECT count(*) FROM wf)
+FROM acc
+UNION ALL
+SELECT a.id, true, '', '', 0, 0, 0 FROM attempts a JOIN tasks t ON t.id = a.task_id
+WHERE a.id = ANY($1) AND a.worker_id = ($2::uuid[])[array_position($1::bigint[], a.id)] AND a.state = 'running'
+	AND t.max_replicas > 1`
+
+// doneCTEs are the common table expressions of doneSQL: done marks the
+// tasks whose id is ids (an SQL condition on id) done, d and rel release
+// their dependents (headStart: the parameter of the interactive head start
+// in ms), c and wf count the workflows down, and ready counts the tasks
+// that became ready.
 //
 // The tasks are found by id (tasks_pkey), not through tasks_active: the
 // state tests are written with COLLATE "C" (the same test for these ASCII
@@ -312,16 +478,20 @@ const completeAttemptsSQL = `UPDATE attempts a SET
 // statistics that say few tasks run (taken when the workflow was
 // submitted), PostgreSQL reads every running (or blocked) task for each
 // batch.
-const doneSQL = `WITH done AS (
+func doneCTEs(ids, headStart string) string {
+	return strings.NewReplacer("{ids}", ids, "{head}", headStart).Replace(doneCTEsTemplate)
+}
+
+const doneCTEsTemplate = `done AS (
 	UPDATE tasks SET state = 'done', finished_at = now(), updated_at = now(), error = ''
-	WHERE id = ANY($1) AND state COLLATE "C" = 'running' RETURNING id, workflow_id
+	WHERE id {ids} AND state COLLATE "C" = 'running' RETURNING id, workflow_id
 ), d AS (
 	SELECT ti.task_id, count(DISTINCT ti.from_task) AS n FROM task_inputs ti JOIN done ON ti.from_task = done.id GROUP BY ti.task_id
 ), rel AS (
 	UPDATE tasks t SET deps_left = t.deps_left - d.n, updated_at = now(),
 		state = CASE WHEN t.deps_left - d.n = 0 THEN 'ready' ELSE 'blocked' END,
 		sort_key = CASE WHEN t.deps_left - d.n = 0 THEN
-			now() - CASE WHEN t.priority = 'interactive' THEN $2 * interval '1 millisecond' ELSE interval '0' END END
+			now() - CASE WHEN t.priority = 'interactive' THEN {head} * interval '1 millisecond' ELSE interval '0' END END
 	FROM d WHERE t.id = d.task_id AND t.state COLLATE "C" = 'blocked'
 	RETURNING t.state = 'ready' AS ready
 ), c AS (
@@ -333,10 +503,7 @@ const doneSQL = `WITH done AS (
 	FROM c WHERE w.id = c.workflow_id AND w.state = 'running' RETURNING 1
 ), ready AS (
 	SELECT count(*) AS n FROM rel WHERE ready
-)
-SELECT ready.n, (SELECT count(*) FROM wf),
-	(SELECT count(*) FROM (SELECT pg_notify($3, '') FROM ready r WHERE r.n > 0) x)
-FROM ready`
+)`
 
 // retryable reports whether a transaction failed for a reason another try
 // can fix: a deadlock or a serialization failure.

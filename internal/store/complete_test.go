@@ -1,0 +1,89 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+)
+
+// A batch of successes takes the one-round-trip path (completeFast) except
+// for replicated tasks' attempts; its outcome in the database is the one
+// the general path gives: fenced attempts refused, outputs stored, tasks
+// done, dependents ready, workflows finished, replicas verified.
+func TestFastCompletionMatchesTheGeneralPath(t *testing.T) {
+	type outcome struct {
+		Accepted []bool
+		Rows     []string
+	}
+	run := func(t *testing.T, general bool) outcome {
+		ctx := context.Background()
+		f := newFixture(t)
+		plain := f.submit(t, "batch", f.task("a"), f.task("b", NewInput{Name: "in", From: 0, Output: "stdout"}), f.task("solo"))
+		rep, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "rep", Priority: "batch", Tasks: []NewTask{f.task("r")},
+			Replicas: 2, Quorum: 2, MaxReplicas: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs := f.claim(t, 10, time.Minute)
+		if len(cs) != 3 {
+			t.Fatalf("claimed %d, want a, solo and one replica of r", len(cs))
+		}
+		byName := map[string]Claimed{}
+		for _, c := range cs {
+			byName[c.Name] = c
+		}
+		wrong := ok(byName["solo"], "out of solo")
+		wrong.Worker = "00000000-0000-0000-0000-000000000000" // not the worker holding it: refused
+		batch := []Completion{
+			ok(byName["a"], "out of a"),
+			wrong,
+			ok(byName["r"], "out of r"), // a replica: verified by the general path
+			{Attempt: byName["a"].Attempt + 1000, Worker: f.worker, OK: true}, // no such attempt
+		}
+		var acc []bool
+		if general {
+			acc, err = f.s.completeGeneral(ctx, batch)
+		} else {
+			acc, err = f.s.Complete(ctx, batch)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows := append(dump(t, f.s, plain, false), dump(t, f.s, rep, false)...)
+		for _, id := range []string{plain, rep} {
+			q, err := f.s.pool.Query(ctx, `SELECT t.name, a.state, coalesce(encode(a.log, 'escape'), ''), a.reason
+				FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = $1 ORDER BY t.name, a.id`, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for q.Next() {
+				v, _ := q.Values()
+				rows = append(rows, fmtRow(v))
+			}
+			q.Close()
+			q, err = f.s.pool.Query(ctx, `SELECT t.name, o.name, encode(o.data, 'escape') FROM task_outputs o JOIN tasks t ON t.id = o.task_id
+				WHERE t.workflow_id = $1 ORDER BY t.name, o.name`, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for q.Next() {
+				v, _ := q.Values()
+				rows = append(rows, fmtRow(v))
+			}
+			q.Close()
+		}
+		return outcome{acc, rows}
+	}
+	fast, general := run(t, false), run(t, true)
+	if !reflect.DeepEqual(fast, general) {
+		t.Fatalf("fast path:\n%v\ngeneral path:\n%v", fast, general)
+	}
+	// And the outcome is the right one.
+	if want := []bool{true, false, true, false}; !reflect.DeepEqual(fast.Accepted, want) {
+		t.Errorf("accepted = %v, want %v", fast.Accepted, want)
+	}
+}
+
+func fmtRow(v []any) string { return fmt.Sprint(v...) }
