@@ -17,7 +17,7 @@ import (
 func pipelined(t *testing.T, wait time.Duration, warm *wasmworker.Job) *Runner {
 	t.Helper()
 	r := isolated(t, Config{})
-	r.pool.pipe = pipelining{depth: 4, short: time.Hour, wait: wait}
+	r.pool.pipe = pipelining{depth: 4, minBusy: 1, short: time.Hour, wait: wait}
 	for _, j := range []*wasmworker.Job{rawJob(noopModule()), warm} {
 		if o := r.Run(context.Background(), j); o.Reason != "" {
 			t.Fatalf("warm-up: %s: %s", o.Reason, o.Message)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -138,7 +139,7 @@ func newSlotPool(cfg Config, log *slog.Logger, tmp string) (*slotPool, error) {
 	}
 	p := &slotPool{log: log, exe: exe, cacheDir: cfg.CacheDir, baseDir: base, idleTimeout: idle,
 		all: map[*slotProc]struct{}{}, modules: map[string]*moduleBytes{},
-		pipe: pipelining{depth: pipelineDepth, short: pipelineShort, wait: pipelineWait}}
+		pipe: pipelining{depth: pipelineDepth, minBusy: runtime.NumCPU(), short: pipelineShort, wait: pipelineWait}}
 	p.closing, p.close = context.WithCancel(context.Background())
 	return p, nil
 }
@@ -175,7 +176,7 @@ func sweepStaleSlotDirs(tmp string, log *slog.Logger) {
 const (
 	// pipelineDepth is the most attempts given to one slot process at
 	// once, the running one included.
-	pipelineDepth = 4
+	pipelineDepth = 8
 	// pipelineShort: attempts are pipelined while the recent ones ran for
 	// less than this on average.
 	pipelineShort = 2 * time.Millisecond
@@ -193,8 +194,8 @@ const (
 
 // pipelining holds the pipelining constants (tests change them).
 type pipelining struct {
-	depth       int
-	short, wait time.Duration
+	depth, minBusy int
+	short, wait    time.Duration
 }
 
 // ticket is one attempt given to a slot process. A slot process's tickets
@@ -764,20 +765,30 @@ func (p *slotPool) acquire(ctx context.Context, job *wasmworker.Job, follow bool
 }
 
 // followable returns the busy slot process an attempt of module moduleID
-// may queue in: the one with the most attempts below pipelineDepth, whose
-// current attempt is young. p.mu is held.
+// may queue in, if any: none while fewer slot processes than the machine
+// has cores are busy (so that pipelining never costs parallelism), else
+// the one with the most attempts below the depth (a full pipe keeps a slot
+// process from sleeping) whose current attempt is young. p.mu is held.
 func (p *slotPool) followable(moduleID string) *slotProc {
 	var best *slotProc
+	busy := 0
 	now := time.Now()
 	for c := range p.all {
 		n := len(c.tickets)
-		if !c.open || n == 0 || n >= p.pipe.depth || c.seq >= maxSeq || !c.modules[moduleID] ||
-			now.Sub(c.tickets[0].began) >= p.pipe.wait/2 || c.isDead() {
+		if n == 0 || c.isDead() {
+			continue
+		}
+		busy++
+		if !c.open || n >= p.pipe.depth || c.seq >= maxSeq || !c.modules[moduleID] ||
+			now.Sub(c.tickets[0].began) >= p.pipe.wait/2 {
 			continue
 		}
 		if best == nil || n > len(best.tickets) || n == len(best.tickets) && c.id < best.id {
 			best = c
 		}
+	}
+	if busy < p.pipe.minBusy {
+		return nil
 	}
 	return best
 }
