@@ -4,6 +4,8 @@ package headless
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,7 +71,14 @@ func runNoops(t *testing.T, r *Runner, ctx context.Context, n int) chan *wasmwor
 			return outs
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the noops did not queue behind the running attempt")
+			r.pool.mu.Lock()
+			var state []string
+			for c := range r.pool.all {
+				state = append(state, fmt.Sprintf("slot %d: %d tickets, open %v, seq %d, modules %d, dead %v",
+					c.id, len(c.tickets), c.open, c.seq, len(c.modules), c.isDead()))
+			}
+			r.pool.mu.Unlock()
+			t.Fatalf("the noops did not queue behind the running attempt: %s", strings.Join(state, "; "))
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -486,6 +486,14 @@ func (p *slotPool) gateStarted(c *slotProc) uint32 {
 // runs t, or when it has not started its first ticket.
 func (p *slotPool) stop(c *slotProc, t *ticket) {
 	p.mu.Lock()
+	// Revoking t would also revoke the first ticket if its slot process
+	// has not read its run request yet (which then takes a kill): give it
+	// a moment, as it reads it as soon as the attempt before it ends.
+	for i := 0; i < 100 && p.headPending(c, t); i++ {
+		p.mu.Unlock()
+		time.Sleep(time.Millisecond)
+		p.mu.Lock()
+	}
 	started, headRevoked := p.revoke(c)
 	inList := slices.Contains(c.tickets, t)
 	kill := headRevoked || c.gate == nil && !c.gateGone || inList && (t.seq == 0 || t.seq >= started)
@@ -494,6 +502,16 @@ func (p *slotPool) stop(c *slotProc, t *ticket) {
 	if kill {
 		c.kill()
 	}
+}
+
+// headPending reports whether t waits behind c's first ticket, which was
+// sent but has not started (though c lives). p.mu is held.
+func (p *slotPool) headPending(c *slotProc, t *ticket) bool {
+	if c.gate == nil || len(c.tickets) < 2 || c.tickets[0] == t || c.isDead() || !slices.Contains(c.tickets, t) {
+		return false
+	}
+	head := c.tickets[0]
+	return head.seq != 0 && c.gate.started() < head.seq
 }
 
 // killedFor reports whether the end of t's context killed its slot process.
