@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -102,6 +103,45 @@ func BenchmarkNoopAttempt(b *testing.B) {
 	})
 }
 
+// BenchmarkNoopAttemptConcurrent is BenchmarkNoopAttempt with 16 Runs at
+// once, as a worker with 16 slots makes them; it also reports how many
+// slot processes served them.
+func BenchmarkNoopAttemptConcurrent(b *testing.B) {
+	r, err := New(context.Background(), Config{CacheDir: cacheDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close(context.Background())
+	j := rawJob(noopModule())
+	ctx := context.Background()
+	for range 100 {
+		if o := r.Run(ctx, j); o.Reason != "" {
+			b.Fatalf("%s: %s", o.Reason, o.Message)
+		}
+	}
+	const runs = 16
+	b.ReportAllocs()
+	slots0, self0, before := slotsCPU(r), selfCPU(), procsCPU(r)
+	b.SetParallelism(runs / runtime.GOMAXPROCS(0))
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if o := r.Run(ctx, j); o.Reason != "" {
+				b.Errorf("%s: %s", o.Reason, o.Message)
+			}
+		}
+	})
+	b.ReportMetric(float64((selfCPU()-self0).Microseconds())/float64(b.N), "self-cpu-µs/op")
+	b.ReportMetric(float64((slotsCPU(r)-slots0).Microseconds())/float64(b.N), "slot-cpu-µs/op")
+	b.ReportMetric(float64(len(r.pool.pids())), "slot-processes")
+	busy := 0
+	for pid, t := range procsCPU(r) {
+		if t > before[pid] {
+			busy++
+		}
+	}
+	b.ReportMetric(float64(busy), "busy-slot-processes")
+}
+
 // benchmarkModes runs f in isolation mode and in in-process mode.
 func benchmarkModes(b *testing.B, f func(b *testing.B, r *Runner)) {
 	for _, inProcess := range []bool{false, true} {
@@ -149,10 +189,20 @@ func selfCPU() time.Duration {
 
 // slotsCPU adds up the CPU time of r's slot processes (from /proc).
 func slotsCPU(r *Runner) time.Duration {
-	if r.pool == nil {
-		return 0
-	}
 	var total time.Duration
+	for _, t := range procsCPU(r) {
+		total += t
+	}
+	return total
+}
+
+// procsCPU returns the CPU time of each of r's slot processes, by pid
+// (from /proc).
+func procsCPU(r *Runner) map[int]time.Duration {
+	if r.pool == nil {
+		return nil
+	}
+	cpu := map[int]time.Duration{}
 	for _, pid := range r.pool.pids() {
 		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if err != nil {
@@ -165,7 +215,7 @@ func slotsCPU(r *Runner) time.Duration {
 		}
 		ut, _ := strconv.ParseInt(f[11], 10, 64)
 		st, _ := strconv.ParseInt(f[12], 10, 64)
-		total += time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ = 100
+		cpu[pid] = time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ = 100
 	}
-	return total
+	return cpu
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,6 +64,10 @@ type slotPool struct {
 	mu          sync.Mutex
 	closed      bool
 	idle        []*slotProc // most recently used last
+	pipe        pipelining
+	recent      recentRuns // how long attempts ran
+	followed    int        // attempts queued behind another (for tests)
+	revoked     int        // of which revoked, to run elsewhere or not at all
 	all         map[*slotProc]struct{}
 	nextID      int
 	modules     map[string]*moduleBytes
@@ -93,10 +98,22 @@ type slotProc struct {
 	dec    *gob.Decoder // reads repR
 	stderr *tailBuffer
 
-	modules   map[string]bool // loaded in the child
-	running   atomic.Bool     // it was given an attempt that has not ended
-	idleSince time.Time
-	idleTimer *time.Timer
+	wmu sync.Mutex // serializes requests: enc, and numbering with the order sent
+
+	// Guarded by the pool's mu.
+	modules     map[string]bool // loaded in the child
+	tickets     []*ticket       // attempts given to it, not yet ended, in order
+	seq         uint32          // the last run request's Seq
+	open        bool            // attempts may queue behind its current one
+	gate        *gate           // nil without one, and once reaped
+	gateGone    bool            // it had a gate, now unmapped: lastStarted is final
+	lastStarted uint32          // the gate's last started, once reaped
+	slow        *time.Timer     // runs slowHead
+	slowArmed   bool
+	idleSince   time.Time
+	idleTimer   *time.Timer
+
+	running atomic.Bool // it was given an attempt that has not ended
 
 	pmu      sync.Mutex
 	process  *os.Process
@@ -121,7 +138,8 @@ func newSlotPool(cfg Config, log *slog.Logger, tmp string) (*slotPool, error) {
 		idle = DefaultIdleTimeout
 	}
 	p := &slotPool{log: log, exe: exe, cacheDir: cfg.CacheDir, baseDir: base, idleTimeout: idle,
-		all: map[*slotProc]struct{}{}, modules: map[string]*moduleBytes{}}
+		all: map[*slotProc]struct{}{}, modules: map[string]*moduleBytes{},
+		pipe: pipelining{depth: pipelineDepth, minBusy: runtime.NumCPU(), short: pipelineShort, wait: pipelineWait}}
 	p.closing, p.close = context.WithCancel(context.Background())
 	return p, nil
 }
@@ -149,6 +167,48 @@ func sweepStaleSlotDirs(tmp string, log *slog.Logger) {
 		}
 	}
 }
+
+// Pipelining (see wire.go, "Pipelined attempts"): while the attempts are
+// short, an attempt goes to a slot process that is already running one,
+// behind it, rather than to an idle process, so that a few slot processes
+// run attempts back to back without sleeping on their pipes, instead of
+// many processes each woken (and its caches cold) for every attempt.
+const (
+	// pipelineDepth is the most attempts given to one slot process at
+	// once, the running one included.
+	pipelineDepth = 8
+	// pipelineShort: attempts are pipelined while the recent ones ran for
+	// less than this on average.
+	pipelineShort = 2 * time.Millisecond
+	// pipelineWait: once the running attempt has run this long, the
+	// attempts queued behind it are revoked and go to other slot
+	// processes.
+	pipelineWait = 5 * time.Millisecond
+	// pipelineBytes is the largest payload (stdin, inputs, restore) of an
+	// attempt that may wait in a slot process's pipe.
+	pipelineBytes = 16 << 10
+	// maxSeq: a slot process is retired once its attempts' numbers reach
+	// it, so that they never wrap around.
+	maxSeq = 1 << 31
+)
+
+// pipelining holds the pipelining constants (tests change them).
+type pipelining struct {
+	depth, minBusy int
+	short, wait    time.Duration
+}
+
+// ticket is one attempt given to a slot process. A slot process's tickets
+// (slotProc.tickets) are in the order of their run requests; the first is
+// the one whose replies come next, read by its Run.
+type ticket struct {
+	seq   uint32    // its run request's Seq; 0 until sent
+	turn  chan bool // true: the ticket became the first; false: revoked (it never started)
+	began time.Time // when it became the first
+	kill  bool      // the end of its context killed the slot process
+}
+
+func newTicket() *ticket { return &ticket{turn: make(chan bool, 1)} }
 
 // run runs one attempt in a slot process.
 func (p *slotPool) run(ctx context.Context, job *wasmworker.Job) (out *wasmworker.Outcome) {
@@ -191,43 +251,82 @@ func (p *slotPool) run(ctx context.Context, job *wasmworker.Job) (out *wasmworke
 		}
 		return failOutcome(protocol.ReasonWorker, "%v", err)
 	}
-	for try := 1; ; try++ {
-		c, err := p.acquire(rctx, job.ModuleID)
+	follow := gateSupported && payloadBytes(job.Assign) <= pipelineBytes
+	for try := 1; ; {
+		c, t, err := p.acquire(rctx, job, follow)
 		if err != nil {
 			if o := stopped(); o != nil {
 				return o
 			}
 			return failOutcome(protocol.ReasonWorker, "starting a slot process: %v", err)
 		}
-		o, retry := p.attempt(ctx, rctx, c, job, mod)
-		if retry && try < 3 {
-			p.log.Warn("slot process gone before the attempt started; trying another", "slot", c.id)
+		o, again := p.attempt(ctx, rctx, c, t, job, mod)
+		switch again {
+		case againRevoked:
+			// It never started: not a try. Once moved, it does not
+			// queue again.
+			if o := stopped(); o != nil {
+				return o
+			}
+			follow = false
 			continue
+		case againDead:
+			if try < 3 {
+				try++
+				p.log.Warn("slot process gone before the attempt started; trying another", "slot", c.id)
+				continue
+			}
 		}
 		return o
 	}
 }
 
-// attempt runs job in slot process c. retry is true when c turned out to be
-// dead before it was given the attempt.
-func (p *slotPool) attempt(ctx, rctx context.Context, c *slotProc, job *wasmworker.Job, mod []byte) (_ *wasmworker.Outcome, retry bool) {
-	// Whatever ends hctx (cancellation, closing, the wall time) kills the
-	// slot process; every wait below then ends because its reply pipe
-	// closes.
+// payloadBytes is the size of what an assignment carries.
+func payloadBytes(as *protocol.Assign) int {
+	n := len(as.Stdin.Data) + len(as.Restore.Data)
+	for _, in := range as.Inputs {
+		n += len(in.Data)
+	}
+	return n
+}
+
+// again says whether an attempt is to be tried in another slot process.
+type again int
+
+const (
+	againNo      again = iota
+	againRevoked       // revoked before it started
+	againDead          // the slot process was gone before it started
+)
+
+// attempt runs job in slot process c, as ticket t: t was sent already when
+// c was running other attempts (t.seq != 0), else it is c's only ticket.
+func (p *slotPool) attempt(ctx, rctx context.Context, c *slotProc, t *ticket, job *wasmworker.Job, mod []byte) (_ *wasmworker.Outcome, _ again) {
+	// Whatever ends hctx (cancellation, closing, the wall time) stops the
+	// attempt: it is revoked when it has not started, or its slot process
+	// is killed; every wait below then ends because its reply pipe closes.
 	hctx, hcancel := context.WithCancel(rctx)
 	defer hcancel()
-	stopKill := context.AfterFunc(hctx, c.kill)
+	stopKill := context.AfterFunc(hctx, func() { p.stop(c, t) })
 	var wallExpired atomic.Bool
 	var log []byte
 	memMsg := ""
 	l := effectiveLimits(job.Assign.Limits)
 	wall := time.Duration(l.WallMS) * time.Millisecond
+	var wallTimer *time.Timer
+	defer func() {
+		if wallTimer != nil {
+			wallTimer.Stop()
+		}
+	}()
 
 	// ended is the outcome once the slot process is gone.
-	ended := func(started bool) (*wasmworker.Outcome, bool) {
+	ended := func() (*wasmworker.Outcome, again) {
 		killedByUs := c.wasKilled()
 		c.kill() // in case it is alive with a broken pipe
 		<-c.exited
+		started := p.startedOn(c, t)
+		p.passTurn(c, t, 0)
 		var o *wasmworker.Outcome
 		switch {
 		case ctx.Err() != nil:
@@ -239,7 +338,7 @@ func (p *slotPool) attempt(ctx, rctx context.Context, c *slotProc, job *wasmwork
 		case wallExpired.Load():
 			o = failOutcome(protocol.ReasonWallTime, "wall time limit of %v exceeded", wall)
 		case !started:
-			return failOutcome(protocol.ReasonWorker, "slot process gone: %s", c.describeExit(killedByUs)), true
+			return failOutcome(protocol.ReasonWorker, "slot process gone: %s", c.describeExit(killedByUs)), againDead
 		default:
 			msg := c.describeExit(killedByUs)
 			p.log.Warn("slot process died during an attempt", "task", job.Assign.Task, "attempt", job.Assign.Attempt,
@@ -247,48 +346,57 @@ func (p *slotPool) attempt(ctx, rctx context.Context, c *slotProc, job *wasmwork
 			o = failOutcome(protocol.ReasonWorker, "the slot process running the attempt died: %s", msg)
 		}
 		o.Log = log
-		return o, false
+		return o, againNo
 	}
 
-	if !c.modules[job.ModuleID] {
-		if c.send(&slotRequest{Kind: reqLoad, ModuleID: job.ModuleID, Module: mod}) != nil {
-			return ended(false)
+	if t.seq != 0 {
+		// Queued behind another attempt: wait until it is this one's turn.
+		if ok := <-t.turn; !ok {
+			stopKill()
+			return failOutcome(protocol.ReasonWorker, "revoked"), againRevoked
 		}
-		m, ok := c.recv()
-		if !ok {
-			return ended(false)
-		}
-		if m.Kind != repLoaded {
-			p.log.Error("slot process: unexpected reply to load", "kind", m.Kind)
-			return ended(true)
-		}
-		if m.Err != "" {
-			if !stopKill() {
-				return ended(true)
+	} else {
+		if !c.hasModule(p, job.ModuleID) {
+			if c.send(&slotRequest{Kind: reqLoad, ModuleID: job.ModuleID, Module: mod}) != nil {
+				return ended()
 			}
-			p.release(c)
-			if m.ModuleErr {
-				return failOutcome(protocol.ReasonModule, "%s", m.Err), false
+			m, ok := c.recv()
+			if !ok {
+				return ended()
 			}
-			return failOutcome(protocol.ReasonWorker, "loading the module in the slot process: %s", m.Err), false
+			if m.Kind != repLoaded {
+				p.log.Error("slot process: unexpected reply to load", "kind", m.Kind)
+				c.kill()
+				return ended()
+			}
+			if m.Err != "" {
+				if !stopKill() && p.killedFor(t) {
+					return ended()
+				}
+				p.passTurn(c, t, 0)
+				if m.ModuleErr {
+					return failOutcome(protocol.ReasonModule, "%s", m.Err), againNo
+				}
+				return failOutcome(protocol.ReasonWorker, "loading the module in the slot process: %s", m.Err), againNo
+			}
+			p.mu.Lock()
+			c.modules[job.ModuleID] = true
+			p.mu.Unlock()
 		}
-		c.modules[job.ModuleID] = true
-	}
-
-	if c.send(&slotRequest{Kind: reqRun, ModuleID: job.ModuleID, Assign: job.Assign, Host: job.Host != nil}) != nil {
-		return ended(false)
+		if p.sendRun(c, t, job) != nil {
+			return ended()
+		}
 	}
 	c.running.Store(true)
 	defer c.running.Store(false)
-	wallTimer := time.AfterFunc(wall, func() {
+	wallTimer = time.AfterFunc(wall, func() {
 		wallExpired.Store(true)
 		hcancel()
 	})
-	defer wallTimer.Stop()
 	for {
 		m, ok := c.recv()
 		if !ok {
-			return ended(true)
+			return ended()
 		}
 		switch m.Kind {
 		case repLog:
@@ -314,20 +422,214 @@ func (p *slotPool) attempt(ctx, rctx context.Context, c *slotProc, job *wasmwork
 				}
 			}
 			if c.send(r) != nil {
-				return ended(true)
+				return ended()
 			}
 		case repDone:
 			wallTimer.Stop()
-			if !stopKill() {
-				return ended(true) // killed meanwhile: the kill's reason wins
+			if !stopKill() && p.killedFor(t) {
+				return ended() // killed meanwhile: the kill's reason wins
 			}
-			p.release(c)
-			return &wasmworker.Outcome{Outputs: m.Outputs, Log: log, Reason: m.Reason, Message: m.Message}, false
+			p.passTurn(c, t, max(m.Took, time.Nanosecond))
+			return &wasmworker.Outcome{Outputs: m.Outputs, Log: log, Reason: m.Reason, Message: m.Message}, againNo
 		default:
 			p.log.Error("slot process: unexpected reply", "kind", m.Kind)
-			return ended(true)
+			c.kill()
+			return ended()
 		}
 	}
+}
+
+// hasModule says whether c has loaded module id.
+func (c *slotProc) hasModule(p *slotPool, id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return c.modules[id]
+}
+
+// sendRun sends t's run request to c, numbering it; t is c's only ticket
+// or is being queued behind the others.
+func (p *slotPool) sendRun(c *slotProc, t *ticket, job *wasmworker.Job) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	p.mu.Lock()
+	c.seq++
+	t.seq = c.seq
+	t.began = time.Now()
+	c.open = c.gate != nil // others may queue behind it
+	p.mu.Unlock()
+	return c.enc.Encode(&slotRequest{Kind: reqRun, ModuleID: job.ModuleID, Assign: job.Assign, Host: job.Host != nil, Seq: t.seq})
+}
+
+// startedOn says whether t's attempt started in c (which is dead).
+func (p *slotPool) startedOn(c *slotProc, t *ticket) bool {
+	if t.seq == 0 {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c.gate == nil && !c.gateGone {
+		return true // sent, and no gate to say more
+	}
+	return p.gateStarted(c) >= t.seq
+}
+
+// gateStarted returns the last attempt c started. p.mu is held.
+func (p *slotPool) gateStarted(c *slotProc) uint32 {
+	if c.gate == nil {
+		return c.lastStarted
+	}
+	return c.gate.started()
+}
+
+// stop stops t's attempt, when its context ends: the attempts queued in c
+// that have not started are revoked (t too, then), and c is killed when it
+// runs t, or when it has not started its first ticket.
+func (p *slotPool) stop(c *slotProc, t *ticket) {
+	p.mu.Lock()
+	// Revoking t would also revoke the first ticket if its slot process
+	// has not read its run request yet (which then takes a kill): give it
+	// a moment, as it reads it as soon as the attempt before it ends.
+	for i := 0; i < 100 && p.headPending(c, t); i++ {
+		p.mu.Unlock()
+		time.Sleep(time.Millisecond)
+		p.mu.Lock()
+	}
+	started, headRevoked := p.revoke(c)
+	inList := slices.Contains(c.tickets, t)
+	kill := headRevoked || c.gate == nil && !c.gateGone || inList && (t.seq == 0 || t.seq >= started)
+	t.kill = kill
+	p.mu.Unlock()
+	if kill {
+		c.kill()
+	}
+}
+
+// headPending reports whether t waits behind c's first ticket, which was
+// sent but has not started (though c lives). p.mu is held.
+func (p *slotPool) headPending(c *slotProc, t *ticket) bool {
+	if c.gate == nil || len(c.tickets) < 2 || c.tickets[0] == t || c.isDead() || !slices.Contains(c.tickets, t) {
+		return false
+	}
+	head := c.tickets[0]
+	return head.seq != 0 && c.gate.started() < head.seq
+}
+
+// killedFor reports whether the end of t's context killed its slot process.
+func (p *slotPool) killedFor(t *ticket) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return t.kill
+}
+
+// revoke revokes the attempts queued in c that have not started; they are
+// told on their turn channel. It returns the last attempt started, and
+// whether c's first ticket was sent but has not started (it is left to
+// its Run, which learns it when c is killed). p.mu is held.
+func (p *slotPool) revoke(c *slotProc) (started uint32, headRevoked bool) {
+	switch {
+	case c.gate != nil:
+		started = c.gate.revoke(c.seq)
+	case c.gateGone:
+		started = c.lastStarted
+	default:
+		return 0, false // no queue without a gate
+	}
+	keep := c.tickets[:0]
+	for i, t := range c.tickets {
+		switch {
+		case i == 0:
+			headRevoked = t.seq != 0 && t.seq > started
+			keep = append(keep, t)
+		case t.seq > started:
+			p.revoked++
+			t.turn <- false
+		default:
+			keep = append(keep, t)
+		}
+	}
+	clear(c.tickets[len(keep):])
+	c.tickets = keep
+	return started, headRevoked
+}
+
+// passTurn removes t, c's first ticket, from c: the next ticket's attempt
+// is then c's current one; when there is none, c becomes idle. ran is how
+// long t's attempt took (0 when it did not end normally).
+func (p *slotPool) passTurn(c *slotProc, t *ticket, ran time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ran > 0 {
+		p.recent.add(ran)
+	}
+	if i := slices.Index(c.tickets, t); i >= 0 {
+		c.tickets = slices.Delete(c.tickets, i, i+1)
+	}
+	if c.isDead() {
+		// Those that did not start never will; those that did read their
+		// end from the pipe.
+		started, _ := p.revoke(c)
+		if len(c.tickets) > 0 && c.tickets[0].seq > started {
+			p.revoked++
+			c.tickets[0].turn <- false
+			c.tickets = slices.Delete(c.tickets, 0, 1)
+		}
+	}
+	if len(c.tickets) > 0 {
+		next := c.tickets[0]
+		next.began = time.Now()
+		next.turn <- true
+		return
+	}
+	c.open = false
+	p.releaseLocked(c)
+}
+
+// slowHead runs pipelineWait after c's first ticket became the first, when
+// others wait behind it: if it still runs, they are revoked and go
+// elsewhere.
+func (p *slotPool) slowHead(c *slotProc) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c.slowArmed = false
+	if len(c.tickets) < 2 || c.isDead() {
+		return
+	}
+	head := c.tickets[0]
+	age := time.Since(head.began)
+	if age < p.pipe.wait || head.seq == 0 || p.gateStarted(c) < head.seq {
+		p.armSlow(c, max(p.pipe.wait-age, p.pipe.wait/4))
+		return
+	}
+	p.revoke(c)
+}
+
+// armSlow arms c's slowHead timer, unless it is armed. p.mu is held.
+func (p *slotPool) armSlow(c *slotProc, d time.Duration) {
+	if c.slowArmed {
+		return
+	}
+	c.slowArmed = true
+	if c.slow == nil {
+		c.slow = time.AfterFunc(d, func() { p.slowHead(c) })
+	} else {
+		c.slow.Reset(d)
+	}
+}
+
+// recentRuns is a moving average of how long attempts ran in slot
+// processes.
+type recentRuns struct {
+	n   int
+	avg time.Duration
+}
+
+func (r *recentRuns) add(d time.Duration) {
+	if r.n == 0 {
+		r.avg = d
+	} else {
+		r.avg += (d - r.avg) / 8
+	}
+	r.n++
 }
 
 // effectiveLimits fills in the defaults of limits left at zero.
@@ -411,43 +713,135 @@ func (p *slotPool) evictModules(keep string) {
 	}
 }
 
-// acquire returns an idle slot process, preferring one that has the module
-// loaded, or starts one.
-func (p *slotPool) acquire(ctx context.Context, moduleID string) (*slotProc, error) {
+// acquire gives job a slot process and a ticket in it. With follow, while
+// attempts are short, it queues the attempt behind those of a busy slot
+// process that has the module loaded (sending its run request at once);
+// otherwise it takes an idle slot process, preferring the most recently
+// used one that has the module loaded, or starts one.
+func (p *slotPool) acquire(ctx context.Context, job *wasmworker.Job, follow bool) (*slotProc, *ticket, error) {
+	t := newTicket()
 	for {
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
-			return nil, errors.New("runner closed")
+			return nil, nil, errors.New("runner closed")
+		}
+		if follow && p.recent.n > 0 && p.recent.avg < p.pipe.short {
+			if c := p.followable(job.ModuleID); c != nil {
+				p.mu.Unlock()
+				if p.follow(c, t, job) {
+					return c, t, nil
+				}
+				continue
+			}
 		}
 		if len(p.idle) == 0 {
 			p.mu.Unlock()
-			return p.spawn(ctx)
+			c, err := p.spawn(ctx)
+			if err != nil {
+				return nil, nil, err
+			}
+			p.mu.Lock()
+			c.tickets = append(c.tickets, t)
+			p.mu.Unlock()
+			return c, t, nil
 		}
 		i := len(p.idle) - 1
 		for j := i; j >= 0; j-- {
-			if p.idle[j].modules[moduleID] {
+			if p.idle[j].modules[job.ModuleID] {
 				i = j
 				break
 			}
 		}
 		c := p.idle[i]
 		p.idle = slices.Delete(p.idle, i, i+1)
-		p.mu.Unlock()
-		if !c.isDead() {
-			return c, nil
+		if c.isDead() {
+			p.mu.Unlock()
+			continue
 		}
+		c.tickets = append(c.tickets, t)
+		if !c.modules[job.ModuleID] || c.gate == nil || !c.wmu.TryLock() {
+			p.mu.Unlock()
+			return c, t, nil // attempt loads the module and sends the run request
+		}
+		// Send the run request now, so that the Runs that come meanwhile
+		// can queue behind it (c.wmu, taken before the run request is
+		// numbered, keeps them behind).
+		c.seq++
+		t.seq = c.seq
+		t.began = time.Now()
+		c.open = true
+		t.turn <- true
+		p.mu.Unlock()
+		err := c.enc.Encode(&slotRequest{Kind: reqRun, ModuleID: job.ModuleID, Assign: job.Assign, Host: job.Host != nil, Seq: t.seq})
+		c.wmu.Unlock()
+		if err != nil {
+			c.kill() // attempt learns it from the reply pipe
+		}
+		return c, t, nil
 	}
 }
 
-// release makes c idle again.
-func (p *slotPool) release(c *slotProc) {
+// followable returns the busy slot process an attempt of module moduleID
+// may queue in, if any: none while fewer slot processes than the machine
+// has cores are busy (so that pipelining never costs parallelism), else
+// the one with the most attempts below the depth (a full pipe keeps a slot
+// process from sleeping) whose current attempt is young. p.mu is held.
+func (p *slotPool) followable(moduleID string) *slotProc {
+	var best *slotProc
+	busy := 0
+	now := time.Now()
+	for c := range p.all {
+		n := len(c.tickets)
+		if n == 0 || c.isDead() {
+			continue
+		}
+		busy++
+		if !c.open || n >= p.pipe.depth || c.seq >= maxSeq || !c.modules[moduleID] ||
+			now.Sub(c.tickets[0].began) >= p.pipe.wait/2 {
+			continue
+		}
+		if best == nil || n > len(best.tickets) || n == len(best.tickets) && c.id < best.id {
+			best = c
+		}
+	}
+	if busy < p.pipe.minBusy {
+		return nil
+	}
+	return best
+}
+
+// follow queues t in c and sends its run request, unless c no longer
+// takes it (then it reports false).
+func (p *slotPool) follow(c *slotProc, t *ticket, job *wasmworker.Job) bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	n := len(c.tickets)
+	if !c.open || n == 0 || n >= p.pipe.depth || c.seq >= maxSeq || !c.modules[job.ModuleID] || c.isDead() {
+		p.mu.Unlock()
+		return false
+	}
+	c.seq++
+	t.seq = c.seq
+	c.tickets = append(c.tickets, t)
+	p.followed++
+	p.armSlow(c, max(p.pipe.wait-time.Since(c.tickets[0].began), 0))
+	p.mu.Unlock()
+	if err := c.enc.Encode(&slotRequest{Kind: reqRun, ModuleID: job.ModuleID, Assign: job.Assign, Host: job.Host != nil, Seq: t.seq}); err != nil {
+		// The pipe broke: the process is gone or going, and its current
+		// attempt's Run revokes t (or gives it its turn, if it started).
+		c.kill()
+	}
+	return true
+}
+
+// releaseLocked makes c idle again; p.mu is held.
+func (p *slotPool) releaseLocked(c *slotProc) {
 	if c.isDead() {
 		return
 	}
-	if p.closed {
+	if p.closed || c.seq >= maxSeq {
 		c.kill()
 		return
 	}
@@ -492,6 +886,10 @@ func (p *slotPool) spawn(ctx context.Context) (c *slotProc, err error) {
 		os.RemoveAll(c.dir)
 		p.mu.Lock()
 		delete(p.all, c)
+		if c.gate != nil {
+			c.gate.unmap()
+			c.gate, c.gateGone = nil, true
+		}
 		p.mu.Unlock()
 		c.markDead()
 		close(c.exited)
@@ -516,6 +914,19 @@ func (p *slotPool) spawn(ctx context.Context) (c *slotProc, err error) {
 	cmd := exec.Command(p.exe, "cyclepool-slot-process")
 	cmd.Env = append(os.Environ(), slotEnv+"=1")
 	cmd.ExtraFiles = []*os.File{reqR, repW} // fds 3 and 4
+	var gateFile *os.File
+	if gateSupported {
+		f, g, err := newGateFile(c.dir)
+		if err != nil {
+			p.log.Warn("slot process without a gate: attempts are not pipelined", "err", err)
+		} else {
+			gateFile = f
+			cmd.ExtraFiles = append(cmd.ExtraFiles, f) // fd 5
+			p.mu.Lock()
+			c.gate = g
+			p.mu.Unlock()
+		}
+	}
 	cmd.Stderr = c.stderr
 	cmd.SysProcAttr = slotSysProcAttr()
 	c.cmd, c.reqW, c.enc = cmd, reqW, gob.NewEncoder(reqW)
@@ -523,6 +934,9 @@ func (p *slotPool) spawn(ctx context.Context) (c *slotProc, err error) {
 	err = cmd.Start()
 	reqR.Close()
 	repW.Close()
+	if gateFile != nil {
+		gateFile.Close() // the mapping stays
+	}
 	if err != nil {
 		reqW.Close()
 		repR.Close()
@@ -545,7 +959,7 @@ func (p *slotPool) spawn(ctx context.Context) (c *slotProc, err error) {
 		}
 		return nil, err
 	}
-	if err := c.send(&slotRequest{Kind: reqInit, Version: wireVersion, CacheDir: p.cacheDir, Dir: c.dir}); err != nil {
+	if err := c.send(&slotRequest{Kind: reqInit, Version: wireVersion, CacheDir: p.cacheDir, Dir: c.dir, Gate: gateFile != nil}); err != nil {
 		return fail(err)
 	}
 	// The hello is read here; the end of ctx, or the time limit, kills the
@@ -590,6 +1004,14 @@ func (p *slotPool) reap(c *slotProc) {
 	}
 	if c.idleTimer != nil {
 		c.idleTimer.Stop()
+	}
+	if c.slow != nil {
+		c.slow.Stop()
+	}
+	if c.gate != nil {
+		c.lastStarted, c.gateGone = c.gate.started(), true
+		c.gate.unmap()
+		c.gate = nil
 	}
 	p.mu.Unlock()
 	close(c.exited)
@@ -642,7 +1064,11 @@ func (p *slotPool) pids(busy ...bool) []int {
 }
 
 // send writes a request to c.
-func (c *slotProc) send(m *slotRequest) error { return c.enc.Encode(m) }
+func (c *slotProc) send(m *slotRequest) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.enc.Encode(m)
+}
 
 // recv reads c's next reply; ok is false once its pipe ended (the process
 // exited or was killed). Only c's owner calls it.

@@ -56,6 +56,10 @@ type slotChild struct {
 	outEmpty bool
 
 	dec *gob.Decoder // requests; read by one goroutine at a time
+	// ahead holds run requests read while an attempt waited for the
+	// answer to its checkpoint (pipelined attempts), oldest first.
+	ahead []*slotRequest
+	gate  *gate // nil without one: every run request is run
 
 	sendMu sync.Mutex
 	enc    *gob.Encoder
@@ -98,6 +102,18 @@ func serveSlot() int {
 		c.send(&slotReply{Kind: repHello, Version: wireVersion, Err: err.Error()})
 		return 1
 	}
+	if init.Gate {
+		f := os.NewFile(5, "slot-gate")
+		g, err := mapGate(f)
+		if f != nil {
+			f.Close() // the mapping stays
+		}
+		if err != nil {
+			c.send(&slotReply{Kind: repHello, Version: wireVersion, Err: err.Error()})
+			return 1
+		}
+		c.gate = g
+	}
 	e.slot = c
 	e.memPool = &memPool{}
 	c.send(&slotReply{Kind: repHello, Version: wireVersion, Pid: os.Getpid()})
@@ -110,16 +126,25 @@ func serveSlot() int {
 	// attempt, and on Linux the kernel kills it when the parent dies
 	// (slotSysProcAttr).
 	for {
-		m := new(slotRequest)
-		if err := c.dec.Decode(m); err != nil {
-			// The parent closed the pipe (or died): nothing more to do.
-			stopProfile()
-			return 0
+		var m *slotRequest
+		if len(c.ahead) > 0 {
+			m = c.ahead[0]
+			c.ahead = c.ahead[1:]
+		} else {
+			m = new(slotRequest)
+			if err := c.dec.Decode(m); err != nil {
+				// The parent closed the pipe (or died): nothing more to do.
+				stopProfile()
+				return 0
+			}
 		}
 		switch m.Kind {
 		case reqLoad:
 			c.load(ctx, e, m)
 		case reqRun:
+			if c.gate != nil && m.Seq != 0 && !c.gate.tryStart(m.Seq) {
+				continue // revoked: the parent runs it elsewhere, or not at all
+			}
 			c.run(ctx, e, m)
 		default:
 			fmt.Fprintf(os.Stderr, "cyclepool slot process: unexpected message kind %d\n", m.Kind)
@@ -201,8 +226,9 @@ func (c *slotChild) run(ctx context.Context, e *engine, m *slotRequest) {
 	if m.Host {
 		job.Host = c
 	}
+	start := time.Now()
 	o := e.run(ctx, job)
-	c.send(&slotReply{Kind: repDone, Outputs: o.Outputs, Reason: o.Reason, Message: o.Message})
+	c.send(&slotReply{Kind: repDone, Outputs: o.Outputs, Reason: o.Reason, Message: o.Message, Took: time.Since(start)})
 	c.tidy()
 }
 
@@ -260,15 +286,24 @@ func (c *slotChild) Progress(f float64) { c.send(&slotReply{Kind: repProgress, F
 // meanwhile).
 func (c *slotChild) Checkpoint(_ context.Context, state []byte) error {
 	c.send(&slotReply{Kind: repCheckpoint, Data: state})
-	// The attempt runs on the goroutine that reads the requests, and the
-	// parent sends nothing else while an attempt runs.
-	m := new(slotRequest)
-	if err := c.dec.Decode(m); err != nil {
-		os.Exit(0) // the parent is gone
-	}
-	if m.Kind != reqCheckpointed {
-		fmt.Fprintf(os.Stderr, "cyclepool slot process: unexpected message kind %d during an attempt\n", m.Kind)
-		os.Exit(2)
+	// The attempt runs on the goroutine that reads the requests; while an
+	// attempt runs, the parent sends nothing but this answer and the run
+	// requests of pipelined attempts, kept for later in order.
+	var m *slotRequest
+	for {
+		m = new(slotRequest)
+		if err := c.dec.Decode(m); err != nil {
+			os.Exit(0) // the parent is gone
+		}
+		if m.Kind == reqRun {
+			c.ahead = append(c.ahead, m)
+			continue
+		}
+		if m.Kind != reqCheckpointed {
+			fmt.Fprintf(os.Stderr, "cyclepool slot process: unexpected message kind %d during an attempt\n", m.Kind)
+			os.Exit(2)
+		}
+		break
 	}
 	if m.Err != "" {
 		return errors.New(m.Err)

@@ -28,7 +28,7 @@ package headless
 //	child:  log{Data}*  progress{Fraction}*  memory{Message}?
 //	        checkpoint{Data} -> parent: checkpointed{Err}   (zero or more; the
 //	                                                        child waits for each)
-//	child:  done{Outputs, Reason, Message}
+//	child:  done{Outputs, Reason, Message, Took}
 //
 // log carries, in order, every byte of stderr the attempt keeps (so a child
 // that is killed loses no log); done therefore carries no log. The child
@@ -41,8 +41,25 @@ package headless
 // has loaded, compiled, until it exits. It exits when its request pipe is
 // closed; the parent kills it (SIGKILL) to cancel an attempt, at the wall
 // time limit, and when it has been idle too long.
+//
+// Pipelined attempts. With a gate (init's Gate: an 8-byte word in a file
+// both processes map, passed as file descriptor 5), the parent may send the
+// run requests of further attempts (up to pipelineDepth in all, of modules
+// the child has loaded) while one runs: the child reads them after the
+// attempt (or while it waits for a checkpoint's answer, which keeps them in
+// order) and runs them one after the other, without sleeping on its pipe in
+// between; each attempt's replies follow the previous attempt's done. Before
+// it starts run{Seq}, the child records Seq as started in the gate, unless
+// the gate's floor is at or above Seq: the parent revoked it (to cancel it,
+// or to run it elsewhere because the attempt before it runs long), and the
+// child then drops it without a word. Both sides change the gate with
+// compare-and-swap, so an attempt either starts here or, once revoked, never
+// does: the parent learns which at the moment it revokes, without waiting
+// for the child, which may be busy in compiled code.
 
 import (
+	"time"
+
 	"github.com/cyclepool/cyclepool/internal/protocol"
 )
 
@@ -52,7 +69,7 @@ const slotEnv = "CYCLEPOOL_SLOT_PROCESS"
 // wireVersion changes with any incompatible change of the messages below.
 // Parent and child are the same executable, so it only guards against a
 // binary replaced on disk while the worker runs.
-const wireVersion = 1
+const wireVersion = 2
 
 type requestKind uint8
 
@@ -71,6 +88,7 @@ type slotRequest struct {
 	Version  int
 	CacheDir string // wazero's compilation cache; "" = in memory only
 	Dir      string // the child's own directory, made and removed by the parent
+	Gate     bool   // file descriptor 5 holds the gate (gate_unix.go)
 
 	// load and run
 	ModuleID string
@@ -78,7 +96,8 @@ type slotRequest struct {
 
 	// run
 	Assign *protocol.Assign
-	Host   bool // the job has a Host: relay progress and checkpoints
+	Host   bool   // the job has a Host: relay progress and checkpoints
+	Seq    uint32 // the attempt's number in this slot process, from 1 (with a gate)
 
 	// checkpointed
 	Err string // "" = saved
@@ -121,4 +140,5 @@ type slotReply struct {
 	// done
 	Outputs []protocol.Blob
 	Reason  string
+	Took    time.Duration // how long the attempt ran in the child
 }
