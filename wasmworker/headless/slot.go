@@ -94,7 +94,7 @@ type slotProc struct {
 	cmd    *exec.Cmd
 	reqW   *os.File
 	enc    *gob.Encoder
-	repR   *os.File     // closed by reap
+	repR   *os.File     // closed by closeReplies
 	dec    *gob.Decoder // reads repR
 	stderr *tailBuffer
 
@@ -119,6 +119,7 @@ type slotProc struct {
 	process  *os.Process
 	killed   bool
 	deadOnce sync.Once
+	repOnce  sync.Once     // closes repR
 	dead     chan struct{} // closed when killed or exited
 	exited   chan struct{} // closed when reaped and its directory removed
 }
@@ -483,9 +484,15 @@ func (p *slotPool) gateStarted(c *slotProc) uint32 {
 
 // stop stops t's attempt, when its context ends: the attempts queued in c
 // that have not started are revoked (t too, then), and c is killed when it
-// runs t, or when it has not started its first ticket.
+// runs t, or when it has not started its first ticket. A t that already
+// gave c up (its attempt ended: c may run another Run's attempt now)
+// changes nothing.
 func (p *slotPool) stop(c *slotProc, t *ticket) {
 	p.mu.Lock()
+	if !slices.Contains(c.tickets, t) {
+		p.mu.Unlock()
+		return
+	}
 	// Revoking t would also revoke the first ticket if its slot process
 	// has not read its run request yet (which then takes a kill): give it
 	// a moment, as it reads it as soon as the attempt before it ends.
@@ -493,6 +500,10 @@ func (p *slotPool) stop(c *slotProc, t *ticket) {
 		p.mu.Unlock()
 		time.Sleep(time.Millisecond)
 		p.mu.Lock()
+	}
+	if !slices.Contains(c.tickets, t) { // it ended meanwhile
+		p.mu.Unlock()
+		return
 	}
 	started, headRevoked := p.revoke(c)
 	inList := slices.Contains(c.tickets, t)
@@ -572,6 +583,9 @@ func (p *slotPool) passTurn(c *slotProc, t *ticket, ran time.Duration) {
 			p.revoked++
 			c.tickets[0].turn <- false
 			c.tickets = slices.Delete(c.tickets, 0, 1)
+		}
+		if len(c.tickets) == 0 {
+			c.closeReplies()
 		}
 	}
 	if len(c.tickets) > 0 {
@@ -988,12 +1002,25 @@ func (p *slotPool) spawn(ctx context.Context) (c *slotProc, err error) {
 	return c, nil
 }
 
+// closeReplies closes the reading end of c's reply pipe, once.
+func (c *slotProc) closeReplies() {
+	c.repOnce.Do(func() { c.repR.Close() })
+}
+
 // reap waits for c to exit and forgets it.
 func (p *slotPool) reap(c *slotProc) {
 	c.cmd.Wait()
 	c.markDead()
 	c.reqW.Close()
-	c.repR.Close()
+	// The replies still in the pipe belong to attempts that ended before
+	// the process did (a kill for an attempt queued behind them): their
+	// Runs read them, then EOF. The pipe is closed once none is left.
+	p.mu.Lock()
+	drained := len(c.tickets) == 0
+	p.mu.Unlock()
+	if drained {
+		c.closeReplies()
+	}
 	if err := os.RemoveAll(c.dir); err != nil {
 		p.log.Warn("removing a slot directory", "dir", c.dir, "err", err)
 	}
