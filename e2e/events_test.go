@@ -130,7 +130,8 @@ func TestStatusWaitAnswersWhenTheWorkflowEnds(t *testing.T) {
 	}
 	ans := make(chan answer, 1)
 	go func() {
-		st, err := p.client.StatusWhenFinished(ctx, id, time.Minute)
+		// Upper case, which the API accepts too: the wake-up still finds it.
+		st, err := p.client.StatusWhenFinished(ctx, strings.ToUpper(id), time.Minute)
 		ans <- answer{st, err, time.Now()}
 	}()
 	startWorker(t, "worker", 1, p.srv.url)

@@ -391,7 +391,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, owner stor
 	keepalive := time.Now()
 	for state == store.StateRunning {
 		// The end of the workflow is told at once, not at the next look.
-		woken, forget := s.ends.add(id)
+		woken, forget := s.ends.add(strings.ToLower(id)) // as the database writes it in notifications
 		select {
 		case <-ctx.Done():
 			forget()
@@ -457,7 +457,7 @@ func (s *Server) waitFinished(ctx context.Context, ownerID int64, id string, wai
 	for {
 		// Registered before the look, so a workflow that finishes
 		// between the two still wakes this waiter.
-		woken, forget := s.ends.add(id)
+		woken, forget := s.ends.add(strings.ToLower(id)) // as the database writes it in notifications
 		w, err := s.store.Summary(ctx, ownerID, id)
 		if err != nil || w.State != store.StateRunning {
 			forget()

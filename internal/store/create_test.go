@@ -32,6 +32,7 @@ func TestSmallAndLargeSubmissionsWriteTheSameRows(t *testing.T) {
 		{"batch", NewWorkflow{Priority: "batch"}},
 		{"interactive", NewWorkflow{Priority: "interactive"}},
 		{"replicated", NewWorkflow{Priority: "batch", Replicas: 2, Quorum: 2, MaxReplicas: 3}},
+		{"most replicas alone", NewWorkflow{Priority: "batch", MaxReplicas: 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rows := map[string]any{}

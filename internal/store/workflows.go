@@ -218,7 +218,10 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow) 
 		headStart = s.interactiveHeadStart
 	}
 	replicas, quorum := max(w.Replicas, 1), max(w.Quorum, 1)
-	maxR := max(w.MaxReplicas, w.Replicas, w.Quorum, 1)
+	maxR := 1
+	if w.Replicas > 1 || w.Quorum > 1 { // as createLarge: MaxReplicas alone does not replicate
+		maxR = max(w.MaxReplicas, w.Replicas, w.Quorum)
+	}
 	channel := ""
 	if ready {
 		channel = ChannelReady
