@@ -399,6 +399,7 @@ func (b *bench) single(ctx context.Context) error {
 	var began time.Time
 	for i := range b.cfg.Singles + 20 {
 		if i == 20 {
+			b.resetStatements(ctx)
 			cpu0, began = b.cpuNow(), time.Now()
 		}
 		start := time.Now()
@@ -447,6 +448,7 @@ func (b *bench) single(ctx context.Context) error {
 	}
 	b.printf("single_task_claim_to_result_p50_ms: %.2f", worker*1000)
 	b.printCPU("single", cpu, len(lat), wall)
+	b.printStatements(ctx, "single", len(lat))
 	return nil
 }
 

@@ -191,7 +191,7 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 		}
 	}
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	queueBegin(b)
 	b.Queue(completeFastSQL, ids, workers, logs, outAttempt, outName, outData, s.interactiveHeadStart.Milliseconds(), ChannelReady)
 	b.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, b)
@@ -203,7 +203,7 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 		ms         int64
 	}
 	var got []row
-	if _, err = br.Exec(); err == nil {
+	if err = execBegin(br); err == nil {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
 			got, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {

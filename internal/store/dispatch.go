@@ -165,13 +165,13 @@ func (s *Store) ClaimPicks(ctx context.Context, picks []Pick, lease time.Duratio
 		tasks[i], workers[i], ckpts[i], solos[i] = p.TaskID, p.Worker, p.CkptMS, p.Solo
 	}
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	queueBegin(b)
 	b.Queue(claimPicksSQL, tasks, workers, ckpts, solos, lease.Milliseconds())
 	b.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, b)
 	var cs []Claimed
 	var err error
-	if _, err = br.Exec(); err == nil {
+	if err = execBegin(br); err == nil {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
 			cs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claimed, error) {
