@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -70,10 +71,7 @@ func (s *Store) Complete(ctx context.Context, cs []Completion) ([]bool, error) {
 	if len(keep) == 0 {
 		return accepted, nil
 	}
-	batch := make([]Completion, len(keep))
-	for j, i := range keep {
-		batch[j] = cs[i]
-	}
+	batch := pick(cs, keep)
 	acc, err := s.completeBatch(ctx, batch)
 	if err != nil && !retryable(err) && len(batch) > 1 && ctx.Err() == nil {
 		// Find the culprit: commit the items one by one.
@@ -96,6 +94,26 @@ func (s *Store) Complete(ctx context.Context, cs []Completion) ([]bool, error) {
 		accepted[i] = acc[j]
 	}
 	return accepted, nil
+}
+
+// byAttempt returns the indexes of cs in attempt id order: batches lock
+// attempts in that order, so that concurrent batches cannot deadlock.
+func byAttempt(cs []Completion) []int {
+	order := make([]int, len(cs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(cs[a].Attempt, cs[b].Attempt) })
+	return order
+}
+
+// pick returns the elements of xs at the indexes idx, in that order.
+func pick[T any](xs []T, idx []int) []T {
+	out := make([]T, len(idx))
+	for j, i := range idx {
+		out[j] = xs[i]
+	}
+	return out
 }
 
 // sanitize makes a completion's text storable: valid UTF-8 without NUL.
@@ -140,11 +158,7 @@ func (s *Store) completeBatch(ctx context.Context, cs []Completion) ([]bool, err
 	if len(rest) == 0 {
 		return accepted, nil
 	}
-	sub := make([]Completion, len(rest))
-	for j, i := range rest {
-		sub[j] = cs[i]
-	}
-	acc, err := s.completeGeneral(ctx, sub)
+	acc, err := s.completeGeneral(ctx, pick(cs, rest))
 	if err != nil {
 		return nil, err
 	}
@@ -176,11 +190,7 @@ func allOK(cs []Completion) bool {
 // the attempts of replicated tasks, whose results are verified first, and
 // returns their indexes in cs for the general path.
 func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []bool, rest []int, err error) {
-	order := make([]int, len(cs))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortFunc(order, func(a, b int) int { return int(cs[a].Attempt - cs[b].Attempt) })
+	order := byAttempt(cs)
 	ids := make([]int64, len(cs))
 	workers := make([]string, len(cs))
 	logs := make([][]byte, len(cs))
@@ -253,12 +263,7 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 
 // completeGeneral is Complete for any batch of distinct attempts.
 func (s *Store) completeGeneral(ctx context.Context, cs []Completion) ([]bool, error) {
-	order := make([]int, len(cs))
-	for i := range order {
-		order[i] = i
-	}
-	// Lock attempts in id order so concurrent batches cannot deadlock.
-	slices.SortFunc(order, func(a, b int) int { return int(cs[a].Attempt - cs[b].Attempt) })
+	order := byAttempt(cs)
 	ids := make([]int64, len(cs))
 	workers := make([]string, len(cs))
 	oks := make([]bool, len(cs))

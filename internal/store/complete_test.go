@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -53,26 +52,10 @@ func TestFastCompletionMatchesTheGeneralPath(t *testing.T) {
 		}
 		rows := append(dump(t, f.s, plain, false), dump(t, f.s, rep, false)...)
 		for _, id := range []string{plain, rep} {
-			q, err := f.s.pool.Query(ctx, `SELECT t.name, a.state, coalesce(encode(a.log, 'escape'), ''), a.reason
-				FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = $1 ORDER BY t.name, a.id`, id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for q.Next() {
-				v, _ := q.Values()
-				rows = append(rows, fmtRow(v))
-			}
-			q.Close()
-			q, err = f.s.pool.Query(ctx, `SELECT t.name, o.name, encode(o.data, 'escape') FROM task_outputs o JOIN tasks t ON t.id = o.task_id
-				WHERE t.workflow_id = $1 ORDER BY t.name, o.name`, id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for q.Next() {
-				v, _ := q.Values()
-				rows = append(rows, fmtRow(v))
-			}
-			q.Close()
+			rows = append(rows, queryRows(t, f.s, `SELECT t.name, a.state, coalesce(encode(a.log, 'escape'), ''), a.reason
+				FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = $1 ORDER BY t.name, a.id`, id)...)
+			rows = append(rows, queryRows(t, f.s, `SELECT t.name, o.name, encode(o.data, 'escape') FROM task_outputs o
+				JOIN tasks t ON t.id = o.task_id WHERE t.workflow_id = $1 ORDER BY t.name, o.name`, id)...)
 		}
 		return outcome{acc, rows}
 	}
@@ -85,5 +68,3 @@ func TestFastCompletionMatchesTheGeneralPath(t *testing.T) {
 		t.Errorf("accepted = %v, want %v", fast.Accepted, want)
 	}
 }
-
-func fmtRow(v []any) string { return fmt.Sprint(v...) }

@@ -60,23 +60,7 @@ func TestSmallAndLargeSubmissionsWriteTheSameRows(t *testing.T) {
 func dump(t *testing.T, s *Store, id string, sortKeys bool) []string {
 	t.Helper()
 	var out []string
-	q := func(sql string) {
-		rows, err := s.pool.Query(context.Background(), sql, id, sortKeys)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			vals, err := rows.Values()
-			if err != nil {
-				t.Fatal(err)
-			}
-			out = append(out, fmt.Sprint(vals...))
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	q := func(sql string) { out = append(out, queryRows(t, s, sql, id, sortKeys)...) }
 	q(`SELECT priority, state, task_count, tasks_left, replicas, quorum, $2::bool FROM workflows WHERE id = $1`)
 	q(`SELECT t.name, t.module_id, t.args, t.stdin, t.priority, t.state, t.deps_left, CASE WHEN $2 THEN extract(epoch FROM w.created_at - t.sort_key) END, t.sort_key IS NULL,
 			t.attempts, t.max_attempts, t.timeout_ms, t.memory_pages, t.output_bytes, t.log_bytes, t.ckpt_ms, t.seed,
@@ -84,5 +68,27 @@ func dump(t *testing.T, s *Store, id string, sortKeys bool) []string {
 		FROM tasks t JOIN workflows w ON w.id = t.workflow_id WHERE t.workflow_id = $1 ORDER BY t.id`)
 	q(`SELECT t.name, i.name, u.name, i.output FROM task_inputs i JOIN tasks t ON t.id = i.task_id JOIN tasks u ON u.id = i.from_task
 		WHERE t.workflow_id = $1 AND $2::bool IS NOT NULL ORDER BY t.name, i.name`)
+	return out
+}
+
+// queryRows runs a query and returns its rows, each printed as text.
+func queryRows(t *testing.T, s *Store, sql string, args ...any) []string {
+	t.Helper()
+	rows, err := s.pool.Query(context.Background(), sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, fmt.Sprint(vals...))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
 	return out
 }
