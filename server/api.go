@@ -343,6 +343,11 @@ func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request, owner stor
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, owner store.Owner) {
 	ctx := r.Context()
 	id := r.PathValue("id")
+	// The end of the workflow is told at once, not at the next look: the
+	// stream waits for it from before each look at the workflow's state, so
+	// that an end between the look and the wait is not missed.
+	woken, forget := s.ends.add(strings.ToLower(id)) // as the database writes it in notifications
+	defer func() { forget() }()
 	st, err := s.store.Status(ctx, owner.ID, id)
 	if err != nil {
 		s.notFoundOr(w, "workflow", err)
@@ -390,19 +395,16 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, owner stor
 	defer tick.Stop()
 	keepalive := time.Now()
 	for state == store.StateRunning {
-		// The end of the workflow is told at once, not at the next look.
-		woken, forget := s.ends.add(strings.ToLower(id)) // as the database writes it in notifications
 		select {
 		case <-ctx.Done():
-			forget()
 			return
 		case <-s.ctx.Done():
-			forget()
 			return
 		case <-tick.C:
 		case <-woken:
 		}
 		forget()
+		woken, forget = s.ends.add(strings.ToLower(id))
 		changes, err := s.store.TaskChanges(ctx, id, since.Add(-time.Second))
 		if err != nil {
 			if ctx.Err() == nil {

@@ -73,11 +73,15 @@ func (w *Worker) adaptQueue(run time.Duration, bytes int) bool {
 	return false
 }
 
-// payloadBytes is the size of what an assignment carries.
-func payloadBytes(as *protocol.Assign) int {
+// PayloadBytes is about the size of an assignment's data: stdin, inputs,
+// the checkpoint to restore and the arguments.
+func PayloadBytes(as *protocol.Assign) int {
 	n := len(as.Stdin.Data) + len(as.Restore.Data)
 	for _, in := range as.Inputs {
-		n += len(in.Data)
+		n += len(in.Name) + len(in.Data)
+	}
+	for _, a := range as.Args {
+		n += len(a)
 	}
 	return n
 }

@@ -591,7 +591,7 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		} else {
 			w.stats.Failed++
 		}
-		announce := w.adaptQueue(out.Duration, payloadBytes(as))
+		announce := w.adaptQueue(out.Duration, PayloadBytes(as))
 		// Even a cancelled attempt reports: the server frees its slot on the
 		// report (and refuses it, the attempt being over already).
 		w.pending[as.Attempt] = f

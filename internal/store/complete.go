@@ -107,6 +107,17 @@ func byAttempt(cs []Completion) []int {
 	return order
 }
 
+// runTime is the run time of a success for the averages: the one the
+// worker reported, at most the time since the claim (sinceClaimMS); that
+// time alone when the worker reported none.
+func runTime(sinceClaimMS int64, reported time.Duration) time.Duration {
+	d := time.Duration(sinceClaimMS) * time.Millisecond
+	if reported > 0 {
+		d = min(d, reported)
+	}
+	return d
+}
+
 // pick returns the elements of xs at the indexes idx, in that order.
 func pick[T any](xs []T, idx []int) []T {
 	out := make([]T, len(idx))
@@ -225,8 +236,8 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 		if rows, err = br.Query(); err == nil {
 			got, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 				var x row
-				var ready, finished int64
-				err := r.Scan(&x.attempt, &x.replicated, &x.module, &x.name, &x.ms, &ready, &finished)
+				var notified int64
+				err := r.Scan(&x.attempt, &x.replicated, &x.module, &x.name, &x.ms, &notified)
 				return x, err
 			})
 		}
@@ -253,7 +264,7 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 			continue
 		}
 		accepted[i] = true
-		d := min(time.Duration(x.ms)*time.Millisecond, max(cs[i].Duration, 0))
+		d := runTime(x.ms, cs[i].Duration)
 		runs = append(runs, Run{Module: x.module, Name: x.name, Duration: d})
 	}
 	s.runs.add(runs)
@@ -328,7 +339,7 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	reported := make(map[int64]time.Duration, len(cs))
 	for i := range cs {
 		if cs[i].OK {
-			reported[cs[i].Attempt] = max(cs[i].Duration, 0)
+			reported[cs[i].Attempt] = cs[i].Duration
 		}
 	}
 	var runs []Run
@@ -347,7 +358,7 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 			replicated[a] = true
 		}
 		if ok {
-			d := min(time.Duration(ms)*time.Millisecond, reported[a])
+			d := runTime(ms, reported[a])
 			runs = append(runs, Run{Module: module, Name: name, Duration: d})
 		}
 	}
@@ -456,9 +467,10 @@ FROM ready`
 // doneSQL does ($7 head start, $8 channel), in one statement. Attempts of
 // replicated tasks are left running and come back with replicated set;
 // the others that come back were accepted, with their task's module and
-// name and the time since the claim (ms). The last two columns only make
-// the notification happen (the attempts ended are never none when tasks
-// became ready).
+// name and the time since the claim (ms). The last column only makes the
+// notification happen (evaluated with the first accepted attempt's row;
+// when no attempt was accepted, no task became ready). The workflows'
+// update (wf) runs whether read or not, as every data-modifying WITH.
 var completeFastSQL = `WITH acc AS (
 	UPDATE attempts a SET state = 'succeeded', ended_at = now(), log = ($3::bytea[])[array_position($1::bigint[], a.id)], reason = ''
 	FROM tasks t
@@ -470,11 +482,10 @@ var completeFastSQL = `WITH acc AS (
 	SELECT acc.task_id, o.name, o.data FROM unnest($4::bigint[], $5::text[], $6::bytea[]) AS o(attempt, name, data)
 	JOIN acc ON acc.id = o.attempt JOIN tasks t ON t.id = acc.task_id WHERE t.state = 'running'
 ), ` + doneCTEs("IN (SELECT task_id FROM acc)", "$7") + `
-SELECT acc.id, false, acc.module_id, acc.name, acc.ms, (SELECT count(*) FROM (SELECT pg_notify($8, '') FROM ready r WHERE r.n > 0) x),
-	(SELECT count(*) FROM wf)
+SELECT acc.id, false, acc.module_id, acc.name, acc.ms, (SELECT count(*) FROM (SELECT pg_notify($8, '') FROM ready r WHERE r.n > 0) x)
 FROM acc
 UNION ALL
-SELECT a.id, true, '', '', 0, 0, 0 FROM attempts a JOIN tasks t ON t.id = a.task_id
+SELECT a.id, true, '', '', 0, 0 FROM attempts a JOIN tasks t ON t.id = a.task_id
 WHERE a.id = ANY($1) AND a.worker_id = ($2::uuid[])[array_position($1::bigint[], a.id)] AND a.state = 'running'
 	AND t.max_replicas > 1`
 

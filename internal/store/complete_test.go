@@ -68,3 +68,33 @@ func TestFastCompletionMatchesTheGeneralPath(t *testing.T) {
 		t.Errorf("accepted = %v, want %v", fast.Accepted, want)
 	}
 }
+
+// completeFast itself takes the plain task's success in its one statement
+// and hands the replica back, untouched, for the general path.
+func TestCompleteFastLeavesReplicasToTheGeneralPath(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	plain := f.submit(t, "batch", f.task("a"))
+	if _, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "rep", Priority: "batch", Tasks: []NewTask{f.task("r")},
+		Replicas: 2, Quorum: 2, MaxReplicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	cs := f.claim(t, 10, time.Minute)
+	if len(cs) != 2 || cs[0].Name != "a" || cs[1].Name != "r" {
+		t.Fatalf("claimed %+v, want a then a replica of r", cs)
+	}
+	acc, rest, err := f.s.completeFast(ctx, []Completion{ok(cs[0], "A"), ok(cs[1], "R")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(acc, []bool{true, false}) || !reflect.DeepEqual(rest, []int{1}) {
+		t.Fatalf("accepted %v, rest %v; want [true false], [1]", acc, rest)
+	}
+	if st := f.states(t, plain); st["a"] != StateDone || st[""] != StateDone {
+		t.Errorf("after the fast path: %v, want a and its workflow done", st)
+	}
+	var state string
+	if err := f.s.pool.QueryRow(ctx, `SELECT state FROM attempts WHERE id = $1`, cs[1].Attempt).Scan(&state); err != nil || state != "running" {
+		t.Errorf("the replica's attempt is %q (%v), want still running", state, err)
+	}
+}

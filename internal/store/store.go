@@ -118,8 +118,8 @@ func (s *Store) tx(ctx context.Context, fn func(pgx.Tx) error) error {
 	}
 }
 
-// queueBegin queues the start of a transaction of the hot path (claim,
-// completion, small submission) pipelined in one round trip, whose
+// queueBegin queues the start of a transaction of the hot path pipelined
+// in one round trip (the claim and the one-round-trip completion), whose
 // statements find their rows by key: with sequential scans off. The planner's
 // statistics of tasks and attempts lag behind tables that grow by
 // thousands of rows a second (autovacuum analyzes them a minute later, at

@@ -185,9 +185,12 @@ const (
 	// attempts queued behind it are revoked and go to other slot
 	// processes.
 	pipelineWait = 5 * time.Millisecond
-	// pipelineBytes is the largest payload (stdin, inputs, restore) of an
-	// attempt that may wait in a slot process's pipe.
-	pipelineBytes = 16 << 10
+	// pipelineBytes is the largest payload (wasmworker.PayloadBytes) of an
+	// attempt that may wait in a slot process's pipe: the run requests of
+	// the attempts queued behind a running one (7 at most) then fit in a
+	// pipe's 64 KiB buffer on Linux, so that writing one never blocks
+	// until the running attempt ends.
+	pipelineBytes = 8 << 10
 	// maxSeq: a slot process is retired once its attempts' numbers reach
 	// it, so that they never wrap around.
 	maxSeq = 1 << 31
@@ -214,7 +217,11 @@ func newTicket() *ticket { return &ticket{turn: make(chan bool, 1)} }
 // run runs one attempt in a slot process.
 func (p *slotPool) run(ctx context.Context, job *wasmworker.Job) (out *wasmworker.Outcome) {
 	start := time.Now()
-	defer func() { out.Duration = time.Since(start) }()
+	defer func() {
+		if out.Duration <= 0 { // no run time from the slot process: the time spent here
+			out.Duration = time.Since(start)
+		}
+	}()
 	if job == nil || job.Assign == nil {
 		return failOutcome(protocol.ReasonWorker, "no assignment")
 	}
@@ -252,7 +259,7 @@ func (p *slotPool) run(ctx context.Context, job *wasmworker.Job) (out *wasmworke
 		}
 		return failOutcome(protocol.ReasonWorker, "%v", err)
 	}
-	follow := gateSupported && payloadBytes(job.Assign) <= pipelineBytes
+	follow := gateSupported && wasmworker.PayloadBytes(job.Assign) <= pipelineBytes
 	for try := 1; ; {
 		c, t, err := p.acquire(rctx, job, follow)
 		if err != nil {
@@ -280,15 +287,6 @@ func (p *slotPool) run(ctx context.Context, job *wasmworker.Job) (out *wasmworke
 		}
 		return o
 	}
-}
-
-// payloadBytes is the size of what an assignment carries.
-func payloadBytes(as *protocol.Assign) int {
-	n := len(as.Stdin.Data) + len(as.Restore.Data)
-	for _, in := range as.Inputs {
-		n += len(in.Data)
-	}
-	return n
 }
 
 // again says whether an attempt is to be tried in another slot process.
@@ -431,7 +429,9 @@ func (p *slotPool) attempt(ctx, rctx context.Context, c *slotProc, t *ticket, jo
 				return ended() // killed meanwhile: the kill's reason wins
 			}
 			p.passTurn(c, t, max(m.Took, time.Nanosecond))
-			return &wasmworker.Outcome{Outputs: m.Outputs, Log: log, Reason: m.Reason, Message: m.Message}, againNo
+			// Duration: the time the attempt ran, as the slot process
+			// measured it, without the wait behind others in its pipe.
+			return &wasmworker.Outcome{Outputs: m.Outputs, Log: log, Reason: m.Reason, Message: m.Message, Duration: m.Took}, againNo
 		default:
 			p.log.Error("slot process: unexpected reply", "kind", m.Kind)
 			c.kill()

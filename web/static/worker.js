@@ -243,8 +243,10 @@ function makeTasks(taskJs, server) {
   // in one message: every message wakes a thread, which costs more than a
   // short attempt itself. Attempts of a module whose recent attempts ran
   // shorter than batchShortMs go in batches of up to maxBatch (no more than
-  // their fair share of what waits); other attempts go one at a time, so
-  // that a long attempt never holds others back.
+  // their fair share of what waits); other attempts go one at a time. An
+  // attempt of a short module that runs long holds back the rest of its
+  // batch (up to its wall time) until it ends: nothing takes a batch's
+  // waiting attempts back yet, as the headless runner does after 5 ms.
   const maxBatch = 8, batchShortMs = 2;
   const runMs = new Map(); // module key -> recent run time (ms, moving average)
   let pending = [], active = 0, threads = 1;
