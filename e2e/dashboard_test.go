@@ -129,7 +129,14 @@ func TestDashboard(t *testing.T) {
 		task{"name": "count-1", "module": primes, "args": []string{"1500000", "3000000"}, "checkpoint_interval": "1s"},
 		task{"name": "sum", "module": echo, "inputs": map[string]any{"a": map[string]any{"from": "count-0"}, "b": map[string]any{"from": "count-1"}}},
 	), "", "  ")
-	b.do(chromedp.Navigate(base+"/app/submit"), chromedp.SetValue(chromedp.ID("workflow"), string(wf)), chromedp.Click(chromedp.ID("check")))
+	// A workflow file picked on the submit page fills the text area.
+	wfPath := filepath.Join(t.TempDir(), "dash-primes.json")
+	if err := os.WriteFile(wfPath, wf, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.do(chromedp.Navigate(base+"/app/submit"), chromedp.SetUploadFiles(chromedp.ID("wf-file"), []string{wfPath}))
+	b.waitJS(10*time.Second, "the picked file in the text area", `document.getElementById("workflow").value.includes("dash-primes")`)
+	b.do(chromedp.SetValue(chromedp.ID("workflow"), string(wf)), chromedp.Click(chromedp.ID("check")))
 	b.waitJS(10*time.Second, "the check to pass", `document.getElementById("check-ok") || document.getElementById("submit-error")`)
 	if e := b.text("#submit-error"); e != "" {
 		t.Fatalf("check refused a good workflow: %s", e)

@@ -8,7 +8,7 @@
 
 (function () {
   const wf = document.getElementById("workflow");
-  if (wf) live(wf);
+  if (wf && wf.dataset.id) live(wf); // (the submit page has a textarea of that id)
   const vol = document.getElementById("volunteers");
   if (vol) volunteers(vol);
   const upload = document.getElementById("upload-form");
