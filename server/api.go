@@ -131,15 +131,14 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		return
 	}
 	nw := toNewWorkflow(spec)
-	nw.Origin = s.cfg.Replica
 	id, err := s.store.CreateWorkflow(r.Context(), owner.ID, nw)
 	if err != nil {
 		s.serverError(w, "create workflow", err)
 		return
 	}
-	if s.echoes.first(id) { // unless the commit's notification woke the dispatcher already
-		s.wake()
-	}
+	// No wake-up here: the commit's notification wakes every replica's
+	// dispatcher, this one's included, as soon as the commit is done (in
+	// traces it arrived before this handler had the commit's answer).
 	s.log.Info("workflow submitted", "workflow", id, "name", spec.Name, "tasks", len(spec.Tasks), "owner", owner.Name)
 	writeJSON(w, http.StatusCreated, map[string]any{"id": id, "name": spec.Name, "tasks": len(spec.Tasks)})
 }

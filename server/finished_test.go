@@ -43,37 +43,3 @@ func TestFinishWaiters(t *testing.T) {
 		t.Fatalf("waiting = %d, want 0", n)
 	}
 }
-
-func TestEchoesWakeOncePerSubmission(t *testing.T) {
-	tests := []struct {
-		name  string
-		calls []string // ids, in the order their wake-ups arrive
-		want  []bool
-	}{
-		{"handler then notification", []string{"a", "a"}, []bool{true, false}},
-		{"two submissions interleaved", []string{"a", "b", "b", "a"}, []bool{true, true, false, false}},
-		{"a third wake-up counts as new", []string{"a", "a", "a"}, []bool{true, false, true}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			e := newEchoes()
-			for i, id := range tc.calls {
-				if got := e.first(id); got != tc.want[i] {
-					t.Errorf("call %d (%s): first = %v, want %v", i, id, got, tc.want[i])
-				}
-			}
-		})
-	}
-	e := newEchoes()
-	e.first("lost")
-	e.reset()
-	if !e.first("lost") {
-		t.Error("after reset, a wake-up should count as the first")
-	}
-	for i := range maxEchoes + 10 { // never grows past its bound
-		e.first(string(rune('a'+i%26)) + string(rune(i)))
-	}
-	if n := len(e.seen); n > maxEchoes {
-		t.Errorf("echoes keeps %d ids, more than %d", n, maxEchoes)
-	}
-}

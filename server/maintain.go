@@ -48,7 +48,6 @@ func (s *Server) listenOnce(ctx context.Context, pool *pgxpool.Pool) error {
 	// not listening.
 	s.wake()
 	s.ends.all()
-	s.echoes.reset()
 	for {
 		n, err := c.Conn().WaitForNotification(ctx)
 		if err != nil {
@@ -57,11 +56,7 @@ func (s *Server) listenOnce(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		switch n.Channel {
 		case store.ChannelReady:
-			// A submission on this replica also wakes the dispatcher
-			// itself: wake it once (echoes).
-			if origin, id, ok := strings.Cut(n.Payload, "/"); !ok || origin != s.cfg.Replica || s.echoes.first(id) {
-				s.wake()
-			}
+			s.wake()
 		case store.ChannelFinished:
 			s.ends.finished(n.Payload)
 		case store.ChannelCancel:

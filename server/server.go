@@ -99,7 +99,6 @@ type Server struct {
 
 	rt            *runtimes
 	ends          *finishWaiters // requests waiting for workflows to end
-	echoes        *echoes        // this replica's submissions, to wake the dispatcher once for each
 	attemptModule sync.Map       // attempt id -> module id, for the checkpoint cost
 }
 
@@ -124,7 +123,6 @@ func New(st *store.Store, cfg Config) *Server {
 		modules: newModuleCache(64 << 20),
 		rt:      newRuntimes(),
 		ends:    newFinishWaiters(),
-		echoes:  newEchoes(),
 	}
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	s.metrics = newMetrics(s)

@@ -21,21 +21,6 @@ type NewWorkflow struct {
 	Replicas    int
 	Quorum      int
 	MaxReplicas int
-	// Origin names the replica that submits the workflow. When set, the
-	// notification that its tasks are ready carries ReadyPayload(Origin,
-	// id), so that the submitting replica, which wakes its own dispatcher
-	// after the commit, can tell its own notification from the others'.
-	Origin string
-}
-
-// ReadyPayload is the payload of the ready notification (ChannelReady)
-// sent for workflow id submitted by replica origin; other notifications on
-// that channel carry an empty payload.
-func ReadyPayload(origin, id string) string {
-	if origin == "" {
-		return ""
-	}
-	return origin + "/" + id
 }
 
 // NewTask is one task of a NewWorkflow.
@@ -163,7 +148,7 @@ func (s *Store) createLarge(ctx context.Context, ownerID int64, w *NewWorkflow) 
 			}
 		}
 		if ready > 0 {
-			if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, ChannelReady, ReadyPayload(w.Origin, id)); err != nil {
+			if _, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, ChannelReady); err != nil {
 				return err
 			}
 		}
@@ -232,7 +217,7 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow) 
 		b.Queue("BEGIN")
 		b.Queue(createSmallSQL, ownerID, w.Name, w.Priority, n, replicas, quorum, maxR, headStart.Milliseconds(),
 			names, modules, args, stdins, deps, maxAttempts, timeouts, pages, outBytes, logBytes, ckpts, seeds,
-			edgeTask, edgeName, edgeFrom, edgeOutput, channel, w.Origin)
+			edgeTask, edgeName, edgeFrom, edgeOutput, channel)
 		b.Queue("COMMIT")
 		br := s.pool.SendBatch(ctx, b)
 		_, err := br.Exec()
@@ -254,7 +239,7 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow) 
 // createSmallSQL writes a workflow, its tasks ($9 to $20, one array element
 // per task, in submission order) and its edges ($21 to $24: task and
 // upstream task as 1-based positions in the task arrays) in one statement,
-// and notifies channel $25 unless it is empty (with ReadyPayload($26, id)). Task ids come from the
+// and notifies channel $25 unless it is empty. Task ids come from the
 // sequence in submission order. Replicated workflows ($5 replicas, $6
 // quorum, $7 most replicas) give each task more attempts, as many as the
 // extra replicas, so that a failed replica does not use up the others'.
@@ -282,7 +267,7 @@ const createSmallSQL = `WITH wf AS (
 	JOIN u a ON a.ord = x.task JOIN u b ON b.ord = x.from_task
 )
 SELECT wf.id::text FROM wf CROSS JOIN LATERAL (SELECT CASE WHEN $25 <> '' THEN
-	pg_notify($25, CASE WHEN $26 <> '' THEN $26 || '/' || wf.id::text ELSE '' END) END) note`
+	pg_notify($25, '') END) note`
 
 // analyzeAfterTasks is the size of a workflow after whose submission
 // CreateWorkflow refreshes the planner's statistics.
