@@ -1,8 +1,11 @@
 package e2e
 
 import (
+	"fmt"
 	"io"
 	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -113,5 +116,48 @@ func TestOperationsEndpoints(t *testing.T) {
 	}
 	if code, body := get("/api/v1/activity"); code != http.StatusUnauthorized {
 		t.Errorf("activity without a token: %d %q, want 401", code, body)
+	}
+}
+
+// A finished attempt frees a slot, but when the last dispatch round left no
+// ready task the dispatcher does not read the ready tasks again for it
+// (cyclepool_dispatch_rounds_total counts the skipped wake-ups); tasks
+// that become ready still start at once (the chain below runs one task at
+// a time, each made ready by its predecessor's completion).
+func TestFreedSlotsSkipRoundsWithNothingReady(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	startWorker(t, "worker", 2, p.srv.url)
+	noop := push(t, p.client, "echo")
+	tasks := []task{{"name": "t0", "module": noop, "stdin": map[string]any{"data": "x"}}}
+	for i := 1; i < 6; i++ {
+		tasks = append(tasks, task{"name": fmt.Sprintf("t%d", i), "module": noop,
+			"stdin": map[string]any{"from": fmt.Sprintf("t%d", i-1)}})
+	}
+	began := time.Now()
+	id := submit(t, p.client, workflow("chain", tasks...))
+	if st := wait(t, p.client, id, time.Minute); st.State != "done" {
+		t.Fatalf("workflow %s", st.State)
+	}
+	// Six tasks one after the other: far less than the dispatcher's
+	// 1-second poll per task would take.
+	if took := time.Since(began); took > 4*time.Second {
+		t.Errorf("a chain of 6 tasks took %v: released tasks waited for the poll", took)
+	}
+	if got := output(t, p.client, id, "t5", "stdout"); got != "x" {
+		t.Errorf("t5's output %q, want x", got)
+	}
+	resp, err := http.Get(p.srv.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`cyclepool_dispatch_rounds_total\{outcome="skipped"\} (\d+)`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("/metrics lacks the skipped rounds:\n%s", b)
+	}
+	if n, _ := strconv.Atoi(string(m[1])); n < 3 {
+		t.Errorf("%d wake-ups for freed slots skipped, want most of the 6", n)
 	}
 }
