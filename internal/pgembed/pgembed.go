@@ -724,6 +724,18 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	return c.stopErr
 }
 
+// Crash stops the server the way a crash would, for tests: an immediate
+// shutdown (SIGQUIT) without a checkpoint, so the next start runs crash
+// recovery and transactions committed asynchronously whose WAL was not yet
+// flushed are lost. It releases the cluster like Stop.
+func (c *Cluster) Crash() {
+	c.stopOnce.Do(func() {
+		defer c.lock.Close()
+		c.kill()
+		c.stopErr = errors.New("pgembed: crashed on purpose")
+	})
+}
+
 // Done is closed when the server process exits, for whatever reason.
 func (c *Cluster) Done() <-chan struct{} { return c.exited }
 

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,6 +44,10 @@ type Store struct {
 	// runs collects the run times of committed successes until
 	// FlushRuntimeStats writes them.
 	runs runBuffer
+	// epochMu guards epoch, the start time of the PostgreSQL server this
+	// store's connections last saw (guardAttemptIDs).
+	epochMu sync.Mutex
+	epoch   time.Time
 }
 
 // Open connects to the database at url, applies pending migrations and
@@ -63,16 +68,55 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	if _, set := cfg.ConnConfig.RuntimeParams["jit"]; !set {
 		cfg.ConnConfig.RuntimeParams["jit"] = "off"
 	}
+	s := &Store{interactiveHeadStart: 5 * time.Minute}
+	cfg.AfterConnect = s.guardAttemptIDs
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: connect: %w", err)
 	}
-	s := &Store{pool: pool, interactiveHeadStart: 5 * time.Minute}
+	s.pool = pool
 	if err := s.migrate(ctx); err != nil {
 		pool.Close()
 		return nil, err
 	}
 	return s, nil
+}
+
+// attemptIDGap is how far the attempt id sequence jumps when the store
+// meets a PostgreSQL server it has not seen start (guardAttemptIDs): far
+// more attempts than can be claimed in the time an asynchronous commit may
+// wait for its WAL flush (wal_writer_delay, 200 ms by default, three times
+// over at most).
+const attemptIDGap = 1_000_000
+
+// guardAttemptIDs runs on every new connection. Claims commit
+// asynchronously (ClaimPicks): a crash of PostgreSQL can lose the last
+// claims, and with them the sequence's advance, after their attempts were
+// sent to workers. A worker still running such a lost attempt must never
+// find its id given to a new attempt, or its result would be taken for the
+// new one's. So when the server's start time is not the one this store saw
+// last (it restarted, or this is the store's first connection), the
+// sequence jumps by attemptIDGap before the connection is used, in a
+// transaction with an id of its own so that its commit is flushed: every
+// id handed out before the crash stays below every id handed out after.
+func (s *Store) guardAttemptIDs(ctx context.Context, c *pgx.Conn) error {
+	var started time.Time
+	var seq bool
+	if err := c.QueryRow(ctx, `SELECT pg_postmaster_start_time(), to_regclass('attempts_id_seq') IS NOT NULL`).Scan(&started, &seq); err != nil {
+		return fmt.Errorf("store: read the database server's start time: %w", err)
+	}
+	s.epochMu.Lock()
+	defer s.epochMu.Unlock()
+	if started.Equal(s.epoch) {
+		return nil
+	}
+	if seq { // else the migrations have yet to create it: nothing was claimed
+		if _, err := c.Exec(ctx, `SELECT setval('attempts_id_seq', last_value + $1), pg_current_xact_id() FROM attempts_id_seq`, attemptIDGap); err != nil {
+			return fmt.Errorf("store: move attempt ids past those of a restarted database: %w", err)
+		}
+	}
+	s.epoch = started
+	return nil
 }
 
 // migrate applies the embedded migrations under a session lock, so that
@@ -129,15 +173,17 @@ func (s *Store) tx(ctx context.Context, fn func(pgx.Tx) error) error {
 func queueBegin(b *pgx.Batch) {
 	b.Queue("BEGIN")
 	b.Queue("SET LOCAL enable_seqscan = off")
+	b.Queue("SET LOCAL plan_cache_mode = force_generic_plan")
 }
 
 // execBegin reads the results of what queueBegin queued.
 func execBegin(br pgx.BatchResults) error {
-	if _, err := br.Exec(); err != nil {
-		return err
+	for range 3 {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
 	}
-	_, err := br.Exec()
-	return err
+	return nil
 }
 
 // ErrNotFound is returned when a workflow, task or output does not exist or

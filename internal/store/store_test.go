@@ -21,8 +21,14 @@ type fixture struct {
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
+	return newFixtureAt(t, pgtest.URL(t))
+}
+
+// newFixtureAt is newFixture on the database at url.
+func newFixtureAt(t testing.TB, url string) *fixture {
+	t.Helper()
 	ctx := context.Background()
-	s, err := Open(ctx, pgtest.URL(t))
+	s, err := Open(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
