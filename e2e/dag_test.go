@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cyclepool/cyclepool/client"
+	"github.com/cyclepool/cyclepool/internal/pgtest"
 )
 
 // A DAG of echo and reduce tasks completes, each task seeing exactly the
@@ -159,5 +162,49 @@ func TestFreedSlotsSkipRoundsWithNothingReady(t *testing.T) {
 	}
 	if n, _ := strconv.Atoi(string(m[1])); n < 3 {
 		t.Errorf("%d wake-ups for freed slots skipped, want most of the 6", n)
+	}
+}
+
+// A submission hands its ready tasks to its own replica's dispatcher, which
+// plans with them without reading them back (rounds counted as
+// "offered"); the other replicas hear of it by the commit's notification,
+// so a task submitted to a replica without workers starts at once on
+// another's, long before either polls (every minute here).
+func TestSubmissionOffersItsReadyTasks(t *testing.T) {
+	t.Parallel()
+	db := pgtest.URL(t)
+	r1 := startServer(t, "replica1", db, t.TempDir(), 0, "--poll", "1m")
+	r2 := startServer(t, "replica2", db, t.TempDir(), 0, "--poll", "1m")
+	startWorker(t, "worker", 2, r1.url)
+	for _, r := range []*server{r1, r2} {
+		c := client.New(r.url, r.token)
+		echo := push(t, c, "echo")
+		for i := range 4 {
+			began := time.Now()
+			want := fmt.Sprintf("x%d", i)
+			id := submit(t, c, workflow("one", task{"name": "t", "module": echo, "stdin": map[string]any{"data": want}}))
+			if st := wait(t, c, id, time.Minute); st.State != "done" {
+				t.Fatalf("workflow %s", st.State)
+			}
+			if took := time.Since(began); took > 20*time.Second {
+				t.Errorf("a task submitted to %s took %v: it waited for a poll", r.url, took)
+			}
+			if got := output(t, c, id, "t", "stdout"); got != want {
+				t.Errorf("output %q, want %q", got, want)
+			}
+		}
+	}
+	resp, err := http.Get(r1.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(`cyclepool_dispatch_rounds_total\{outcome="offered"\} (\d+)`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("/metrics lacks the offered rounds:\n%s", b)
+	}
+	if n, _ := strconv.Atoi(string(m[1])); n < 3 {
+		t.Errorf("%d offered rounds, want most of the 4 submissions to replica 1", n)
 	}
 }

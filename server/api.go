@@ -131,14 +131,18 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		return
 	}
 	nw := toNewWorkflow(spec)
-	id, err := s.store.CreateWorkflow(r.Context(), owner.ID, nw)
+	nw.Origin = s.origin
+	id, ready, err := s.store.CreateWorkflowReady(r.Context(), owner.ID, nw)
 	if err != nil {
+		s.wake() // it may have committed: this replica ignored its notification
 		s.serverError(w, "create workflow", err)
 		return
 	}
-	// No wake-up here: the commit's notification wakes every replica's
-	// dispatcher, this one's included, as soon as the commit is done (in
-	// traces it arrived before this handler had the commit's answer).
+	// The commit's notification wakes every replica's dispatcher, except
+	// this one's for a small workflow: it is handed the ready tasks.
+	if ready != nil {
+		s.offer(ready)
+	}
 	s.log.Info("workflow submitted", "workflow", id, "name", spec.Name, "tasks", len(spec.Tasks), "owner", owner.Name)
 	writeJSON(w, http.StatusCreated, map[string]any{"id": id, "name": spec.Name, "tasks": len(spec.Tasks)})
 }

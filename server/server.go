@@ -9,6 +9,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -50,11 +51,16 @@ type Config struct {
 	Logger   *slog.Logger
 }
 
+// randomHex returns n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
 func (c *Config) setDefaults() {
 	if c.Replica == "" {
-		b := make([]byte, 4)
-		_, _ = rand.Read(b)
-		c.Replica = "replica-" + hex.EncodeToString(b)
+		c.Replica = "replica-" + randomHex(4)
 	}
 	if c.Lease <= 0 {
 		c.Lease = 15 * time.Second
@@ -87,8 +93,15 @@ type Server struct {
 	// tasksWake says a wake-up was for tasks that became ready (wake), not
 	// only for free slots (wakeSlots).
 	tasksWake atomic.Bool
-	ctx       context.Context // cancelled when Run's context is done; sockets live under it
-	stop      context.CancelFunc
+	// offers are the ready tasks of this replica's small submissions, for
+	// the dispatcher's next round (offer); origin, a random token, is the
+	// payload of those submissions' ready notifications, which this
+	// replica's listener ignores.
+	offers offers
+	origin string
+
+	ctx  context.Context // cancelled when Run's context is done; sockets live under it
+	stop context.CancelFunc
 
 	renewals    *batcher[renewal]
 	completions *batcher[completion]
@@ -123,8 +136,14 @@ func New(st *store.Store, cfg Config) *Server {
 		modules: newModuleCache(64 << 20),
 		rt:      newRuntimes(),
 		ends:    newFinishWaiters(),
+		origin:  "submission-" + randomHex(8),
 	}
 	s.ctx, s.stop = context.WithCancel(context.Background())
+	st.OnFinished(func(ids []string) {
+		for _, id := range ids {
+			s.ends.finished(id)
+		}
+	})
 	s.metrics = newMetrics(s)
 	s.renewals = newBatcher(4096, 2000, 1, s.flushRenewals)
 	// One completion flusher: two waited for each other anyway on the
@@ -189,16 +208,27 @@ func (s *Server) dispatch(ctx context.Context) {
 	// could not look).
 	left := true
 	for {
+		// offered: the ready tasks of this replica's own submissions,
+		// when they are all the round needs to look at.
+		var offered []store.Candidate
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.wakeC:
-			if !s.tasksWake.Swap(false) && !left {
+			offered = s.offers.take()
+			tasks := s.tasksWake.Swap(false)
+			if !tasks && !left && offered == nil {
 				s.metrics.rounds.WithLabelValues("skipped").Inc()
 				continue
 			}
+			if tasks || left {
+				// Other tasks may be ready: read them all (the offered
+				// ones with them).
+				offered = nil
+			}
 		case <-t.C:
 			s.tasksWake.Store(false)
+			s.offers.take()
 		}
 		for races := 0; ctx.Err() == nil; {
 			slots := s.hub.reserve(1000)
@@ -206,8 +236,13 @@ func (s *Server) dispatch(ctx context.Context) {
 				left = true
 				break
 			}
-			s.metrics.rounds.WithLabelValues("run").Inc()
-			n, planned, more, err := s.assign(ctx, slots)
+			outcome := "run"
+			if offered != nil {
+				outcome = "offered"
+			}
+			s.metrics.rounds.WithLabelValues(outcome).Inc()
+			n, planned, more, err := s.assign(ctx, slots, offered)
+			offered = nil
 			left = more
 			if err != nil {
 				left = true
@@ -229,11 +264,67 @@ func (s *Server) dispatch(ctx context.Context) {
 	}
 }
 
+// offer hands the ready tasks of a submission of this replica to the
+// dispatcher. When the dispatcher's last round left no task ready, the
+// next one plans with these alone instead of reading the ready tasks back
+// (a round trip on the path of every interactive task); otherwise it reads
+// them all, these included. Other replicas hear of the submission by its
+// notification, as for any other.
+func (s *Server) offer(ready []store.Candidate) {
+	if !s.offers.add(ready) {
+		s.wake() // too many at once: read them
+		return
+	}
+	s.wakeSlots()
+}
+
+// offers is a bounded list of offered candidates.
+type offers struct {
+	mu    sync.Mutex
+	cands []store.Candidate
+	over  bool // more than maxOffers were offered since the last take
+}
+
+// maxOffers is the most candidates offers holds; a round reads the ready
+// tasks from the database when more were offered.
+const maxOffers = 256
+
+// add adds cands, or reports false when that makes more than maxOffers.
+func (o *offers) add(cands []store.Candidate) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.over || len(o.cands)+len(cands) > maxOffers {
+		o.over, o.cands = true, nil
+		return false
+	}
+	o.cands = append(o.cands, cands...)
+	return true
+}
+
+// take returns the candidates offered since the last take, in dispatch
+// order, or nil (none, or too many).
+func (o *offers) take() []store.Candidate {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	cs := o.cands
+	o.cands, o.over = nil, false
+	slices.SortStableFunc(cs, func(a, b store.Candidate) int {
+		if c := a.ReadySince.Compare(b.ReadySince); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.TaskID, b.TaskID)
+	})
+	return cs
+}
+
 // assign plans which ready tasks go to the reserved slots (plan), claims
 // them and sends them out; it returns how many were claimed and how many
 // were planned, and whether ready tasks may be left unclaimed; it gives
 // back the slots it did not use.
-func (s *Server) assign(ctx context.Context, slots []*conn) (claimedN, plannedN int, more bool, err error) {
+//
+// With offered non-nil, it plans with those candidates instead of reading
+// the ready tasks.
+func (s *Server) assign(ctx context.Context, slots []*conn, offered []store.Candidate) (claimedN, plannedN int, more bool, err error) {
 	ids := make([]string, len(slots))
 	reserved := map[string][]*conn{} // worker id -> its reserved slots
 	for i, c := range slots {
@@ -242,7 +333,10 @@ func (s *Server) assign(ctx context.Context, slots []*conn) (claimedN, plannedN 
 	}
 	start := time.Now()
 	limit := min(4*len(slots)+64, 4096)
-	cands, err := s.store.Candidates(ctx, limit)
+	cands := offered
+	if cands == nil {
+		cands, err = s.store.Candidates(ctx, limit)
+	}
 	if err != nil {
 		for _, cs := range reserved {
 			s.hub.release(cs)
@@ -310,7 +404,7 @@ func (s *Server) assign(ctx context.Context, slots []*conn) (claimedN, plannedN 
 		}
 		s.wake()
 	}
-	more = len(cands) == limit || len(claimed) < pending || len(undeliverable) > 0
+	more = offered == nil && len(cands) == limit || len(claimed) < pending || len(undeliverable) > 0
 	return len(claimed), len(picks), more, err
 }
 

@@ -31,6 +31,7 @@ func runServe(ctx context.Context, args []string) error {
 	dataDir := fs.String("data-dir", "data", "directory for the embedded PostgreSQL, the owner token and caches")
 	localSlots := fs.Int("local-worker", 0, "also run a headless worker with this many slots in this process (0: none)")
 	lease := fs.Duration("lease", 15*time.Second, "how long an attempt survives without a heartbeat before its task is requeued")
+	poll := fs.Duration("poll", time.Second, "how often the dispatcher looks for ready tasks without being told of them (notifications tell it at once)")
 	replica := fs.String("replica", "", "name of this replica (default: host name and port)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	pprofAddr := fs.String("pprof", "", "serve Go's profiler on this address (e.g. 127.0.0.1:6060)")
@@ -71,7 +72,7 @@ func runServe(ctx context.Context, args []string) error {
 		host, _ := os.Hostname()
 		*replica = fmt.Sprintf("%s:%d", host, ln.Addr().(*net.TCPAddr).Port)
 	}
-	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Fairness: strategy, Logger: log})
+	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Poll: *poll, Fairness: strategy, Logger: log})
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()

@@ -229,6 +229,7 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 		module     string
 		name       string
 		ms         int64
+		finished   []string
 	}
 	var got []row
 	if err = execBegin(br); err == nil {
@@ -237,7 +238,7 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 			got, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 				var x row
 				var notified int64
-				err := r.Scan(&x.attempt, &x.replicated, &x.module, &x.name, &x.ms, &notified)
+				err := r.Scan(&x.attempt, &x.replicated, &x.module, &x.name, &x.ms, &notified, &x.finished)
 				return x, err
 			})
 		}
@@ -268,6 +269,12 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 		runs = append(runs, Run{Module: x.module, Name: x.name, Duration: d})
 	}
 	s.runs.add(runs)
+	for _, x := range got {
+		if len(x.finished) > 0 && s.onFinished != nil {
+			s.onFinished(x.finished) // the same in every row that has it
+			break
+		}
+	}
 	slices.Sort(rest)
 	return accepted, rest, nil
 }
@@ -467,9 +474,10 @@ FROM ready`
 // doneSQL does ($7 head start, $8 channel), in one statement. Attempts of
 // replicated tasks are left running and come back with replicated set;
 // the others that come back were accepted, with their task's module and
-// name and the time since the claim (ms). The last column only makes the
-// notification happen (evaluated with the first accepted attempt's row;
-// when no attempt was accepted, no task became ready). The workflows'
+// name and the time since the claim (ms), the count of notifications sent
+// (the column only makes the notification happen: evaluated with the first
+// accepted attempt's row; when no attempt was accepted, no task became
+// ready) and the ids of the workflows the statement finished. The workflows'
 // update (wf) runs whether read or not, as every data-modifying WITH.
 var completeFastSQL = `WITH acc AS (
 	UPDATE attempts a SET state = 'succeeded', ended_at = now(), log = ($3::bytea[])[array_position($1::bigint[], a.id)], reason = ''
@@ -482,10 +490,11 @@ var completeFastSQL = `WITH acc AS (
 	SELECT acc.task_id, o.name, o.data FROM unnest($4::bigint[], $5::text[], $6::bytea[]) AS o(attempt, name, data)
 	JOIN acc ON acc.id = o.attempt JOIN tasks t ON t.id = acc.task_id WHERE t.state = 'running'
 ), ` + doneCTEs("IN (SELECT task_id FROM acc)", "$7") + `
-SELECT acc.id, false, acc.module_id, acc.name, acc.ms, (SELECT count(*) FROM (SELECT pg_notify($8, '') FROM ready r WHERE r.n > 0) x)
+SELECT acc.id, false, acc.module_id, acc.name, acc.ms, (SELECT count(*) FROM (SELECT pg_notify($8, '') FROM ready r WHERE r.n > 0) x),
+	(SELECT array_agg(wf.id::text) FROM wf WHERE wf.state <> 'running')
 FROM acc
 UNION ALL
-SELECT a.id, true, '', '', 0, 0 FROM attempts a JOIN tasks t ON t.id = a.task_id
+SELECT a.id, true, '', '', 0, 0, NULL FROM attempts a JOIN tasks t ON t.id = a.task_id
 WHERE a.id = ANY($1) AND a.worker_id = ($2::uuid[])[array_position($1::bigint[], a.id)] AND a.state = 'running'
 	AND t.max_replicas > 1`
 
@@ -523,7 +532,7 @@ const doneCTEsTemplate = `done AS (
 	UPDATE workflows w SET tasks_left = w.tasks_left - c.n,
 		state = CASE WHEN w.tasks_left - c.n > 0 THEN w.state WHEN w.tasks_failed > 0 THEN 'failed' ELSE 'done' END,
 		finished_at = CASE WHEN w.tasks_left - c.n > 0 THEN NULL ELSE now() END
-	FROM c WHERE w.id = c.workflow_id AND w.state = 'running' RETURNING 1
+	FROM c WHERE w.id = c.workflow_id AND w.state = 'running' RETURNING w.id, w.state
 ), ready AS (
 	SELECT count(*) AS n FROM rel WHERE ready
 )`

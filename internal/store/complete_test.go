@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 )
@@ -96,5 +97,50 @@ func TestCompleteFastLeavesReplicasToTheGeneralPath(t *testing.T) {
 	var state string
 	if err := f.s.pool.QueryRow(ctx, `SELECT state FROM attempts WHERE id = $1`, cs[1].Attempt).Scan(&state); err != nil || state != "running" {
 		t.Errorf("the replica's attempt is %q (%v), want still running", state, err)
+	}
+}
+
+// A completion that finishes workflows tells OnFinished their ids as soon
+// as it has committed, and one that finishes none tells it nothing.
+func TestCompletionTellsOfFinishedWorkflows(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	var told [][]string
+	f.s.OnFinished(func(ids []string) { told = append(told, ids) })
+	two := f.submit(t, "batch", f.task("a"), f.task("b"))
+	one := f.submit(t, "batch", f.task("c"))
+	cs := f.claim(t, 10, time.Minute)
+	if len(cs) != 3 {
+		t.Fatalf("claimed %d, want 3", len(cs))
+	}
+	byName := map[string]Claimed{}
+	for _, c := range cs {
+		byName[c.Name] = c
+	}
+	for _, step := range []struct {
+		complete []string
+		want     []string
+	}{
+		{[]string{"a"}, nil}, // b still runs
+		{[]string{"b", "c"}, []string{one, two}},
+	} {
+		told = nil
+		var batch []Completion
+		for _, n := range step.complete {
+			batch = append(batch, ok(byName[n], "out"))
+		}
+		if _, err := f.s.Complete(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, ids := range told {
+			got = append(got, ids...)
+		}
+		slices.Sort(got)
+		want := slices.Clone(step.want)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("completing %v told of %v, want %v", step.complete, got, want)
+		}
 	}
 }

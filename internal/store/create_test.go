@@ -36,8 +36,12 @@ func TestSmallAndLargeSubmissionsWriteTheSameRows(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rows := map[string]any{}
+			small := func(ctx context.Context, owner int64, w *NewWorkflow) (string, error) {
+				id, _, err := f.s.createSmall(ctx, owner, w)
+				return id, err
+			}
 			for path, create := range map[string]func(context.Context, int64, *NewWorkflow) (string, error){
-				"small": f.s.createSmall, "large": f.s.createLarge,
+				"small": small, "large": f.s.createLarge,
 			} {
 				w := tc.wf
 				w.Name, w.Tasks = tc.name, dag(f)
@@ -49,6 +53,53 @@ func TestSmallAndLargeSubmissionsWriteTheSameRows(t *testing.T) {
 			}
 			if !reflect.DeepEqual(rows["small"], rows["large"]) {
 				t.Errorf("rows differ:\nsmall %v\nlarge %v", rows["small"], rows["large"])
+			}
+		})
+	}
+}
+
+// The ready tasks a small submission returns are those Candidates reads
+// back, field for field and in the same order: the dispatcher plans with
+// them instead of reading them.
+func TestSmallSubmissionReturnsItsCandidates(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		wf   NewWorkflow
+	}{
+		{"batch", NewWorkflow{Priority: "batch"}},
+		{"interactive", NewWorkflow{Priority: "interactive"}},
+		{"replicated", NewWorkflow{Priority: "batch", Replicas: 2, Quorum: 2, MaxReplicas: 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t) // an empty queue: Candidates reads only this workflow
+			a, b := f.task("a"), f.task("b", NewInput{Name: "in", From: 0, Output: "out"})
+			c := f.task("c")
+			c.CkptMS = 1500
+			w := tc.wf
+			w.Name, w.Tasks = tc.name, []NewTask{a, b, c}
+			_, got, err := f.s.CreateWorkflowReady(ctx, f.owner, &w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := f.s.Candidates(ctx, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 2 {
+				t.Fatalf("got %d ready tasks, want 2 (a and c): %+v", len(got), got)
+			}
+			for i := range want {
+				if len(want[i].Exclude) == 0 {
+					want[i].Exclude = nil // no replica claimed yet: nil or empty alike
+				}
+				if !want[i].ReadySince.Equal(got[i].ReadySince) {
+					t.Errorf("task %s ready since %v, Candidates says %v", got[i].Name, got[i].ReadySince, want[i].ReadySince)
+				}
+				got[i].ReadySince = want[i].ReadySince
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("returned %+v\nCandidates %+v", got, want)
 			}
 		})
 	}

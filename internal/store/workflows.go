@@ -21,6 +21,12 @@ type NewWorkflow struct {
 	Replicas    int
 	Quorum      int
 	MaxReplicas int
+	// Origin is the payload of the notification on ChannelReady that the
+	// submission sends when some of its tasks are ready at once: the
+	// submitting replica's name, by which its own listener tells the
+	// submissions whose ready tasks it was handed (CreateWorkflowReady)
+	// from the others'.
+	Origin string
 }
 
 // NewTask is one task of a NewWorkflow.
@@ -62,13 +68,25 @@ const (
 // workflow id. Tasks without upstream tasks are ready at once; the commit
 // wakes the dispatchers of every replica.
 func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflow) (string, error) {
-	create := s.createLarge
+	id, _, err := s.CreateWorkflowReady(ctx, ownerID, w)
+	return id, err
+}
+
+// CreateWorkflowReady is CreateWorkflow that also returns, for a small
+// workflow (smallWorkflow tasks at most), its tasks that are ready at once
+// as Candidates would read them: the submitting replica hands them to its
+// dispatcher, which can then plan without reading them back.
+func (s *Store) CreateWorkflowReady(ctx context.Context, ownerID int64, w *NewWorkflow) (string, []Candidate, error) {
+	var id string
+	var ready []Candidate
+	var err error
 	if len(w.Tasks) <= smallWorkflow {
-		create = s.createSmall
+		id, ready, err = s.createSmall(ctx, ownerID, w)
+	} else {
+		id, err = s.createLarge(ctx, ownerID, w)
 	}
-	id, err := create(ctx, ownerID, w)
 	if err != nil {
-		return "", fmt.Errorf("create workflow %q: %w", w.Name, err)
+		return "", nil, fmt.Errorf("create workflow %q: %w", w.Name, err)
 	}
 	if len(w.Tasks) >= analyzeAfterTasks {
 		// The planner's statistics of tasks may date from when the table
@@ -81,7 +99,7 @@ func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflo
 		// anyway, so a failure is ignored.
 		_, _ = s.pool.Exec(ctx, `ANALYZE tasks, task_inputs`)
 	}
-	return id, nil
+	return id, ready, nil
 }
 
 // createLarge writes a workflow in one transaction of a few round trips:
@@ -165,7 +183,7 @@ const smallWorkflow = 64
 // A single task's submission is on the latency path of interactive work,
 // and each round trip of the general path (workflow row, then tasks, edges
 // and notification) costs as much as the rows of a small workflow.
-func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow) (string, error) {
+func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow) (string, []Candidate, error) {
 	n := len(w.Tasks)
 	var (
 		names, modules, args = make([]string, n), make([]string, n), make([]string, n)
@@ -187,7 +205,7 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow) 
 		}
 		b, err := json.Marshal(a) // an array of arrays may be ragged, so each travels as JSON
 		if err != nil {
-			return "", err
+			return "", nil, err
 		}
 		names[i], modules[i], args[i], stdins[i] = t.Name, t.Module, string(b), t.Stdin
 		deps[i], maxAttempts[i], pages[i] = int32(distinctDeps(t.Inputs)), int32(t.MaxAttempts), int32(t.MemoryPages)
@@ -212,17 +230,19 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow) 
 		channel = ChannelReady
 	}
 	var id string
+	var created time.Time
+	var ids []int64
 	for try := 0; ; try++ {
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
 		b.Queue(createSmallSQL, ownerID, w.Name, w.Priority, n, replicas, quorum, maxR, headStart.Milliseconds(),
 			names, modules, args, stdins, deps, maxAttempts, timeouts, pages, outBytes, logBytes, ckpts, seeds,
-			edgeTask, edgeName, edgeFrom, edgeOutput, channel)
+			edgeTask, edgeName, edgeFrom, edgeOutput, channel, w.Origin)
 		b.Queue("COMMIT")
 		br := s.pool.SendBatch(ctx, b)
 		_, err := br.Exec()
 		if err == nil {
-			err = br.QueryRow().Scan(&id)
+			err = br.QueryRow().Scan(&id, &created, &ids)
 		}
 		if err == nil {
 			_, err = br.Exec()
@@ -230,16 +250,31 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow) 
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
-		if err == nil || try >= 5 || !retryable(err) {
-			return id, err
+		if err != nil && try < 5 && retryable(err) {
+			continue
+		}
+		if err != nil {
+			return "", nil, err
+		}
+		break
+	}
+	var cands []Candidate
+	for i := range w.Tasks {
+		if deps[i] == 0 && i < len(ids) {
+			cands = append(cands, Candidate{TaskID: ids[i], WorkflowID: id, Module: modules[i], Name: names[i], Priority: w.Priority,
+				ReadySince: created.Add(-headStart), Pending: replicas, Replicas: replicas, Fresh: true, CkptMS: ckpts[i]})
 		}
 	}
+	// Candidates reads them in dispatch order: (sort_key, id).
+	return id, cands, nil
 }
 
 // createSmallSQL writes a workflow, its tasks ($9 to $20, one array element
 // per task, in submission order) and its edges ($21 to $24: task and
 // upstream task as 1-based positions in the task arrays) in one statement,
-// and notifies channel $25 unless it is empty. Task ids come from the
+// and notifies channel $25 unless it is empty, with payload $26. It
+// returns the workflow's id, its creation time (the ready tasks' sort key
+// before the head start) and its task ids in submission order. Task ids come from the
 // sequence in submission order. Replicated workflows ($5 replicas, $6
 // quorum, $7 most replicas) give each task more attempts, as many as the
 // extra replicas, so that a failed replica does not use up the others'.
@@ -266,8 +301,8 @@ const createSmallSQL = `WITH wf AS (
 	FROM unnest($21::int[], $22::text[], $23::int[], $24::text[]) AS x(task, name, from_task, output)
 	JOIN u a ON a.ord = x.task JOIN u b ON b.ord = x.from_task
 )
-SELECT wf.id::text FROM wf CROSS JOIN LATERAL (SELECT CASE WHEN $25 <> '' THEN
-	pg_notify($25, '') END) note`
+SELECT wf.id::text, wf.created_at, (SELECT array_agg(u.id ORDER BY u.ord) FROM u)
+FROM wf CROSS JOIN LATERAL (SELECT CASE WHEN $25 <> '' THEN pg_notify($25, $26) END) note`
 
 // analyzeAfterTasks is the size of a workflow after whose submission
 // CreateWorkflow refreshes the planner's statistics.
