@@ -408,6 +408,15 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, owner stor
 		}
 		forget()
 		woken, forget = s.ends.add(strings.ToLower(id))
+		// The workflow's state before its tasks' changes: the transaction
+		// that ends a workflow also ends its last task, so once the state
+		// read says it ended, the changes read after it hold every task's
+		// end. Read the other way round, a task ending between the two
+		// reads was never sent, and a page waiting for it waited forever.
+		next, err := s.store.WorkflowState(ctx, id)
+		if err != nil {
+			return
+		}
 		changes, err := s.store.TaskChanges(ctx, id, since.Add(-time.Second))
 		if err != nil {
 			if ctx.Err() == nil {
@@ -433,9 +442,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, owner stor
 			}
 			keepalive = time.Now()
 		}
-		if state, err = s.store.WorkflowState(ctx, id); err != nil {
-			return
-		}
+		state = next
 		if time.Since(keepalive) > 15*time.Second {
 			if _, err := io.WriteString(w, ": keepalive\n\n"); err != nil {
 				return
