@@ -143,3 +143,20 @@ func queryRows(t *testing.T, s *Store, sql string, args ...any) []string {
 	}
 	return out
 }
+
+// BenchmarkCreateLargeWorkflow writes a 20,000-task workflow (the dispatch
+// benchmark's) per iteration, through createLarge (COPY).
+func BenchmarkCreateLargeWorkflow(b *testing.B) {
+	f := newFixture(b)
+	ctx := context.Background()
+	tasks := make([]NewTask, 20000)
+	for i := range tasks {
+		tasks[i] = f.task(fmt.Sprintf("t%d", i))
+	}
+	b.ResetTimer()
+	for range b.N {
+		if _, err := f.s.createLarge(ctx, f.owner, &NewWorkflow{Name: "big", Priority: "batch", Tasks: tasks}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

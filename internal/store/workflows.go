@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // NewWorkflow is a validated workflow ready to be written.
@@ -112,10 +113,11 @@ func (s *Store) createLarge(ctx context.Context, ownerID int64, w *NewWorkflow) 
 		// ids of its tasks.
 		var now time.Time
 		var ids []int64
+		var uid pgtype.UUID // for COPY: a string would be parsed anew for every row
 		if err := tx.QueryRow(ctx, `INSERT INTO workflows (owner_id, name, priority, task_count, tasks_left)
 			VALUES ($1, $2, $3, $4, $4)
-			RETURNING id, created_at, (SELECT array_agg(nextval('tasks_id_seq')) FROM generate_series(1, $4))`,
-			ownerID, w.Name, w.Priority, len(w.Tasks)).Scan(&id, &now, &ids); err != nil {
+			RETURNING id::text, id, created_at, (SELECT array_agg(nextval('tasks_id_seq')) FROM generate_series(1, $4))`,
+			ownerID, w.Name, w.Priority, len(w.Tasks)).Scan(&id, &uid, &now, &ids); err != nil {
 			return err
 		}
 		readyKey := now
@@ -136,7 +138,7 @@ func (s *Store) createLarge(ctx context.Context, ownerID int64, w *NewWorkflow) 
 			if args == nil {
 				args = []string{}
 			}
-			rows[i] = []any{ids[i], id, t.Name, t.Module, args, t.Stdin, w.Priority, state, deps, key,
+			rows[i] = []any{ids[i], uid, t.Name, t.Module, args, t.Stdin, w.Priority, state, deps, key,
 				t.MaxAttempts, t.TimeoutMS, t.MemoryPages, t.OutputBytes, t.LogBytes, t.CkptMS, t.Seed}
 		}
 		if err := insertTasks(ctx, tx, rows); err != nil {
