@@ -83,8 +83,7 @@ func TestOperationsEndpoints(t *testing.T) {
 	if code, body := get("/readyz"); code != 200 || body != "ready\n" {
 		t.Errorf("/readyz: %d %q", code, body)
 	}
-	_, metrics := get("/metrics")
-	for _, want := range []string{
+	wants := []string{
 		`cyclepool_tasks{state="ready"}`,
 		`cyclepool_tasks_dispatched_total 1`,
 		`cyclepool_attempt_completions_total{outcome="succeeded"} 1`,
@@ -94,7 +93,23 @@ func TestOperationsEndpoints(t *testing.T) {
 		`cyclepool_db_batch_seconds_count{op="complete"}`,
 		`cyclepool_lease_expiries_total 0`,
 		`cyclepool_maintenance_leader 1`,
-	} {
+	}
+	// The owner may hear of the workflow's end (from the database) a
+	// moment before the replica that committed it has counted it.
+	var metrics string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, metrics = get("/metrics")
+		missing := 0
+		for _, want := range wants {
+			if !strings.Contains(metrics, want) {
+				missing++
+			}
+		}
+		if missing == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, want := range wants {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}

@@ -139,11 +139,6 @@ func New(st *store.Store, cfg Config) *Server {
 		origin:  "submission-" + randomHex(8),
 	}
 	s.ctx, s.stop = context.WithCancel(context.Background())
-	st.OnFinished(func(ids []string) {
-		for _, id := range ids {
-			s.ends.finished(id)
-		}
-	})
 	s.metrics = newMetrics(s)
 	s.renewals = newBatcher(4096, 2000, 1, s.flushRenewals)
 	// One completion flusher: two waited for each other anyway on the
@@ -501,7 +496,7 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 		cs[i] = b.comp
 	}
 	start := time.Now()
-	accepted, err := s.store.Complete(ctx, cs)
+	accepted, finished, err := s.store.CompleteFinished(ctx, cs)
 	s.metrics.observeBatch("complete", len(batch), start)
 	acks := map[*conn][]protocol.Ack{}
 	for i, b := range batch {
@@ -533,6 +528,10 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 	}
 	for c, as := range acks {
 		c.enqueue(&protocol.Frame{Type: protocol.TypeAck, Acks: as})
+	}
+	// After the counts above: a waiter told of the end sees them.
+	for _, id := range finished {
+		s.ends.finished(id)
 	}
 }
 

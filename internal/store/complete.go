@@ -51,13 +51,23 @@ type Completion struct {
 // this was ready, in the same transaction. Accepted failures queue the task
 // again, or fail it (and its dependents) after max_attempts.
 func (s *Store) Complete(ctx context.Context, cs []Completion) ([]bool, error) {
+	accepted, _, err := s.CompleteFinished(ctx, cs)
+	return accepted, err
+}
+
+// CompleteFinished is Complete that also returns the ids of workflows the
+// completion finished, when it knows them (the one-round-trip path of
+// small batches of successes does): the caller can tell those waiting for
+// them sooner than the notification on ChannelFinished, which every
+// replica hears anyway.
+func (s *Store) CompleteFinished(ctx context.Context, cs []Completion) (accepted []bool, finished []string, err error) {
 	if len(cs) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	// A worker may send anything: one item it got wrong must not sink the
 	// others. Items that repeat an attempt of the batch, or that PostgreSQL
 	// could not store, are refused on their own.
-	accepted := make([]bool, len(cs))
+	accepted = make([]bool, len(cs))
 	keep := make([]int, 0, len(cs))
 	seen := make(map[int64]bool, len(cs))
 	for i := range cs {
@@ -69,31 +79,32 @@ func (s *Store) Complete(ctx context.Context, cs []Completion) ([]bool, error) {
 		keep = append(keep, i)
 	}
 	if len(keep) == 0 {
-		return accepted, nil
+		return accepted, nil, nil
 	}
 	batch := pick(cs, keep)
-	acc, err := s.completeBatch(ctx, batch)
+	acc, finished, err := s.completeBatch(ctx, batch)
 	if err != nil && !retryable(err) && len(batch) > 1 && ctx.Err() == nil {
 		// Find the culprit: commit the items one by one.
 		acc, err = make([]bool, len(batch)), nil
 		for j := range batch {
-			one, oneErr := s.completeBatch(ctx, batch[j:j+1])
+			one, fin, oneErr := s.completeBatch(ctx, batch[j:j+1])
 			if oneErr != nil {
 				if retryable(oneErr) || ctx.Err() != nil {
-					return nil, oneErr
+					return nil, nil, oneErr
 				}
 				continue // refused: this item cannot be stored
 			}
 			acc[j] = one[0]
+			finished = append(finished, fin...)
 		}
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for j, i := range keep {
 		accepted[i] = acc[j]
 	}
-	return accepted, nil
+	return accepted, finished, nil
 }
 
 // byAttempt returns the indexes of cs in attempt id order: batches lock
@@ -148,35 +159,34 @@ func validOutputs(os []Output) bool {
 }
 
 // completeBatch is Complete for a batch of distinct attempts.
-func (s *Store) completeBatch(ctx context.Context, cs []Completion) ([]bool, error) {
+func (s *Store) completeBatch(ctx context.Context, cs []Completion) (accepted []bool, finished []string, err error) {
 	if len(cs) > fastBatch || !allOK(cs) {
-		return s.completeGeneral(ctx, cs)
+		accepted, err = s.completeGeneral(ctx, cs)
+		return accepted, nil, err
 	}
 	// A few successes: one round trip, except for replicated tasks'
 	// attempts, which completeFast leaves to the general path.
-	var accepted []bool
 	var rest []int
-	var err error
 	for try := 0; ; try++ {
-		accepted, rest, err = s.completeFast(ctx, cs)
+		accepted, rest, finished, err = s.completeFast(ctx, cs)
 		if err == nil || try >= 5 || !retryable(err) {
 			break
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("complete %d attempts: %w", len(cs), err)
+		return nil, nil, fmt.Errorf("complete %d attempts: %w", len(cs), err)
 	}
 	if len(rest) == 0 {
-		return accepted, nil
+		return accepted, finished, nil
 	}
 	acc, err := s.completeGeneral(ctx, pick(cs, rest))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for j, i := range rest {
 		accepted[i] = acc[j]
 	}
-	return accepted, nil
+	return accepted, finished, nil
 }
 
 // fastBatch is the largest batch completeFast takes. A small batch is the
@@ -199,8 +209,9 @@ func allOK(cs []Completion) bool {
 // and COMMIT, pipelined): on the latency path of every task, where the
 // general path's two round trips cost as much as the rows. It leaves alone
 // the attempts of replicated tasks, whose results are verified first, and
-// returns their indexes in cs for the general path.
-func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []bool, rest []int, err error) {
+// returns their indexes in cs for the general path, and the ids of the
+// workflows it finished.
+func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []bool, rest []int, finished []string, err error) {
 	order := byAttempt(cs)
 	ids := make([]int64, len(cs))
 	workers := make([]string, len(cs))
@@ -250,7 +261,7 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 		err = cerr
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	index := make(map[int64]int, len(cs))
 	for i := range cs {
@@ -270,13 +281,13 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 	}
 	s.runs.add(runs)
 	for _, x := range got {
-		if len(x.finished) > 0 && s.onFinished != nil {
-			s.onFinished(x.finished) // the same in every row that has it
+		if len(x.finished) > 0 {
+			finished = x.finished // the same in every row that has it
 			break
 		}
 	}
 	slices.Sort(rest)
-	return accepted, rest, nil
+	return accepted, rest, finished, nil
 }
 
 // completeGeneral is Complete for any batch of distinct attempts.

@@ -84,7 +84,7 @@ func TestCompleteFastLeavesReplicasToTheGeneralPath(t *testing.T) {
 	if len(cs) != 2 || cs[0].Name != "a" || cs[1].Name != "r" {
 		t.Fatalf("claimed %+v, want a then a replica of r", cs)
 	}
-	acc, rest, err := f.s.completeFast(ctx, []Completion{ok(cs[0], "A"), ok(cs[1], "R")})
+	acc, rest, _, err := f.s.completeFast(ctx, []Completion{ok(cs[0], "A"), ok(cs[1], "R")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,13 +100,11 @@ func TestCompleteFastLeavesReplicasToTheGeneralPath(t *testing.T) {
 	}
 }
 
-// A completion that finishes workflows tells OnFinished their ids as soon
-// as it has committed, and one that finishes none tells it nothing.
+// A completion that finishes workflows returns their ids, and one that
+// finishes none returns none.
 func TestCompletionTellsOfFinishedWorkflows(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
-	var told [][]string
-	f.s.OnFinished(func(ids []string) { told = append(told, ids) })
 	two := f.submit(t, "batch", f.task("a"), f.task("b"))
 	one := f.submit(t, "batch", f.task("c"))
 	cs := f.claim(t, 10, time.Minute)
@@ -124,17 +122,13 @@ func TestCompletionTellsOfFinishedWorkflows(t *testing.T) {
 		{[]string{"a"}, nil}, // b still runs
 		{[]string{"b", "c"}, []string{one, two}},
 	} {
-		told = nil
 		var batch []Completion
 		for _, n := range step.complete {
 			batch = append(batch, ok(byName[n], "out"))
 		}
-		if _, err := f.s.Complete(ctx, batch); err != nil {
+		_, got, err := f.s.CompleteFinished(ctx, batch)
+		if err != nil {
 			t.Fatal(err)
-		}
-		var got []string
-		for _, ids := range told {
-			got = append(got, ids...)
 		}
 		slices.Sort(got)
 		want := slices.Clone(step.want)

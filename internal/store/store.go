@@ -48,17 +48,7 @@ type Store struct {
 	// store's connections last saw (guardAttemptIDs).
 	epochMu sync.Mutex
 	epoch   time.Time
-	// onFinished is told of workflows a completion finished (OnFinished).
-	onFinished func(workflowIDs []string)
 }
-
-// OnFinished sets f to be called with the ids of the workflows that a
-// completion of this store finished, right after its commit: sooner than
-// the notification on ChannelFinished, which every replica hears as well.
-// Not every path calls it (only the one-round-trip completion, the path
-// of small batches); the notification remains the rule. Call it before
-// the store is used.
-func (s *Store) OnFinished(f func(workflowIDs []string)) { s.onFinished = f }
 
 // Open connects to the database at url, applies pending migrations and
 // returns a Store.
