@@ -41,7 +41,18 @@ type attempt struct {
 	clock    deterministicClock
 	ckptMu   sync.Mutex
 	lastCkpt time.Time // start of the attempt or last saved checkpoint
+
+	// deadline is the end of the wall time in a slot process, where no
+	// timer enforces it (the parent kills the process): it only decides
+	// the outcome of a module that returned after it.
+	deadline time.Time
+	// inTouched, outTouched: the task used /in, /out (see touchFS).
+	inTouched, outTouched bool
 }
+
+// testAttemptEnded, when set (by tests, in-process mode), is called with
+// every attempt as it ends.
+var testAttemptEnded func(*attempt)
 
 // limitError is the cause given to stop when a limit is broken.
 type limitError struct{ reason, msg string }
@@ -95,16 +106,35 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 		return a.fail(protocol.ReasonWorker, "preparing /in and /out: %v", err)
 	}
 
+	defer func() {
+		if a.e.slot != nil && a.inTouched {
+			a.e.slot.inDirty = true
+		}
+		if testAttemptEnded != nil {
+			testAttemptEnded(a)
+		}
+	}()
+
 	// ctx ends the module: the parent's cancellation, the wall time limit,
-	// or stop when a limit is broken.
-	wallCtx, cancelWall := context.WithTimeout(parent, a.wall)
-	defer cancelWall()
-	ctx, stop := context.WithCancelCause(wallCtx)
+	// or stop when a limit is broken. In a slot process nothing but stop
+	// can end it (the module has no termination checks; the parent kills
+	// the process at the wall time and to cancel), so it needs no timer:
+	// the deadline is looked at once the module has returned.
+	var ctx context.Context
+	var stop context.CancelCauseFunc
+	if a.e.slot != nil {
+		ctx, stop = context.WithCancelCause(parent)
+		a.deadline = time.Now().Add(a.wall)
+	} else {
+		wallCtx, cancelWall := context.WithTimeout(parent, a.wall)
+		defer cancelWall()
+		ctx, stop = context.WithCancelCause(wallCtx)
+		defer context.AfterFunc(a.e.closing, func() {
+			stop(&limitError{protocol.ReasonWorker, "the runner is closing"})
+		})()
+	}
 	defer stop(nil)
 	a.stop = stop
-	defer context.AfterFunc(a.e.closing, func() {
-		stop(&limitError{protocol.ReasonWorker, "the runner is closing"})
-	})()
 
 	a.mem = &memoryLimit{limit: uint64(a.limits.MemoryPages) * 65536, pool: a.e.memPool}
 	if a.e.slot != nil {
@@ -122,8 +152,8 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 	a.clock.rand.state = as.Seed
 
 	fsc := wazero.NewFSConfig().(experimentalsysfs.FSConfig).
-		WithSysFSMount(&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(a.dir, "in"))}, "/in").(experimentalsysfs.FSConfig).
-		WithSysFSMount(noLinkFS{experimentalsysfs.DirFS(filepath.Join(a.dir, "out"))}, "/out")
+		WithSysFSMount(touchFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(a.dir, "in"))}, &a.inTouched}, "/in").(experimentalsysfs.FSConfig).
+		WithSysFSMount(noLinkFS{touchFS{experimentalsysfs.DirFS(filepath.Join(a.dir, "out")), &a.outTouched}}, "/out")
 	cfg := wazero.NewModuleConfig().
 		WithName("").
 		WithStartFunctions(). // _start is called below, to tell instantiation from running
@@ -200,7 +230,7 @@ func (a *attempt) stopped(ctx, parent context.Context) *wasmworker.Outcome {
 	if errors.As(context.Cause(ctx), &le) {
 		return a.fail(le.reason, "%s", le.msg)
 	}
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || !a.deadline.IsZero() && time.Now().After(a.deadline) {
 		return a.fail(protocol.ReasonWallTime, "wall time limit of %v exceeded", a.wall)
 	}
 	return nil
