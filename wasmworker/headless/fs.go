@@ -151,7 +151,7 @@ func (a *attempt) collectOutputs() ([]protocol.Blob, error) {
 	stdout := a.stdout.bytes()
 	outputs := []protocol.Blob{{Name: "stdout", Size: len(stdout), Data: stdout}}
 	total := int64(len(stdout))
-	if !a.outTouched {
+	if !a.touched.out {
 		// The task never used /out, which was empty when it started.
 		if a.e.slot != nil {
 			a.e.slot.outEmpty = true

@@ -517,7 +517,7 @@ func TestTouchedDirs(t *testing.T) {
 	testAttemptEnded = func(a *attempt) {
 		mu.Lock()
 		defer mu.Unlock()
-		touched[a.job.ModuleID] = [2]bool{a.inTouched, a.outTouched}
+		touched[a.job.ModuleID] = [2]bool{a.touched.in, a.touched.out}
 	}
 	defer func() { testAttemptEnded = nil }()
 	noop := rawJob(noopModule())
