@@ -1,9 +1,7 @@
 package headless
 
 import (
-	"bufio"
 	"context"
-	"encoding/gob"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -93,9 +91,9 @@ type slotProc struct {
 	dir    string
 	cmd    *exec.Cmd
 	reqW   *os.File
-	enc    *gob.Encoder
+	enc    *wireEncoder
 	repR   *os.File     // closed by closeReplies
-	dec    *gob.Decoder // reads repR
+	dec    *wireDecoder // reads repR
 	stderr *tailBuffer
 
 	wmu sync.Mutex // serializes requests: enc, and numbering with the order sent
@@ -944,8 +942,8 @@ func (p *slotPool) spawn(ctx context.Context) (c *slotProc, err error) {
 	}
 	cmd.Stderr = c.stderr
 	cmd.SysProcAttr = slotSysProcAttr()
-	c.cmd, c.reqW, c.enc = cmd, reqW, gob.NewEncoder(reqW)
-	c.repR, c.dec = repR, gob.NewDecoder(bufio.NewReaderSize(repR, 64<<10))
+	c.cmd, c.reqW, c.enc = cmd, reqW, newWireEncoder(reqW)
+	c.repR, c.dec = repR, newWireDecoder(repR)
 	err = cmd.Start()
 	reqR.Close()
 	repW.Close()

@@ -1,9 +1,7 @@
 package headless
 
 import (
-	"bufio"
 	"context"
-	"encoding/gob"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -59,14 +57,14 @@ type slotChild struct {
 	// set again before the next attempt.
 	inDirty bool
 
-	dec *gob.Decoder // requests; read by one goroutine at a time
+	dec *wireDecoder // requests; read by one goroutine at a time
 	// ahead holds run requests read while an attempt waited for the
 	// answer to its checkpoint (pipelined attempts), oldest first.
 	ahead []*slotRequest
 	gate  *gate // nil without one: every run request is run
 
 	sendMu sync.Mutex
-	enc    *gob.Encoder
+	enc    *wireEncoder
 }
 
 // serveSlot is the main function of a slot process; it returns the exit
@@ -84,7 +82,7 @@ func serveSlot() int {
 		fmt.Fprintln(os.Stderr, "cyclepool slot process: no pipes on fds 3 and 4")
 		return 2
 	}
-	c := &slotChild{dec: gob.NewDecoder(bufio.NewReaderSize(in, 64<<10)), enc: gob.NewEncoder(out)}
+	c := &slotChild{dec: newWireDecoder(in), enc: newWireEncoder(out)}
 	var init slotRequest
 	if err := c.dec.Decode(&init); err != nil || init.Kind != reqInit {
 		fmt.Fprintf(os.Stderr, "cyclepool slot process: bad first message (%v)\n", err)
