@@ -81,6 +81,7 @@ type Worker struct {
 	queue     int           // the queue asked for (Config.Queue until it adapts)
 	recent    recentRuns    // of the attempts that ended, for the queue
 	announced time.Time     // when a change of queue last asked for a heartbeat
+	attempts  *goPool       // the goroutines that run attempts
 }
 
 // Stats counts what a worker did since it started.
@@ -124,7 +125,7 @@ func New(cfg Config) *Worker {
 	cfg.MaxQueue = min(cfg.MaxQueue, protocol.QueueLimit(cfg.Slots))
 	return &Worker{cfg: cfg, log: cfg.Logger, running: map[int64]*attempt{}, pending: map[int64]*protocol.Frame{},
 		modules: map[string][]byte{}, connected: make(chan struct{}), slotSem: make(chan struct{}, cfg.Slots), hbNow: make(chan struct{}, 1),
-		outboxNew: make(chan struct{}, 1), queue: cfg.Queue}
+		outboxNew: make(chan struct{}, 1), queue: cfg.Queue, attempts: newGoPool(cfg.Slots + max(cfg.Queue, cfg.MaxQueue))}
 }
 
 // Stats returns a snapshot of the worker's counters.
@@ -550,7 +551,8 @@ func (w *Worker) readLoop(ctx context.Context, ws *websocket.Conn, server string
 	}
 }
 
-// start runs one assigned attempt in its own goroutine. The attempt outlives
+// start runs one assigned attempt in its own goroutine (one kept from an
+// earlier attempt when there is one idle, see goPool). The attempt outlives
 // the connection: it is bound to the worker's lifetime, not the socket's.
 func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 	actx, cancel := context.WithCancel(context.Background())
@@ -563,7 +565,7 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 	}
 	w.running[as.Attempt] = a
 	w.mu.Unlock()
-	go func() {
+	w.attempts.run(func() {
 		defer cancel()
 		// Wait for a slot: queued attempts are accepted ahead of time.
 		if !w.cfg.RunnerQueues {
@@ -604,7 +606,7 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		if announce {
 			w.DeviceChanged() // a heartbeat now carries the new queue
 		}
-	}()
+	})
 }
 
 // fetchModule returns module bytes, from memory or from the server.

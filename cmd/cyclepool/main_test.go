@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -284,5 +285,23 @@ func TestWriteWorkers(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("workers table lacks %q:\n%s", want, got)
 		}
+	}
+}
+
+func TestWorkerProcs(t *testing.T) {
+	for _, tc := range []struct {
+		flag   int
+		envSet bool
+		cpus   int
+		want   int
+	}{
+		{0, false, 2, 1}, {0, false, 1, 1}, {0, false, 8, 2}, {0, false, 64, 16}, {3, false, 2, 3}, {3, true, 64, 3},
+	} {
+		if got := workerProcs(tc.flag, tc.envSet, tc.cpus); got != tc.want {
+			t.Errorf("workerProcs(%d, %v, %d) = %d, want %d", tc.flag, tc.envSet, tc.cpus, got, tc.want)
+		}
+	}
+	if got := workerProcs(0, true, 64); got != runtime.GOMAXPROCS(0) {
+		t.Errorf("with GOMAXPROCS set: %d, want the runtime's %d", got, runtime.GOMAXPROCS(0))
 	}
 }

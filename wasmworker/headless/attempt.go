@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -41,7 +42,24 @@ type attempt struct {
 	clock    deterministicClock
 	ckptMu   sync.Mutex
 	lastCkpt time.Time // start of the attempt or last saved checkpoint
+
+	// deadline is the end of the wall time in a slot process, where no
+	// timer enforces it (the parent kills the process): it only decides
+	// the outcome of a module that returned after it.
+	deadline time.Time
+	// touched says whether the task used /in and /out (see touchFS):
+	// ownTouched, or in a slot process its slotModuleConfig's.
+	touched    *touched
+	ownTouched touched
+	stdin      bytes.Reader
 }
+
+// touched records whether a task used /in and /out.
+type touched struct{ in, out bool }
+
+// testAttemptEnded, when set (by tests, in-process mode), is called with
+// every attempt as it ends.
+var testAttemptEnded func(*attempt)
 
 // limitError is the cause given to stop when a limit is broken.
 type limitError struct{ reason, msg string }
@@ -63,7 +81,9 @@ func newAttempt(e *engine, job *wasmworker.Job, mod *compiled) *attempt {
 	if l.LogBytes <= 0 {
 		l.LogBytes = DefaultLogBytes
 	}
-	return &attempt{e: e, job: job, mod: mod, limits: l, wall: time.Duration(l.WallMS) * time.Millisecond}
+	a := &attempt{e: e, job: job, mod: mod, limits: l, wall: time.Duration(l.WallMS) * time.Millisecond}
+	a.touched = &a.ownTouched
+	return a
 }
 
 func (a *attempt) cleanup() {
@@ -95,16 +115,35 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 		return a.fail(protocol.ReasonWorker, "preparing /in and /out: %v", err)
 	}
 
+	defer func() {
+		if a.e.slot != nil && a.touched.in {
+			a.e.slot.inDirty = true
+		}
+		if testAttemptEnded != nil {
+			testAttemptEnded(a)
+		}
+	}()
+
 	// ctx ends the module: the parent's cancellation, the wall time limit,
-	// or stop when a limit is broken.
-	wallCtx, cancelWall := context.WithTimeout(parent, a.wall)
-	defer cancelWall()
-	ctx, stop := context.WithCancelCause(wallCtx)
+	// or stop when a limit is broken. In a slot process nothing but stop
+	// can end it (the module has no termination checks; the parent kills
+	// the process at the wall time and to cancel), so it needs no timer:
+	// the deadline is looked at once the module has returned.
+	var ctx context.Context
+	var stop context.CancelCauseFunc
+	if a.e.slot != nil {
+		ctx, stop = context.WithCancelCause(parent)
+		a.deadline = time.Now().Add(a.wall)
+	} else {
+		wallCtx, cancelWall := context.WithTimeout(parent, a.wall)
+		defer cancelWall()
+		ctx, stop = context.WithCancelCause(wallCtx)
+		defer context.AfterFunc(a.e.closing, func() {
+			stop(&limitError{protocol.ReasonWorker, "the runner is closing"})
+		})()
+	}
 	defer stop(nil)
 	a.stop = stop
-	defer context.AfterFunc(a.e.closing, func() {
-		stop(&limitError{protocol.ReasonWorker, "the runner is closing"})
-	})()
 
 	a.mem = &memoryLimit{limit: uint64(a.limits.MemoryPages) * 65536, pool: a.e.memPool}
 	if a.e.slot != nil {
@@ -120,23 +159,26 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 		a.stderr.tee = a.e.slot.sendLog // so that a killed slot's log is not lost
 	}
 	a.clock.rand.state = as.Seed
+	a.stdin.Reset(as.Stdin.Data)
 
-	fsc := wazero.NewFSConfig().(experimentalsysfs.FSConfig).
-		WithSysFSMount(&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(a.dir, "in"))}, "/in").(experimentalsysfs.FSConfig).
-		WithSysFSMount(noLinkFS{experimentalsysfs.DirFS(filepath.Join(a.dir, "out"))}, "/out")
-	cfg := wazero.NewModuleConfig().
-		WithName("").
-		WithStartFunctions(). // _start is called below, to tell instantiation from running
-		WithArgs(append([]string{argv0}, as.Args...)...).
-		WithStdin(bytes.NewReader(as.Stdin.Data)).
-		WithStdout(a.stdout).
-		WithStderr(a.stderr).
-		WithFSConfig(fsc).
-		WithWalltime(a.clock.walltime, clockResolution).
-		WithNanotime(a.clock.nanotime, clockResolution).
-		WithNanosleep(a.clock.nanosleep).
-		WithOsyield(func() {}).
-		WithRandSource(&a.clock.rand)
+	var cfg wazero.ModuleConfig
+	if a.e.slot != nil {
+		// Attempts run one after the other: they share a configuration
+		// that reads the current one.
+		sc := a.e.slotCfg
+		if sc == nil || sc.dir != a.dir {
+			sc = newSlotModuleConfig(a.dir)
+			a.e.slotCfg = sc
+		}
+		sc.cur, sc.touched = a, touched{}
+		defer func() { sc.cur = nil }()
+		a.touched = &sc.touched
+		cfg = sc.base
+	} else {
+		cfg = moduleConfig(a.dir, a.touched, &a.stdin, a.stdout, a.stderr,
+			a.clock.walltime, a.clock.nanotime, a.clock.nanosleep, &a.clock.rand)
+	}
+	cfg = cfg.WithArgs(append([]string{argv0}, as.Args...)...)
 
 	ctx = context.WithValue(ctx, attemptKey{}, a)
 	ictx := experimental.WithMemoryAllocator(ctx, a.mem)
@@ -173,6 +215,63 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 	return a.exitOutcome(ctx, parent, nil)
 }
 
+// moduleConfig is the configuration of a module that runs in dir (with in/
+// and out/), records its use of them in t and reads and writes the given
+// stdio, clocks and random source: everything but argv.
+func moduleConfig(dir string, t *touched, stdin io.Reader, stdout, stderr io.Writer,
+	walltime sys.Walltime, nanotime sys.Nanotime, nanosleep sys.Nanosleep, rand io.Reader) wazero.ModuleConfig {
+	fsc := wazero.NewFSConfig().(experimentalsysfs.FSConfig).
+		WithSysFSMount(touchFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(dir, "in"))}, &t.in}, "/in").(experimentalsysfs.FSConfig).
+		WithSysFSMount(noLinkFS{touchFS{experimentalsysfs.DirFS(filepath.Join(dir, "out")), &t.out}}, "/out")
+	return wazero.NewModuleConfig().
+		WithName("").
+		WithStartFunctions(). // _start is called by run, to tell instantiation from running
+		WithStdin(stdin).
+		WithStdout(stdout).
+		WithStderr(stderr).
+		WithFSConfig(fsc).
+		WithWalltime(walltime, clockResolution).
+		WithNanotime(nanotime, clockResolution).
+		WithNanosleep(nanosleep).
+		WithOsyield(func() {}).
+		WithRandSource(rand)
+}
+
+// slotModuleConfig is the module configuration of the attempts of a slot
+// process in one directory, built once: its stdio, clocks, random source
+// and touch records are those of the attempt in cur, so that an attempt
+// only adds its argv (building a configuration takes a dozen copies of it
+// and was a few percent of a small attempt's CPU).
+type slotModuleConfig struct {
+	dir     string
+	base    wazero.ModuleConfig
+	cur     *attempt // the attempt running, set by run
+	touched touched  // cur's
+}
+
+func newSlotModuleConfig(dir string) *slotModuleConfig {
+	sc := &slotModuleConfig{dir: dir}
+	sc.base = moduleConfig(dir, &sc.touched, curStdin{sc}, curStdout{sc}, curStderr{sc},
+		func() (int64, int32) { return sc.cur.clock.walltime() },
+		func() int64 { return sc.cur.clock.nanotime() },
+		func(ns int64) { sc.cur.clock.nanosleep(ns) },
+		curRand{sc})
+	return sc
+}
+
+// The stdio and random source of a slotModuleConfig's current attempt.
+type (
+	curStdin  struct{ sc *slotModuleConfig }
+	curStdout struct{ sc *slotModuleConfig }
+	curStderr struct{ sc *slotModuleConfig }
+	curRand   struct{ sc *slotModuleConfig }
+)
+
+func (r curStdin) Read(p []byte) (int, error)   { return r.sc.cur.stdin.Read(p) }
+func (w curStdout) Write(p []byte) (int, error) { return w.sc.cur.stdout.Write(p) }
+func (w curStderr) Write(p []byte) (int, error) { return w.sc.cur.stderr.Write(p) }
+func (r curRand) Read(p []byte) (int, error)    { return r.sc.cur.clock.rand.Read(p) }
+
 // instantiate instantiates the module, turning a panic of wazero's memory
 // set-up (our allocator refuses the module's declared minimum) into an error.
 func (a *attempt) instantiate(ctx context.Context, cfg wazero.ModuleConfig) (inst api.Module, err error) {
@@ -200,7 +299,7 @@ func (a *attempt) stopped(ctx, parent context.Context) *wasmworker.Outcome {
 	if errors.As(context.Cause(ctx), &le) {
 		return a.fail(le.reason, "%s", le.msg)
 	}
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || !a.deadline.IsZero() && time.Now().After(a.deadline) {
 		return a.fail(protocol.ReasonWallTime, "wall time limit of %v exceeded", a.wall)
 	}
 	return nil

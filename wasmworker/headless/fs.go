@@ -10,6 +10,7 @@ import (
 	"time"
 
 	experimentalsys "github.com/tetratelabs/wazero/experimental/sys"
+	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 )
@@ -64,10 +65,21 @@ func (a *attempt) prepareDirs() error {
 			return err
 		}
 	}
-	// Every attempt, even when in/ did not change: a task that listed it
-	// moved its access time to the real time (relatime), which the next
-	// task on this slot would otherwise see.
-	return os.Chtimes(inDir, inputTime, inputTime)
+	// When in/ is new or changed, and when the task before listed it
+	// (that moved its access time to the real time, relatime), which the
+	// next task on this slot would otherwise see: in/ looks the same to
+	// every attempt. A slot whose previous task never touched /in (see
+	// touchFS) and that has no inputs skips the system call.
+	if slot != nil && !slot.inDirty && len(a.job.Assign.Inputs) == 0 {
+		return nil
+	}
+	if err := os.Chtimes(inDir, inputTime, inputTime); err != nil {
+		return err
+	}
+	if slot != nil {
+		slot.inDirty = false
+	}
+	return nil
 }
 
 // makeAttemptDir makes a directory under parent holding empty in/ and out/.
@@ -139,6 +151,13 @@ func (a *attempt) collectOutputs() ([]protocol.Blob, error) {
 	stdout := a.stdout.bytes()
 	outputs := []protocol.Blob{{Name: "stdout", Size: len(stdout), Data: stdout}}
 	total := int64(len(stdout))
+	if !a.touched.out {
+		// The task never used /out, which was empty when it started.
+		if a.e.slot != nil {
+			a.e.slot.outEmpty = true
+		}
+		return outputs, nil
+	}
 	outDir := filepath.Join(a.dir, "out")
 	if empty, err := dirEmpty(outDir); err != nil {
 		return nil, err
@@ -201,6 +220,78 @@ func (a *attempt) collectOutputs() ([]protocol.Blob, error) {
 // noLinkFS is the /out file system: a directory the task may write, without
 // symbolic links, which could point outside it.
 type noLinkFS struct{ experimentalsys.FS }
+
+// touchFS is a file system that records whether the task used it at all:
+// every access to /in or /out by a task goes through one of these methods
+// (wazero opens a preopened directory lazily, through OpenFile, on its
+// first use). A task that never touched /out left it empty, so its outputs
+// need no look at the directory; a task that never touched /in did not
+// move its access time. Most small tasks touch neither, and so cost no
+// system call on either directory.
+type touchFS struct {
+	experimentalsys.FS
+	touched *bool // set by every call; read once the module has returned
+}
+
+func (f touchFS) OpenFile(path string, flag experimentalsys.Oflag, perm fs.FileMode) (experimentalsys.File, experimentalsys.Errno) {
+	*f.touched = true
+	return f.FS.OpenFile(path, flag, perm)
+}
+
+func (f touchFS) Lstat(path string) (sys.Stat_t, experimentalsys.Errno) {
+	*f.touched = true
+	return f.FS.Lstat(path)
+}
+
+func (f touchFS) Stat(path string) (sys.Stat_t, experimentalsys.Errno) {
+	*f.touched = true
+	return f.FS.Stat(path)
+}
+
+func (f touchFS) Mkdir(path string, perm fs.FileMode) experimentalsys.Errno {
+	*f.touched = true
+	return f.FS.Mkdir(path, perm)
+}
+
+func (f touchFS) Chmod(path string, perm fs.FileMode) experimentalsys.Errno {
+	*f.touched = true
+	return f.FS.Chmod(path, perm)
+}
+
+func (f touchFS) Rename(from, to string) experimentalsys.Errno {
+	*f.touched = true
+	return f.FS.Rename(from, to)
+}
+
+func (f touchFS) Rmdir(path string) experimentalsys.Errno {
+	*f.touched = true
+	return f.FS.Rmdir(path)
+}
+
+func (f touchFS) Unlink(path string) experimentalsys.Errno {
+	*f.touched = true
+	return f.FS.Unlink(path)
+}
+
+func (f touchFS) Link(oldPath, newPath string) experimentalsys.Errno {
+	*f.touched = true
+	return f.FS.Link(oldPath, newPath)
+}
+
+func (f touchFS) Symlink(oldPath, linkName string) experimentalsys.Errno {
+	*f.touched = true
+	return f.FS.Symlink(oldPath, linkName)
+}
+
+func (f touchFS) Readlink(path string) (string, experimentalsys.Errno) {
+	*f.touched = true
+	return f.FS.Readlink(path)
+}
+
+func (f touchFS) Utimens(path string, atim, mtim int64) experimentalsys.Errno {
+	*f.touched = true
+	return f.FS.Utimens(path, atim, mtim)
+}
 
 // Symlink implements experimentalsys.FS by refusing.
 func (noLinkFS) Symlink(oldPath, linkName string) experimentalsys.Errno {

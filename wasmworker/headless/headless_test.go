@@ -507,3 +507,32 @@ func TestCloseStopsRuns(t *testing.T) {
 		t.Errorf("Run after Close: Reason %q, want worker", o.Reason)
 	}
 }
+
+// An attempt records whether its task used /in and /out (touchFS): one
+// that did not needs no look at either directory afterwards.
+func TestTouchedDirs(t *testing.T) {
+	r := sharedRunner(t, true)
+	var mu sync.Mutex
+	touched := map[string][2]bool{}
+	testAttemptEnded = func(a *attempt) {
+		mu.Lock()
+		defer mu.Unlock()
+		touched[a.job.ModuleID] = [2]bool{a.touched.in, a.touched.out}
+	}
+	defer func() { testAttemptEnded = nil }()
+	noop := rawJob(noopModule())
+	echo, _ := job(t, "echo", protocol.Assign{Args: []string{"x"}})
+	for _, j := range []*wasmworker.Job{noop, echo} {
+		if o := r.Run(context.Background(), j); o.Reason != "" {
+			t.Fatalf("%s: %s", o.Reason, o.Message)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got := touched[noop.ModuleID]; got != [2]bool{} {
+		t.Errorf("the empty module: /in, /out touched %v, want neither", got)
+	}
+	if got := touched[echo.ModuleID]; got != [2]bool{true, true} {
+		t.Errorf("echo: /in, /out touched %v, want both", got)
+	}
+}

@@ -98,6 +98,9 @@ type engine struct {
 	// (slot processes only: their attempts run one after the other and
 	// are never closed from another goroutine).
 	memPool *memPool
+	// slotCfg is the module configuration of a slot process's attempts
+	// (see slotModuleConfig).
+	slotCfg *slotModuleConfig
 
 	closing context.Context // cancelled by Close, which stops running attempts
 	close   context.CancelFunc

@@ -1,9 +1,7 @@
 package headless
 
 import (
-	"bufio"
 	"context"
-	"encoding/gob"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -93,9 +91,9 @@ type slotProc struct {
 	dir    string
 	cmd    *exec.Cmd
 	reqW   *os.File
-	enc    *gob.Encoder
+	enc    *wireEncoder
 	repR   *os.File     // closed by closeReplies
-	dec    *gob.Decoder // reads repR
+	dec    *wireDecoder // reads repR
 	stderr *tailBuffer
 
 	wmu sync.Mutex // serializes requests: enc, and numbering with the order sent
@@ -268,7 +266,7 @@ func (p *slotPool) run(ctx context.Context, job *wasmworker.Job) (out *wasmworke
 			}
 			return failOutcome(protocol.ReasonWorker, "starting a slot process: %v", err)
 		}
-		o, again := p.attempt(ctx, rctx, c, t, job, mod)
+		o, again := p.attempt(ctx, rctx, cancel, c, t, job, mod)
 		switch again {
 		case againRevoked:
 			// It never started: not a try. Once moved, it does not
@@ -300,13 +298,14 @@ const (
 
 // attempt runs job in slot process c, as ticket t: t was sent already when
 // c was running other attempts (t.seq != 0), else it is c's only ticket.
-func (p *slotPool) attempt(ctx, rctx context.Context, c *slotProc, t *ticket, job *wasmworker.Job, mod []byte) (_ *wasmworker.Outcome, _ again) {
-	// Whatever ends hctx (cancellation, closing, the wall time) stops the
+// rcancel ends rctx, the Run's context.
+func (p *slotPool) attempt(ctx, rctx context.Context, rcancel context.CancelFunc, c *slotProc, t *ticket, job *wasmworker.Job, mod []byte) (_ *wasmworker.Outcome, _ again) {
+	// Whatever ends rctx (cancellation, closing, the wall time) stops the
 	// attempt: it is revoked when it has not started, or its slot process
 	// is killed; every wait below then ends because its reply pipe closes.
-	hctx, hcancel := context.WithCancel(rctx)
-	defer hcancel()
-	stopKill := context.AfterFunc(hctx, func() { p.stop(c, t) })
+	// (The wall time ends the Run: it is not tried again.)
+	stopKill := context.AfterFunc(rctx, func() { p.stop(c, t) })
+	defer stopKill()
 	var wallExpired atomic.Bool
 	var log []byte
 	memMsg := ""
@@ -390,7 +389,7 @@ func (p *slotPool) attempt(ctx, rctx context.Context, c *slotProc, t *ticket, jo
 	defer c.running.Store(false)
 	wallTimer = time.AfterFunc(wall, func() {
 		wallExpired.Store(true)
-		hcancel()
+		rcancel()
 	})
 	for {
 		m, ok := c.recv()
@@ -414,7 +413,7 @@ func (p *slotPool) attempt(ctx, rctx context.Context, c *slotProc, t *ticket, jo
 			r := &slotRequest{Kind: reqCheckpointed}
 			if job.Host == nil {
 				r.Err = "no host"
-			} else if err := job.Host.Checkpoint(hctx, m.Data); err != nil {
+			} else if err := job.Host.Checkpoint(rctx, m.Data); err != nil {
 				r.Err = err.Error()
 				if r.Err == "" {
 					r.Err = "refused"
@@ -943,8 +942,8 @@ func (p *slotPool) spawn(ctx context.Context) (c *slotProc, err error) {
 	}
 	cmd.Stderr = c.stderr
 	cmd.SysProcAttr = slotSysProcAttr()
-	c.cmd, c.reqW, c.enc = cmd, reqW, gob.NewEncoder(reqW)
-	c.repR, c.dec = repR, gob.NewDecoder(bufio.NewReaderSize(repR, 64<<10))
+	c.cmd, c.reqW, c.enc = cmd, reqW, newWireEncoder(reqW)
+	c.repR, c.dec = repR, newWireDecoder(repR)
 	err = cmd.Start()
 	reqR.Close()
 	repW.Close()

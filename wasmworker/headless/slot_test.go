@@ -5,6 +5,7 @@ package headless
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -259,5 +260,30 @@ func TestIsolatedCloseLeavesNothing(t *testing.T) {
 			t.Fatalf("%d goroutines after Close, %d before:\n%s", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A task that lists /in moves its access time; the next attempt in the same
+// slot process must see /in as a fresh one, with its times set to
+// inputTime, although it has no inputs (which alone would not set them).
+func TestIsolatedInTimesAfterListing(t *testing.T) {
+	r := isolated(t, Config{})
+	j, _ := job(t, "echo", protocol.Assign{}) // lists /in, which is empty
+	if o := r.Run(context.Background(), j); o.Reason != "" {
+		t.Fatalf("%s: %s", o.Reason, o.Message)
+	}
+	if o := r.Run(context.Background(), rawJob(noopModule())); o.Reason != "" {
+		t.Fatalf("%s: %s", o.Reason, o.Message)
+	}
+	ins, err := filepath.Glob(filepath.Join(r.pool.baseDir, "slot-*", "cyclepool-attempt-*", "in"))
+	if err != nil || len(ins) != 1 {
+		t.Fatalf("attempt directories %v (%v), want one", ins, err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(ins[0], &st); err != nil {
+		t.Fatal(err)
+	}
+	if at, mt := time.Unix(st.Atim.Unix()), time.Unix(st.Mtim.Unix()); !at.Equal(inputTime) || !mt.Equal(inputTime) {
+		t.Errorf("/in: access time %v, modification time %v; want both %v", at, mt, inputTime)
 	}
 }

@@ -1,9 +1,7 @@
 package headless
 
 import (
-	"bufio"
 	"context"
-	"encoding/gob"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -54,15 +52,19 @@ type slotChild struct {
 	// out/ was seen empty after the attempt.
 	inFiles  []string
 	outEmpty bool
+	// inDirty: in/ may differ from what an attempt must see (it is new,
+	// its files changed, or the last task touched it), so its times are
+	// set again before the next attempt.
+	inDirty bool
 
-	dec *gob.Decoder // requests; read by one goroutine at a time
+	dec *wireDecoder // requests; read by one goroutine at a time
 	// ahead holds run requests read while an attempt waited for the
 	// answer to its checkpoint (pipelined attempts), oldest first.
 	ahead []*slotRequest
 	gate  *gate // nil without one: every run request is run
 
 	sendMu sync.Mutex
-	enc    *gob.Encoder
+	enc    *wireEncoder
 }
 
 // serveSlot is the main function of a slot process; it returns the exit
@@ -80,7 +82,7 @@ func serveSlot() int {
 		fmt.Fprintln(os.Stderr, "cyclepool slot process: no pipes on fds 3 and 4")
 		return 2
 	}
-	c := &slotChild{dec: gob.NewDecoder(bufio.NewReaderSize(in, 64<<10)), enc: gob.NewEncoder(out)}
+	c := &slotChild{dec: newWireDecoder(in), enc: newWireEncoder(out)}
 	var init slotRequest
 	if err := c.dec.Decode(&init); err != nil || init.Kind != reqInit {
 		fmt.Fprintf(os.Stderr, "cyclepool slot process: bad first message (%v)\n", err)
@@ -97,6 +99,7 @@ func serveSlot() int {
 	if err == nil {
 		c.dir = init.Dir
 		c.cur, err = makeAttemptDir(c.dir)
+		c.inDirty = true
 	}
 	if err != nil {
 		c.send(&slotReply{Kind: repHello, Version: wireVersion, Err: err.Error()})
@@ -240,7 +243,7 @@ func (c *slotChild) attemptDir() (string, error) {
 		if err != nil {
 			return "", err
 		}
-		c.cur, c.inFiles = d, nil
+		c.cur, c.inFiles, c.inDirty = d, nil, true
 	}
 	c.outEmpty = false
 	return c.cur, nil
@@ -260,6 +263,9 @@ func (c *slotChild) tidy() {
 			break
 		}
 		err = nil
+	}
+	if len(c.inFiles) > 0 {
+		c.inDirty = true // removing them changed in/'s times
 	}
 	c.inFiles = c.inFiles[:0]
 	if err == nil && !c.outEmpty {

@@ -9,13 +9,12 @@ package headless
 // Its stdin and stdout are /dev/null; its stderr goes to the parent, which
 // keeps the last few KiB to explain a crash.
 //
-// Each pipe carries one encoding/gob stream: a sequence of messages, each
-// prefixed by its length (gob's own framing), the first one of a stream also
-// carrying the type descriptions. Every message is one slotRequest (parent to
-// child) or one slotReply (child to parent); Kind says which fields are set.
-// Byte payloads (module, stdin, inputs, restore state, outputs, log chunks,
-// checkpoint state) travel as gob byte slices: a length, then the raw bytes.
-// A gob message is limited to 1 GiB, far above any limit of an attempt.
+// Each pipe carries a sequence of messages, each prefixed by its length and
+// written with one write (wirecodec.go). Every message is one slotRequest
+// (parent to child) or one slotReply (child to parent); Kind says which
+// fields are set. Byte payloads (module, stdin, inputs, restore state,
+// outputs, log chunks, checkpoint state) travel as a length, then the raw
+// bytes. A message is limited to 1 GiB, far above any limit of an attempt.
 //
 // The conversation, after the child has started:
 //
@@ -69,7 +68,7 @@ const slotEnv = "CYCLEPOOL_SLOT_PROCESS"
 // wireVersion changes with any incompatible change of the messages below.
 // Parent and child are the same executable, so it only guards against a
 // binary replaced on disk while the worker runs.
-const wireVersion = 2
+const wireVersion = 3
 
 type requestKind uint8
 

@@ -1,0 +1,41 @@
+package wasmworker
+
+import "sync/atomic"
+
+// goPool runs functions on goroutines that it keeps, idle, for the next
+// ones (at most maxIdle of them). An attempt runs on a goroutine of its own
+// (it waits for a slot, then for its runner); a new goroutine starts with a
+// small stack, which the runner's deep calls (the headless runner decodes
+// its slot process's replies there) grow, by copying, again for every
+// attempt: 12% of a headless worker's CPU in the dispatch benchmark. A
+// kept goroutine keeps its stack.
+type goPool struct {
+	work    chan func() // unbuffered: a send succeeds when an idle goroutine takes it
+	idle    atomic.Int32
+	maxIdle int32
+}
+
+func newGoPool(maxIdle int) *goPool {
+	return &goPool{work: make(chan func()), maxIdle: int32(maxIdle)}
+}
+
+// run runs f on an idle goroutine, or on a new one when none is idle.
+func (p *goPool) run(f func()) {
+	select {
+	case p.work <- f:
+	default:
+		go p.loop(f)
+	}
+}
+
+func (p *goPool) loop(f func()) {
+	for {
+		f()
+		if p.idle.Add(1) > p.maxIdle {
+			p.idle.Add(-1)
+			return
+		}
+		f = <-p.work
+		p.idle.Add(-1)
+	}
+}
