@@ -246,10 +246,12 @@ func (d *wireBuf) bytes() []byte {
 	return append([]byte(nil), p...)
 }
 
-// count returns a slice length, at most what the rest could hold.
-func (d *wireBuf) count() int {
+// count returns a slice length, at most what the rest could hold when
+// each element takes at least min bytes: a garbage count cannot make the
+// decoder allocate more than a small multiple of the message.
+func (d *wireBuf) count(min int) int {
 	n := d.uint()
-	if d.err != nil || n > uint64(len(d.b)) {
+	if d.err != nil || n > uint64(len(d.b)/min) {
 		d.fail("count")
 		return 0
 	}
@@ -263,7 +265,7 @@ func (d *wireBuf) blob(bl *protocol.Blob) {
 }
 
 func (d *wireBuf) blobs() []protocol.Blob {
-	n := d.count()
+	n := d.count(3) // a name, a size and data: a byte each at least
 	if n == 0 {
 		return nil
 	}
@@ -282,7 +284,7 @@ func (d *wireBuf) assign() *protocol.Assign {
 	a.Attempt = d.int()
 	a.Task = d.string()
 	a.Module = d.string()
-	if n := d.count(); n > 0 {
+	if n := d.count(1); n > 0 {
 		a.Args = make([]string, n)
 		for i := range a.Args {
 			a.Args[i] = d.string()

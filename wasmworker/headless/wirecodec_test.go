@@ -3,6 +3,7 @@ package headless
 import (
 	"bytes"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -114,5 +115,25 @@ func TestWireCodecBadInput(t *testing.T) {
 		if err := newWireDecoder(bytes.NewReader(b)).Decode(new(slotRequest)); err == nil {
 			t.Errorf("garbage %x decoded", body)
 		}
+	}
+}
+
+// A count larger than the rest of the message could hold fails before
+// anything is allocated for it: a megabyte of zeros claiming a million
+// input files (each needs three bytes at least) allocates no million
+// Blobs (56 MB).
+func TestWireCodecCountBoundedByMessage(t *testing.T) {
+	const n = 1 << 20
+	msg := append(appendUint(nil, n), make([]byte, n)...)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	d := &wireBuf{b: msg}
+	bls := d.blobs()
+	runtime.ReadMemStats(&after)
+	if d.err == nil || bls != nil {
+		t.Fatalf("a million blobs decoded from %d bytes (err %v)", len(msg), d.err)
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 4<<20 {
+		t.Errorf("decoding the bad count allocated %d MiB", grew>>20)
 	}
 }
