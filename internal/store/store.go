@@ -11,10 +11,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -44,10 +44,6 @@ type Store struct {
 	// runs collects the run times of committed successes until
 	// FlushRuntimeStats writes them.
 	runs runBuffer
-	// epochMu guards epoch, the start time of the PostgreSQL server this
-	// store's connections last saw (guardAttemptIDs).
-	epochMu sync.Mutex
-	epoch   time.Time
 }
 
 // Open connects to the database at url, applies pending migrations and
@@ -82,40 +78,35 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	return s, nil
 }
 
-// attemptIDGap is how far the attempt id sequence jumps when the store
-// meets a PostgreSQL server it has not seen start (guardAttemptIDs): far
-// more attempts than can be claimed in the time an asynchronous commit may
-// wait for its WAL flush (wal_writer_delay, 200 ms by default, three times
-// over at most).
+// attemptIDGap is how far the attempt id sequence jumps after a crash of
+// PostgreSQL (guardAttemptIDs): far more attempts than can be claimed in
+// the time an asynchronous commit may wait for its WAL flush
+// (wal_writer_delay, 200 ms by default, three times over at most), or in
+// the replication lag of a standby promoted after a failover.
 const attemptIDGap = 1_000_000
 
 // guardAttemptIDs runs on every new connection. Claims commit
-// asynchronously (ClaimPicks): a crash of PostgreSQL can lose the last
-// claims, and with them the sequence's advance, after their attempts were
-// sent to workers. A worker still running such a lost attempt must never
-// find its id given to a new attempt, or its result would be taken for the
-// new one's. So when the server's start time is not the one this store saw
-// last (it restarted, or this is the store's first connection), the
-// sequence jumps by attemptIDGap before the connection is used, in a
-// transaction with an id of its own so that its commit is flushed: every
-// id handed out before the crash stays below every id handed out after.
+// asynchronously (ClaimPicks): a crash of PostgreSQL, of the whole server
+// or of one of its processes (which makes the server run crash recovery
+// without a restart), can lose the last claims, and with them the
+// sequence's advance, after their attempts were sent to workers. A worker
+// still running such a lost attempt must never find its id given to a new
+// attempt, or its result would be taken for the new one's. Crash recovery
+// empties the unlogged table attempt_id_guard (migration 00008): when its
+// row is missing, the sequence jumps by attemptIDGap and the row is written
+// back, in one transaction whose commit is flushed (the insert gives it a
+// transaction id), before the connection is used. Connections that find the row
+// missing together wait for the first one's insert and do not jump again.
 func (s *Store) guardAttemptIDs(ctx context.Context, c *pgx.Conn) error {
-	var started time.Time
-	var seq bool
-	if err := c.QueryRow(ctx, `SELECT pg_postmaster_start_time(), to_regclass('attempts_id_seq') IS NOT NULL`).Scan(&started, &seq); err != nil {
-		return fmt.Errorf("store: read the database server's start time: %w", err)
+	_, err := c.Exec(ctx, `WITH g AS (INSERT INTO attempt_id_guard VALUES (1) ON CONFLICT DO NOTHING RETURNING 1)
+		SELECT setval('attempts_id_seq', last_value + $1) FROM attempts_id_seq, g`, attemptIDGap)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return nil // the migrations have yet to create it: nothing was claimed
 	}
-	s.epochMu.Lock()
-	defer s.epochMu.Unlock()
-	if started.Equal(s.epoch) {
-		return nil
+	if err != nil {
+		return fmt.Errorf("store: move attempt ids past those a crash may have lost: %w", err)
 	}
-	if seq { // else the migrations have yet to create it: nothing was claimed
-		if _, err := c.Exec(ctx, `SELECT setval('attempts_id_seq', last_value + $1), pg_current_xact_id() FROM attempts_id_seq`, attemptIDGap); err != nil {
-			return fmt.Errorf("store: move attempt ids past those of a restarted database: %w", err)
-		}
-	}
-	s.epoch = started
 	return nil
 }
 

@@ -23,8 +23,8 @@ type NewWorkflow struct {
 	Quorum      int
 	MaxReplicas int
 	// Origin is the payload of the notification on ChannelReady that the
-	// submission sends when some of its tasks are ready at once: the
-	// submitting replica's name, by which its own listener tells the
+	// submission sends when some of its tasks are ready at once: a token of
+	// the submitting server process, by which its own listener tells the
 	// submissions whose ready tasks it was handed (CreateWorkflowReady)
 	// from the others'.
 	Origin string
