@@ -130,10 +130,20 @@ func (b *bench) browser(ctx context.Context) error {
 // browserSingle: one no-op task at a time through the page, submission to
 // durable result; then where the median task's time went.
 func (b *bench) browserSingle(ctx context.Context, p *browserPage) error {
+	// What the page costs while it waits for work (its timers, heartbeats,
+	// status reports), in CPU ms per second.
+	idle0, idleStart := b.cpuNow(), time.Now()
+	time.Sleep(2 * time.Second)
+	idle, idleTook := b.cpuNow().sub(idle0), time.Since(idleStart)
+	b.printf("browser_idle_chromium_cpu_ms_per_s: %.1f", float64(idle.browser.Microseconds())/1000/idleTook.Seconds())
+
 	wf := b.workflowJSON("browser-single", 1)
 	var lat []time.Duration
 	var ids []string
 	var before pageStatus
+	var cpu0 cpuShare
+	var threads0 map[int]threadStat
+	var began time.Time
 	for i := range b.cfg.Singles + 20 {
 		if i == 20 { // after the warm-up
 			s, err := p.status()
@@ -141,6 +151,7 @@ func (b *bench) browserSingle(ctx context.Context, p *browserPage) error {
 				return err
 			}
 			before = s
+			cpu0, threads0, began = b.cpuNow(), threadCPU(b.browserPID), time.Now()
 		}
 		start := time.Now()
 		s, err := b.client.Submit(ctx, wf)
@@ -155,8 +166,11 @@ func (b *bench) browserSingle(ctx context.Context, p *browserPage) error {
 			ids = append(ids, s.ID)
 		}
 	}
+	cpu, threads, took := b.cpuNow().sub(cpu0), threadCPU(b.browserPID), time.Since(began)
 	b.printf("browser_single_task_ms_p50: %.2f", ms(percentile(lat, 50)))
 	b.printf("browser_single_task_ms_p99: %.2f", ms(percentile(lat, 99)))
+	b.printCPU("browser_single", cpu, len(lat), took)
+	b.printThreads("browser_single", cpu, threads0, threads, len(lat))
 
 	// The server's side, by the database's clock (medians): ready to
 	// claimed, claimed to the start of the completion's commit.
@@ -211,42 +225,7 @@ func (b *bench) browserThroughput(ctx context.Context, p *browserPage) error {
 	b.printf("browser_tasks_per_s: %.0f", float64(b.cfg.BrowserTasks)/took.Seconds())
 	b.printf("browser_dispatch_total_s: %.2f", took.Seconds())
 	b.printCPU("browser_dispatch", cpu, b.cfg.BrowserTasks, took)
-	// Chromium's threads by name, those that took at least a twentieth of
-	// Chromium's time; the Web Workers' threads share one name, so the
-	// busiest three of them also go one by one (the Go worker's and the
-	// two task Web Workers', most likely).
-	byName := map[string]time.Duration{}
-	var workers []time.Duration
-	for tid, t := range threads {
-		d := t.cpu - threads0[tid].cpu
-		byName[t.name] += d
-		if strings.HasPrefix(t.name, "DedicatedWorker") {
-			workers = append(workers, d)
-		}
-	}
-	names := make([]string, 0, len(byName))
-	for name := range byName {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	key := func(name string) string {
-		return strings.Map(func(r rune) rune {
-			if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
-				return r
-			}
-			return '_'
-		}, strings.ToLower(name))
-	}
-	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(b.cfg.BrowserTasks) }
-	for _, name := range names {
-		if d := byName[name]; d > 0 && d*20 >= cpu.browser {
-			b.printf("browser_dispatch_cpu_us_per_task_chromium_thread_%s: %.0f", key(name), per(d))
-		}
-	}
-	sort.Slice(workers, func(i, j int) bool { return workers[i] > workers[j] })
-	for i, d := range workers[:min(3, len(workers))] {
-		b.printf("browser_dispatch_cpu_us_per_task_chromium_web_worker_%d: %.0f", i+1, per(d))
-	}
+	b.printThreads("browser_dispatch", cpu, threads0, threads, b.cfg.BrowserTasks)
 	b.printBatches("browser_dispatch", batches0, b.batchStats(ctx))
 	return nil
 }
@@ -309,4 +288,43 @@ func (b *bench) browserVsWazero(ctx context.Context, p *browserPage) error {
 	b.printf("primes_wazero_ms: %.0f", ms(inWazero))
 	b.printf("browser_vs_wazero: %.2f", float64(inBrowser)/float64(inWazero))
 	return nil
+}
+
+// printThreads prints, per task, the CPU time of Chromium's threads by
+// name, those that took at least a twentieth of Chromium's time; the Web
+// Workers' threads share one name, so the busiest three of them also go
+// one by one (the Go worker's and the two task Web Workers', most likely).
+func (b *bench) printThreads(part string, cpu cpuShare, threads0, threads map[int]threadStat, tasks int) {
+	byName := map[string]time.Duration{}
+	var workers []time.Duration
+	for tid, t := range threads {
+		d := t.cpu - threads0[tid].cpu
+		byName[t.name] += d
+		if strings.HasPrefix(t.name, "DedicatedWorker") {
+			workers = append(workers, d)
+		}
+	}
+	names := make([]string, 0, len(byName))
+	for name := range byName {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	key := func(name string) string {
+		return strings.Map(func(r rune) rune {
+			if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+				return r
+			}
+			return '_'
+		}, strings.ToLower(name))
+	}
+	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(tasks) }
+	for _, name := range names {
+		if d := byName[name]; d > 0 && d*20 >= cpu.browser {
+			b.printf("%s_cpu_us_per_task_chromium_thread_%s: %.0f", part, key(name), per(d))
+		}
+	}
+	sort.Slice(workers, func(i, j int) bool { return workers[i] > workers[j] })
+	for i, d := range workers[:min(3, len(workers))] {
+		b.printf("%s_cpu_us_per_task_chromium_web_worker_%d: %.0f", part, i+1, per(d))
+	}
 }
