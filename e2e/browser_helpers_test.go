@@ -150,6 +150,7 @@ type pageStatus struct {
 		Started    int `json:"started"`
 		Terminated int `json:"terminated"`
 		Busy       int `json:"busy"`
+		Ahead      int `json:"ahead"` // attempts run on an instance made ahead of time
 	} `json:"taskWorkers"`
 	Modules struct {
 		Fetched int `json:"fetched"` // from the server (or the HTTP cache)

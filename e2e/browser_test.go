@@ -446,3 +446,67 @@ func TestBrowserShortTasksInBatches(t *testing.T) {
 		t.Fatalf("third workflow ended %s", st.State)
 	}
 }
+
+// withStart is a WASI command with a start function (an empty one), which
+// runs when the module is instantiated.
+var withStart = []byte{
+	0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
+	0x01, 0x04, 0x01, 0x60, 0x00, 0x00, // type () -> ()
+	0x03, 0x03, 0x02, 0x00, 0x00, // two functions of type 0
+	0x05, 0x03, 0x01, 0x00, 0x01, // one memory, min 1 page
+	0x07, 0x13, 0x02, // two exports
+	0x06, 'm', 'e', 'm', 'o', 'r', 'y', 0x02, 0x00,
+	0x06, '_', 's', 't', 'a', 'r', 't', 0x00, 0x01,
+	0x08, 0x01, 0x00, // start: function 0
+	0x0a, 0x07, 0x02, 0x02, 0x00, 0x0b, 0x02, 0x00, 0x0b, // code: two empty bodies
+}
+
+// An idle task Web Worker makes the instance of its next attempt ahead of
+// time: attempts of one module, one after the other, run on instances made
+// ahead and give byte for byte the outputs of a fresh instance (clocks and
+// random numbers start with the attempt); a module with a start function
+// is never instantiated ahead.
+func TestBrowserInstanceAhead(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	echo := push(t, p.client, "echo")
+	ws, err := p.client.PushModule(context.Background(), withStart)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, p.srv.url)
+
+	wf := workflow("ahead", task{"name": "echo", "module": echo, "args": []string{"a"}, "stdin": map[string]any{"data": "in\n"}})
+	var outs []string
+	for range 4 {
+		id := submit(t, p.client, wf) // same name and task: same seed
+		if st := wait(t, p.client, id, 60*time.Second); st.State != "done" {
+			t.Fatalf("echo ended %s: %+v", st.State, st.Tasks)
+		}
+		outs = append(outs, output(t, p.client, id, "echo", "det.txt")+output(t, p.client, id, "echo", "stdout"))
+	}
+	eventually(t, 5*time.Second, "the page to count the tasks", func() bool { return b.status().Done >= 4 })
+	// The first attempt had a fresh instance, the next ones mostly one made
+	// ahead by the task Web Worker that ran the one before.
+	if n := b.status().TaskWorkers.Ahead; n < 2 {
+		t.Errorf("%d attempts ran on an instance made ahead, want at least 2 of 4", n)
+	}
+	for i, o := range outs[1:] {
+		if o != outs[0] {
+			t.Errorf("attempt %d gave\n%q\nthe first gave\n%q", i+2, o, outs[0])
+		}
+	}
+
+	before := b.status()
+	for i := range 3 {
+		id := submit(t, p.client, workflow(fmt.Sprintf("start-%d", i), task{"name": "s", "module": ws.ID}))
+		if st := wait(t, p.client, id, 60*time.Second); st.State != "done" {
+			t.Fatalf("the module with a start function ended %s: %+v", st.State, st.Tasks)
+		}
+	}
+	eventually(t, 5*time.Second, "the page to count the tasks", func() bool { return b.status().Done >= before.Done+3 })
+	if after := b.status().TaskWorkers.Ahead; after != before.TaskWorkers.Ahead {
+		t.Errorf("%d attempts of the module with a start function ran on an instance made ahead", after-before.TaskWorkers.Ahead)
+	}
+}

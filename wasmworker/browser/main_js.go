@@ -193,7 +193,7 @@ func main() {
 			"done": st.Done, "failed": st.Failed, "refused": st.Refused, "running": list,
 			"cpuMs": cpu.Milliseconds(), "paused": why != "", "pausedBecause": why,
 			"taskWorkers": map[string]any{"started": counts.Get("started"), "terminated": counts.Get("terminated"),
-				"busy": counts.Get("busy")},
+				"busy": counts.Get("busy"), "ahead": counts.Get("ahead")},
 			"modules": map[string]any{"fetched": counts.Get("fetched"), "cached": counts.Get("cached")},
 			"trace":   r.traced(),
 		})

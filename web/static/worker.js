@@ -57,6 +57,7 @@ function makeTasks(taskJs, server) {
   const bytesById = new Map(); // module id -> Promise<ArrayBuffer> (checked against its id)
   const modules = new Map();   // module id + "/" + memory pages -> Promise<WebAssembly.Module>
   const compiled = new Map();  // the same keys -> WebAssembly.Module, once compiled
+  const withStart = new WeakSet(); // modules with a start function (hasStart)
   const idle = [];             // task Web Workers waiting for their next attempt
   const runs = new Map();      // attempt id -> {w, over, prepareMs}
   let events = () => {};       // Go's event function (listen)
@@ -70,9 +71,10 @@ function makeTasks(taskJs, server) {
   const enc = new TextEncoder();
   const EMPTY = new Uint8Array(0);
   // Counters the page shows (and the tests read): task Web Workers started,
-  // terminated and busy; modules fetched from the server and found in the
-  // IndexedDB cache.
-  const counts = { started: 0, terminated: 0, busy: 0, fetched: 0, cached: 0 };
+  // terminated and busy; attempts whose instance was made ahead of time
+  // (task.js); modules fetched from the server and found in the IndexedDB
+  // cache.
+  const counts = { started: 0, terminated: 0, busy: 0, ahead: 0, fetched: 0, cached: 0 };
   const hex = (buf) => Array.from(new Uint8Array(buf), (b) => b.toString(16).padStart(2, "0")).join("");
   const cache = moduleCache();
 
@@ -112,7 +114,12 @@ function makeTasks(taskJs, server) {
     const key = id + "/" + pages;
     let p = modules.get(key);
     if (!p) {
-      p = moduleBytes(id).then((bytes) => WebAssembly.compile(limitMemory(new Uint8Array(bytes), pages)));
+      p = moduleBytes(id).then(async (bytes) => {
+        const b = limitMemory(new Uint8Array(bytes), pages);
+        const m = await WebAssembly.compile(b);
+        if (hasStart(b)) withStart.add(m);
+        return m;
+      });
       modules.set(key, p);
       p.then((m) => { if (modules.get(key) === p) compiled.set(key, m); }, () => modules.delete(key));
       if (modules.size > 64) {
@@ -121,6 +128,21 @@ function makeTasks(taskJs, server) {
       }
     }
     return p;
+  }
+
+  // hasStart reports whether a module has a start function (run when it is
+  // instantiated): such a module is never instantiated ahead of its attempt
+  // (task.js), where no wall time limit would stop it.
+  function hasStart(b) {
+    let pos = 8;
+    while (pos < b.length) {
+      const id = b[pos];
+      let size = 0, mul = 1, byte, q = pos + 1;
+      do { byte = b[q++]; size += (byte & 0x7f) * mul; mul *= 128; } while (byte & 0x80 && q < b.length);
+      if (id === 8) return true;
+      pos = q + size;
+    }
+    return false;
   }
 
   // limitMemory returns the module with the maximum of its memory set to at
@@ -279,7 +301,7 @@ function makeTasks(taskJs, server) {
     const r = { w: null, over: false, prepareMs, wallMs, key };
     runs.set(attempt, r);
     const p = {
-      attempt, key, module: null, reset: false, args: args || [], stdin: stdin || EMPTY, inputs: inputs || [],
+      attempt, key, module: null, ahead: false, reset: false, args: args || [], stdin: stdin || EMPTY, inputs: inputs || [],
       restore, seed: (BigInt(seedHi) << 32n) | BigInt(seedLo), ckptMs, share, ctl: null,
       limits: { memoryPages: pages, wallMs, outputBytes, logBytes },
     };
@@ -313,6 +335,7 @@ function makeTasks(taskJs, server) {
             trace.run += t.ran - t.started; trace.lastRun = t.ran - t.started; trace.collect += t.sent - t.ran;
             trace.back += back - t.sent;
           }
+          if (d.ahead) counts.ahead++;
           if (!d.reason) runMs.set(r.key, runMs.has(r.key) ? 0.8 * runMs.get(r.key) + 0.2 * d.ms : d.ms);
           ended.push({ attempt: d.attempt, reason: d.reason || null, message: d.reason ? d.message : null,
             packed: pack(d.outputs, d.log), ms: d.ms });
@@ -398,7 +421,7 @@ function makeTasks(taskJs, server) {
     for (const q of batch) {
       const p = q.p;
       q.r.w = w;
-      p.module = null; p.reset = false; p.ctl = null;
+      p.module = null; p.ahead = false; p.reset = false; p.ctl = null;
       if (!w.ctl) {
         w.ctl = new SharedArrayBuffer(24); w.mods = new Set(); p.ctl = w.ctl;
         const at = new Float64Array(w.ctl);
@@ -408,6 +431,7 @@ function makeTasks(taskJs, server) {
         if (w.mods.size >= 16) { w.mods.clear(); p.reset = true; }
         w.mods.add(p.key);
         p.module = q.mod;
+        p.ahead = !withStart.has(q.mod);
       }
       list.push(p);
     }
