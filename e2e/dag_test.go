@@ -165,19 +165,27 @@ func TestFreedSlotsSkipRoundsWithNothingReady(t *testing.T) {
 	if got := output(t, p.client, id, "t5", "stdout"); got != "x" {
 		t.Errorf("t5's output %q, want x", got)
 	}
-	resp, err := http.Get(p.srv.url + "/metrics")
+	if n := dispatchRounds(t, p.srv.url, "skipped"); n < 3 {
+		t.Errorf("%d wake-ups for freed slots skipped, want most of the 6", n)
+	}
+}
+
+// dispatchRounds reads cyclepool_dispatch_rounds_total{outcome} from the
+// metrics of the replica at url.
+func dispatchRounds(t *testing.T, url, outcome string) int {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	m := regexp.MustCompile(`cyclepool_dispatch_rounds_total\{outcome="skipped"\} (\d+)`).FindSubmatch(b)
+	m := regexp.MustCompile(`cyclepool_dispatch_rounds_total\{outcome="` + outcome + `"\} (\d+)`).FindSubmatch(b)
 	if m == nil {
-		t.Fatalf("/metrics lacks the skipped rounds:\n%s", b)
+		t.Fatalf("/metrics lacks the %s rounds:\n%s", outcome, b)
 	}
-	if n, _ := strconv.Atoi(string(m[1])); n < 3 {
-		t.Errorf("%d wake-ups for freed slots skipped, want most of the 6", n)
-	}
+	n, _ := strconv.Atoi(string(m[1]))
+	return n
 }
 
 // A submission hands its ready tasks to its own replica's dispatcher, which
@@ -209,17 +217,7 @@ func TestSubmissionOffersItsReadyTasks(t *testing.T) {
 			}
 		}
 	}
-	resp, err := http.Get(r1.url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	m := regexp.MustCompile(`cyclepool_dispatch_rounds_total\{outcome="offered"\} (\d+)`).FindSubmatch(b)
-	if m == nil {
-		t.Fatalf("/metrics lacks the offered rounds:\n%s", b)
-	}
-	if n, _ := strconv.Atoi(string(m[1])); n < 3 {
+	if n := dispatchRounds(t, r1.url, "offered"); n < 3 {
 		t.Errorf("%d offered rounds, want most of the 4 submissions to replica 1", n)
 	}
 }

@@ -7,6 +7,17 @@ import (
 	"testing"
 )
 
+// submissionCases are the workflow settings the submission tests try.
+var submissionCases = []struct {
+	name string
+	wf   NewWorkflow
+}{
+	{"batch", NewWorkflow{Priority: "batch"}},
+	{"interactive", NewWorkflow{Priority: "interactive"}},
+	{"replicated", NewWorkflow{Priority: "batch", Replicas: 2, Quorum: 2, MaxReplicas: 3}},
+	{"most replicas alone", NewWorkflow{Priority: "batch", MaxReplicas: 3}},
+}
+
 // The one-statement path for small workflows (createSmall) and the general
 // path (createLarge) write the same rows: tasks with their states, sort
 // keys, limits, arguments and replication settings, and the same edges.
@@ -25,15 +36,7 @@ func TestSmallAndLargeSubmissionsWriteTheSameRows(t *testing.T) {
 		d := f.task("d") // no args: an empty array, not NULL
 		return []NewTask{a, b, c, d}
 	}
-	for _, tc := range []struct {
-		name string
-		wf   NewWorkflow
-	}{
-		{"batch", NewWorkflow{Priority: "batch"}},
-		{"interactive", NewWorkflow{Priority: "interactive"}},
-		{"replicated", NewWorkflow{Priority: "batch", Replicas: 2, Quorum: 2, MaxReplicas: 3}},
-		{"most replicas alone", NewWorkflow{Priority: "batch", MaxReplicas: 3}},
-	} {
+	for _, tc := range submissionCases {
 		t.Run(tc.name, func(t *testing.T) {
 			rows := map[string]any{}
 			small := func(ctx context.Context, owner int64, w *NewWorkflow) (string, error) {
@@ -63,14 +66,7 @@ func TestSmallAndLargeSubmissionsWriteTheSameRows(t *testing.T) {
 // them instead of reading them.
 func TestSmallSubmissionReturnsItsCandidates(t *testing.T) {
 	ctx := context.Background()
-	for _, tc := range []struct {
-		name string
-		wf   NewWorkflow
-	}{
-		{"batch", NewWorkflow{Priority: "batch"}},
-		{"interactive", NewWorkflow{Priority: "interactive"}},
-		{"replicated", NewWorkflow{Priority: "batch", Replicas: 2, Quorum: 2, MaxReplicas: 3}},
-	} {
+	for _, tc := range submissionCases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t) // an empty queue: Candidates reads only this workflow
 			a, b := f.task("a"), f.task("b", NewInput{Name: "in", From: 0, Output: "out"})
