@@ -510,3 +510,34 @@ func TestBrowserInstanceAhead(t *testing.T) {
 		t.Errorf("%d attempts of the module with a start function ran on an instance made ahead", after-before.TaskWorkers.Ahead)
 	}
 }
+
+// A page waiting for work does not redraw itself and save its totals four
+// times a second: the worker reports its status only when it changed.
+func TestBrowserIdlePageQuiet(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	b := newBrowser(t, 360, 800, "")
+	openVolunteerPage(t, b, p.srv.url)
+	eventually(t, 10*time.Second, "the page to wait for work", func() bool {
+		var state string
+		b.eval(`document.getElementById("state").textContent`, &state)
+		return strings.Contains(state, "Waiting for work")
+	})
+	count := func() int {
+		var n int
+		b.eval(`window.cyclepool.statusMessages`, &n)
+		return n
+	}
+	before := count()
+	time.Sleep(3 * time.Second)
+	if n := count() - before; n > 2 {
+		t.Errorf("an idle page got %d status reports in 3 s, want at most 2 (nothing changed)", n)
+	}
+	// A task still shows at once.
+	noop := push(t, p.client, "noop")
+	id := submit(t, p.client, workflow("after-idle", task{"name": "n", "module": noop}))
+	if st := wait(t, p.client, id, 30*time.Second); st.State != "done" {
+		t.Fatalf("workflow %s", st.State)
+	}
+	eventually(t, 5*time.Second, "the page to count the task", func() bool { return b.status().Done == 1 })
+}

@@ -98,8 +98,10 @@
     render();
   }
   let lastDone = 0, lastCpu = 0;
+  let statusMessages = 0; // how many status reports the worker sent (a test reads it)
   function onWorkerMessage(m) {
     if (m.type === "status") {
+      statusMessages++;
       // The worker counts since it started; the page keeps lifetime totals.
       if (!status || status.since !== m.since) { lastDone = 0; lastCpu = 0; }
       totals.done += Math.max(0, m.done - lastDone); totals.cpuMs += Math.max(0, m.cpuMs - lastCpu);
@@ -189,7 +191,8 @@
 
   window.cyclepool = {
     get status() { return status; }, get device() { return { ...device }; }, get settings() { return { ...settings }; },
-    get totals() { return { ...totals }; }, get running() { return !!worker; }, start, stop,
+    get totals() { return { ...totals }; }, get running() { return !!worker; }, get statusMessages() { return statusMessages; },
+    start, stop,
   };
   if (new URLSearchParams(location.search).get("autostart") === "1") start();
 })();
