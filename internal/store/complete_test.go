@@ -30,10 +30,7 @@ func TestFastCompletionMatchesTheGeneralPath(t *testing.T) {
 		if len(cs) != 3 {
 			t.Fatalf("claimed %d, want a, solo and one replica of r", len(cs))
 		}
-		byName := map[string]Claimed{}
-		for _, c := range cs {
-			byName[c.Name] = c
-		}
+		byName := claimedByName(cs)
 		wrong := ok(byName["solo"], "out of solo")
 		wrong.Worker = "00000000-0000-0000-0000-000000000000" // not the worker holding it: refused
 		batch := []Completion{
@@ -111,10 +108,7 @@ func TestCompletionTellsOfFinishedWorkflows(t *testing.T) {
 	if len(cs) != 3 {
 		t.Fatalf("claimed %d, want 3", len(cs))
 	}
-	byName := map[string]Claimed{}
-	for _, c := range cs {
-		byName[c.Name] = c
-	}
+	byName := claimedByName(cs)
 	for _, step := range []struct {
 		complete []string
 		want     []string

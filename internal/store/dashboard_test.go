@@ -21,10 +21,7 @@ func TestCancelTask(t *testing.T) {
 	id := f.submit(t, "batch", f.task("a"), f.task("b", NewInput{Name: "x", From: 0, Output: "stdout"}),
 		f.task("c", NewInput{Name: "x", From: 1, Output: "stdout"}), f.task("d"))
 	cs := f.claim(t, 2, time.Minute)
-	byName := map[string]Claimed{}
-	for _, c := range cs {
-		byName[c.Name] = c
-	}
+	byName := claimedByName(cs)
 	attempts, err := f.s.CancelTask(ctx, f.owner, id, "a")
 	if err != nil || len(attempts) != 1 || attempts[0] != byName["a"].Attempt {
 		t.Fatalf("cancel a: %v, %v; want its running attempt %d", attempts, err, byName["a"].Attempt)

@@ -103,6 +103,15 @@ func (f *fixture) states(t testing.TB, id string) map[string]string {
 	return m
 }
 
+// claimedByName indexes claimed attempts by their task's name.
+func claimedByName(cs []Claimed) map[string]Claimed {
+	m := make(map[string]Claimed, len(cs))
+	for _, c := range cs {
+		m[c.Name] = c
+	}
+	return m
+}
+
 func ok(c Claimed, out string) Completion {
 	return Completion{Attempt: c.Attempt, Worker: c.Worker, OK: true, Outputs: []Output{{Name: "stdout", Data: []byte(out)}}}
 }
@@ -211,10 +220,7 @@ func TestFailuresEndTheWorkflow(t *testing.T) {
 	id := f.submit(t, "batch", f.task("a"), f.task("b", NewInput{Name: "x", From: 0, Output: "stdout"}),
 		f.task("c", NewInput{Name: "x", From: 1, Output: "stdout"}), f.task("d"))
 	cs := f.claim(t, 2, time.Minute)
-	byName := map[string]Claimed{}
-	for _, c := range cs {
-		byName[c.Name] = c
-	}
+	byName := claimedByName(cs)
 	if _, err := f.s.Complete(ctx, []Completion{
 		{Attempt: byName["a"].Attempt, Worker: f.worker, Reason: "worker", Message: "paused", Uncounted: true},
 		ok(byName["d"], "D"),
@@ -303,10 +309,7 @@ func TestBadCompletionsAreRefusedAlone(t *testing.T) {
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a"), f.task("b"), f.task("c"), f.task("d"))
 	cs := f.claim(t, 4, time.Minute)
-	byName := map[string]Claimed{}
-	for _, c := range cs {
-		byName[c.Name] = c
-	}
+	byName := claimedByName(cs)
 	batch := []Completion{
 		ok(byName["a"], "A"),
 		ok(byName["a"], "again"), // the same attempt twice
