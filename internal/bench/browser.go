@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -230,33 +231,58 @@ func (b *bench) browserThroughput(ctx context.Context, p *browserPage) error {
 	return nil
 }
 
-// browserVsWazero: the prime counter's run time (its _start) in Chromium,
-// best of three after a first run, divided by the same in wazero.
+// browserVsWazero: the prime counter's run time in Chromium over its run
+// time in wazero; and what one WASI call costs in each, from the clocks
+// task (a million clock_time_get calls, less a run of none).
 func (b *bench) browserVsWazero(ctx context.Context, p *browserPage) error {
-	const lo, hi = "0", "3000000"
-	wasm, err := os.ReadFile(filepath.Join(b.cfg.Repo, "bin", "tasks", "primes.wasm"))
-	if err != nil {
-		return fmt.Errorf("%w (run make tasks)", err)
-	}
-	mod, err := b.client.PushModule(ctx, wasm)
+	inBrowser, inWazero, err := b.runBoth(ctx, p, "primes", "0", "3000000")
 	if err != nil {
 		return err
 	}
-	wf, _ := json.Marshal(map[string]any{"name": "browser-primes", "tasks": []map[string]any{
-		{"name": "primes", "module": mod.ID, "args": []string{lo, hi}}}})
-	var inBrowser time.Duration
+	b.printf("primes_chromium_ms: %.0f", ms(inBrowser))
+	b.printf("primes_wazero_ms: %.0f", ms(inWazero))
+	b.printf("browser_vs_wazero: %.2f", float64(inBrowser)/float64(inWazero))
+	const calls = 1_000_000
+	callsB, callsW, err := b.runBoth(ctx, p, "clocks", strconv.Itoa(calls))
+	if err != nil {
+		return err
+	}
+	noneB, noneW, err := b.runBoth(ctx, p, "clocks", "0")
+	if err != nil {
+		return err
+	}
+	perCall := func(d, none time.Duration) float64 { return float64(max(d-none, 0).Nanoseconds()) / calls }
+	b.printf("wasi_call_ns_chromium: %.1f", perCall(callsB, noneB))
+	b.printf("wasi_call_ns_wazero: %.1f", perCall(callsW, noneW))
+	return nil
+}
+
+// runBoth runs the task module bin/tasks/<name>.wasm with args in the
+// browser page (as a workflow: the page's own measure of the run) and in a
+// headless runner, and returns the best run of each after a warm-up run.
+func (b *bench) runBoth(ctx context.Context, p *browserPage, name string, args ...string) (inBrowser, inWazero time.Duration, err error) {
+	wasm, err := os.ReadFile(filepath.Join(b.cfg.Repo, "bin", "tasks", name+".wasm"))
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w (run make tasks)", err)
+	}
+	mod, err := b.client.PushModule(ctx, wasm)
+	if err != nil {
+		return 0, 0, err
+	}
+	wf, _ := json.Marshal(map[string]any{"name": "browser-" + name, "tasks": []map[string]any{
+		{"name": name, "module": mod.ID, "args": args}}})
 	for i := range 4 {
 		s, err := b.client.Submit(ctx, wf)
 		if err != nil {
-			return err
+			return 0, 0, err
 		}
 		if err := b.waitDone(ctx, s.ID, 2*time.Minute); err != nil {
-			return err
+			return 0, 0, err
 		}
 		time.Sleep(400 * time.Millisecond)
 		st, err := p.status()
 		if err != nil {
-			return err
+			return 0, 0, err
 		}
 		d := time.Duration(st.Trace.LastRun * float64(time.Millisecond))
 		if i == 1 || (i > 1 && d < inBrowser) { // the first run compiles and warms up
@@ -265,29 +291,25 @@ func (b *bench) browserVsWazero(ctx context.Context, p *browserPage) error {
 	}
 	r, err := headless.New(ctx, headless.Config{CacheDir: filepath.Join(b.tmp, "wcache-browser")})
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
 	defer r.Close(ctx)
 	sum := sha256.Sum256(wasm)
 	id := "sha256:" + hex.EncodeToString(sum[:])
-	var inWazero time.Duration
 	for i := range 4 {
 		job := &wasmworker.Job{ModuleID: id, Host: nopHost{},
-			Assign: &protocol.Assign{Attempt: int64(i + 1), Module: id, Args: []string{lo, hi}},
+			Assign: &protocol.Assign{Attempt: int64(i + 1), Module: id, Args: args},
 			Fetch:  func(context.Context) ([]byte, error) { return wasm, nil }}
 		start := time.Now()
 		out := r.Run(ctx, job)
 		if out.Reason != "" {
-			return fmt.Errorf("%s: %s", out.Reason, out.Message)
+			return 0, 0, fmt.Errorf("%s: %s: %s", name, out.Reason, out.Message)
 		}
 		if d := time.Since(start); i == 1 || (i > 1 && d < inWazero) {
 			inWazero = d
 		}
 	}
-	b.printf("primes_chromium_ms: %.0f", ms(inBrowser))
-	b.printf("primes_wazero_ms: %.0f", ms(inWazero))
-	b.printf("browser_vs_wazero: %.2f", float64(inBrowser)/float64(inWazero))
-	return nil
+	return inBrowser, inWazero, nil
 }
 
 // printThreads prints, per task, the CPU time of Chromium's threads by

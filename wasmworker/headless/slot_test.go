@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -285,5 +286,30 @@ func TestIsolatedInTimesAfterListing(t *testing.T) {
 	}
 	if at, mt := time.Unix(st.Atim.Unix()), time.Unix(st.Mtim.Unix()); !at.Equal(inputTime) || !mt.Equal(inputTime) {
 		t.Errorf("/in: access time %v, modification time %v; want both %v", at, mt, inputTime)
+	}
+}
+
+// The clocks task (the benchmark's measure of a WASI call) reads the
+// deterministic monotonic clock, which moves 1 ms per read: two more reads
+// end 2,000,000 ns later (the Go runtime reads it too, as it starts).
+func TestClocksTaskReadsTheDeterministicClock(t *testing.T) {
+	r := isolated(t, Config{})
+	last := func(calls string) int64 {
+		j, _ := job(t, "clocks", protocol.Assign{Args: []string{calls}})
+		o := r.Run(context.Background(), j)
+		if o.Reason != "" {
+			t.Fatalf("%s: %s", o.Reason, o.Message)
+		}
+		if len(o.Outputs) == 0 || o.Outputs[0].Name != "stdout" {
+			t.Fatalf("outputs %+v, want stdout", o.Outputs)
+		}
+		v, err := strconv.ParseInt(strings.TrimSpace(string(o.Outputs[0].Data)), 10, 64)
+		if err != nil {
+			t.Fatalf("stdout %q: %v", o.Outputs[0].Data, err)
+		}
+		return v
+	}
+	if d := last("5") - last("3"); d != 2_000_000 {
+		t.Errorf("two more reads moved the clock by %d ns, want 2,000,000", d)
 	}
 }
