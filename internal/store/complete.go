@@ -230,7 +230,7 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 		}
 	}
 	b := &pgx.Batch{}
-	queueBegin(b)
+	queueBegin(b, false)
 	b.Queue(completeFastSQL, ids, workers, logs, outAttempt, outName, outData, s.interactiveHeadStart.Milliseconds(), ChannelReady)
 	b.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, b)

@@ -115,7 +115,7 @@ type Candidate struct {
 // dispatch benchmark, as long as a fifth of running it.
 func (s *Store) Candidates(ctx context.Context, limit int) ([]Candidate, error) {
 	b := &pgx.Batch{}
-	queueBegin(b)
+	queueBegin(b, false)
 	b.Queue(candidatesSQL, limit)
 	b.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, b)
@@ -178,22 +178,18 @@ func (s *Store) ClaimPicks(ctx context.Context, picks []Pick, lease time.Duratio
 		tasks[i], workers[i], ckpts[i], solos[i] = p.TaskID, p.Worker, p.CkptMS, p.Solo
 	}
 	b := &pgx.Batch{}
-	queueBegin(b)
 	// A claim needs no WAL flush of its own: losing it in a crash only
 	// means its tasks run again, and the attempts' results are refused (no
 	// such attempt). Its commit is flushed with the next durable commit
 	// after it, at the latest the completion of one of its attempts.
 	// guardAttemptIDs keeps a lost attempt's id from being reused.
-	b.Queue("SET LOCAL synchronous_commit = off")
+	queueBegin(b, true)
 	b.Queue(claimPicksSQL, tasks, workers, ckpts, solos, lease.Milliseconds())
 	b.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, b)
 	var cs []Claimed
 	var err error
 	if err = execBegin(br); err == nil {
-		_, err = br.Exec()
-	}
-	if err == nil {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
 			cs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claimed, error) {

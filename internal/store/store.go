@@ -165,16 +165,23 @@ func (s *Store) tx(ctx context.Context, fn func(pgx.Tx) error) error {
 // the claim took about 100 µs, more than running it for one task), and with
 // sequential scans off a generic plan probes the same indexes as a custom
 // one (the dispatch benchmark reads as many blocks per task either way).
-// Run execBegin on the results.
-func queueBegin(b *pgx.Batch) {
+// With asyncCommit, the commit does not wait for its WAL flush (the claim:
+// see ClaimPicks). The settings take one statement, not one each: every
+// statement of the pipeline costs its parse, bind and execution. Run
+// execBegin on the results.
+func queueBegin(b *pgx.Batch, asyncCommit bool) {
 	b.Queue("BEGIN")
-	b.Queue("SET LOCAL enable_seqscan = off")
-	b.Queue("SET LOCAL plan_cache_mode = force_generic_plan")
+	if asyncCommit {
+		b.Queue(`SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true),
+			set_config('synchronous_commit', 'off', true)`)
+	} else {
+		b.Queue(`SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`)
+	}
 }
 
 // execBegin reads the results of what queueBegin queued.
 func execBegin(br pgx.BatchResults) error {
-	for range 3 {
+	for range 2 {
 		if _, err := br.Exec(); err != nil {
 			return err
 		}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/cyclepool/cyclepool/internal/pgtest"
 )
 
@@ -345,5 +347,57 @@ func TestCancelAfterDoneChangesNothing(t *testing.T) {
 	}
 	if st := f.states(t, id); st[""] != "done" || st["a"] != "done" {
 		t.Fatalf("after cancel: %v", st)
+	}
+}
+
+// The hot path's transactions run with their settings: sequential scans
+// off, generic plans, and for the claim an asynchronous commit; the
+// settings end with the transaction.
+func TestHotPathTransactionSettings(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	for _, async := range []bool{false, true} {
+		b := &pgx.Batch{}
+		queueBegin(b, async)
+		b.Queue(`SELECT current_setting('enable_seqscan') || ' ' || current_setting('plan_cache_mode') || ' ' || current_setting('synchronous_commit')`)
+		b.Queue("COMMIT")
+		conn, err := f.s.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The test cluster commits asynchronously: this session does not.
+		if _, err := conn.Exec(ctx, `SET synchronous_commit = on`); err != nil {
+			t.Fatal(err)
+		}
+		base := "auto on"
+		br := conn.SendBatch(ctx, b)
+		var got string
+		if err := execBegin(br); err != nil {
+			t.Fatal(err)
+		}
+		if err := br.QueryRow().Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if err := br.Close(); err != nil {
+			t.Fatal(err)
+		}
+		want := "off force_generic_plan on"
+		if async {
+			want = "off force_generic_plan off"
+		}
+		if got != want {
+			t.Errorf("async %v: settings %q, want %q", async, got, want)
+		}
+		var after string
+		if err := conn.QueryRow(ctx, `SELECT current_setting('plan_cache_mode') || ' ' || current_setting('synchronous_commit')`).Scan(&after); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, `RESET synchronous_commit`); err != nil {
+			t.Fatal(err)
+		}
+		conn.Release()
+		if after != base {
+			t.Errorf("after the transaction: %q, want %q as before it", after, base)
+		}
 	}
 }
