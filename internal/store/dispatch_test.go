@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // BenchmarkCandidatesClaimPicksComplete measures the store's side of the
@@ -57,4 +59,101 @@ func BenchmarkCandidatesClaimPicksComplete(b *testing.B) {
 	b.ReportMetric(ms(cand), "candidates-ms/batch")
 	b.ReportMetric(ms(claim), "claimpicks-ms/batch")
 	b.ReportMetric(ms(complete), "complete-ms/batch")
+}
+
+// A claim's work grows with its picks, not with the queue, even when the
+// planner's statistics of tasks were taken while the table was small (as
+// autovacuum may leave them for a minute after a large submission). With
+// such statistics, the claim used to read every ready task through
+// tasks_active, and to run the replica window once per locked task.
+func TestClaimReadsRowsInProportionToItsPicks(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	if _, err := f.s.pool.Exec(ctx, `ANALYZE tasks, attempts`); err != nil { // while (nearly) empty
+		t.Fatal(err)
+	}
+	tasks := make([]NewTask, 5000)
+	for i := range tasks {
+		tasks[i] = f.task(fmt.Sprintf("t%d", i))
+	}
+	// createLarge does not refresh the statistics; CreateWorkflow would.
+	if _, err := f.s.createLarge(ctx, f.owner, &NewWorkflow{Name: "big", Priority: "batch", Tasks: tasks}); err != nil {
+		t.Fatal(err)
+	}
+	cands, err := f.s.Candidates(ctx, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := f.s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `PREPARE claim(bigint[], uuid[], bigint[], bool[], bigint) AS `+claimPicksSQL); err != nil {
+		t.Fatal(err)
+	}
+	const picks = 80
+	// The first executions of a prepared statement may be planned with the
+	// parameters' values; the store forces the generic plan, as here.
+	for round := range 3 {
+		var ids []int64
+		var workers []string
+		for _, c := range cands[round*picks : (round+1)*picks] {
+			ids, workers = append(ids, c.TaskID), append(workers, f.worker)
+		}
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`); err != nil {
+			t.Fatal(err)
+		}
+		var plan []struct{ Plan planNode }
+		if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim($1, $2, $3, $4, $5)`, pgx.QueryExecModeSimpleProtocol,
+			ids, workers, make([]int64, picks), make([]bool, picks), int64(60000)).Scan(&plan); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := plan[0].Plan.ActualRows; got != picks {
+			t.Fatalf("round %d claimed %v tasks, want %d", round, got, picks)
+		}
+		// A node may read each pick a few times (the picks, the locked
+		// tasks, their attempts); the queue holds 5,000 tasks, and the
+		// window run once per locked task gave 80 × 80 rows.
+		plan[0].Plan.walk(func(n *planNode) {
+			if rows := n.ActualRows * n.ActualLoops; rows > 4*picks {
+				t.Errorf("round %d: %s%s returned %v rows over %v loops for %d picks", round, n.NodeType, n.on(), n.ActualRows, n.ActualLoops, picks)
+			}
+		})
+	}
+}
+
+// planNode is a node of EXPLAIN (FORMAT JSON)'s plan.
+type planNode struct {
+	NodeType    string     `json:"Node Type"`
+	Relation    string     `json:"Relation Name"`
+	Index       string     `json:"Index Name"`
+	CTE         string     `json:"CTE Name"`
+	ActualRows  float64    `json:"Actual Rows"`
+	ActualLoops float64    `json:"Actual Loops"`
+	Plans       []planNode `json:"Plans"`
+}
+
+func (n *planNode) walk(f func(*planNode)) {
+	f(n)
+	for i := range n.Plans {
+		n.Plans[i].walk(f)
+	}
+}
+
+// on names what the node reads, if anything.
+func (n *planNode) on() string {
+	for _, s := range []string{n.Index, n.Relation, n.CTE} {
+		if s != "" {
+			return " on " + s
+		}
+	}
+	return ""
 }
