@@ -501,13 +501,14 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 	acks := map[*conn][]protocol.Ack{}
 	for i, b := range batch {
 		ack := protocol.Ack{Attempt: b.comp.Attempt, Of: b.of}
-		if err == nil {
+		// After an error, accepted still tells the completions committed
+		// anyway (the batch took two transactions and the second failed).
+		committed := accepted != nil && accepted[i]
+		if err == nil || committed {
 			s.attemptModule.Delete(b.comp.Attempt)
 		}
 		switch {
-		case err != nil:
-			ack.Error, ack.Retry = "not committed: server error; send it again", true
-		case accepted[i]:
+		case committed:
 			ack.OK = true
 			if b.comp.OK {
 				s.hub.mu.Lock()
@@ -517,6 +518,8 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 			} else {
 				s.metrics.completions.WithLabelValues("failed").Inc()
 			}
+		case err != nil:
+			ack.Error, ack.Retry = "not committed: server error; send it again", true
 		default:
 			ack.Error = "refused: the attempt no longer holds its lease"
 			s.metrics.completions.WithLabelValues("refused").Inc()

@@ -49,7 +49,9 @@ type Completion struct {
 // already completed): fencing by attempt id. Accepted successes store the
 // outputs, mark the task done and make dependents whose last upstream task
 // this was ready, in the same transaction. Accepted failures queue the task
-// again, or fail it (and its dependents) after max_attempts.
+// again, or fail it (and its dependents) after max_attempts. With an
+// error, accepted may still report completions that were committed (see
+// CompleteFinished).
 func (s *Store) Complete(ctx context.Context, cs []Completion) ([]bool, error) {
 	accepted, _, err := s.CompleteFinished(ctx, cs)
 	return accepted, err
@@ -60,6 +62,12 @@ func (s *Store) Complete(ctx context.Context, cs []Completion) ([]bool, error) {
 // small batches of successes does): the caller can tell those waiting for
 // them sooner than the notification on ChannelFinished, which every
 // replica hears anyway.
+//
+// A batch may be committed in two transactions (see completeBatch). When
+// the second fails, the error comes back with accepted still set for the
+// completions the first committed, and finished for the workflows it
+// finished: those are done, and sending them again would only have them
+// refused; the others were not committed.
 func (s *Store) CompleteFinished(ctx context.Context, cs []Completion) (accepted []bool, finished []string, err error) {
 	if len(cs) == 0 {
 		return nil, nil, nil
@@ -83,14 +91,21 @@ func (s *Store) CompleteFinished(ctx context.Context, cs []Completion) (accepted
 	}
 	batch := pick(cs, keep)
 	acc, finished, err := s.completeBatch(ctx, batch)
+	if acc == nil {
+		acc = make([]bool, len(batch))
+	}
 	if err != nil && !retryable(err) && len(batch) > 1 && ctx.Err() == nil {
-		// Find the culprit: commit the items one by one.
-		acc, err = make([]bool, len(batch)), nil
+		// Find the culprit: commit the items not committed yet one by one.
+		err = nil
 		for j := range batch {
+			if acc[j] {
+				continue
+			}
 			one, fin, oneErr := s.completeBatch(ctx, batch[j:j+1])
 			if oneErr != nil {
 				if retryable(oneErr) || ctx.Err() != nil {
-					return nil, nil, oneErr
+					err = oneErr
+					break
 				}
 				continue // refused: this item cannot be stored
 			}
@@ -98,13 +113,10 @@ func (s *Store) CompleteFinished(ctx context.Context, cs []Completion) (accepted
 			finished = append(finished, fin...)
 		}
 	}
-	if err != nil {
-		return nil, nil, err
-	}
 	for j, i := range keep {
 		accepted[i] = acc[j]
 	}
-	return accepted, finished, nil
+	return accepted, finished, err
 }
 
 // byAttempt returns the indexes of cs in attempt id order: batches lock
@@ -158,7 +170,11 @@ func validOutputs(os []Output) bool {
 	return true
 }
 
-// completeBatch is Complete for a batch of distinct attempts.
+// completeBatch is Complete for a batch of distinct attempts. A small
+// batch of successes commits in two transactions when it holds attempts of
+// replicated tasks (completeFast, then completeGeneral for those); when the
+// second fails, accepted and finished still report what the first
+// committed, beside the error.
 func (s *Store) completeBatch(ctx context.Context, cs []Completion) (accepted []bool, finished []string, err error) {
 	if len(cs) > fastBatch || !allOK(cs) {
 		accepted, err = s.completeGeneral(ctx, cs)
@@ -181,7 +197,7 @@ func (s *Store) completeBatch(ctx context.Context, cs []Completion) (accepted []
 	}
 	acc, err := s.completeGeneral(ctx, pick(cs, rest))
 	if err != nil {
-		return nil, nil, err
+		return accepted, finished, err // the rest are false: not committed
 	}
 	for j, i := range rest {
 		accepted[i] = acc[j]

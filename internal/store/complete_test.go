@@ -132,3 +132,48 @@ func TestCompletionTellsOfFinishedWorkflows(t *testing.T) {
 		}
 	}
 }
+
+// A small batch of successes that holds an attempt of a replicated task
+// commits in two transactions: the others first, then the replica through
+// the general path. When the second fails, the first's completions are
+// still reported accepted; sent again, they would be refused, and their
+// worker told that results the owner has were lost.
+func TestCompletionsCommittedBeforeAFailureStayAccepted(t *testing.T) {
+	for _, tc := range []struct {
+		name, sqlstate string
+		wantErr        bool // a retryable failure is returned; another one refuses the culprit alone
+	}{
+		{"failure", "P0001", false},
+		{"retryable failure", "40001", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			f := newFixture(t)
+			plain := f.submit(t, "batch", f.task("a"))
+			if _, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "rep", Priority: "batch", Tasks: []NewTask{f.task("r")},
+				Replicas: 2, Quorum: 2, MaxReplicas: 3}); err != nil {
+				t.Fatal(err)
+			}
+			byName := claimedByName(f.claim(t, 10, time.Minute))
+			// Only the general path writes a replica's outputs.
+			if _, err := f.s.pool.Exec(ctx, `CREATE FUNCTION fail_on_purpose() RETURNS trigger LANGUAGE plpgsql AS $$
+				BEGIN RAISE EXCEPTION 'failed on purpose' USING ERRCODE = '`+tc.sqlstate+`'; END $$;
+				CREATE TRIGGER fail_on_purpose BEFORE INSERT ON attempt_outputs FOR EACH ROW EXECUTE FUNCTION fail_on_purpose()`); err != nil {
+				t.Fatal(err)
+			}
+			acc, _, err := f.s.CompleteFinished(ctx, []Completion{ok(byName["a"], "out of a"), ok(byName["r"], "out of r")})
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, want an error: %v", err, tc.wantErr)
+			}
+			if want := []bool{true, false}; !reflect.DeepEqual(acc, want) {
+				t.Errorf("accepted = %v, want %v", acc, want)
+			}
+			if out, err := f.s.Output(ctx, f.owner, plain, "a", "stdout"); err != nil || string(out) != "out of a" {
+				t.Errorf("a's output = %q, %v", out, err)
+			}
+			if st := f.states(t, plain); st["a"] != StateDone {
+				t.Errorf("a is %s, want done", st["a"])
+			}
+		})
+	}
+}
