@@ -33,8 +33,13 @@ tasks:
 run: build
 	$(BIN) serve --addr $(ADDR) --data-dir $(DATA) --local-worker $(SLOTS)
 
+# Owners run the CLI, and volunteers the headless worker, on macOS and
+# Windows too: the whole tree must build there (the embedded PostgreSQL
+# needs Linux or macOS; elsewhere serve takes --database-url).
 vet:
 	$(GO) vet ./...
+	GOOS=darwin GOARCH=arm64 $(GO) vet ./...
+	GOOS=windows $(GO) vet ./...
 	GOOS=wasip1 GOARCH=wasm $(GO) vet ./tasks/...
 	GOOS=js GOARCH=wasm $(GO) vet ./wasmworker/ ./wasmworker/browser/ ./internal/protocol/
 

@@ -1,6 +1,9 @@
+//go:build unix
+
 // Package e2e tests cyclepool end to end: the real binary runs as separate
 // server and worker processes, on a real PostgreSQL (internal/pgtest), talking
 // over real WebSockets and running tasks with real wazero.
+// They run on Unix only: they stop and kill process groups with signals.
 package e2e
 
 import (

@@ -128,6 +128,9 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if err := supported(); err != nil {
+		return nil, err
+	}
 	if cfg.Dir == "" {
 		return nil, errors.New("pgembed: no directory given")
 	}
@@ -218,7 +221,7 @@ func (c *Cluster) acquireLock() error {
 	if err != nil {
 		return fmt.Errorf("pgembed: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if err := lockFile(f); err != nil {
 		f.Close()
 		return fmt.Errorf("pgembed: cluster %s is in use by another process: %w", c.dir, err)
 	}
@@ -249,14 +252,6 @@ func runAs() (*credential, error) {
 		return &credential{uid: uint32(uid), gid: uint32(gid), name: name}, nil
 	}
 	return nil, errors.New("pgembed: running as root and neither user \"postgres\" nor \"nobody\" exists to run PostgreSQL")
-}
-
-func (cr *credential) attr() *syscall.SysProcAttr {
-	a := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGINT}
-	if cr != nil {
-		a.Credential = &syscall.Credential{Uid: cr.uid, Gid: cr.gid, Groups: []uint32{}}
-	}
-	return a
 }
 
 func (cr *credential) chown(path string) error {
@@ -292,10 +287,10 @@ func prepareDirs(c *Cluster, cred *credential, log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("pgembed: %w", err)
 		}
-		st := fi.Sys().(*syscall.Stat_t)
+		uid, gid := ownerOf(fi)
 		searchable := fi.Mode().Perm()&0o001 != 0 ||
-			st.Uid == cred.uid && fi.Mode().Perm()&0o100 != 0 ||
-			st.Gid == cred.gid && fi.Mode().Perm()&0o010 != 0
+			uid == cred.uid && fi.Mode().Perm()&0o100 != 0 ||
+			gid == cred.gid && fi.Mode().Perm()&0o010 != 0
 		if !searchable {
 			if err := os.Chmod(d, fi.Mode().Perm()|0o001); err != nil {
 				return fmt.Errorf("pgembed: make %s searchable for user %s: %w", d, cred.name, err)
@@ -315,7 +310,7 @@ func chownTree(root string, cred *credential) error {
 	if err != nil {
 		return fmt.Errorf("pgembed: %w", err)
 	}
-	if st := fi.Sys().(*syscall.Stat_t); st.Uid == cred.uid && st.Gid == cred.gid {
+	if uid, gid := ownerOf(fi); uid == cred.uid && gid == cred.gid {
 		return nil
 	}
 	return filepath.Walk(root, func(p string, _ os.FileInfo, err error) error {
@@ -473,14 +468,6 @@ log_disconnections = off
 
 func clamp(v, lo, hi int64) int64 { return max(lo, min(v, hi)) }
 
-func totalMemory() int64 {
-	var si syscall.Sysinfo_t
-	if syscall.Sysinfo(&si) != nil {
-		return 1 << 30
-	}
-	return int64(si.Totalram) * int64(si.Unit)
-}
-
 // clearStalePid removes a postmaster.pid left by a server that is gone. We
 // hold Dir/lock, so no live cyclepool owns the cluster: a postgres still
 // running on it is an orphan, and is shut down.
@@ -496,14 +483,7 @@ func (c *Cluster) clearStalePid() error {
 	pid, _ := strconv.Atoi(strings.TrimSpace(line))
 	if pid > 0 && isOurPostmaster(pid, c.dataDir) {
 		c.log.Warn("shutting down an orphaned PostgreSQL server", "pid", pid)
-		_ = syscall.Kill(pid, syscall.SIGINT)
-		deadline := time.Now().Add(30 * time.Second)
-		for syscall.Kill(pid, 0) == nil {
-			if time.Now().After(deadline) {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		stopProcess(pid, 30*time.Second)
 	}
 	// PostgreSQL detects a dead pid itself, but not one reused by another
 	// process (common in containers): remove the file.
@@ -518,22 +498,6 @@ func (c *Cluster) clearStalePid() error {
 		_ = os.Remove(l)
 	}
 	return nil
-}
-
-// isOurPostmaster reports whether pid is a postgres process working in
-// dataDir.
-func isOurPostmaster(pid int, dataDir string) bool {
-	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-	if err != nil || !strings.HasPrefix(strings.TrimSpace(string(comm)), "postgres") {
-		return false
-	}
-	cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
-	if err != nil {
-		return false
-	}
-	a, err1 := filepath.EvalSymlinks(cwd)
-	b, err2 := filepath.EvalSymlinks(dataDir)
-	return err1 == nil && err2 == nil && a == b
 }
 
 // pickPort returns want, or the previous run's port if free, or a free one.

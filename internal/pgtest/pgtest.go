@@ -23,7 +23,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -175,10 +174,13 @@ func (s *state) stop() {
 // tempBase is where the private cluster lives: /dev/shm (tmpfs) when there
 // is one, since the cluster is thrown away anyway, else os.TempDir().
 func tempBase() string {
-	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() && syscall.Access("/dev/shm", 2) == nil {
-		return "/dev/shm"
+	f, err := os.CreateTemp("/dev/shm", "pgtest-probe-*") // there, and writable
+	if err != nil {
+		return ""
 	}
-	return ""
+	f.Close()
+	_ = os.Remove(f.Name())
+	return "/dev/shm"
 }
 
 // dbName makes a database name (at most 63 bytes) from a test name.
