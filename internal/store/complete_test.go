@@ -72,15 +72,7 @@ func TestFastCompletionMatchesTheGeneralPath(t *testing.T) {
 func TestCompleteFastLeavesReplicasToTheGeneralPath(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
-	plain := f.submit(t, "batch", f.task("a"))
-	if _, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "rep", Priority: "batch", Tasks: []NewTask{f.task("r")},
-		Replicas: 2, Quorum: 2, MaxReplicas: 3}); err != nil {
-		t.Fatal(err)
-	}
-	cs := f.claim(t, 10, time.Minute)
-	if len(cs) != 2 || cs[0].Name != "a" || cs[1].Name != "r" {
-		t.Fatalf("claimed %+v, want a then a replica of r", cs)
-	}
+	plain, cs := f.plainAndReplica(t)
 	acc, rest, _, err := f.s.completeFast(ctx, []Completion{ok(cs[0], "A"), ok(cs[1], "R")})
 	if err != nil {
 		t.Fatal(err)
@@ -149,12 +141,8 @@ func TestCompletionsCommittedBeforeAFailureStayAccepted(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			f := newFixture(t)
-			plain := f.submit(t, "batch", f.task("a"))
-			if _, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "rep", Priority: "batch", Tasks: []NewTask{f.task("r")},
-				Replicas: 2, Quorum: 2, MaxReplicas: 3}); err != nil {
-				t.Fatal(err)
-			}
-			byName := claimedByName(f.claim(t, 10, time.Minute))
+			plain, cs := f.plainAndReplica(t)
+			byName := claimedByName(cs)
 			// Only the general path writes a replica's outputs.
 			if _, err := f.s.pool.Exec(ctx, `CREATE FUNCTION fail_on_purpose() RETURNS trigger LANGUAGE plpgsql AS $$
 				BEGIN RAISE EXCEPTION 'failed on purpose' USING ERRCODE = '`+tc.sqlstate+`'; END $$;
@@ -176,4 +164,22 @@ func TestCompletionsCommittedBeforeAFailureStayAccepted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// plainAndReplica submits a workflow of one task "a" and one of a task "r"
+// run by two replicas with a quorum of two, and claims a and the replica
+// of r the fixture's worker may run, in that order. It returns a's
+// workflow.
+func (f *fixture) plainAndReplica(t *testing.T) (plain string, cs []Claimed) {
+	t.Helper()
+	plain = f.submit(t, "batch", f.task("a"))
+	if _, err := f.s.CreateWorkflow(context.Background(), f.owner, &NewWorkflow{Name: "rep", Priority: "batch",
+		Tasks: []NewTask{f.task("r")}, Replicas: 2, Quorum: 2, MaxReplicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	cs = f.claim(t, 10, time.Minute)
+	if len(cs) != 2 || cs[0].Name != "a" || cs[1].Name != "r" {
+		t.Fatalf("claimed %+v, want a then a replica of r", cs)
+	}
+	return plain, cs
 }
