@@ -479,9 +479,15 @@ func (c *Cluster) clearStalePid() error {
 	} else if err != nil {
 		return fmt.Errorf("pgembed: %w", err)
 	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	pid, _ := strconv.Atoi(strings.TrimSpace(line))
-	if pid > 0 && isOurPostmaster(pid, c.dataDir) {
+	// Its lines: the postmaster's pid, the data directory, its start time
+	// (Unix seconds), ...
+	lines := strings.Split(string(b), "\n")
+	pid, _ := strconv.Atoi(strings.TrimSpace(lines[0]))
+	var started int64
+	if len(lines) > 2 {
+		started, _ = strconv.ParseInt(strings.TrimSpace(lines[2]), 10, 64)
+	}
+	if pid > 0 && isOurPostmaster(pid, c.dataDir, started) {
 		c.log.Warn("shutting down an orphaned PostgreSQL server", "pid", pid)
 		stopProcess(pid, 30*time.Second)
 	}

@@ -29,8 +29,9 @@ func totalMemory() int64 {
 }
 
 // isOurPostmaster reports whether pid is a postgres process working in
-// dataDir.
-func isOurPostmaster(pid int, dataDir string) bool {
+// dataDir (its start time, which postmaster.pid also records, is not
+// needed here).
+func isOurPostmaster(pid int, dataDir string, _ int64) bool {
 	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
 	if err != nil || !strings.HasPrefix(strings.TrimSpace(string(comm)), "postgres") {
 		return false

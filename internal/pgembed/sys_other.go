@@ -1,4 +1,4 @@
-//go:build !unix
+//go:build !linux && !darwin
 
 package pgembed
 
@@ -19,4 +19,4 @@ func ownerOf(os.FileInfo) (uid, gid uint32)       { return 0, 0 }
 func stopProcess(int, time.Duration)              {}
 func (cr *credential) attr() *syscall.SysProcAttr { return nil }
 func totalMemory() int64                          { return 1 << 30 }
-func isOurPostmaster(int, string) bool            { return false }
+func isOurPostmaster(int, string, int64) bool     { return false }

@@ -230,9 +230,9 @@ func (s *Store) ClaimPicks(ctx context.Context, picks []Pick, lease time.Duratio
 //
 // The picked tasks are found by id: the state test is written with
 // COLLATE "C" (the same test for this ASCII state, as in doneCTEs) so that
-// it does not match the predicate of tasks_active. With the statistics of a
-// table analyzed while small, PostgreSQL otherwise read every ready task
-// through tasks_active for each claim.
+// it matches the predicate of neither tasks_ready nor tasks_active. With the
+// statistics of a table analyzed while small, PostgreSQL otherwise read
+// every ready task through one of them for each claim.
 const claimPicksSQL = `
 WITH p AS (
 	SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::bool[]) WITH ORDINALITY AS p(task_id, w, ckpt, solo, ord)
