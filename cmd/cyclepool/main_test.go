@@ -305,3 +305,21 @@ func TestWorkerProcs(t *testing.T) {
 		t.Errorf("with GOMAXPROCS set: %d, want the runtime's %d", got, runtime.GOMAXPROCS(0))
 	}
 }
+
+func TestServeProcs(t *testing.T) {
+	for _, tc := range []struct {
+		flag     int
+		embedded bool
+		cpus     int
+		want     int
+	}{
+		{0, true, 2, 1}, {0, true, 1, 1}, {0, true, 16, 8}, {0, false, 2, 2}, {0, false, 16, 16}, {3, true, 16, 3}, {3, false, 2, 3},
+	} {
+		if got := serveProcs(tc.flag, false, tc.embedded, tc.cpus); got != tc.want {
+			t.Errorf("serveProcs(%d, false, %v, %d) = %d, want %d", tc.flag, tc.embedded, tc.cpus, got, tc.want)
+		}
+	}
+	if got := serveProcs(0, true, true, 64); got != runtime.GOMAXPROCS(0) {
+		t.Errorf("with GOMAXPROCS set: %d, want the runtime's %d", got, runtime.GOMAXPROCS(0))
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -21,6 +22,21 @@ import (
 	"github.com/cyclepool/cyclepool/wasmworker"
 	"github.com/cyclepool/cyclepool/wasmworker/headless"
 )
+
+// serveProcs is the GOMAXPROCS of a server process: flag when set, else
+// the runtime's own when the environment sets GOMAXPROCS, else half the
+// CPUs (at least one) when the server starts its embedded PostgreSQL, and
+// all of them otherwise. With the database, and usually the local worker,
+// on the same CPUs, the server's own spare Ps cost more than they give: on
+// 2 cores its CPU per single task fell by a sixth with one P, and the
+// task's latency by 0.3 ms (docs/BENCHMARKS.md).
+func serveProcs(flag int, envSet, embedded bool, cpus int) int {
+	def := cpus
+	if embedded {
+		def = max(1, cpus/2)
+	}
+	return procs(flag, envSet, def)
+}
 
 // runServe runs a server replica, with the embedded PostgreSQL unless a
 // database URL is given, and optionally a local headless worker.
@@ -36,9 +52,11 @@ func runServe(ctx context.Context, args []string) error {
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	pprofAddr := fs.String("pprof", "", "serve Go's profiler on this address (e.g. 127.0.0.1:6060)")
 	fairness := fs.String("fairness", "none", "fairness strategy: none, not-best, worst, worse-than-average, worse-than-majority or equal-or-worse-than-majority")
+	nprocs := fs.Int("procs", 0, "CPUs running the server's code at once (GOMAXPROCS); default: GOMAXPROCS if set, else half the CPUs with the embedded PostgreSQL, all of them with --database-url")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	runtime.GOMAXPROCS(serveProcs(*nprocs, os.Getenv("GOMAXPROCS") != "", *dbURL == "", runtime.NumCPU()))
 	strategy, err := sched.ParseStrategy(*fairness)
 	if err != nil {
 		return err

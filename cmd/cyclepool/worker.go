@@ -60,13 +60,19 @@ func runWorker(ctx context.Context, args []string) error {
 // cores in the dispatch benchmark. One P does the relaying of some 12,000
 // short tasks per second.
 func workerProcs(flag int, envSet bool, cpus int) int {
+	return procs(flag, envSet, max(1, cpus/4))
+}
+
+// procs is a process's GOMAXPROCS: flag when set, else the runtime's own
+// when the environment sets GOMAXPROCS, else def.
+func procs(flag int, envSet bool, def int) int {
 	switch {
 	case flag > 0:
 		return flag
 	case envSet:
 		return runtime.GOMAXPROCS(0)
 	}
-	return max(1, cpus/4)
+	return def
 }
 
 func defaultCacheDir() string {

@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -253,8 +254,10 @@ func (b *bench) startServer(ctx context.Context, db string) error {
 	l.Close()
 	b.url = fmt.Sprintf("http://127.0.0.1:%d", port)
 	tok := make(chan string, 1)
+	// The database runs on this machine, as serve's embedded one would:
+	// the server gets the CPUs it would get with it (serve --procs).
 	args := []string{"serve", "--addr", fmt.Sprintf("127.0.0.1:%d", port), "--database-url", db,
-		"--data-dir", filepath.Join(b.tmp, "srv"), "--log-level", "warn"}
+		"--data-dir", filepath.Join(b.tmp, "srv"), "--log-level", "warn", "--procs", strconv.Itoa(max(1, runtime.NumCPU()/2))}
 	if addr := os.Getenv("CYCLEPOOL_BENCH_PPROF"); addr != "" {
 		args = append(args, "--pprof", addr) // to profile the server under the benchmark's load
 	}
