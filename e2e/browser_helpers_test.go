@@ -152,7 +152,9 @@ type pageStatus struct {
 		Started    int `json:"started"`
 		Terminated int `json:"terminated"`
 		Busy       int `json:"busy"`
-		Ahead      int `json:"ahead"` // attempts run on an instance made ahead of time
+		Ahead      int `json:"ahead"`   // attempts run on an instance made ahead of time
+		Batches    int `json:"batches"` // messages that sent attempts to a task Web Worker
+		Sent       int `json:"sent"`    // attempts those messages sent
 	} `json:"taskWorkers"`
 	Modules struct {
 		Fetched int `json:"fetched"` // from the server (or the HTTP cache)

@@ -209,7 +209,8 @@ func main() {
 			"done": st.Done, "failed": st.Failed, "refused": st.Refused, "running": list,
 			"cpuMs": cpu.Milliseconds(), "paused": why != "", "pausedBecause": why,
 			"taskWorkers": map[string]any{"started": counts.Get("started"), "terminated": counts.Get("terminated"),
-				"busy": counts.Get("busy"), "ahead": counts.Get("ahead")},
+				"busy": counts.Get("busy"), "ahead": counts.Get("ahead"), "batches": counts.Get("batches"),
+				"sent": counts.Get("sent")},
 			"modules": map[string]any{"fetched": counts.Get("fetched"), "cached": counts.Get("cached")},
 			"trace":   trace,
 		})

@@ -74,7 +74,7 @@ function makeTasks(taskJs, server) {
   // terminated and busy; attempts whose instance was made ahead of time
   // (task.js); modules fetched from the server and found in the IndexedDB
   // cache.
-  const counts = { started: 0, terminated: 0, busy: 0, ahead: 0, fetched: 0, cached: 0 };
+  const counts = { started: 0, terminated: 0, busy: 0, ahead: 0, fetched: 0, cached: 0, batches: 0, sent: 0 };
   const hex = (buf) => Array.from(new Uint8Array(buf), (b) => b.toString(16).padStart(2, "0")).join("");
   const cache = moduleCache();
 
@@ -436,6 +436,8 @@ function makeTasks(taskJs, server) {
       list.push(p);
     }
     if (!wallTimer) wallTimer = setInterval(checkWall, 50);
+    counts.batches++;
+    counts.sent += list.length;
     w.postMessage({ type: "run", list, postedAt: now() });
   }
 
