@@ -15,6 +15,12 @@
 // the server). When the caller is root, PostgreSQL refuses to run as root, so
 // initdb and postgres run as the "postgres" user (or "nobody"), which is made
 // the owner of Dir/data and Dir/run.
+//
+// It runs on Linux and macOS (sys_linux.go, sys_darwin.go); elsewhere Start
+// returns an error that names --database-url. On Linux the server is told
+// to shut down when this process dies; on macOS a server orphaned by a
+// crash is shut down by the next Start, which recognises it by its name
+// and start time.
 package pgembed
 
 import (
