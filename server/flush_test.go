@@ -1,0 +1,78 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/pgtest"
+	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/store"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// The completion flusher wakes this replica's long polls itself once it has
+// committed the end of a workflow, without waiting for the database's
+// notification. The server here runs no listener (Run is not called), so
+// only the flusher can wake the waiter.
+func TestCompletionFlushWakesTheLongPoll(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	tok, err := st.CreateOwner(ctx, "owner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner, err := st.OwnerByToken(ctx, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod := "sha256:" + fmt.Sprintf("%064x", 1)
+	if _, _, err := st.PutModule(ctx, owner.ID, mod, []byte("\x00asm"), []string{}); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := st.RegisterWorker(ctx, store.WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := st.CreateWorkflow(ctx, owner.ID, &store.NewWorkflow{Name: "one", Priority: "interactive", Tasks: []store.NewTask{{
+		Name: "t", Module: mod, MaxAttempts: 1, TimeoutMS: 1000, MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cands, err := st.Candidates(ctx, 1)
+	if err != nil || len(cands) != 1 {
+		t.Fatalf("candidates %v: %v", cands, err)
+	}
+	claimed, err := st.ClaimPicks(ctx, []store.Pick{{TaskID: cands[0].TaskID, Worker: reg.ID}}, time.Minute)
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claimed %v: %v", claimed, err)
+	}
+
+	s := New(st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	woken, forget := s.ends.add(strings.ToLower(id))
+	defer forget()
+	gone := make(chan struct{})
+	close(gone) // the ack is dropped: no socket behind this connection
+	c := &conn{id: reg.ID, done: gone, log: slog.New(slog.DiscardHandler)}
+	s.flushCompletions(ctx, []completion{{c: c, of: protocol.AckResult,
+		comp: store.Completion{Attempt: claimed[0].Attempt, Worker: reg.ID, OK: true}}})
+	select {
+	case finished := <-woken:
+		if !finished {
+			t.Fatal("the waiter was woken to look again, want told the workflow finished")
+		}
+	default:
+		t.Fatal("the flusher committed the workflow's end and did not wake its waiter")
+	}
+	if sum, err := st.Summary(ctx, owner.ID, id); err != nil || sum.State != store.StateDone {
+		t.Fatalf("workflow after the flush: %+v, %v", sum, err)
+	}
+}
