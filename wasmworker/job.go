@@ -34,7 +34,8 @@ type Job struct {
 	Assign   *protocol.Assign // what the server sent: args, stdin, inputs, restore, seed, limits
 	ModuleID string           // "sha256:<hex>"
 	// Fetch returns the module bytes. A runner that already holds a compiled
-	// module for ModuleID need not call it.
+	// module for ModuleID need not call it. It is nil in the browser, where
+	// the page fetches and caches modules itself.
 	Fetch func(ctx context.Context) ([]byte, error)
 	Host  Host
 }

@@ -4,14 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/coder/websocket"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 )
@@ -50,8 +46,6 @@ type Config struct {
 	// Volunteer is the browser volunteer's id, if any.
 	Volunteer string
 	Logger    *slog.Logger
-	// HTTPClient fetches modules (default http.DefaultClient).
-	HTTPClient *http.Client
 	// Gather is how long an outcome may wait for others, to travel in one
 	// frame with them, while other attempts run or wait (default 0: an
 	// outcome goes at once, with those that finished while the previous
@@ -112,9 +106,6 @@ func New(cfg Config) *Worker {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
-	}
-	if cfg.HTTPClient == nil {
-		cfg.HTTPClient = http.DefaultClient
 	}
 	if cfg.Device == nil {
 		cfg.Device = func() protocol.Device { return protocol.Device{} }
@@ -194,7 +185,7 @@ func wsURL(server string) string {
 // session runs one connection to server until it breaks.
 func (w *Worker) session(ctx context.Context, server string) error {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	ws, _, err := websocket.Dial(dctx, wsURL(server), w.dialOptions())
+	ws, err := dial(dctx, wsURL(server))
 	cancel()
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
@@ -291,42 +282,34 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	return err
 }
 
-func writeFrame(ctx context.Context, ws *websocket.Conn, f *protocol.Frame) error {
+func writeFrame(ctx context.Context, ws conn, f *protocol.Frame) error {
 	data, bin, err := protocol.Encode(f)
 	if err != nil {
 		return err
 	}
-	typ := websocket.MessageText
-	if bin {
-		typ = websocket.MessageBinary
-	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return ws.Write(wctx, typ, data)
+	return ws.Write(wctx, bin, data)
 }
 
-func readFrame(ctx context.Context, ws *websocket.Conn, timeout time.Duration) (*protocol.Frame, error) {
+func readFrame(ctx context.Context, ws conn, timeout time.Duration) (*protocol.Frame, error) {
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	typ, data, err := ws.Read(rctx)
+	bin, data, err := ws.Read(rctx)
 	if err != nil {
 		return nil, err
 	}
-	return protocol.Decode(data, typ == websocket.MessageBinary)
+	return protocol.Decode(data, bin)
 }
 
-func (w *Worker) writeLoop(ctx context.Context, ws *websocket.Conn, out chan outMsg) error {
+func (w *Worker) writeLoop(ctx context.Context, ws conn, out chan outMsg) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case m := <-out:
-			typ := websocket.MessageText
-			if m.binary {
-				typ = websocket.MessageBinary
-			}
 			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			err := ws.Write(wctx, typ, m.data)
+			err := ws.Write(wctx, m.binary, m.data)
 			cancel()
 			if err != nil {
 				return fmt.Errorf("write: %w", err)
@@ -493,13 +476,13 @@ func (w *Worker) heartbeatLoop(ctx context.Context, every time.Duration) error {
 	}
 }
 
-func (w *Worker) readLoop(ctx context.Context, ws *websocket.Conn, server string) error {
+func (w *Worker) readLoop(ctx context.Context, ws conn, server string) error {
 	for {
-		typ, data, err := ws.Read(ctx)
+		bin, data, err := ws.Read(ctx)
 		if err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
-		f, err := protocol.Decode(data, typ == websocket.MessageBinary)
+		f, err := protocol.Decode(data, bin)
 		if err != nil {
 			return fmt.Errorf("bad frame from server: %w", err)
 		}
@@ -576,7 +559,7 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 			}
 		}
 		job := &Job{Assign: as, ModuleID: as.Module, Host: &host{w: w, a: a},
-			Fetch: func(ctx context.Context) ([]byte, error) { return w.fetchModule(ctx, server, as.Module) }}
+			Fetch: w.moduleFetcher(server, as.Module)}
 		out := w.cfg.Runner.Run(actx, job)
 		var f *protocol.Frame
 		if out.Reason == "" {
@@ -607,39 +590,6 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 			w.DeviceChanged() // a heartbeat now carries the new queue
 		}
 	})
-}
-
-// fetchModule returns module bytes, from memory or from the server.
-func (w *Worker) fetchModule(ctx context.Context, server, id string) ([]byte, error) {
-	w.mu.Lock()
-	b, ok := w.modules[id]
-	w.mu.Unlock()
-	if ok {
-		return b, nil
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(server, "/")+"/modules/"+id, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := w.cfg.HTTPClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("fetch module %s: %w", id, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("fetch module %s: %s", id, resp.Status)
-	}
-	b, err = io.ReadAll(io.LimitReader(resp.Body, 256<<20))
-	if err != nil {
-		return nil, fmt.Errorf("fetch module %s: %w", id, err)
-	}
-	w.mu.Lock()
-	if len(w.modules) > 64 {
-		clear(w.modules)
-	}
-	w.modules[id] = b
-	w.mu.Unlock()
-	return b, nil
 }
 
 // host is the Host of one attempt.

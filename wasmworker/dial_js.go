@@ -1,7 +1,0 @@
-//go:build js
-
-package wasmworker
-
-import "github.com/coder/websocket"
-
-func (w *Worker) dialOptions() *websocket.DialOptions { return &websocket.DialOptions{} }
