@@ -79,7 +79,9 @@ func (s *Server) listenOnce(ctx context.Context, pool *pgxpool.Pool) error {
 
 // maintain runs the leader-only maintenance: one replica at a time (a
 // leader row with a TTL in PostgreSQL) expires lapsed leases, queueing their
-// tasks again, and marks workers of vanished replicas as disconnected.
+// tasks again, marks workers of vanished replicas as disconnected and, once
+// an hour, deletes the records of workers gone for longer than
+// Config.WorkerRetention.
 func (s *Server) maintain(ctx context.Context) {
 	const name = "maintenance"
 	ttl := 3 * s.cfg.Heartbeat
@@ -94,7 +96,7 @@ func (s *Server) maintain(ctx context.Context) {
 	defer t.Stop()
 	leading := false
 	lastElect := time.Time{}
-	lastForget := time.Time{}
+	lastForget, lastPrune := time.Time{}, time.Time{}
 	defer func() {
 		if leading {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
@@ -148,6 +150,32 @@ func (s *Server) maintain(ctx context.Context) {
 				s.log.Warn("forget stale workers", "err", err)
 			}
 		}
+		if time.Since(lastPrune) > time.Hour {
+			lastPrune = time.Now()
+			s.pruneWorkers(ctx)
+		}
+	}
+}
+
+// pruneWorkers deletes the records of workers gone for longer than
+// Config.WorkerRetention, a thousand per transaction.
+func (s *Server) pruneWorkers(ctx context.Context) {
+	var total int64
+	for ctx.Err() == nil {
+		n, err := s.store.PruneWorkers(ctx, s.cfg.WorkerRetention, 1000)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("prune workers", "err", err)
+			}
+			break
+		}
+		total += n
+		if n < 1000 {
+			break
+		}
+	}
+	if total > 0 {
+		s.log.Info("pruned the records of workers gone for long", "workers", total, "retention", s.cfg.WorkerRetention)
 	}
 }
 

@@ -45,6 +45,9 @@ type Config struct {
 	MaxFrameBytes int
 	// MaxModuleBytes bounds an uploaded module (default 64 MiB).
 	MaxModuleBytes int
+	// WorkerRetention is how long the record of a disconnected worker is
+	// kept (default 30 days); maintenance deletes older ones, every hour.
+	WorkerRetention time.Duration
 	// Fairness is the fairness strategy of the dispatcher (default none);
 	// deadlock prevention switches it off for a task that waited too long.
 	Fairness sched.Strategy
@@ -76,6 +79,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxModuleBytes <= 0 {
 		c.MaxModuleBytes = 64 << 20
+	}
+	if c.WorkerRetention <= 0 {
+		c.WorkerRetention = 30 * 24 * time.Hour
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -47,6 +47,7 @@ func runServe(ctx context.Context, args []string) error {
 	dataDir := fs.String("data-dir", "data", "directory for the embedded PostgreSQL, the owner token and caches")
 	localSlots := fs.Int("local-worker", 0, "also run a headless worker with this many slots in this process (0: none)")
 	lease := fs.Duration("lease", 15*time.Second, "how long an attempt survives without a heartbeat before its task is requeued")
+	retention := fs.Duration("worker-retention", 30*24*time.Hour, "how long the record of a disconnected worker is kept (its reputation with it)")
 	poll := fs.Duration("poll", time.Second, "how often the dispatcher looks for ready tasks without being told of them (notifications tell it at once)")
 	replica := fs.String("replica", "", "name of this replica (default: host name and port)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -90,7 +91,7 @@ func runServe(ctx context.Context, args []string) error {
 		host, _ := os.Hostname()
 		*replica = fmt.Sprintf("%s:%d", host, ln.Addr().(*net.TCPAddr).Port)
 	}
-	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Poll: *poll, Fairness: strategy, Logger: log})
+	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Poll: *poll, Fairness: strategy, WorkerRetention: *retention, Logger: log})
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()

@@ -274,3 +274,92 @@ func BenchmarkTaskChanges(b *testing.B) {
 		}
 	}
 }
+
+func TestPruneWorkers(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	register := func() Registration {
+		t.Helper()
+		reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "browser", Slots: 1}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reg
+	}
+	gone := func(reg Registration, ago time.Duration) {
+		t.Helper()
+		if err := f.s.WorkerGone(ctx, reg.ID, reg.Session); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.s.pool.Exec(ctx, `UPDATE workers SET last_seen = now() - $2 * interval '1 second' WHERE id = $1`,
+			reg.ID, ago.Seconds()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old1, old2, recent, connected := register(), register(), register(), register()
+	gone(old1, 40*24*time.Hour)
+	gone(old2, 31*24*time.Hour)
+	gone(recent, 29*24*time.Hour)
+	// A connected worker is kept however long ago it was last seen (its
+	// replica's maintenance may lag).
+	if _, err := f.s.pool.Exec(ctx, `UPDATE workers SET last_seen = now() - interval '90 days' WHERE id = $1`, connected.ID); err != nil {
+		t.Fatal(err)
+	}
+	exists := func(id string) bool {
+		t.Helper()
+		var n int
+		if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM workers WHERE id = $1`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	sessions := func(id string) int {
+		t.Helper()
+		var n int
+		if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM worker_sessions WHERE worker_id = $1`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if sessions(old1.ID) != 1 {
+		t.Fatalf("the old worker has %d sessions before pruning, want 1", sessions(old1.ID))
+	}
+
+	cases := []struct {
+		limit int
+		want  int64
+	}{
+		{1, 1}, // one at a time when asked
+		{100, 1},
+		{100, 0}, // nothing left to prune
+	}
+	for _, c := range cases {
+		n, err := f.s.PruneWorkers(ctx, 30*24*time.Hour, c.limit)
+		if err != nil || n != c.want {
+			t.Fatalf("PruneWorkers(limit %d) = %d, %v; want %d", c.limit, n, err, c.want)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		id   string
+		kept bool
+	}{
+		{"disconnected 40 days ago", old1.ID, false},
+		{"disconnected 31 days ago", old2.ID, false},
+		{"disconnected 29 days ago", recent.ID, true},
+		{"connected, not seen for 90 days", connected.ID, true},
+		{"the fixture's worker", f.worker, true},
+	} {
+		if exists(c.id) != c.kept {
+			t.Errorf("%s: kept %v, want %v", c.name, !c.kept, c.kept)
+		}
+	}
+	if n := sessions(old1.ID); n != 0 {
+		t.Errorf("a pruned worker keeps %d sessions", n)
+	}
+	// A pruned worker that comes back with its old identity is a new worker.
+	back, err := f.s.RegisterWorker(ctx, WorkerHello{ID: old1.ID, Token: old1.Token, Kind: "browser", Slots: 1}, time.Minute)
+	if err != nil || back.ID == old1.ID || back.ID == "" {
+		t.Errorf("a pruned worker reconnecting: %+v, %v; want a new id", back, err)
+	}
+}

@@ -143,6 +143,26 @@ func (s *Store) ForgetReplicaWorkers(ctx context.Context, after time.Duration) e
 	return nil
 }
 
+// PruneWorkers deletes the records of at most limit workers that have been
+// disconnected for longer than after, with their connection history, and
+// returns how many it deleted. Every browser page that opens is a new
+// worker, so without this the table grows with every visit. Their attempts
+// keep the worker ids (in their reasons and history); a pruned worker that
+// comes back is a new worker, with a reputation built anew.
+func (s *Store) PruneWorkers(ctx context.Context, after time.Duration, limit int) (int64, error) {
+	var n int64
+	err := s.pool.QueryRow(ctx, `WITH gone AS (
+			DELETE FROM workers WHERE id IN (SELECT id FROM workers
+				WHERE NOT connected AND last_seen < now() - $1 * interval '1 millisecond' LIMIT $2)
+			RETURNING id),
+		sessions AS (DELETE FROM worker_sessions ws USING gone WHERE ws.worker_id = gone.id)
+		SELECT count(*) FROM gone`, after.Milliseconds(), limit).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("prune workers: %w", err)
+	}
+	return n, nil
+}
+
 // TouchWorkers records that the listed workers are still connected.
 func (s *Store) TouchWorkers(ctx context.Context, ids []string) error {
 	if len(ids) == 0 {
