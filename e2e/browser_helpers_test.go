@@ -160,6 +160,9 @@ type pageStatus struct {
 		Fetched int `json:"fetched"` // from the server (or the HTTP cache)
 		Cached  int `json:"cached"`  // from IndexedDB
 	} `json:"modules"`
+	Identity struct {
+		ID string `json:"id"` // the worker's id, once the server gave it
+	} `json:"identity"`
 }
 
 func (b *browser) status() pageStatus {

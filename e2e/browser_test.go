@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -550,4 +551,83 @@ func TestBrowserIdlePageQuiet(t *testing.T) {
 		t.Fatalf("workflow %s", st.State)
 	}
 	eventually(t, 5*time.Second, "the page to count the task", func() bool { return b.status().Done == 1 })
+}
+
+// A volunteer's browser is the same worker on every visit, so that its
+// record and reputation carry over (and the server does not keep a new
+// worker per visit); a second page open meanwhile is another worker, since
+// two connections cannot share one identity.
+func TestBrowserKeepsItsWorkerIdentity(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	b := newBrowser(t, 1280, 900, charging)
+	workerID := func(b *browser) string {
+		t.Helper()
+		var id string
+		eventually(t, 10*time.Second, "the page to report its worker id", func() bool {
+			id = b.status().Identity.ID
+			return id != ""
+		})
+		return id
+	}
+	connected := func() []string {
+		t.Helper()
+		l, err := p.client.Workers(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, w := range l.Workers {
+			ids = append(ids, w.ID)
+		}
+		slices.Sort(ids)
+		return ids
+	}
+
+	openVolunteerPage(t, b, p.srv.url)
+	first := workerID(b)
+	// The volunteer comes back: same worker.
+	b.do(chromedp.Navigate("about:blank"))
+	openVolunteerPage(t, b, p.srv.url)
+	if id := workerID(b); id != first {
+		t.Fatalf("second visit connected as worker %s, want %s as on the first", id, first)
+	}
+	// The worker stops and starts again in the same page: same worker.
+	b.do(chromedp.Click(chromedp.ID("toggle")))
+	eventually(t, 10*time.Second, "the worker to stop", func() bool { return !b.status().Connected })
+	b.do(chromedp.Click(chromedp.ID("toggle")))
+	eventually(t, 30*time.Second, "the worker to reconnect", func() bool { return b.status().Connected })
+	if id := workerID(b); id != first {
+		t.Fatalf("after stop and start the page is worker %s, want %s", id, first)
+	}
+
+	// A second page of the same origin open meanwhile (here in a frame: it
+	// shares the first tab's storage and Web Locks as another tab would) is
+	// a new worker.
+	b.eval(`new Promise((resolve) => {
+		const f = document.createElement("iframe");
+		f.id = "second"; f.src = "/?autostart=1"; f.onload = () => resolve(true);
+		document.body.append(f);
+	})`, nil)
+	var second string
+	eventually(t, 30*time.Second, "the second page's worker to connect", func() bool {
+		var st *pageStatus
+		b.eval(`document.getElementById("second").contentWindow.cyclepool?.status ?? null`, &st)
+		if st != nil && st.Connected {
+			second = st.Identity.ID
+		}
+		return second != ""
+	})
+	if second == first {
+		t.Fatalf("a second page took the first one's identity %s", first)
+	}
+	want := []string{first, second}
+	slices.Sort(want)
+	eventually(t, 10*time.Second, "the server to list both pages' workers", func() bool { return slices.Equal(connected(), want) })
+	// It did not replace the first page's identity for later visits.
+	var saved struct{ ID string }
+	b.eval(`JSON.parse(localStorage.getItem("cyclepool.worker"))`, &saved)
+	if saved.ID != first {
+		t.Errorf("the identity kept for later visits is %q, want the first page's %s", saved.ID, first)
+	}
 }

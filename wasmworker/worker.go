@@ -43,6 +43,11 @@ type Config struct {
 	// Device reports the device state for hello and heartbeats; nil reports
 	// nothing known.
 	Device func() protocol.Device
+	// ID and Token are an identity the server gave this worker before
+	// (Identity), to connect as the same worker again: its record and
+	// reputation carry over. The server gives a new identity when it does
+	// not recognise them. Empty: a new worker.
+	ID, Token string
 	// Volunteer is the browser volunteer's id, if any.
 	Volunteer string
 	Logger    *slog.Logger
@@ -114,7 +119,7 @@ func New(cfg Config) *Worker {
 		cfg.Queue = 0
 	}
 	cfg.MaxQueue = min(cfg.MaxQueue, protocol.QueueLimit(cfg.Slots))
-	return &Worker{cfg: cfg, log: cfg.Logger, running: map[int64]*attempt{}, pending: map[int64]*protocol.Frame{},
+	return &Worker{cfg: cfg, log: cfg.Logger, id: cfg.ID, token: cfg.Token, running: map[int64]*attempt{}, pending: map[int64]*protocol.Frame{},
 		modules: map[string][]byte{}, connected: make(chan struct{}), slotSem: make(chan struct{}, cfg.Slots), hbNow: make(chan struct{}, 1),
 		outboxNew: make(chan struct{}, 1), queue: cfg.Queue, attempts: newGoPool(cfg.Slots + max(cfg.Queue, cfg.MaxQueue))}
 }
@@ -126,6 +131,15 @@ func (w *Worker) Stats() Stats {
 	st := w.stats
 	st.Pending = len(w.pending)
 	return st
+}
+
+// Identity returns the worker's id and reconnect token, as the server last
+// gave them (empty before the first connection), for Config.ID and
+// Config.Token of a later run.
+func (w *Worker) Identity() (id, token string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.id, w.token
 }
 
 // DeviceChanged sends a heartbeat with the device state now rather than at

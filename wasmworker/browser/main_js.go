@@ -28,6 +28,7 @@ type bridge struct {
 
 type initMsg struct {
 	server, volunteer string
+	id, token         string // the identity this page's worker had before, if the page kept it
 }
 
 // receive is called by worker.js for every message from the page. It runs
@@ -40,7 +41,11 @@ func (b *bridge) receive(_ js.Value, args []js.Value) any {
 		b.settings = readSettings(m.Get("settings"))
 		b.device = readDevice(m.Get("device"))
 		b.mu.Unlock()
-		b.initc <- initMsg{server: m.Get("server").String(), volunteer: m.Get("volunteer").String()}
+		init := initMsg{server: m.Get("server").String(), volunteer: m.Get("volunteer").String()}
+		if id := m.Get("identity"); id.Type() == js.TypeObject {
+			init.id, init.token = stringOf(id.Get("id")), stringOf(id.Get("token"))
+		}
+		b.initc <- init
 	case "device":
 		b.mu.Lock()
 		b.device = readDevice(m.Get("device"))
@@ -114,6 +119,14 @@ func numOrNil(v js.Value) *float64 {
 	return &f
 }
 
+// stringOf returns v if it is a string, else "".
+func stringOf(v js.Value) string {
+	if v.Type() != js.TypeString {
+		return ""
+	}
+	return v.String()
+}
+
 func strOr(v js.Value) string {
 	if v.Type() != js.TypeString {
 		return protocol.Unknown
@@ -160,6 +173,7 @@ func main() {
 	w := wasmworker.New(wasmworker.Config{Servers: []string{init.server}, Slots: threads, Queue: queuePerThread * threads,
 		MaxQueue: maxQueuePerThread * threads, RunnerQueues: true,
 		Kind: protocol.KindBrowser, Runner: r, Device: b.protocolDevice, Volunteer: init.volunteer, Logger: log,
+		ID: init.id, Token: init.token,
 		Gather: gather})
 	r.connected = func() bool { return w.Stats().Connected }
 	// A change of settings or device state (the charger unplugged, the tab
@@ -198,7 +212,10 @@ func main() {
 		}
 		counts := r.tasks.Get("counts")
 		trace := r.traced()
-		key := fmt.Sprint(st.Connected, st.Server, st.Done, st.Failed, st.Refused, shown, cpu.Milliseconds(), why,
+		// The page keeps the identity for its next visit (one tab at a time:
+		// web/static/page.js).
+		id, token := w.Identity()
+		key := fmt.Sprint(id, st.Connected, st.Server, st.Done, st.Failed, st.Refused, shown, cpu.Milliseconds(), why,
 			stringify.Invoke(counts).String(), stringify.Invoke(trace).String())
 		if key == last {
 			return
@@ -208,6 +225,7 @@ func main() {
 			"type": "status", "since": since, "connected": st.Connected, "server": st.Server,
 			"done": st.Done, "failed": st.Failed, "refused": st.Refused, "running": list,
 			"cpuMs": cpu.Milliseconds(), "paused": why != "", "pausedBecause": why,
+			"identity": map[string]any{"id": id, "token": token},
 			"taskWorkers": map[string]any{"started": counts.Get("started"), "terminated": counts.Get("terminated"),
 				"busy": counts.Get("busy"), "ahead": counts.Get("ahead"), "batches": counts.Get("batches"),
 				"sent": counts.Get("sent")},

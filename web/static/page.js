@@ -31,6 +31,20 @@
   }
   const totals = Object.assign({ done: 0, cpuMs: 0 }, store.get("totals", {}));
 
+  // The worker's identity (its id and reconnect token, from the server) is
+  // kept across visits, so that the server knows this browser again: its
+  // record and reputation carry over, instead of a new worker every visit.
+  // One tab at a time uses it, the one holding this Web Lock for its life;
+  // another tab, or a browser without Web Locks, computes as a new worker.
+  const identityHeld = new Promise((resolve) => {
+    if (!navigator.locks) return resolve(false);
+    navigator.locks.request("cyclepool.worker", { ifAvailable: true }, (lock) => {
+      resolve(!!lock);
+      if (lock) return new Promise(() => {}); // released when the page closes
+    }).catch(() => resolve(false));
+  });
+  let keepIdentity = false;
+
   // ---- device state as the page sees it; "unknown" when an API is absent ----
   const device = {
     battery: null, charging: "unknown", connection: "unknown", downlink: null, rtt: null, saveData: "unknown",
@@ -72,12 +86,16 @@
   async function start() {
     if (worker || !body.workerWasm) return;
     await batteryReady;
+    keepIdentity = await identityHeld;
+    if (worker) return; // started meanwhile
+    const saved = keepIdentity ? store.get("worker", null) : null;
     worker = new Worker(body.workerJs, { name: "cyclepool-worker" });
     worker.onmessage = (e) => onWorkerMessage(e.data);
     worker.onerror = (e) => { setState("The worker failed: " + (e.message || "error")); stopNow(); };
     worker.postMessage({
       type: "init", wasmExec: body.wasmExec, wasm: body.workerWasm, taskJs: body.taskJs,
       server: location.origin, volunteer, settings: { ...settings }, device: { ...device },
+      identity: saved && typeof saved.id === "string" && typeof saved.token === "string" ? saved : null,
     });
     status = { connected: false };
     render();
@@ -107,6 +125,8 @@
       totals.done += Math.max(0, m.done - lastDone); totals.cpuMs += Math.max(0, m.cpuMs - lastCpu);
       lastDone = m.done; lastCpu = m.cpuMs;
       store.set("totals", totals);
+      const id = m.identity;
+      if (keepIdentity && id && id.id && id.id !== store.get("worker", {})?.id) store.set("worker", { id: id.id, token: id.token });
       status = m;
       render();
     } else if (m.type === "stopped") {
