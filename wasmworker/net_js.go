@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall/js"
+	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 )
@@ -59,8 +60,13 @@ func dial(ctx context.Context, url string) (_ conn, err error) {
 			f.Release()
 		}
 	})
-	// An error event says nothing more than that the close event follows.
-	c.handle("error", func(js.Value) {})
+	// An error event says nothing of its cause; in browsers the close event
+	// follows, elsewhere (Node) the socket may just be closed.
+	c.handle("error", func(js.Value) {
+		if c.ws.Get("readyState").Int() == 3 {
+			c.end(errors.New("connection failed"))
+		}
+	})
 	select {
 	case <-c.opened:
 		return c, nil
@@ -121,9 +127,13 @@ func (c *jsConn) end(err error) {
 }
 
 // Read returns the next message received; those received before the
-// connection ended are read first.
+// server closed the connection are read first (after the worker's own
+// close, none is).
 func (c *jsConn) Read(ctx context.Context) (bool, []byte, error) {
 	for {
+		if err := ctx.Err(); err != nil {
+			return false, nil, err
+		}
 		c.mu.Lock()
 		if len(c.queue) > 0 {
 			m := c.queue[0]
@@ -157,12 +167,31 @@ func (c *jsConn) Read(ctx context.Context) (bool, []byte, error) {
 	}
 }
 
-// Write hands one message to the browser, which queues it for sending.
-func (c *jsConn) Write(_ context.Context, binary bool, data []byte) error {
-	select {
-	case <-c.closed:
-		return c.err
-	default:
+// maxBuffered is how much the browser may hold unsent before Write waits:
+// on a connection that stalled (a phone between networks) Write then fails
+// when its context ends, as the native one does, and the worker reconnects.
+const maxBuffered = 8 << 20
+
+// Write hands one message to the browser, which queues it for sending,
+// once the browser holds less than maxBuffered unsent.
+func (c *jsConn) Write(ctx context.Context, binary bool, data []byte) error {
+	for {
+		select {
+		case <-c.closed:
+			return c.err
+		default:
+		}
+		if c.ws.Get("bufferedAmount").Int() < maxBuffered {
+			break
+		}
+		select {
+		case <-c.closed:
+			return c.err
+		case <-ctx.Done():
+			c.close("send stalled")
+			return fmt.Errorf("send: %d bytes unsent: %w", c.ws.Get("bufferedAmount").Int(), ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 	var v any
 	if binary {
@@ -194,6 +223,9 @@ func (c *jsConn) CloseNow() error {
 // rest.)
 func (c *jsConn) close(why string) {
 	c.end(errors.New("connection closed by the worker"))
+	c.mu.Lock()
+	c.queue = nil
+	c.mu.Unlock()
 	catch(func() { c.ws.Call("close", 1000, why) })
 }
 
@@ -205,7 +237,11 @@ func catch(f func()) (err error) {
 			if !ok {
 				panic(r)
 			}
-			err = errors.New(jerr.Get("message").String())
+			if jerr.Type() == js.TypeObject {
+				err = errors.New(jerr.Get("message").String())
+			} else {
+				err = errors.New(jerr.Value.String())
+			}
 		}
 	}()
 	f()
