@@ -926,7 +926,7 @@ func (p *slotPool) spawn(ctx context.Context) (c *slotProc, err error) {
 	}
 	cmd := exec.Command(p.exe, "cyclepool-slot-process")
 	cmd.Env = append(os.Environ(), slotEnv+"=1")
-	cmd.ExtraFiles = []*os.File{reqR, repW} // fds 3 and 4
+	cmd.Stdin, cmd.Stdout = reqR, repW // wire.go
 	var gateFile *os.File
 	if gateSupported {
 		f, g, err := newGateFile(c.dir)
@@ -934,7 +934,7 @@ func (p *slotPool) spawn(ctx context.Context) (c *slotProc, err error) {
 			p.log.Warn("slot process without a gate: attempts are not pipelined", "err", err)
 		} else {
 			gateFile = f
-			cmd.ExtraFiles = append(cmd.ExtraFiles, f) // fd 5
+			cmd.ExtraFiles = []*os.File{f} // fd 3
 			p.mu.Lock()
 			c.gate = g
 			p.mu.Unlock()

@@ -74,14 +74,19 @@ func serveSlot() int {
 	// spin and wake each other around every blocking read of the pipe.
 	// A garbage collection still runs: this goroutine allocates, and so
 	// assists it and lets its workers run when it blocks.
-	runtime.GOMAXPROCS(1)
+	// Where the kernel cannot end a slot process with its worker, a
+	// watcher does, and it needs a second P to run while an attempt runs
+	// compiled code.
+	procs := 1
+	if watchParent() {
+		procs = 2
+	}
+	runtime.GOMAXPROCS(procs)
 	// Signals are for the worker, which stops its slots itself.
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	in, out := os.NewFile(3, "slot-requests"), os.NewFile(4, "slot-replies")
-	if in == nil || out == nil {
-		fmt.Fprintln(os.Stderr, "cyclepool slot process: no pipes on fds 3 and 4")
-		return 2
-	}
+	in, out := os.Stdin, os.Stdout
+	// Nothing else may write to the reply pipe.
+	os.Stdin, os.Stdout = nil, os.Stderr
 	c := &slotChild{dec: newWireDecoder(in), enc: newWireEncoder(out)}
 	var init slotRequest
 	if err := c.dec.Decode(&init); err != nil || init.Kind != reqInit {
@@ -106,7 +111,7 @@ func serveSlot() int {
 		return 1
 	}
 	if init.Gate {
-		f := os.NewFile(5, "slot-gate")
+		f := os.NewFile(3, "slot-gate")
 		g, err := mapGate(f)
 		if f != nil {
 			f.Close() // the mapping stays

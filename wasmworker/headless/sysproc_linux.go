@@ -29,6 +29,10 @@ func slotSysProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 }
 
+// watchParent reports false: on Linux the kernel kills a slot process
+// whose worker died (slotSysProcAttr's parent-death signal).
+func watchParent() bool { return false }
+
 // freeBytes returns the bytes free for an unprivileged user in the file
 // system holding dir, 0 when unknown.
 func freeBytes(dir string) uint64 {

@@ -12,7 +12,7 @@ import (
 func selfExecutable() (string, error) { return os.Executable() }
 
 // slotSysProcAttr: no process group or parent-death signal outside Linux; a
-// slot process whose worker died exits when it next reads its pipe.
+// slot process watches for its worker's death itself (watchParent).
 func slotSysProcAttr() *syscall.SysProcAttr { return nil }
 
 // freeBytes returns 0: unknown (so /dev/shm is not used).

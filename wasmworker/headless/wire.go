@@ -5,9 +5,10 @@ package headless
 //
 // The parent starts the child from its own executable (os.Executable) with
 // CYCLEPOOL_SLOT_PROCESS=1 in the environment and two pipes: the child reads
-// requests from file descriptor 3 and writes replies to file descriptor 4.
-// Its stdin and stdout are /dev/null; its stderr goes to the parent, which
-// keeps the last few KiB to explain a crash.
+// requests from its stdin and writes replies to its stdout (the only
+// descriptors a child inherits on every system: Windows passes no others).
+// Its stderr goes to the parent, which keeps the last few KiB to explain a
+// crash.
 //
 // Each pipe carries a sequence of messages, each prefixed by its length and
 // written with one write (wirecodec.go). Every message is one slotRequest
@@ -42,7 +43,7 @@ package headless
 // time limit, and when it has been idle too long.
 //
 // Pipelined attempts. With a gate (init's Gate: an 8-byte word in a file
-// both processes map, passed as file descriptor 5), the parent may send the
+// both processes map, passed as file descriptor 3 on Unix), the parent may send the
 // run requests of further attempts (up to pipelineDepth in all, of modules
 // the child has loaded) while one runs: the child reads them after the
 // attempt (or while it waits for a checkpoint's answer, which keeps them in
@@ -68,7 +69,7 @@ const slotEnv = "CYCLEPOOL_SLOT_PROCESS"
 // wireVersion changes with any incompatible change of the messages below.
 // Parent and child are the same executable, so it only guards against a
 // binary replaced on disk while the worker runs.
-const wireVersion = 3
+const wireVersion = 4
 
 type requestKind uint8
 
@@ -87,7 +88,7 @@ type slotRequest struct {
 	Version  int
 	CacheDir string // wazero's compilation cache; "" = in memory only
 	Dir      string // the child's own directory, made and removed by the parent
-	Gate     bool   // file descriptor 5 holds the gate (gate_unix.go)
+	Gate     bool   // file descriptor 3 holds the gate (gate_unix.go)
 
 	// load and run
 	ModuleID string
