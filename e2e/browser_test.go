@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -221,7 +222,15 @@ func TestBrowserOfflineDelivery(t *testing.T) {
 		"checkpoint_interval": "1s"}))
 	eventually(t, 30*time.Second, "the task to run in the browser", func() bool { return len(b.status().Running) == 1 })
 
-	srv.kill() // the connection is gone, as when a laptop leaves the Wi-Fi
+	// The network goes quiet first, as when a laptop leaves the Wi-Fi: the
+	// frozen server acknowledges nothing, so the checkpoint the task makes
+	// meanwhile waits for an ack that the end of the connection then loses.
+	// The task must go on at once rather than wait for a reconnection.
+	if err := syscall.Kill(-srv.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	srv.kill() // the connection is gone
 	eventually(t, 10*time.Second, "the page to see it is disconnected", func() bool { return !b.status().Connected })
 	eventually(t, 30*time.Second, "the task to finish offline", func() bool { s := b.status(); return s.Done == 1 && !s.Connected })
 	b.screenshot("volunteer-offline", 360, 800)

@@ -328,15 +328,7 @@ func (r *runner) run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 			tr.kept = nil // superseded
 			r.mu.Unlock()
 			go func() {
-				code := 1
-				if job.Host != nil {
-					if err := job.Host.Checkpoint(ctx, state); err == nil {
-						code = 0
-					} else {
-						r.log.Debug("checkpoint not saved", "task", as.Task, "attempt", as.Attempt, "err", err)
-					}
-				}
-				r.answer.Invoke(float64(as.Attempt), code)
+				r.answer.Invoke(float64(as.Attempt), r.checkpoint(ctx, job, tr, state))
 			}()
 		}
 	}
@@ -390,6 +382,47 @@ func (r *runner) run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 	r.cpu += time.Duration(float64(out.Duration) * float64(share) / 100)
 	r.mu.Unlock()
 	return out
+}
+
+// checkpoint saves a checkpoint made while connected and returns the answer
+// for task.js: 0 saved, 1 refused or failed, 2 not saved yet and kept. The
+// task waits for that answer, so when the connection ends before the
+// server's ack (the ack is then lost with it) the task goes on at once, as
+// one made offline, rather than wait for a reconnection: the state is kept
+// and delivered on reconnecting.
+func (r *runner) checkpoint(ctx context.Context, job *wasmworker.Job, tr *taskRun, state []byte) int {
+	if job.Host == nil {
+		return 1
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	saved := make(chan error, 1)
+	go func() { saved <- job.Host.Checkpoint(cctx, state) }()
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case err := <-saved:
+			if err != nil {
+				r.log.Debug("checkpoint not saved", "task", tr.task, "attempt", tr.attempt, "err", err)
+				return 1
+			}
+			return 0
+		case <-t.C:
+		}
+		if r.connected == nil || r.connected() {
+			continue
+		}
+		cancel()
+		if err := <-saved; err == nil {
+			return 0 // acknowledged just before the connection ended
+		}
+		if ctx.Err() != nil {
+			return 1
+		}
+		r.keep(ctx, job, tr, state)
+		return 2
+	}
 }
 
 // keep holds a checkpoint made while disconnected and, once connected again,
