@@ -190,17 +190,19 @@ func dispatchRounds(t *testing.T, url, outcome string) int {
 	return n
 }
 
-// A submission hands its ready tasks to its own replica's dispatcher, which
-// plans with them without reading them back (rounds counted as
-// "offered"); the other replicas hear of it by the commit's notification,
-// so a task submitted to a replica without workers starts at once on
-// another's, long before either polls (every minute here).
-func TestSubmissionOffersItsReadyTasks(t *testing.T) {
+// A small submission to a replica whose workers have idle slots claims its
+// ready tasks in its own transaction and sends them (counted as
+// "submission" rounds); every replica hears of ready tasks left by a
+// submission by the commit's notification, so a task submitted to a
+// replica without workers starts at once on another's, and tasks beyond the
+// idle slots start as slots come free, long before any replica polls (every
+// minute here).
+func TestSubmissionClaimsItsReadyTasks(t *testing.T) {
 	t.Parallel()
 	db := pgtest.URL(t)
 	r1 := startServer(t, "replica1", db, t.TempDir(), 0, "--poll", "1m")
 	r2 := startServer(t, "replica2", db, t.TempDir(), 0, "--poll", "1m")
-	startWorker(t, "worker", 2, r1.url)
+	startWorker(t, "worker", 2, r1.url) // room for 4: 2 slots, 2 queued
 	for _, r := range []*server{r1, r2} {
 		c := client.New(r.url, r.token)
 		echo := push(t, c, "echo")
@@ -219,7 +221,24 @@ func TestSubmissionOffersItsReadyTasks(t *testing.T) {
 			}
 		}
 	}
-	if n := dispatchRounds(t, r1.url, "offered"); n < 3 {
-		t.Errorf("%d offered rounds, want most of the 4 submissions to replica 1", n)
+	if n := dispatchRounds(t, r1.url, "submission"); n < 3 {
+		t.Errorf("%d submissions claimed their tasks, want most of the 4 submissions to replica 1", n)
+	}
+
+	// Ten ready tasks, room for four: the other six wait for free slots.
+	c := client.New(r1.url, r1.token)
+	echo := push(t, c, "echo")
+	var tasks []task
+	for i := range 10 {
+		tasks = append(tasks, task{"name": fmt.Sprint("t", i), "module": echo, "stdin": map[string]any{"data": fmt.Sprint("x", i)}})
+	}
+	id := submit(t, c, workflow("ten", tasks...))
+	if st := wait(t, c, id, 20*time.Second); st.State != "done" {
+		t.Fatalf("workflow %s: ready tasks beyond the idle slots waited for a poll", st.State)
+	}
+	for i := range 10 {
+		if got, want := output(t, c, id, fmt.Sprint("t", i), "stdout"), fmt.Sprint("x", i); got != want {
+			t.Errorf("t%d: output %q, want %q", i, got, want)
+		}
 	}
 }

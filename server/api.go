@@ -130,18 +130,11 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		writeJSON(w, http.StatusBadRequest, apiError{Error: we.Error(), Task: we.Task, Field: we.Field})
 		return
 	}
-	nw := toNewWorkflow(spec)
-	nw.Origin = s.origin
-	id, ready, err := s.store.CreateWorkflowReady(r.Context(), owner.ID, nw)
+	id, err := s.submit(r.Context(), owner.ID, toNewWorkflow(spec))
 	if err != nil {
-		s.wake() // it may have committed: this replica ignored its notification
+		s.wake() // it may have committed, its notification lost with the connection
 		s.serverError(w, "create workflow", err)
 		return
-	}
-	// The commit's notification wakes every replica's dispatcher, except
-	// this one's for a small workflow: it is handed the ready tasks.
-	if ready != nil {
-		s.offer(ready)
 	}
 	s.log.Info("workflow submitted", "workflow", id, "name", spec.Name, "tasks", len(spec.Tasks), "owner", owner.Name)
 	writeJSON(w, http.StatusCreated, map[string]any{"id": id, "name": spec.Name, "tasks": len(spec.Tasks)})

@@ -56,9 +56,6 @@ func (s *Server) listenOnce(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		switch n.Channel {
 		case store.ChannelReady:
-			if n.Payload == s.origin {
-				break // this replica's submission: offered to the dispatcher
-			}
 			s.wake()
 		case store.ChannelFinished:
 			s.ends.finished(n.Payload)

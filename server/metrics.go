@@ -31,7 +31,7 @@ func newMetrics(s *Server) *metrics {
 		dispatched: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cyclepool_tasks_dispatched_total", Help: "Task attempts assigned to workers by this replica."}),
 		rounds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "cyclepool_dispatch_rounds_total", Help: "Dispatcher wake-ups, by outcome: run (a round read the ready tasks), offered (a round planned with the ready tasks of this replica's submission, without reading), skipped (slots came free, but the last round had left no ready task)."}, []string{"outcome"}),
+			Name: "cyclepool_dispatch_rounds_total", Help: "Dispatcher wake-ups, by outcome: run (a round read the ready tasks), submission (a small submission claimed its own ready tasks for idle slots in its transaction), skipped (slots came free, but the last round had left no ready task)."}, []string{"outcome"}),
 		completions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cyclepool_attempt_completions_total", Help: "Attempt results and failures received, by outcome (succeeded, failed, refused)."}, []string{"outcome"}),
 		checkpoints: prometheus.NewCounter(prometheus.CounterOpts{
@@ -50,6 +50,9 @@ func newMetrics(s *Server) *metrics {
 		batchSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "cyclepool_db_batch_seconds", Help: "Latency of database batches, by operation.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}, []string{"op"}),
+	}
+	for _, outcome := range []string{"run", "submission", "skipped"} {
+		m.rounds.WithLabelValues(outcome) // every outcome shows, 0 until it happens
 	}
 	m.reg.MustRegister(m.dispatched, m.rounds, m.completions, m.checkpoints, m.leaseExpiries, m.workerConnects, m.badFrames,
 		m.leader, m.batchSize, m.batchSeconds,

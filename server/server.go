@@ -9,7 +9,6 @@
 package server
 
 import (
-	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -99,12 +98,10 @@ type Server struct {
 	// tasksWake says a wake-up was for tasks that became ready (wake), not
 	// only for free slots (wakeSlots).
 	tasksWake atomic.Bool
-	// offers are the ready tasks of this replica's small submissions, for
-	// the dispatcher's next round (offer); origin, a random token, is the
-	// payload of those submissions' ready notifications, which this
-	// replica's listener ignores.
-	offers offers
-	origin string
+	// readyLeft is the dispatcher's: its last round may have left ready
+	// tasks unclaimed. While it is false a small submission may claim its
+	// own ready tasks for idle slots (submit) without overtaking older ones.
+	readyLeft atomic.Bool
 
 	ctx  context.Context // cancelled when Run's context is done; sockets live under it
 	stop context.CancelFunc
@@ -142,8 +139,8 @@ func New(st *store.Store, cfg Config) *Server {
 		modules: newModuleCache(64 << 20),
 		rt:      newRuntimes(),
 		ends:    newFinishWaiters(),
-		origin:  "submission-" + randomHex(8),
 	}
+	s.readyLeft.Store(true) // until the dispatcher's first round
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	s.metrics = newMetrics(s)
 	s.renewals = newBatcher(4096, 2000, 1, s.flushRenewals)
@@ -204,32 +201,23 @@ func (s *Server) wakeSlots() {
 func (s *Server) dispatch(ctx context.Context) {
 	t := time.NewTicker(s.cfg.Poll)
 	defer t.Stop()
-	// left: the last round may have left ready tasks unclaimed (it had
-	// fewer slots than tasks, read as many candidates as it could, or
-	// could not look).
+	// left (readyLeft): the last round may have left ready tasks
+	// unclaimed (it had fewer slots than tasks, read as many candidates as
+	// it could, or could not look).
 	left := true
+	defer s.readyLeft.Store(true)
 	for {
-		// offered: the ready tasks of this replica's own submissions,
-		// when they are all the round needs to look at.
-		var offered []store.Candidate
+		s.readyLeft.Store(left)
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.wakeC:
-			offered = s.offers.take()
-			tasks := s.tasksWake.Swap(false)
-			if !tasks && !left && offered == nil {
+			if !s.tasksWake.Swap(false) && !left {
 				s.metrics.rounds.WithLabelValues("skipped").Inc()
 				continue
 			}
-			if tasks || left {
-				// Other tasks may be ready: read them all (the offered
-				// ones with them).
-				offered = nil
-			}
 		case <-t.C:
 			s.tasksWake.Store(false)
-			s.offers.take()
 		}
 		for races := 0; ctx.Err() == nil; {
 			slots := s.hub.reserve(1000)
@@ -237,13 +225,8 @@ func (s *Server) dispatch(ctx context.Context) {
 				left = true
 				break
 			}
-			outcome := "run"
-			if offered != nil {
-				outcome = "offered"
-			}
-			s.metrics.rounds.WithLabelValues(outcome).Inc()
-			n, planned, more, err := s.assign(ctx, slots, offered)
-			offered = nil
+			s.metrics.rounds.WithLabelValues("run").Inc()
+			n, planned, more, err := s.assign(ctx, slots)
 			left = more
 			if err != nil {
 				left = true
@@ -265,79 +248,65 @@ func (s *Server) dispatch(ctx context.Context) {
 	}
 }
 
-// offer hands the ready tasks of a submission of this replica to the
-// dispatcher. When the dispatcher's last round left no task ready, the
-// next one plans with these alone instead of reading the ready tasks back
-// (a round trip on the path of every interactive task); otherwise it reads
-// them all, these included. Other replicas hear of the submission by its
-// notification, as for any other.
-func (s *Server) offer(ready []store.Candidate) {
-	if !s.offers.add(ready) {
-		s.wake() // too many at once: read them
-		return
-	}
-	s.wakeSlots()
-}
-
-// offers is a bounded list of offered candidates.
-type offers struct {
-	mu    sync.Mutex
-	cands []store.Candidate
-	over  bool // more than maxOffers were offered since the last take
-}
-
-// maxOffers is the most candidates offers holds; a round reads the ready
-// tasks from the database when more were offered.
-const maxOffers = 256
-
-// add adds cands, or reports false when that makes more than maxOffers.
-func (o *offers) add(cands []store.Candidate) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.over || len(o.cands)+len(cands) > maxOffers {
-		o.over, o.cands = true, nil
-		return false
-	}
-	o.cands = append(o.cands, cands...)
-	return true
-}
-
-// take returns the candidates offered since the last take, in dispatch
-// order, or nil (none, or too many).
-func (o *offers) take() []store.Candidate {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	cs := o.cands
-	o.cands, o.over = nil, false
-	slices.SortStableFunc(cs, func(a, b store.Candidate) int {
-		if c := a.ReadySince.Compare(b.ReadySince); c != 0 {
-			return c
+// submit writes a workflow. When this replica's workers have idle slots
+// and its dispatcher left no older ready task waiting, a small workflow's
+// ready tasks are planned for those slots before it is written, claimed in
+// the submission's own transaction (store.CreateWorkflowClaiming), then
+// sent: on the path of every interactive task, that saves the dispatcher's
+// wake-up and the claim's own transaction. Ready tasks it leaves, and
+// those of any other submission, wake every replica's dispatcher by the
+// commit's notification.
+func (s *Server) submit(ctx context.Context, ownerID int64, nw *store.NewWorkflow) (string, error) {
+	var slots []*conn
+	var cands []store.Candidate
+	now := time.Now()
+	if nw.Claimable() && !s.readyLeft.Load() {
+		if cands = s.store.SubmissionCandidates(nw, now); len(cands) > 0 {
+			slots = s.hub.reserve(min(4*len(cands)+64, 1000))
 		}
-		return cmp.Compare(a.TaskID, b.TaskID)
-	})
-	return cs
+	}
+	if len(slots) == 0 {
+		return s.store.CreateWorkflow(ctx, ownerID, nw)
+	}
+	reserved := reserveSlots(slots)
+	picks := s.plan(now, cands, s.planWorkers(reserved))
+	sp := make([]store.SubmitPick, len(picks))
+	for i, p := range picks {
+		sp[i] = store.SubmitPick{Task: int(p.TaskID), Worker: p.Worker, CkptMS: p.CkptMS, Solo: p.Solo}
+	}
+	// Not the request's context: once its claims may have committed, they
+	// must reach their workers even if the owner hangs up.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	id, claimed, err := s.store.CreateWorkflowClaiming(cctx, ownerID, nw, sp, s.cfg.Lease)
+	if err != nil {
+		for _, cs := range reserved {
+			s.hub.release(cs)
+		}
+		s.wakeSlots()
+		return "", err
+	}
+	s.metrics.rounds.WithLabelValues("submission").Inc()
+	s.metrics.observeBatch("claim", len(claimed), now)
+	s.deliver(cctx, claimed, nil, reserved)
+	switch {
+	case len(claimed) < len(sp):
+		s.wake() // a refused pick left its task ready, and nobody was told
+	case len(claimed) < len(slots):
+		s.wakeSlots() // a round that ran meanwhile found these slots taken
+	}
+	return id, nil
 }
 
 // assign plans which ready tasks go to the reserved slots (plan), claims
 // them and sends them out; it returns how many were claimed and how many
 // were planned, and whether ready tasks may be left unclaimed; it gives
 // back the slots it did not use.
-//
-// With offered non-nil, it plans with those candidates instead of reading
-// the ready tasks.
-func (s *Server) assign(ctx context.Context, slots []*conn, offered []store.Candidate) (claimedN, plannedN int, more bool, err error) {
-	ids := make([]string, len(slots))
-	reserved := map[string][]*conn{} // worker id -> its reserved slots
-	for i, c := range slots {
-		ids[i] = c.id
-		reserved[c.id] = append(reserved[c.id], c)
-	}
+func (s *Server) assign(ctx context.Context, slots []*conn) (claimedN, plannedN int, more bool, err error) {
+	reserved := reserveSlots(slots)
 	start := time.Now()
 	limit := min(4*len(slots)+64, 4096)
-	cands := offered
-	if cands == nil {
-		cands, err = s.store.Candidates(ctx, limit)
-	}
+	cands, err := s.store.Candidates(ctx, limit)
 	if err != nil {
 		for _, cs := range reserved {
 			s.hub.release(cs)
@@ -351,6 +320,28 @@ func (s *Server) assign(ctx context.Context, slots []*conn, offered []store.Cand
 	picks := s.plan(time.Now(), cands, s.planWorkers(reserved))
 	claimed, err := s.store.ClaimPicks(ctx, picks, s.cfg.Lease)
 	s.metrics.observeBatch("claim", len(claimed), start)
+	undelivered := s.deliver(ctx, claimed, err, reserved)
+	more = len(cands) == limit || len(claimed) < pending || undelivered > 0
+	return len(claimed), len(picks), more, err
+}
+
+// reserveSlots groups reserved slots by worker id.
+func reserveSlots(slots []*conn) map[string][]*conn {
+	reserved := map[string][]*conn{} // worker id -> its reserved slots
+	for _, c := range slots {
+		reserved[c.id] = append(reserved[c.id], c)
+	}
+	return reserved
+}
+
+// deliver sends claimed attempts to the reserved slots of their workers
+// and gives back the slots left unused. An attempt that cannot be sent
+// (its worker left meanwhile, its inputs are missing or too large for a
+// frame, or the claim committed but its inputs could not be read: claimErr)
+// is ended at once; it returns how many were, after waking the dispatcher
+// for their tasks.
+func (s *Server) deliver(ctx context.Context, claimed []store.Claimed, claimErr error, reserved map[string][]*conn) (undelivered int) {
+	err := claimErr
 	byConn := map[*conn][]protocol.Assign{}
 	var undeliverable []store.Completion
 	end := func(cl *store.Claimed, c *conn, comp store.Completion) {
@@ -405,8 +396,7 @@ func (s *Server) assign(ctx context.Context, slots []*conn, offered []store.Cand
 		}
 		s.wake()
 	}
-	more = offered == nil && len(cands) == limit || len(claimed) < pending || len(undeliverable) > 0
-	return len(claimed), len(picks), more, err
+	return len(undeliverable)
 }
 
 // assignFrames splits one worker's attempts into assign frames: several to

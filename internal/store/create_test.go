@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"testing"
+	"time"
 )
 
 // submissionCases are the workflow settings the submission tests try.
@@ -40,7 +41,7 @@ func TestSmallAndLargeSubmissionsWriteTheSameRows(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rows := map[string]any{}
 			small := func(ctx context.Context, owner int64, w *NewWorkflow) (string, error) {
-				id, _, err := f.s.createSmall(ctx, owner, w)
+				id, _, err := f.s.createSmall(ctx, owner, w, nil, 0)
 				return id, err
 			}
 			for path, create := range map[string]func(context.Context, int64, *NewWorkflow) (string, error){
@@ -61,10 +62,11 @@ func TestSmallAndLargeSubmissionsWriteTheSameRows(t *testing.T) {
 	}
 }
 
-// The ready tasks a small submission returns are those Candidates reads
-// back, field for field and in the same order: the dispatcher plans with
-// them instead of reading them.
-func TestSmallSubmissionReturnsItsCandidates(t *testing.T) {
+// The candidates a plan made before a submission is written sees
+// (SubmissionCandidates) are those Candidates reads back once it is:
+// field for field, in the same order, the task's index standing for its id
+// and the sort key taken by the server's clock instead of the database's.
+func TestSubmissionCandidatesAreThoseReadBack(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range submissionCases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -74,7 +76,9 @@ func TestSmallSubmissionReturnsItsCandidates(t *testing.T) {
 			c.CkptMS = 1500
 			w := tc.wf
 			w.Name, w.Tasks = tc.name, []NewTask{a, b, c}
-			_, got, err := f.s.CreateWorkflowReady(ctx, f.owner, &w)
+			now := time.Now()
+			got := f.s.SubmissionCandidates(&w, now)
+			id, err := f.s.CreateWorkflow(ctx, f.owner, &w)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -82,23 +86,49 @@ func TestSmallSubmissionReturnsItsCandidates(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(got) != 2 {
-				t.Fatalf("got %d ready tasks, want 2 (a and c): %+v", len(got), got)
+			if len(got) != 2 || len(want) != 2 {
+				t.Fatalf("got %d ready tasks, Candidates %d, want 2 (a and c): %+v", len(got), len(want), got)
 			}
+			ids := taskIDs(t, f.s, id)
 			for i := range want {
 				if len(want[i].Exclude) == 0 {
 					want[i].Exclude = nil // no replica claimed yet: nil or empty alike
 				}
-				if !want[i].ReadySince.Equal(got[i].ReadySince) {
+				if ids[w.Tasks[got[i].TaskID].Name] != want[i].TaskID {
+					t.Errorf("candidate %d stands for task %s, Candidates reads %s", i, w.Tasks[got[i].TaskID].Name, want[i].Name)
+				}
+				if d := want[i].ReadySince.Sub(got[i].ReadySince); d < -time.Second || d > time.Second {
 					t.Errorf("task %s ready since %v, Candidates says %v", got[i].Name, got[i].ReadySince, want[i].ReadySince)
 				}
-				got[i].ReadySince = want[i].ReadySince
+				got[i].TaskID, got[i].WorkflowID, got[i].ReadySince = want[i].TaskID, want[i].WorkflowID, want[i].ReadySince
 			}
 			if !reflect.DeepEqual(got, want) {
-				t.Errorf("returned %+v\nCandidates %+v", got, want)
+				t.Errorf("before %+v\nread back %+v", got, want)
 			}
 		})
 	}
+}
+
+// taskIDs maps a workflow's task names to their ids.
+func taskIDs(t *testing.T, s *Store, workflow string) map[string]int64 {
+	t.Helper()
+	rows, err := s.pool.Query(context.Background(), `SELECT name, id FROM tasks WHERE workflow_id = $1`, workflow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]int64{}
+	for rows.Next() {
+		var name string
+		var id int64
+		if err := rows.Scan(&name, &id); err != nil {
+			t.Fatal(err)
+		}
+		ids[name] = id
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return ids
 }
 
 // dump reads a workflow's rows as text, with ids replaced by positions and
@@ -154,5 +184,152 @@ func BenchmarkCreateLargeWorkflow(b *testing.B) {
 		if _, err := f.s.createLarge(ctx, f.owner, &NewWorkflow{Name: "big", Priority: "batch", Tasks: tasks}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A submission that claims its own ready tasks (CreateWorkflowClaiming)
+// leaves the same rows as a submission followed by ClaimPicks of the same
+// picks: tasks, edges, attempts and the workers' counts, replicated or
+// not; it returns the same attempts. Picks of blocked tasks and unknown
+// indexes are ignored, and a ready task left unclaimed is reported.
+func TestSubmissionClaimsItsReadyTasks(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range submissionCases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			other, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "browser", Slots: 2}, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dag := func() []NewTask {
+				a, c, d := f.task("a"), f.task("c"), f.task("d")
+				a.Args, a.Stdin, a.Seed, c.CkptMS = []string{"1", "2"}, []byte("in"), 7, 1500
+				b := f.task("b", NewInput{Name: "in", From: 0, Output: "stdout"})
+				return []NewTask{a, b, c, d}
+			}
+			// a on both workers (a second replica, or refused), c on the
+			// other with its own checkpoint interval, b blocked, d left.
+			picks := []SubmitPick{{Task: 0, Worker: f.worker}, {Task: 2, Worker: other.ID, CkptMS: 4000},
+				{Task: 1, Worker: f.worker}, {Task: 0, Worker: other.ID}, {Task: 9, Worker: f.worker}, {Task: -1, Worker: f.worker}}
+
+			// The reference: submitted, then claimed by id.
+			ref := tc.wf
+			ref.Name, ref.Tasks = "wf", dag()
+			refID, err := f.s.CreateWorkflow(ctx, f.owner, &ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids := taskIDs(t, f.s, refID)
+			var byID []Pick
+			for _, p := range picks[:4] {
+				byID = append(byID, Pick{TaskID: ids[ref.Tasks[p.Task].Name], Worker: p.Worker, CkptMS: p.CkptMS})
+			}
+			want, err := f.s.ClaimPicks(ctx, byID, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			w := tc.wf
+			w.Name, w.Tasks = "wf", dag()
+			id, got, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, picks, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) < 2 || len(got) != len(want) {
+				t.Fatalf("claimed %d attempts at submission, %d after: want the same, at least a and c", len(got), len(want))
+			}
+			perWorker := map[string]int64{}
+			for i := range got {
+				if got[i].WorkflowID != id || got[i].Attempt <= want[len(want)-1].Attempt {
+					t.Errorf("attempt %d of workflow %s: want workflow %s and a new attempt id", got[i].Attempt, got[i].WorkflowID, id)
+				}
+				got[i].Attempt, got[i].TaskID, got[i].WorkflowID = want[i].Attempt, want[i].TaskID, want[i].WorkflowID
+				perWorker[got[i].Worker]++
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("claimed at submission %+v\nclaimed after %+v", got, want)
+			}
+			rows := func(id string) []string {
+				r := dump(t, f.s, id, true)
+				return append(r, queryRows(t, f.s, `SELECT t.name, a.state, a.restored_seq, a.ckpt_ms, a.worker_id = $2,
+					a.lease_until - a.started_at, $3::bool FROM attempts a JOIN tasks t ON t.id = a.task_id
+					WHERE t.workflow_id = $1 ORDER BY t.name, a.worker_id = $2`, id, f.worker, false)...)
+			}
+			if g, w := rows(id), rows(refID); !reflect.DeepEqual(g, w) {
+				t.Errorf("rows differ:\nclaimed at submission %v\nclaimed after %v", g, w)
+			}
+			for _, wk := range []string{f.worker, other.ID} {
+				var n int64
+				if err := f.s.pool.QueryRow(ctx, `SELECT attempts FROM workers WHERE id = $1`, wk).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n != 2*perWorker[wk] {
+					t.Errorf("worker has %d attempts, want %d: as many claimed after its submission as at it", n, 2*perWorker[wk])
+				}
+			}
+		})
+	}
+}
+
+// A submission whose ready tasks are all claimed in its transaction sends
+// no notification: no dispatcher has anything to do for it. One that leaves
+// a ready task does.
+func TestSubmissionClaimingAllNotifiesNobody(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	conn, err := f.s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "LISTEN "+ChannelReady); err != nil {
+		t.Fatal(err)
+	}
+	all := NewWorkflow{Name: "all", Priority: "batch", Tasks: []NewTask{f.task("a"), f.task("b", NewInput{From: 0, Output: "stdout"})}}
+	if _, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &all, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute); err != nil || len(claimed) != 1 {
+		t.Fatalf("%d claimed, err %v: want a", len(claimed), err)
+	}
+	if _, err := f.s.pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, ChannelReady); err != nil {
+		t.Fatal(err)
+	}
+	some := NewWorkflow{Name: "some", Priority: "batch", Tasks: []NewTask{f.task("a"), f.task("c")}}
+	if _, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &some, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute); err != nil || len(claimed) != 1 {
+		t.Fatalf("%d claimed, err %v: want a, and c left", len(claimed), err)
+	}
+	for _, want := range []string{"marker", ""} {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		n, err := conn.Conn().WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("waiting for %q: %v", want, err)
+		}
+		if n.Payload != want {
+			t.Errorf("notification %q, want %q (the submission that claimed all its ready tasks notified)", n.Payload, want)
+		}
+	}
+}
+
+// Only small workflows are claimed at submission; a larger one is refused
+// whole, with nothing written.
+func TestSubmissionClaimsOnlySmallWorkflows(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	many := make([]NewTask, smallWorkflow+1)
+	for i := range many {
+		many[i] = f.task(fmt.Sprint("t", i))
+	}
+	w := NewWorkflow{Name: "large", Priority: "batch", Tasks: many}
+	if w.Claimable() {
+		t.Errorf("%d tasks: claimable", len(many))
+	}
+	if _, _, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute); err == nil {
+		t.Errorf("%d tasks: claimed at submission", len(many))
+	}
+	var n int
+	if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM workflows`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("%d workflows written", n)
 	}
 }

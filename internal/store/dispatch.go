@@ -190,15 +190,7 @@ func (s *Store) ClaimPicks(ctx context.Context, picks []Pick, lease time.Duratio
 	var cs []Claimed
 	var err error
 	if err = execBegin(br); err == nil {
-		var rows pgx.Rows
-		if rows, err = br.Query(); err == nil {
-			cs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claimed, error) {
-				var c Claimed
-				err := r.Scan(&c.Attempt, &c.Worker, &c.TaskID, &c.WorkflowID, &c.Name, &c.Module, &c.Args, &c.Stdin, &c.Priority,
-					&c.TimeoutMS, &c.MemoryPages, &c.OutputBytes, &c.LogBytes, &c.CkptMS, &c.Seed, &c.Restore, &c.hasInputs)
-				return c, err
-			})
-		}
+		cs, err = collectClaimed(br)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -213,6 +205,21 @@ func (s *Store) ClaimPicks(ctx context.Context, picks []Pick, lease time.Duratio
 		return cs, err
 	}
 	return cs, nil
+}
+
+// collectClaimed reads the attempts a claim statement (claimPicksSQL,
+// claimNewSQL) returns.
+func collectClaimed(br pgx.BatchResults) ([]Claimed, error) {
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claimed, error) {
+		var c Claimed
+		err := r.Scan(&c.Attempt, &c.Worker, &c.TaskID, &c.WorkflowID, &c.Name, &c.Module, &c.Args, &c.Stdin, &c.Priority,
+			&c.TimeoutMS, &c.MemoryPages, &c.OutputBytes, &c.LogBytes, &c.CkptMS, &c.Seed, &c.Restore, &c.hasInputs)
+		return c, err
+	})
 }
 
 // claimPicksSQL claims picks ($1 task ids, $2 worker ids, $3 checkpoint
@@ -236,7 +243,20 @@ func (s *Store) ClaimPicks(ctx context.Context, picks []Pick, lease time.Duratio
 const claimPicksSQL = `
 WITH p AS (
 	SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::bool[]) WITH ORDINALITY AS p(task_id, w, ckpt, solo, ord)
-), locked AS (
+)` + claimSQL
+
+// claimNewSQL is claimPicksSQL for tasks of the workflow $6 written earlier
+// in the same transaction, named by $1 task names instead of ids
+// (Store.CreateWorkflowClaiming).
+const claimNewSQL = `
+WITH p AS (
+	SELECT t.id AS task_id, u.w, u.ckpt, u.solo, u.ord
+	FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bool[]) WITH ORDINALITY AS u(name, w, ckpt, solo, ord)
+	JOIN tasks t ON t.workflow_id = $6 AND t.name = u.name
+)` + claimSQL
+
+// claimSQL is what follows the picks (p) in the claim statements.
+const claimSQL = `, locked AS (
 	SELECT t.id, t.pending, t.workflow_id, t.name, t.module_id, t.args, t.stdin, t.priority, t.timeout_ms, t.memory_pages,
 		t.output_bytes, t.log_bytes, t.ckpt_ms, t.seed,
 		-- Replicas are independent: none resumes from a checkpoint that

@@ -2,9 +2,11 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,12 +24,6 @@ type NewWorkflow struct {
 	Replicas    int
 	Quorum      int
 	MaxReplicas int
-	// Origin is the payload of the notification on ChannelReady that the
-	// submission sends when some of its tasks are ready at once: a token of
-	// the submitting server process, by which its own listener tells the
-	// submissions whose ready tasks it was handed (CreateWorkflowReady)
-	// from the others'.
-	Origin string
 }
 
 // NewTask is one task of a NewWorkflow.
@@ -69,25 +65,15 @@ const (
 // workflow id. Tasks without upstream tasks are ready at once; the commit
 // wakes the dispatchers of every replica.
 func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflow) (string, error) {
-	id, _, err := s.CreateWorkflowReady(ctx, ownerID, w)
-	return id, err
-}
-
-// CreateWorkflowReady is CreateWorkflow that also returns, for a small
-// workflow (smallWorkflow tasks at most), its tasks that are ready at once
-// as Candidates would read them: the submitting replica hands them to its
-// dispatcher, which can then plan without reading them back.
-func (s *Store) CreateWorkflowReady(ctx context.Context, ownerID int64, w *NewWorkflow) (string, []Candidate, error) {
 	var id string
-	var ready []Candidate
 	var err error
-	if len(w.Tasks) <= smallWorkflow {
-		id, ready, err = s.createSmall(ctx, ownerID, w)
+	if w.Claimable() {
+		id, _, err = s.createSmall(ctx, ownerID, w, nil, 0)
 	} else {
 		id, err = s.createLarge(ctx, ownerID, w)
 	}
 	if err != nil {
-		return "", nil, fmt.Errorf("create workflow %q: %w", w.Name, err)
+		return "", fmt.Errorf("create workflow %q: %w", w.Name, err)
 	}
 	if len(w.Tasks) >= analyzeAfterTasks {
 		// The planner's statistics of tasks may date from when the table
@@ -100,7 +86,7 @@ func (s *Store) CreateWorkflowReady(ctx context.Context, ownerID int64, w *NewWo
 		// anyway, so a failure is ignored.
 		_, _ = s.pool.Exec(ctx, `ANALYZE tasks, task_inputs`)
 	}
-	return id, ready, nil
+	return id, nil
 }
 
 // createLarge writes a workflow in one transaction of a few round trips:
@@ -180,12 +166,61 @@ func (s *Store) createLarge(ctx context.Context, ownerID int64, w *NewWorkflow) 
 // smallWorkflow is the most tasks CreateWorkflow writes with createSmall.
 const smallWorkflow = 64
 
+// SubmitPick is a decision of the dispatcher's plan on a task of a
+// workflow not written yet (CreateWorkflowClaiming): Task is its index in
+// NewWorkflow.Tasks, which stands for its id in the plan.
+type SubmitPick struct {
+	Task   int
+	Worker string
+	// CkptMS overrides the task's checkpoint interval (0 keeps it).
+	CkptMS int64
+	// Solo starts this replica alone (as Pick.Solo).
+	Solo bool
+}
+
+// Claimable reports whether CreateWorkflowClaiming takes w: a small
+// workflow, written in one round trip.
+func (w *NewWorkflow) Claimable() bool {
+	return len(w.Tasks) <= smallWorkflow
+}
+
+// CreateWorkflowClaiming is CreateWorkflow for a Claimable workflow whose
+// ready tasks the submitting replica planned for its own idle workers
+// before writing it (SubmissionCandidates): it claims picks in the
+// submission's own transaction, as ClaimPicks would a moment later, and
+// returns the attempts created, in attempt id order. On the path of every
+// interactive task this saves the dispatcher's round and a transaction.
+// The claims commit with the submission, its WAL flush included. Picks
+// are taken as ClaimPicks takes them (replicas of a task go to distinct
+// workers, at most its pending ones); picks of tasks that are not ready
+// are ignored. When the picks leave ready tasks with replicas unclaimed,
+// the commit's notification (ChannelReady) wakes every dispatcher, as for
+// any submission; otherwise it sends none (a pick the claim refuses is the
+// caller's to see: fewer attempts than picks).
+func (s *Store) CreateWorkflowClaiming(ctx context.Context, ownerID int64, w *NewWorkflow, picks []SubmitPick, lease time.Duration) (
+	id string, claimed []Claimed, err error) {
+	if !w.Claimable() {
+		return "", nil, fmt.Errorf("create workflow %q: %d tasks are too many to claim at submission", w.Name, len(w.Tasks))
+	}
+	id, claimed, err = s.createSmall(ctx, ownerID, w, picks, lease)
+	if err != nil {
+		return "", nil, fmt.Errorf("create workflow %q: %w", w.Name, err)
+	}
+	return id, claimed, nil
+}
+
 // createSmall writes a small workflow (smallWorkflow tasks at most) in one
 // round trip: BEGIN, one statement (createSmallSQL) and COMMIT, pipelined.
 // A single task's submission is on the latency path of interactive work,
 // and each round trip of the general path (workflow row, then tasks, edges
 // and notification) costs as much as the rows of a small workflow.
-func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow) (string, []Candidate, error) {
+//
+// With picks, the same round trip claims them (claimNewSQL, between the
+// statement and the COMMIT): the tasks are found by the workflow's id,
+// made here rather than by PostgreSQL so that the claim can name it, and
+// their names. It returns the attempts.
+func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, picks []SubmitPick, lease time.Duration) (
+	id string, claimed []Claimed, err error) {
 	n := len(w.Tasks)
 	var (
 		names, modules, args = make([]string, n), make([]string, n), make([]string, n)
@@ -198,7 +233,6 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow) 
 		edgeTask, edgeFrom   []int32
 		edgeName, edgeOutput []string
 	)
-	ready := false
 	for i := range w.Tasks {
 		t := &w.Tasks[i]
 		a := t.Args
@@ -212,7 +246,6 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow) 
 		names[i], modules[i], args[i], stdins[i] = t.Name, t.Module, string(b), t.Stdin
 		deps[i], maxAttempts[i], pages[i] = int32(distinctDeps(t.Inputs)), int32(t.MaxAttempts), int32(t.MemoryPages)
 		timeouts[i], outBytes[i], logBytes[i], ckpts[i], seeds[i] = t.TimeoutMS, t.OutputBytes, t.LogBytes, t.CkptMS, t.Seed
-		ready = ready || deps[i] == 0
 		for _, in := range t.Inputs {
 			edgeTask, edgeFrom = append(edgeTask, int32(i+1)), append(edgeFrom, int32(in.From+1))
 			edgeName, edgeOutput = append(edgeName, in.Name), append(edgeOutput, in.Output)
@@ -227,24 +260,63 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow) 
 	if w.Replicas > 1 || w.Quorum > 1 { // as createLarge: MaxReplicas alone does not replicate
 		maxR = max(w.MaxReplicas, w.Replicas, w.Quorum)
 	}
+	// The picks of ready tasks: the claim's arguments. need counts the
+	// replicas of each ready task that no pick claims.
+	var pickNames, pickWorkers []string
+	var pickCkpts []int64
+	var pickSolos []bool
+	need := make([]int, n)
+	for i := range need {
+		if deps[i] == 0 {
+			need[i] = replicas
+		}
+	}
+	for _, p := range picks {
+		if p.Task >= 0 && p.Task < n && deps[p.Task] == 0 {
+			pickNames, pickWorkers = append(pickNames, names[p.Task]), append(pickWorkers, p.Worker)
+			pickCkpts, pickSolos = append(pickCkpts, p.CkptMS), append(pickSolos, p.Solo)
+			need[p.Task]--
+			if p.Solo {
+				need[p.Task] = 0
+			}
+		}
+	}
 	channel := ""
-	if ready {
+	if slices.ContainsFunc(need, func(k int) bool { return k > 0 }) {
+		// Dispatchers hear of ready tasks left unclaimed; those claimed
+		// here are no news to them.
 		channel = ChannelReady
 	}
-	var id string
-	var created time.Time
-	var ids []int64
+	uid, err := newUUID()
+	if err != nil {
+		return "", nil, err
+	}
 	for try := 0; ; try++ {
 		b := &pgx.Batch{}
-		b.Queue("BEGIN")
+		if len(pickNames) > 0 {
+			queueBegin(b, false) // the claim's settings; the commit is the submission's, flushed
+		} else {
+			b.Queue("BEGIN")
+		}
 		b.Queue(createSmallSQL, ownerID, w.Name, w.Priority, n, replicas, quorum, maxR, headStart.Milliseconds(),
 			names, modules, args, stdins, deps, maxAttempts, timeouts, pages, outBytes, logBytes, ckpts, seeds,
-			edgeTask, edgeName, edgeFrom, edgeOutput, channel, w.Origin)
+			edgeTask, edgeName, edgeFrom, edgeOutput, channel, uid)
+		if len(pickNames) > 0 {
+			b.Queue(claimNewSQL, pickNames, pickWorkers, pickCkpts, pickSolos, lease.Milliseconds(), uid)
+		}
 		b.Queue("COMMIT")
 		br := s.pool.SendBatch(ctx, b)
-		_, err := br.Exec()
+		if len(pickNames) > 0 {
+			err = execBegin(br)
+		} else {
+			_, err = br.Exec()
+		}
 		if err == nil {
-			err = br.QueryRow().Scan(&id, &created, &ids)
+			err = br.QueryRow().Scan(&id)
+		}
+		claimed = nil
+		if err == nil && len(pickNames) > 0 {
+			claimed, err = collectClaimed(br)
 		}
 		if err == nil {
 			_, err = br.Exec()
@@ -260,29 +332,53 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow) 
 		}
 		break
 	}
-	var cands []Candidate
-	for i := range w.Tasks {
-		if deps[i] == 0 && i < len(ids) {
-			cands = append(cands, Candidate{TaskID: ids[i], WorkflowID: id, Module: modules[i], Name: names[i], Priority: w.Priority,
-				ReadySince: created.Add(-headStart), Pending: replicas, Replicas: replicas, Fresh: true, CkptMS: ckpts[i]})
-		}
-	}
-	// Candidates reads them in dispatch order: (sort_key, id).
-	return id, cands, nil
+	return id, claimed, nil
 }
 
-// createSmallSQL writes a workflow, its tasks ($9 to $20, one array element
-// per task, in submission order) and its edges ($21 to $24: task and
-// upstream task as 1-based positions in the task arrays) in one statement,
-// and notifies channel $25 unless it is empty, with payload $26. It
-// returns the workflow's id, its creation time (the ready tasks' sort key
-// before the head start) and its task ids in submission order. Task ids come from the
-// sequence in submission order. Replicated workflows ($5 replicas, $6
-// quorum, $7 most replicas) give each task more attempts, as many as the
-// extra replicas, so that a failed replica does not use up the others'.
+// SubmissionCandidates returns the tasks of w that will be ready once it is
+// written, as Candidates would then read them, for a plan made before it is
+// written (CreateWorkflowClaiming): TaskID is the task's index in w.Tasks
+// (it has no id yet), WorkflowID is empty, and ReadySince is now less the
+// interactive head start (the sort key will be the same by the database's
+// clock).
+func (s *Store) SubmissionCandidates(w *NewWorkflow, now time.Time) []Candidate {
+	if w.Priority == "interactive" {
+		now = now.Add(-s.interactiveHeadStart)
+	}
+	replicas := max(w.Replicas, 1)
+	var cs []Candidate
+	for i := range w.Tasks {
+		t := &w.Tasks[i]
+		if len(t.Inputs) == 0 {
+			cs = append(cs, Candidate{TaskID: int64(i), Module: t.Module, Name: t.Name, Priority: w.Priority, ReadySince: now,
+				Pending: replicas, Replicas: replicas, Fresh: true, CkptMS: t.CkptMS})
+		}
+	}
+	return cs
+}
+
+// newUUID returns a random (version 4) UUID.
+func newUUID() (pgtype.UUID, error) {
+	u := pgtype.UUID{Valid: true}
+	if _, err := rand.Read(u.Bytes[:]); err != nil {
+		return u, fmt.Errorf("workflow id: %w", err)
+	}
+	u.Bytes[6] = u.Bytes[6]&0x0f | 0x40
+	u.Bytes[8] = u.Bytes[8]&0x3f | 0x80
+	return u, nil
+}
+
+// createSmallSQL writes a workflow with id $26, its tasks ($9 to $20, one
+// array element per task, in submission order) and its edges ($21 to $24:
+// task and upstream task as 1-based positions in the task arrays) in one
+// statement, and notifies channel $25 unless it is empty. It returns the
+// workflow's id. Task ids come from the sequence in submission order.
+// Replicated workflows ($5 replicas, $6 quorum, $7 most replicas) give
+// each task more attempts, as many as the extra replicas, so that a failed
+// replica does not use up the others'.
 const createSmallSQL = `WITH wf AS (
-	INSERT INTO workflows (owner_id, name, priority, task_count, tasks_left, replicas, quorum)
-	VALUES ($1, $2, $3, $4, $4, $5, $6) RETURNING id, created_at
+	INSERT INTO workflows (id, owner_id, name, priority, task_count, tasks_left, replicas, quorum)
+	VALUES ($26, $1, $2, $3, $4, $4, $5, $6) RETURNING id, created_at
 ), u AS (
 	SELECT nextval('tasks_id_seq') AS id, s.* FROM (
 		SELECT * FROM unnest($9::text[], $10::text[], $11::text[], $12::bytea[], $13::int[], $14::int[], $15::bigint[], $16::int[],
@@ -303,8 +399,7 @@ const createSmallSQL = `WITH wf AS (
 	FROM unnest($21::int[], $22::text[], $23::int[], $24::text[]) AS x(task, name, from_task, output)
 	JOIN u a ON a.ord = x.task JOIN u b ON b.ord = x.from_task
 )
-SELECT wf.id::text, wf.created_at, (SELECT array_agg(u.id ORDER BY u.ord) FROM u)
-FROM wf CROSS JOIN LATERAL (SELECT CASE WHEN $25 <> '' THEN pg_notify($25, $26) END) note`
+SELECT wf.id::text FROM wf CROSS JOIN LATERAL (SELECT CASE WHEN $25 <> '' THEN pg_notify($25, '') END) note`
 
 // analyzeAfterTasks is the size of a workflow after whose submission
 // CreateWorkflow refreshes the planner's statistics.
