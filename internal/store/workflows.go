@@ -89,17 +89,9 @@ func (s *Store) CreateWorkflowReady(ctx context.Context, ownerID int64, w *NewWo
 	if err != nil {
 		return "", nil, fmt.Errorf("create workflow %q: %w", w.Name, err)
 	}
-	if len(w.Tasks) >= analyzeAfterTasks {
-		// The planner's statistics of tasks may date from when the table
-		// was small (autovacuum refreshes them only after its next nap, up
-		// to a minute later); with them, the dispatcher's queries over the
-		// ready tasks of a large workflow scan them all (50 times slower,
-		// measured). A few tens of milliseconds here is little next to the
-		// submission of this many tasks. The workflow is committed
-		// whatever happens here; autovacuum refreshes the statistics
-		// anyway, so a failure is ignored.
-		_, _ = s.pool.Exec(ctx, `ANALYZE tasks, task_inputs`)
-	}
+	// The planner's statistics are refreshed in the background, after the
+	// answer (statsRefresher says why).
+	s.stats.request(len(w.Tasks) >= analyzeAfterTasks, countEdges(w) >= analyzeAfterTasks)
 	return id, ready, nil
 }
 
@@ -306,10 +298,6 @@ const createSmallSQL = `WITH wf AS (
 SELECT wf.id::text, wf.created_at, (SELECT array_agg(u.id ORDER BY u.ord) FROM u)
 FROM wf CROSS JOIN LATERAL (SELECT CASE WHEN $25 <> '' THEN pg_notify($25, $26) END) note`
 
-// analyzeAfterTasks is the size of a workflow after whose submission
-// CreateWorkflow refreshes the planner's statistics.
-const analyzeAfterTasks = 1000
-
 // taskColumns are the columns of a row built by CreateWorkflow.
 var taskColumns = []string{"id", "workflow_id", "name", "module_id", "args", "stdin", "priority", "state", "deps_left", "sort_key",
 	"max_attempts", "timeout_ms", "memory_pages", "output_bytes", "log_bytes", "ckpt_ms", "seed"}
@@ -318,6 +306,15 @@ var taskColumns = []string{"id", "workflow_id", "name", "module_id", "args", "st
 func insertTasks(ctx context.Context, tx pgx.Tx, rows [][]any) error {
 	_, err := tx.CopyFrom(ctx, pgx.Identifier{"tasks"}, taskColumns, pgx.CopyFromRows(rows))
 	return err
+}
+
+// countEdges returns the number of task_inputs rows of a workflow.
+func countEdges(w *NewWorkflow) int {
+	n := 0
+	for _, t := range w.Tasks {
+		n += len(t.Inputs)
+	}
+	return n
 }
 
 func distinctDeps(ins []NewInput) int {
@@ -476,6 +473,11 @@ const taskStatusSQL = `SELECT t.name, t.state, t.attempts, t.max_attempts,
 	coalesce((SELECT array_agg(length(o.data) ORDER BY o.name) FROM task_outputs o WHERE o.task_id = t.id), '{}')
 	FROM tasks t` + runningAttemptSQL
 
+// workflowTasksSQL reads the tasks of workflow $1 of owner $2 (none when
+// the workflow is another owner's), in submission order.
+const workflowTasksSQL = taskStatusSQL + ` WHERE t.workflow_id = $1 AND EXISTS (SELECT 1 FROM workflows w WHERE w.id = $1 AND w.owner_id = $2)
+	ORDER BY t.id`
+
 func scanTaskStatus(rows pgx.Rows) ([]TaskStatus, error) {
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (TaskStatus, error) {
 		var t TaskStatus
@@ -515,8 +517,7 @@ func (s *Store) status(ctx context.Context, ownerID int64, id string, spans bool
 	}
 	b := &pgx.Batch{}
 	b.Queue(ownedWorkflowSQL, id, ownerID)
-	b.Queue(taskStatusSQL+` WHERE t.workflow_id = $1 AND EXISTS (SELECT 1 FROM workflows w WHERE w.id = $1 AND w.owner_id = $2)
-		ORDER BY t.id`, id, ownerID)
+	b.Queue(workflowTasksSQL, id, ownerID)
 	if spans {
 		b.Queue(workflowSpansSQL+` AND EXISTS (SELECT 1 FROM workflows w WHERE w.id = $1 AND w.owner_id = $2) ORDER BY a.id`, id, ownerID)
 	}
@@ -555,10 +556,7 @@ func (s *Store) status(ctx context.Context, ownerID int64, id string, spans bool
 // running task (whose progress moves without a change of row). It leaves
 // out outputs: event streams do not carry them.
 func (s *Store) TaskChanges(ctx context.Context, id string, since time.Time) ([]TaskStatus, error) {
-	rows, err := s.pool.Query(ctx, `SELECT t.name, t.state, t.attempts, t.max_attempts,
-		CASE WHEN t.state = 'done' THEN 1 WHEN t.state = 'running' THEN coalesce(ra.progress, 0) ELSE 0 END,
-		t.checkpoint_seq, t.checkpoint_at, coalesce(ra.worker, ''), t.error, t.updated_at
-		FROM tasks t`+runningAttemptSQL+` WHERE t.workflow_id = $1 AND (t.updated_at > $2 OR t.state = 'running') ORDER BY t.id`, id, since)
+	rows, err := s.pool.Query(ctx, taskChangesSQL, id, since)
 	if err != nil {
 		return nil, fmt.Errorf("read task changes of %s: %w", id, err)
 	}
@@ -574,6 +572,13 @@ func (s *Store) TaskChanges(ctx context.Context, id string, since time.Time) ([]
 	}
 	return ts, nil
 }
+
+// taskChangesSQL reads the tasks of workflow $1 changed since $2, and the
+// running ones.
+const taskChangesSQL = `SELECT t.name, t.state, t.attempts, t.max_attempts,
+	CASE WHEN t.state = 'done' THEN 1 WHEN t.state = 'running' THEN coalesce(ra.progress, 0) ELSE 0 END,
+	t.checkpoint_seq, t.checkpoint_at, coalesce(ra.worker, ''), t.error, t.updated_at
+	FROM tasks t` + runningAttemptSQL + ` WHERE t.workflow_id = $1 AND (t.updated_at > $2 OR t.state = 'running') ORDER BY t.id`
 
 // WorkflowState returns the state of a workflow (no owner check: callers
 // checked it already).
