@@ -101,15 +101,20 @@ func (s *Store) CreateWorkflowReady(ctx context.Context, ownerID int64, w *NewWo
 func (s *Store) createLarge(ctx context.Context, ownerID int64, w *NewWorkflow) (string, error) {
 	var id string
 	err := s.tx(ctx, func(tx pgx.Tx) error {
-		// One round trip: the workflow row, the transaction's time and the
-		// ids of its tasks.
 		var now time.Time
 		var ids []int64
 		var uid pgtype.UUID // for COPY: a string would be parsed anew for every row
-		if err := tx.QueryRow(ctx, `INSERT INTO workflows (owner_id, name, priority, task_count, tasks_left)
-			VALUES ($1, $2, $3, $4, $4)
-			RETURNING id::text, id, created_at, (SELECT array_agg(nextval('tasks_id_seq')) FROM generate_series(1, $4))`,
-			ownerID, w.Name, w.Priority, len(w.Tasks)).Scan(&id, &uid, &now, &ids); err != nil {
+		// One round trip: the workflow row, its modules (the tasks'
+		// foreign key: migrations/00009_workflow_modules.sql), the
+		// transaction's time and the ids of its tasks.
+		if err := tx.QueryRow(ctx, `WITH wf AS (
+				INSERT INTO workflows (owner_id, name, priority, task_count, tasks_left)
+				VALUES ($1, $2, $3, $4, $4) RETURNING id, created_at
+			), wm AS (
+				INSERT INTO workflow_modules (workflow_id, module_id) SELECT wf.id, m FROM wf, unnest($5::text[]) m
+			)
+			SELECT id::text, id, created_at, (SELECT array_agg(nextval('tasks_id_seq')) FROM generate_series(1, $4)) FROM wf`,
+			ownerID, w.Name, w.Priority, len(w.Tasks), distinctModules(w)).Scan(&id, &uid, &now, &ids); err != nil {
 			return err
 		}
 		readyKey := now
@@ -263,8 +268,8 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow) 
 	return id, cands, nil
 }
 
-// createSmallSQL writes a workflow, its tasks ($9 to $20, one array element
-// per task, in submission order) and its edges ($21 to $24: task and
+// createSmallSQL writes a workflow, its modules (workflow_modules), its
+// tasks ($9 to $20, one array element per task, in submission order) and its edges ($21 to $24: task and
 // upstream task as 1-based positions in the task arrays) in one statement,
 // and notifies channel $25 unless it is empty, with payload $26. It
 // returns the workflow's id, its creation time (the ready tasks' sort key
@@ -281,6 +286,8 @@ const createSmallSQL = `WITH wf AS (
 			$17::bigint[], $18::bigint[], $19::bigint[], $20::bigint[]) WITH ORDINALITY
 			AS u(name, module, args, stdin, deps, max_attempts, timeout_ms, pages, output_bytes, log_bytes, ckpt_ms, seed, ord)
 		ORDER BY ord) s
+), wm AS (
+	INSERT INTO workflow_modules (workflow_id, module_id) SELECT DISTINCT wf.id, m FROM wf, unnest($10::text[]) m
 ), t AS (
 	INSERT INTO tasks (id, workflow_id, name, module_id, args, stdin, priority, state, deps_left, sort_key,
 		max_attempts, timeout_ms, memory_pages, output_bytes, log_bytes, ckpt_ms, seed, pending, replicas, quorum, max_replicas)
@@ -306,6 +313,19 @@ var taskColumns = []string{"id", "workflow_id", "name", "module_id", "args", "st
 func insertTasks(ctx context.Context, tx pgx.Tx, rows [][]any) error {
 	_, err := tx.CopyFrom(ctx, pgx.Identifier{"tasks"}, taskColumns, pgx.CopyFromRows(rows))
 	return err
+}
+
+// distinctModules returns the modules of a workflow's tasks, each once.
+func distinctModules(w *NewWorkflow) []string {
+	var ms []string
+	seen := map[string]bool{}
+	for _, t := range w.Tasks {
+		if !seen[t.Module] {
+			seen[t.Module] = true
+			ms = append(ms, t.Module)
+		}
+	}
+	return ms
 }
 
 // countEdges returns the number of task_inputs rows of a workflow.
