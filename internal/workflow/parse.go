@@ -61,8 +61,10 @@ func Parse(data []byte) (*Spec, error) {
 	if !utf8.Valid(data) {
 		return nil, &Error{Msg: "file is not valid UTF-8"}
 	}
-	if err := scan(data); err != nil {
-		return nil, err
+	if !fastScan(data) {
+		if err := scan(data); err != nil {
+			return nil, err
+		}
 	}
 	var f fileJSON
 	dec := json.NewDecoder(strings.NewReader(string(data)))
