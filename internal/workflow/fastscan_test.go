@@ -5,13 +5,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"unicode/utf8"
 )
 
-// fastScanSeeds are files scan accepts or refuses in the ways fastScan must
-// tell apart: it may refuse a file that scan accepts, never the reverse.
-var fastScanSeeds = []string{
+// fastDecodeSeeds are files scan accepts or refuses in the ways fastDecode
+// must tell apart: it may give up on a file that scan accepts, never decode
+// one that scan refuses.
+var fastDecodeSeeds = []string{
 	`{"name": "w", "tasks": [{"name": "a", "module": "a.wasm"}]}`,
 	` {"name":"w","priority":"batch","replicas":3,"quorum":2,"tasks":[{"name":"a","module":"m","args":["x","\u00e9\n\"\\\/"],` +
 		`"stdin":{"data":"d"},"timeout":"1m","max_attempts":-0,"limits":{"memory_mib":64,"output_mib":1,"log_kib":999999999},` +
@@ -47,14 +49,13 @@ var fastScanSeeds = []string{
 	`{"name": "w", "tasks": [{"name": "a", "module": "m", "inputs": {"x": {"from": "a", "output": "o\u0000"}}}]}`,
 }
 
-// fastScan accepts only files that scan accepts, and the ordinary ones.
-func TestFastScanAcceptsOnlyWhatScanAccepts(t *testing.T) {
-	for _, s := range fastScanSeeds {
-		if fastScan([]byte(s)) && scan([]byte(s)) != nil {
-			t.Errorf("fastScan accepts %s, scan refuses it: %v", s, scan([]byte(s)))
-		}
+// fastDecode decodes only files that scan accepts, and the ordinary ones,
+// as scan and the JSON decoding do.
+func TestFastDecodeAgreesWithScanAndDecode(t *testing.T) {
+	for _, s := range fastDecodeSeeds {
+		checkFastDecode(t, []byte(s))
 	}
-	ordinary := []string{fastScanSeeds[0], fastScanSeeds[1], fastScanSeeds[2], string(largeFile(100))}
+	ordinary := []string{fastDecodeSeeds[0], fastDecodeSeeds[1], fastDecodeSeeds[2], string(largeFile(100))}
 	files, _ := filepath.Glob("../../examples/*.json")
 	if len(files) == 0 {
 		t.Fatal("no examples")
@@ -67,33 +68,49 @@ func TestFastScanAcceptsOnlyWhatScanAccepts(t *testing.T) {
 		ordinary = append(ordinary, string(data))
 	}
 	for _, s := range ordinary {
-		if !fastScan([]byte(s)) {
-			t.Errorf("fastScan refuses an ordinary file: %.200s", s)
+		if _, ok := fastDecode([]byte(s)); !ok {
+			t.Errorf("fastDecode gives up on an ordinary file: %.200s", s)
 		}
 	}
 }
 
-// FuzzFastScan checks that fastScan never accepts a file that scan
-// refuses.
-func FuzzFastScan(f *testing.F) {
-	for _, s := range fastScanSeeds {
+// checkFastDecode fails when fastDecode decodes data that scan refuses, or
+// decodes it otherwise than the JSON decoding.
+func checkFastDecode(t *testing.T, data []byte) {
+	t.Helper()
+	got, ok := fastDecode(data)
+	if !ok {
+		return
+	}
+	if err := scan(data); err != nil {
+		t.Fatalf("fastDecode decodes a file scan refuses (%v): %q", err, data)
+	}
+	want, err := decode(data)
+	if err != nil {
+		t.Fatalf("fastDecode decodes a file the JSON decoding refuses (%v): %q", err, data)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("fastDecode of %q:\n%#v\nJSON decoding:\n%#v", data, got, want)
+	}
+}
+
+// FuzzFastDecode checks that fastDecode never decodes a file that scan
+// refuses, and decodes the others as the JSON decoding does.
+func FuzzFastDecode(f *testing.F) {
+	for _, s := range fastDecodeSeeds {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if !utf8.Valid(data) {
-			return // Parse refuses it before either scan
+			return // Parse refuses it before either
 		}
-		if fastScan(data) {
-			if err := scan(data); err != nil {
-				t.Fatalf("fastScan accepts a file scan refuses (%v): %q", err, data)
-			}
-		}
+		checkFastDecode(t, data)
 	})
 }
 
 // Parse of a large file allocates little per task: the structure check no
-// longer makes a token value of every key and string (it made 33
-// allocations per task of this file, Parse 35 in all).
+// longer makes a token value of every key and string (Parse made 35
+// allocations per task of this file).
 func TestParseOfALargeFileAllocatesLittle(t *testing.T) {
 	const n = 20000
 	data := largeFile(n)
