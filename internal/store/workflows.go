@@ -269,9 +269,10 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow) 
 }
 
 // createSmallSQL writes a workflow, its modules (workflow_modules), its
-// tasks ($9 to $20, one array element per task, in submission order) and its edges ($21 to $24: task and
-// upstream task as 1-based positions in the task arrays) in one statement,
-// and notifies channel $25 unless it is empty, with payload $26. It
+// tasks ($9 to $20, one array element per task, in submission order) and
+// its edges ($21 to $24: task and upstream task as 1-based positions in the
+// task arrays) in one statement, and notifies channel $25 unless it is
+// empty, with payload $26. It
 // returns the workflow's id, its creation time (the ready tasks' sort key
 // before the head start) and its task ids in submission order. Task ids come from the
 // sequence in submission order. Replicated workflows ($5 replicas, $6
