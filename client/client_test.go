@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -606,5 +607,42 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A module reference is named by its task's name, written before or after
+// it, and never by another task's.
+func TestFindModulesNamesEachReferenceByItsTask(t *testing.T) {
+	refs, err := findModules([]byte(`{"tasks": [{"module": "a.wasm", "name": "a"}, {"name": "b", "module": "b.wasm"},
+		{"module": "c.wasm"}, {"module": "d.wasm", "name": "d"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range refs {
+		got = append(got, fmt.Sprintf("%d:%s:%s", r.index, r.task, r.value))
+	}
+	if want := []string{"0:a:a.wasm", "1:b:b.wasm", "2::c.wasm", "3:d:d.wasm"}; !slices.Equal(got, want) {
+		t.Errorf("refs %v, want %v", got, want)
+	}
+}
+
+// BenchmarkFindModules reads the module references of a 20,000-task file
+// (cyclepool submit): 200-225 ms while every task's name was looked for
+// among all the references found before it.
+func BenchmarkFindModules(b *testing.B) {
+	type task struct {
+		Name   string `json:"name"`
+		Module string `json:"module"`
+	}
+	tasks := make([]task, 20000)
+	for i := range tasks {
+		tasks[i] = task{Name: fmt.Sprintf("t%d", i), Module: "./tasks/noop.wasm"}
+	}
+	data, _ := json.Marshal(map[string]any{"name": "x", "tasks": tasks})
+	for b.Loop() {
+		if _, err := findModules(data); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

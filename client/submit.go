@@ -159,12 +159,13 @@ func findModules(data []byte) ([]moduleRef, error) {
 		}
 		return eachElement(val, start, func(i int, task []byte, tstart int) error {
 			name := ""
+			first := len(refs) // this task's refs: those of a module given before its name get it now
 			return eachMember(task, tstart, func(k string, v []byte, vstart int) error {
 				switch {
 				case k == "name" && v[0] == '"':
 					_ = json.Unmarshal(v, &name)
-					for j := range refs {
-						if refs[j].index == i && refs[j].task == "" {
+					for j := first; j < len(refs); j++ {
+						if refs[j].task == "" {
 							refs[j].task = name
 						}
 					}

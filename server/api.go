@@ -201,11 +201,12 @@ func toNewWorkflow(spec *workflow.Spec) *store.NewWorkflow {
 		// results per needed quorum, and never fewer than the default's.
 		nw.MaxReplicas = max(spec.Replicas, 2*spec.Quorum+1, sched.DefaultVerify().MaxReplicas)
 	}
+	var buf []byte
 	for i, t := range spec.Tasks {
-		h := fnv.New64a()
-		fmt.Fprintf(h, "%s\x00%d\x00%s", spec.Name, i, t.Name)
+		var seed int64
+		seed, buf = taskSeed(buf, spec.Name, i, t.Name)
 		nt := store.NewTask{
-			Name: t.Name, Module: t.Module, Args: t.Args, Seed: int64(h.Sum64() >> 1),
+			Name: t.Name, Module: t.Module, Args: t.Args, Seed: seed,
 			TimeoutMS: t.Timeout.Milliseconds(), MaxAttempts: t.MaxAttempts, MemoryPages: int(t.MemoryPages()),
 			OutputBytes: t.OutputBytes, LogBytes: t.LogBytes, CkptMS: t.CheckpointInterval.Milliseconds(),
 		}
@@ -222,6 +223,22 @@ func toNewWorkflow(spec *workflow.Spec) *store.NewWorkflow {
 		nw.Tasks[i] = nt
 	}
 	return nw
+}
+
+// taskSeed returns the seed of the deterministic clocks and random source
+// of task i of workflow wf: FNV-1a of "wf\x00i\x00task" (i in decimal),
+// halved to fit a bigint. It appends to buf (returned for reuse) rather
+// than formatting with fmt, which took 10-20 ms of a 20,000-task
+// submission.
+func taskSeed(buf []byte, wf string, i int, task string) (int64, []byte) {
+	buf = append(buf[:0], wf...)
+	buf = append(buf, 0)
+	buf = strconv.AppendInt(buf, int64(i), 10)
+	buf = append(buf, 0)
+	buf = append(buf, task...)
+	h := fnv.New64a()
+	h.Write(buf)
+	return int64(h.Sum64() >> 1), buf
 }
 
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request, owner store.Owner) {

@@ -333,3 +333,70 @@ func TestSubmissionClaimsOnlySmallWorkflows(t *testing.T) {
 		t.Errorf("%d workflows written", n)
 	}
 }
+
+// A task's workflow and module must exist, through the one foreign key a
+// task row is checked against (workflow_modules): a submission naming an
+// unknown module is refused whole on either path, a task row cannot name a
+// module its workflow did not list, a module in use cannot be deleted, and
+// deleting a workflow deletes its tasks.
+func TestTasksReferenceTheirWorkflowAndModule(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	other := "sha256:" + fmt.Sprintf("%064x", 2)
+	if _, _, err := f.s.PutModule(ctx, f.owner, other, []byte("\x00asm"), []string{}); err != nil {
+		t.Fatal(err)
+	}
+	unused := "sha256:" + fmt.Sprintf("%064x", 3) // pushed, used by no workflow
+	if _, _, err := f.s.PutModule(ctx, f.owner, unused, []byte("\x00asm"), []string{}); err != nil {
+		t.Fatal(err)
+	}
+	unknown := "sha256:" + fmt.Sprintf("%064x", 4)
+	count := func(sql string, args ...any) int {
+		t.Helper()
+		var n int
+		if err := f.s.pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, n := range []int{2, smallWorkflow + 1} {
+		tasks := make([]NewTask, n)
+		for i := range tasks {
+			tasks[i] = f.task(fmt.Sprintf("t%d", i))
+		}
+		tasks[n-1].Module = other
+		id, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "ok", Priority: "batch", Tasks: tasks})
+		if err != nil {
+			t.Fatalf("%d tasks: %v", n, err)
+		}
+		if got := count(`SELECT count(*) FROM workflow_modules WHERE workflow_id = $1`, id); got != 2 {
+			t.Errorf("%d tasks: %d modules listed, want 2", n, got)
+		}
+		tasks[0].Module = unknown
+		before := count(`SELECT count(*) FROM workflows`)
+		if _, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "bad", Priority: "batch", Tasks: tasks}); err == nil {
+			t.Fatalf("%d tasks: a workflow with an unknown module was written", n)
+		}
+		if after := count(`SELECT count(*) FROM workflows`); after != before {
+			t.Fatalf("%d tasks: a refused workflow left %d workflow rows", n, after-before)
+		}
+
+		// A task row alone cannot name a module its workflow did not list.
+		_, err = f.s.pool.Exec(ctx, `INSERT INTO tasks (workflow_id, name, module_id, args, priority, state, deps_left,
+			max_attempts, timeout_ms, memory_pages, output_bytes, log_bytes, ckpt_ms, seed)
+			SELECT workflow_id, 'extra', $2, '{}', priority, 'ready', 0, 1, 1, 1, 1, 1, 1, 1 FROM tasks WHERE workflow_id = $1 LIMIT 1`,
+			id, unused)
+		if err == nil {
+			t.Fatalf("%d tasks: a task row names a module outside its workflow's", n)
+		}
+		if _, err := f.s.pool.Exec(ctx, `DELETE FROM modules WHERE id = $1`, other); err == nil {
+			t.Fatalf("%d tasks: a module in use was deleted", n)
+		}
+		if _, err := f.s.pool.Exec(ctx, `DELETE FROM workflows WHERE id = $1`, id); err != nil {
+			t.Fatalf("%d tasks: delete the workflow: %v", n, err)
+		}
+		if got := count(`SELECT count(*) FROM tasks WHERE workflow_id = $1`, id) + count(`SELECT count(*) FROM workflow_modules WHERE workflow_id = $1`, id); got != 0 {
+			t.Fatalf("%d tasks: %d rows left after deleting the workflow", n, got)
+		}
+	}
+}

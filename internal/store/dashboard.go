@@ -12,9 +12,7 @@ import (
 // workflows whose tasks run it, newest first and at most five per module.
 // Modules no workflow uses are left out.
 func (s *Store) ModuleUse(ctx context.Context, ownerID int64) (map[string][]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT module_id, (array_agg(name ORDER BY created_at DESC))[1:5] FROM (
-			SELECT DISTINCT t.module_id, w.name, w.created_at FROM workflows w JOIN tasks t ON t.workflow_id = w.id WHERE w.owner_id = $1
-		) u GROUP BY module_id`, ownerID)
+	rows, err := s.pool.Query(ctx, moduleUseSQL, ownerID)
 	if err != nil {
 		return nil, fmt.Errorf("module use: %w", err)
 	}
@@ -33,6 +31,14 @@ func (s *Store) ModuleUse(ctx context.Context, ownerID int64) (map[string][]stri
 	}
 	return use, nil
 }
+
+// moduleUseSQL reads the modules of owner $1's workflows from
+// workflow_modules (one row per module of a workflow), not from the tasks:
+// the dashboard's Modules page then reads as many rows as the owner has
+// workflows, not as many as they have tasks.
+const moduleUseSQL = `SELECT module_id, (array_agg(name ORDER BY created_at DESC))[1:5] FROM (
+		SELECT DISTINCT m.module_id, w.name, w.created_at FROM workflows w JOIN workflow_modules m ON m.workflow_id = w.id WHERE w.owner_id = $1
+	) u GROUP BY module_id`
 
 // Edges returns the edges of the DAG of one of an owner's workflows, each
 // as (upstream task name, downstream task name), once per pair however many

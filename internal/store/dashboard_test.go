@@ -149,6 +149,15 @@ func TestModuleUseAndEdges(t *testing.T) {
 	if use, err := f.s.ModuleUse(ctx, f.owner+1); err != nil || len(use) != 0 {
 		t.Errorf("another owner's module use: %v, %v", use, err)
 	}
+	var plan []struct{ Plan planNode }
+	if err := f.s.pool.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+moduleUseSQL, f.owner).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	plan[0].Plan.walk(func(n *planNode) {
+		if n.Relation == "tasks" {
+			t.Errorf("module use reads the tasks (%s)", n.NodeType)
+		}
+	})
 	edges, err := f.s.Edges(ctx, f.owner, id)
 	if err != nil {
 		t.Fatal(err)

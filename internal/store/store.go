@@ -44,6 +44,8 @@ type Store struct {
 	// runs collects the run times of committed successes until
 	// FlushRuntimeStats writes them.
 	runs runBuffer
+	// stats refreshes the planner's statistics after large submissions.
+	stats *statsRefresher
 }
 
 // Open connects to the database at url, applies pending migrations and
@@ -71,6 +73,10 @@ func Open(ctx context.Context, url string) (*Store, error) {
 		return nil, fmt.Errorf("store: connect: %w", err)
 	}
 	s.pool = pool
+	s.stats = newStatsRefresher(func(ctx context.Context, sql string) error {
+		_, err := pool.Exec(ctx, sql)
+		return err
+	})
 	if err := s.migrate(ctx); err != nil {
 		pool.Close()
 		return nil, err
@@ -129,8 +135,12 @@ func (s *Store) migrate(ctx context.Context) error {
 	return nil
 }
 
-// Close closes the connection pool.
-func (s *Store) Close() { s.pool.Close() }
+// Close stops a statistics refresh under way and closes the connection
+// pool.
+func (s *Store) Close() {
+	s.stats.stop()
+	s.pool.Close()
+}
 
 // Pool exposes the pool for the one thing that needs a connection of its
 // own: the server's LISTEN loop (server/maintain.go). Every query belongs

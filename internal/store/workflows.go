@@ -75,17 +75,9 @@ func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflo
 	if err != nil {
 		return "", fmt.Errorf("create workflow %q: %w", w.Name, err)
 	}
-	if len(w.Tasks) >= analyzeAfterTasks {
-		// The planner's statistics of tasks may date from when the table
-		// was small (autovacuum refreshes them only after its next nap, up
-		// to a minute later); with them, the dispatcher's queries over the
-		// ready tasks of a large workflow scan them all (50 times slower,
-		// measured). A few tens of milliseconds here is little next to the
-		// submission of this many tasks. The workflow is committed
-		// whatever happens here; autovacuum refreshes the statistics
-		// anyway, so a failure is ignored.
-		_, _ = s.pool.Exec(ctx, `ANALYZE tasks, task_inputs`)
-	}
+	// The planner's statistics are refreshed in the background, after the
+	// answer (statsRefresher says why).
+	s.stats.request(len(w.Tasks) >= analyzeAfterTasks, countEdges(w) >= analyzeAfterTasks)
 	return id, nil
 }
 
@@ -95,15 +87,20 @@ func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflo
 func (s *Store) createLarge(ctx context.Context, ownerID int64, w *NewWorkflow) (string, error) {
 	var id string
 	err := s.tx(ctx, func(tx pgx.Tx) error {
-		// One round trip: the workflow row, the transaction's time and the
-		// ids of its tasks.
 		var now time.Time
 		var ids []int64
 		var uid pgtype.UUID // for COPY: a string would be parsed anew for every row
-		if err := tx.QueryRow(ctx, `INSERT INTO workflows (owner_id, name, priority, task_count, tasks_left)
-			VALUES ($1, $2, $3, $4, $4)
-			RETURNING id::text, id, created_at, (SELECT array_agg(nextval('tasks_id_seq')) FROM generate_series(1, $4))`,
-			ownerID, w.Name, w.Priority, len(w.Tasks)).Scan(&id, &uid, &now, &ids); err != nil {
+		// One round trip: the workflow row, its modules (the tasks'
+		// foreign key: migrations/00009_workflow_modules.sql), the
+		// transaction's time and the ids of its tasks.
+		if err := tx.QueryRow(ctx, `WITH wf AS (
+				INSERT INTO workflows (owner_id, name, priority, task_count, tasks_left)
+				VALUES ($1, $2, $3, $4, $4) RETURNING id, created_at
+			), wm AS (
+				INSERT INTO workflow_modules (workflow_id, module_id) SELECT wf.id, m FROM wf, unnest($5::text[]) m
+			)
+			SELECT id::text, id, created_at, (SELECT array_agg(nextval('tasks_id_seq')) FROM generate_series(1, $4)) FROM wf`,
+			ownerID, w.Name, w.Priority, len(w.Tasks), distinctModules(w)).Scan(&id, &uid, &now, &ids); err != nil {
 			return err
 		}
 		readyKey := now
@@ -368,8 +365,9 @@ func newUUID() (pgtype.UUID, error) {
 	return u, nil
 }
 
-// createSmallSQL writes a workflow with id $26, its tasks ($9 to $20, one
-// array element per task, in submission order) and its edges ($21 to $24:
+// createSmallSQL writes a workflow with id $26, its modules
+// (workflow_modules), its tasks ($9 to $20, one array element per task, in
+// submission order) and its edges ($21 to $24:
 // task and upstream task as 1-based positions in the task arrays) in one
 // statement, and notifies channel $25 unless it is empty. It returns the
 // workflow's id. Task ids come from the sequence in submission order.
@@ -385,6 +383,8 @@ const createSmallSQL = `WITH wf AS (
 			$17::bigint[], $18::bigint[], $19::bigint[], $20::bigint[]) WITH ORDINALITY
 			AS u(name, module, args, stdin, deps, max_attempts, timeout_ms, pages, output_bytes, log_bytes, ckpt_ms, seed, ord)
 		ORDER BY ord) s
+), wm AS (
+	INSERT INTO workflow_modules (workflow_id, module_id) SELECT DISTINCT wf.id, m FROM wf, unnest($10::text[]) m
 ), t AS (
 	INSERT INTO tasks (id, workflow_id, name, module_id, args, stdin, priority, state, deps_left, sort_key,
 		max_attempts, timeout_ms, memory_pages, output_bytes, log_bytes, ckpt_ms, seed, pending, replicas, quorum, max_replicas)
@@ -401,10 +401,6 @@ const createSmallSQL = `WITH wf AS (
 )
 SELECT wf.id::text FROM wf CROSS JOIN LATERAL (SELECT CASE WHEN $25 <> '' THEN pg_notify($25, '') END) note`
 
-// analyzeAfterTasks is the size of a workflow after whose submission
-// CreateWorkflow refreshes the planner's statistics.
-const analyzeAfterTasks = 1000
-
 // taskColumns are the columns of a row built by CreateWorkflow.
 var taskColumns = []string{"id", "workflow_id", "name", "module_id", "args", "stdin", "priority", "state", "deps_left", "sort_key",
 	"max_attempts", "timeout_ms", "memory_pages", "output_bytes", "log_bytes", "ckpt_ms", "seed"}
@@ -413,6 +409,28 @@ var taskColumns = []string{"id", "workflow_id", "name", "module_id", "args", "st
 func insertTasks(ctx context.Context, tx pgx.Tx, rows [][]any) error {
 	_, err := tx.CopyFrom(ctx, pgx.Identifier{"tasks"}, taskColumns, pgx.CopyFromRows(rows))
 	return err
+}
+
+// distinctModules returns the modules of a workflow's tasks, each once.
+func distinctModules(w *NewWorkflow) []string {
+	var ms []string
+	seen := map[string]bool{}
+	for _, t := range w.Tasks {
+		if !seen[t.Module] {
+			seen[t.Module] = true
+			ms = append(ms, t.Module)
+		}
+	}
+	return ms
+}
+
+// countEdges returns the number of task_inputs rows of a workflow.
+func countEdges(w *NewWorkflow) int {
+	n := 0
+	for _, t := range w.Tasks {
+		n += len(t.Inputs)
+	}
+	return n
 }
 
 func distinctDeps(ins []NewInput) int {
@@ -571,6 +589,11 @@ const taskStatusSQL = `SELECT t.name, t.state, t.attempts, t.max_attempts,
 	coalesce((SELECT array_agg(length(o.data) ORDER BY o.name) FROM task_outputs o WHERE o.task_id = t.id), '{}')
 	FROM tasks t` + runningAttemptSQL
 
+// workflowTasksSQL reads the tasks of workflow $1 of owner $2 (none when
+// the workflow is another owner's), in submission order.
+const workflowTasksSQL = taskStatusSQL + ` WHERE t.workflow_id = $1 AND EXISTS (SELECT 1 FROM workflows w WHERE w.id = $1 AND w.owner_id = $2)
+	ORDER BY t.id`
+
 func scanTaskStatus(rows pgx.Rows) ([]TaskStatus, error) {
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (TaskStatus, error) {
 		var t TaskStatus
@@ -610,8 +633,7 @@ func (s *Store) status(ctx context.Context, ownerID int64, id string, spans bool
 	}
 	b := &pgx.Batch{}
 	b.Queue(ownedWorkflowSQL, id, ownerID)
-	b.Queue(taskStatusSQL+` WHERE t.workflow_id = $1 AND EXISTS (SELECT 1 FROM workflows w WHERE w.id = $1 AND w.owner_id = $2)
-		ORDER BY t.id`, id, ownerID)
+	b.Queue(workflowTasksSQL, id, ownerID)
 	if spans {
 		b.Queue(workflowSpansSQL+` AND EXISTS (SELECT 1 FROM workflows w WHERE w.id = $1 AND w.owner_id = $2) ORDER BY a.id`, id, ownerID)
 	}
@@ -650,10 +672,7 @@ func (s *Store) status(ctx context.Context, ownerID int64, id string, spans bool
 // running task (whose progress moves without a change of row). It leaves
 // out outputs: event streams do not carry them.
 func (s *Store) TaskChanges(ctx context.Context, id string, since time.Time) ([]TaskStatus, error) {
-	rows, err := s.pool.Query(ctx, `SELECT t.name, t.state, t.attempts, t.max_attempts,
-		CASE WHEN t.state = 'done' THEN 1 WHEN t.state = 'running' THEN coalesce(ra.progress, 0) ELSE 0 END,
-		t.checkpoint_seq, t.checkpoint_at, coalesce(ra.worker, ''), t.error, t.updated_at
-		FROM tasks t`+runningAttemptSQL+` WHERE t.workflow_id = $1 AND (t.updated_at > $2 OR t.state = 'running') ORDER BY t.id`, id, since)
+	rows, err := s.pool.Query(ctx, taskChangesSQL, id, since)
 	if err != nil {
 		return nil, fmt.Errorf("read task changes of %s: %w", id, err)
 	}
@@ -669,6 +688,13 @@ func (s *Store) TaskChanges(ctx context.Context, id string, since time.Time) ([]
 	}
 	return ts, nil
 }
+
+// taskChangesSQL reads the tasks of workflow $1 changed since $2, and the
+// running ones.
+const taskChangesSQL = `SELECT t.name, t.state, t.attempts, t.max_attempts,
+	CASE WHEN t.state = 'done' THEN 1 WHEN t.state = 'running' THEN coalesce(ra.progress, 0) ELSE 0 END,
+	t.checkpoint_seq, t.checkpoint_at, coalesce(ra.worker, ''), t.error, t.updated_at
+	FROM tasks t` + runningAttemptSQL + ` WHERE t.workflow_id = $1 AND (t.updated_at > $2 OR t.state = 'running') ORDER BY t.id`
 
 // WorkflowState returns the state of a workflow (no owner check: callers
 // checked it already).

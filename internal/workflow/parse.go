@@ -61,17 +61,27 @@ func Parse(data []byte) (*Spec, error) {
 	if !utf8.Valid(data) {
 		return nil, &Error{Msg: "file is not valid UTF-8"}
 	}
+	if f, ok := fastDecode(data); ok {
+		return build(f)
+	}
 	if err := scan(data); err != nil {
 		return nil, err
 	}
-	var f fileJSON
-	dec := json.NewDecoder(strings.NewReader(string(data)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
+	f, err := decode(data)
+	if err != nil {
 		// scan accepted the file, so this should not happen.
 		return nil, &Error{Msg: fmt.Sprintf("invalid workflow file: %v", err)}
 	}
 	return build(f)
+}
+
+// decode decodes a file that scan accepted.
+func decode(data []byte) (fileJSON, error) {
+	var f fileJSON
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(&f)
+	return f, err
 }
 
 // build validates a decoded file and resolves it into a Spec.

@@ -1,0 +1,203 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A large submission is answered without waiting for the refresh of the
+// planner's statistics, which follows in the background.
+func TestLargeSubmissionDoesNotWaitForStatistics(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	// ANALYZE waits for this lock; the submission's inserts do not.
+	blocker, err := f.s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(ctx)
+	if _, err := blocker.Exec(ctx, `LOCK TABLE tasks, task_inputs IN SHARE UPDATE EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	tasks := make([]NewTask, analyzeAfterTasks)
+	for i := range tasks {
+		tasks[i] = f.task(fmt.Sprintf("t%d", i))
+		if i > 0 {
+			tasks[i].Inputs = []NewInput{{Name: "in", From: i - 1, Output: "stdout"}}
+		}
+	}
+	tasks = append(tasks, f.task("last", NewInput{Name: "a", From: 0, Output: "stdout"}))
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := f.s.CreateWorkflow(sctx, f.owner, &NewWorkflow{Name: "big", Priority: "batch", Tasks: tasks}); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("the submission took %v: it waited for ANALYZE", took)
+	}
+	if got := reltuples(t, f, "tasks"); got >= analyzeAfterTasks {
+		t.Fatalf("tasks analyzed (%v rows) while ANALYZE could not run", got)
+	}
+	if err := blocker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The refresh follows.
+	deadline := time.Now().Add(20 * time.Second)
+	for reltuples(t, f, "tasks") < analyzeAfterTasks || reltuples(t, f, "task_inputs") < analyzeAfterTasks {
+		if time.Now().After(deadline) {
+			t.Fatalf("statistics not refreshed: tasks %v rows, task_inputs %v", reltuples(t, f, "tasks"), reltuples(t, f, "task_inputs"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Close does not wait for a refresh that cannot run.
+func TestCloseStopsAStatisticsRefresh(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	blocker, err := f.s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blocker.Exec(ctx, `LOCK TABLE tasks IN SHARE UPDATE EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	f.s.stats.request(true, false)
+	done := make(chan struct{})
+	go func() {
+		f.s.stats.stop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("stop waited for an ANALYZE blocked on a lock")
+	}
+	_ = blocker.Rollback(ctx)
+}
+
+// Requests made while a refresh runs are merged into one more run.
+func TestStatisticsRefreshesMerge(t *testing.T) {
+	release := make(chan struct{})
+	var runs []string
+	r := newStatsRefresher(func(ctx context.Context, sql string) error {
+		runs = append(runs, sql)
+		if len(runs) == 1 {
+			<-release
+		}
+		return nil
+	})
+	r.request(true, false)
+	for !func() bool { r.mu.Lock(); defer r.mu.Unlock(); return !r.tasks && r.running }() {
+		time.Sleep(time.Millisecond) // the first run has taken its request
+	}
+	r.request(false, true)
+	r.request(true, false)
+	r.request(false, false)
+	close(release)
+	r.wg.Wait()
+	want := []string{"ANALYZE tasks", "ANALYZE tasks, task_inputs"}
+	if fmt.Sprint(runs) != fmt.Sprint(want) {
+		t.Fatalf("runs %q, want %q", runs, want)
+	}
+	r.stop()
+	r.request(true, true)
+	r.wg.Wait()
+	if len(runs) != 2 {
+		t.Fatalf("a request after stop ran: %q", runs)
+	}
+}
+
+func reltuples(t *testing.T, f *fixture, table string) float64 {
+	t.Helper()
+	var n float64
+	if err := f.s.pool.QueryRow(context.Background(), `SELECT reltuples FROM pg_class WHERE oid = $1::regclass`, table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// The status and event-stream queries read a new large workflow through
+// its key, not the other workflows' tasks, with statistics taken before it
+// was submitted: a submitter's next request may come before the refresh.
+func TestStatusReadsItsWorkflowWithStaleStatistics(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	const n = 3000
+	tasks := make([]NewTask, n)
+	for i := range tasks {
+		tasks[i] = f.task(fmt.Sprintf("t%d", i))
+	}
+	old, err := f.s.createLarge(ctx, f.owner, &NewWorkflow{Name: "old", Priority: "batch", Tasks: tasks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.s.pool.Exec(ctx, `UPDATE tasks SET state = 'done', finished_at = now() WHERE workflow_id = $1`, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.s.pool.Exec(ctx, `ANALYZE tasks, task_inputs`); err != nil {
+		t.Fatal(err)
+	}
+	for i := range tasks[:n/2] {
+		if i > 0 {
+			tasks[i].Inputs = []NewInput{{Name: "in", From: i - 1, Output: "stdout"}}
+		}
+	}
+	id, err := f.s.createLarge(ctx, f.owner, &NewWorkflow{Name: "new", Priority: "batch", Tasks: tasks[:n/2]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []struct {
+		name string
+		sql  string
+		args []any
+	}{
+		{"status", workflowTasksSQL, []any{id, f.owner}},
+		{"task changes", taskChangesSQL, []any{id, time.Now().Add(-time.Hour)}},
+	} {
+		for _, mode := range []string{"auto", "force_generic_plan", "force_custom_plan"} {
+			conn, err := f.s.pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = conn.Exec(ctx, `PREPARE q AS `+q.sql)
+			if err == nil {
+				_, err = conn.Exec(ctx, `SELECT set_config('plan_cache_mode', $1, false)`, mode)
+			}
+			var plan []struct{ Plan planNode }
+			if err == nil {
+				err = conn.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE q(`+placeholders(len(q.args))+`)`,
+					append([]any{pgx.QueryExecModeSimpleProtocol}, q.args...)...).Scan(&plan)
+			}
+			_, _ = conn.Exec(ctx, `DEALLOCATE q; RESET plan_cache_mode`)
+			conn.Release()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := plan[0].Plan.ActualRows; got != n/2 {
+				t.Fatalf("%s (%s) read %v tasks, want %d", q.name, mode, got, n/2)
+			}
+			plan[0].Plan.walk(func(p *planNode) {
+				if p.Relation == "tasks" && (p.NodeType == "Seq Scan" || p.ActualRows*p.ActualLoops > n/2) {
+					t.Errorf("%s (%s): %s on tasks returned %v rows over %v loops for a workflow of %d", q.name, mode, p.NodeType, p.ActualRows, p.ActualLoops, n/2)
+				}
+			})
+		}
+	}
+}
+
+func placeholders(n int) string {
+	s := ""
+	for i := 1; i <= n; i++ {
+		if i > 1 {
+			s += ", "
+		}
+		s += fmt.Sprintf("$%d", i)
+	}
+	return s
+}
