@@ -324,14 +324,24 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 	}
 	ws.SetReadLimit(int64(s.cfg.MaxFrameBytes))
 	ctx, cancel := context.WithCancel(s.ctx)
-	defer cancel()
 	c, err := s.greet(ctx, ws, r)
 	if err != nil {
+		defer cancel()
 		s.log.Info("worker refused", "remote", r.RemoteAddr, "err", err)
 		s.sendError(ctx, ws, err.Error())
 		ws.Close(websocket.StatusPolicyViolation, truncate(err.Error(), 120))
 		return
 	}
+	// The connection lives on in a goroutine of its own, and the request's
+	// ends here: its stack grew through the upgrade and the greeting (the
+	// worker's registration in the database), and an idle worker would
+	// keep that for as long as it stays connected.
+	go s.serveWorker(ctx, cancel, ws, c)
+}
+
+// serveWorker serves a greeted worker's connection until it closes.
+func (s *Server) serveWorker(ctx context.Context, cancel context.CancelFunc, ws *websocket.Conn, c *conn) {
+	defer cancel()
 	s.metrics.workerConnects.WithLabelValues(c.kind).Inc()
 	s.hub.add(c)
 	go s.refreshRecords(ctx, []string{c.id})
@@ -350,7 +360,7 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	s.wakeSlots()
-	err = s.readLoop(ctx, c)
+	err := s.readLoop(ctx, c)
 	var ce websocket.CloseError
 	switch {
 	case err == nil, errors.As(err, &ce), errors.Is(err, context.Canceled):
