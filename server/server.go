@@ -219,6 +219,7 @@ func (s *Server) dispatch(ctx context.Context) {
 		case <-t.C:
 			s.tasksWake.Store(false)
 		}
+		s.readyLeft.Store(true) // until this round has claimed what it could
 		for races := 0; ctx.Err() == nil; {
 			slots := s.hub.reserve(1000)
 			if len(slots) == 0 {
@@ -260,9 +261,17 @@ func (s *Server) submit(ctx context.Context, ownerID int64, nw *store.NewWorkflo
 	var slots []*conn
 	var cands []store.Candidate
 	now := time.Now()
-	if nw.Claimable() && !s.readyLeft.Load() {
+	// Not while ready tasks may wait: those the last round left, those a
+	// round under way has not claimed yet, those a wake-up announced.
+	if nw.Claimable() && !s.readyLeft.Load() && !s.tasksWake.Load() {
 		if cands = s.store.SubmissionCandidates(nw, now); len(cands) > 0 {
-			slots = s.hub.reserve(min(4*len(cands)+64, 1000))
+			// Two slots a replica, spread over the workers (reserve): the
+			// plan has a choice, and concurrent submissions find slots too.
+			pending := 0
+			for _, c := range cands {
+				pending += c.Pending
+			}
+			slots = s.hub.reserve(min(2*pending, 1000))
 		}
 	}
 	if len(slots) == 0 {
@@ -286,8 +295,10 @@ func (s *Server) submit(ctx context.Context, ownerID int64, nw *store.NewWorkflo
 		s.wakeSlots()
 		return "", err
 	}
-	s.metrics.rounds.WithLabelValues("submission").Inc()
-	s.metrics.observeBatch("claim", len(claimed), now)
+	if len(claimed) > 0 {
+		s.metrics.rounds.WithLabelValues("submission").Inc()
+	}
+	s.metrics.observeBatch("submission", len(claimed), now)
 	s.deliver(cctx, claimed, nil, reserved)
 	switch {
 	case len(claimed) < len(sp):

@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // submissionCases are the workflow settings the submission tests try.
@@ -41,7 +43,8 @@ func TestSmallAndLargeSubmissionsWriteTheSameRows(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rows := map[string]any{}
 			small := func(ctx context.Context, owner int64, w *NewWorkflow) (string, error) {
-				id, _, err := f.s.createSmall(ctx, owner, w, nil, 0)
+				uid, _ := newUUID()
+				id, _, err := f.s.createSmall(ctx, owner, w, uid, nil, 0)
 				return id, err
 			}
 			for path, create := range map[string]func(context.Context, int64, *NewWorkflow) (string, error){
@@ -209,8 +212,17 @@ func TestSubmissionClaimsItsReadyTasks(t *testing.T) {
 			}
 			// a on both workers (a second replica, or refused), c on the
 			// other with its own checkpoint interval, b blocked, d left.
-			picks := []SubmitPick{{Task: 0, Worker: f.worker}, {Task: 2, Worker: other.ID, CkptMS: 4000},
+			picks := []SubmitPick{{Task: 0, Worker: f.worker}, {Task: 2, Worker: other.ID, CkptMS: 4000, Solo: true},
 				{Task: 1, Worker: f.worker}, {Task: 0, Worker: other.ID}, {Task: 9, Worker: f.worker}, {Task: -1, Worker: f.worker}}
+
+			// A workflow of the same task names, which no claim may touch.
+			decoy := tc.wf
+			decoy.Name, decoy.Tasks = "decoy", dag()
+			decoyID, err := f.s.CreateWorkflow(ctx, f.owner, &decoy)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := dump(t, f.s, decoyID, true)
 
 			// The reference: submitted, then claimed by id.
 			ref := tc.wf
@@ -222,7 +234,7 @@ func TestSubmissionClaimsItsReadyTasks(t *testing.T) {
 			ids := taskIDs(t, f.s, refID)
 			var byID []Pick
 			for _, p := range picks[:4] {
-				byID = append(byID, Pick{TaskID: ids[ref.Tasks[p.Task].Name], Worker: p.Worker, CkptMS: p.CkptMS})
+				byID = append(byID, Pick{TaskID: ids[ref.Tasks[p.Task].Name], Worker: p.Worker, CkptMS: p.CkptMS, Solo: p.Solo})
 			}
 			want, err := f.s.ClaimPicks(ctx, byID, time.Minute)
 			if err != nil {
@@ -257,6 +269,9 @@ func TestSubmissionClaimsItsReadyTasks(t *testing.T) {
 			}
 			if g, w := rows(id), rows(refID); !reflect.DeepEqual(g, w) {
 				t.Errorf("rows differ:\nclaimed at submission %v\nclaimed after %v", g, w)
+			}
+			if after := dump(t, f.s, decoyID, true); !reflect.DeepEqual(after, before) {
+				t.Errorf("another workflow's tasks of the same names changed:\nbefore %v\nafter %v", before, after)
 			}
 			for _, wk := range []string{f.worker, other.ID} {
 				var n int64
@@ -398,5 +413,42 @@ func TestTasksReferenceTheirWorkflowAndModule(t *testing.T) {
 		if got := count(`SELECT count(*) FROM tasks WHERE workflow_id = $1`, id) + count(`SELECT count(*) FROM workflow_modules WHERE workflow_id = $1`, id); got != 0 {
 			t.Fatalf("%d tasks: %d rows left after deleting the workflow", n, got)
 		}
+	}
+}
+
+// A claiming submission whose answer was lost (recoverSubmission): when the
+// workflow was written after all, its attempts, never sent, are ended
+// without counting against the task, which is ready again, and its id comes
+// back; a workflow that was not written gives no id.
+func TestLostSubmissionAnswerRequeuesItsAttempts(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	w := NewWorkflow{Name: "wf", Priority: "batch", Tasks: []NewTask{f.task("a")}}
+	id, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute)
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("%d claimed, err %v", len(claimed), err)
+	}
+	var uid pgtype.UUID
+	if err := uid.Scan(id); err != nil {
+		t.Fatal(err)
+	}
+	got, err := f.s.recoverSubmission(ctx, uid)
+	if err != nil || got != id {
+		t.Fatalf("recovered %q, err %v: want %s", got, err, id)
+	}
+	var state string
+	var attempts int
+	if err := f.s.pool.QueryRow(ctx, `SELECT state, attempts FROM tasks WHERE workflow_id = $1`, id).Scan(&state, &attempts); err != nil {
+		t.Fatal(err)
+	}
+	if state != StateReady || attempts != 0 {
+		t.Errorf("task %s after %d counted attempts, want ready after none", state, attempts)
+	}
+	if n := f.claim(t, 1, time.Minute); len(n) != 1 {
+		t.Errorf("the task was not claimable again")
+	}
+	other, _ := newUUID()
+	if got, err := f.s.recoverSubmission(ctx, other); err != nil || got != "" {
+		t.Errorf("a workflow never written: recovered %q, err %v", got, err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -68,7 +69,10 @@ func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflo
 	var id string
 	var err error
 	if w.Claimable() {
-		id, _, err = s.createSmall(ctx, ownerID, w, nil, 0)
+		var uid pgtype.UUID
+		if uid, err = newUUID(); err == nil {
+			id, _, err = s.createSmall(ctx, ownerID, w, uid, nil, 0)
+		}
 	} else {
 		id, err = s.createLarge(ctx, ownerID, w)
 	}
@@ -199,11 +203,62 @@ func (s *Store) CreateWorkflowClaiming(ctx context.Context, ownerID int64, w *Ne
 	if !w.Claimable() {
 		return "", nil, fmt.Errorf("create workflow %q: %d tasks are too many to claim at submission", w.Name, len(w.Tasks))
 	}
-	id, claimed, err = s.createSmall(ctx, ownerID, w, picks, lease)
+	uid, err := newUUID()
 	if err != nil {
+		return "", nil, err
+	}
+	id, claimed, err = s.createSmall(ctx, ownerID, w, uid, picks, lease)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) {
+			// The transaction may have committed, its answer lost.
+			if id, rerr := s.recoverSubmission(ctx, uid); rerr == nil && id != "" {
+				return id, nil, nil
+			}
+		}
 		return "", nil, fmt.Errorf("create workflow %q: %w", w.Name, err)
 	}
 	return id, claimed, nil
+}
+
+// recoverSubmission settles a claiming submission whose transaction ended
+// in an error that may have come after its commit (the connection lost
+// with the COMMIT's answer, or the context ended while it was on its way).
+// When the workflow uid was written after all, the attempts it claimed
+// never reached their workers and nobody was told of its tasks: the
+// attempts are ended without counting against their tasks or workers,
+// which queues the tasks again and wakes the dispatchers, and it returns
+// the workflow's id. It returns "" when the workflow was not written.
+func (s *Store) recoverSubmission(ctx context.Context, uid pgtype.UUID) (string, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	rows, err := s.pool.Query(ctx, `SELECT w.id::text, a.id, a.worker_id::text FROM workflows w
+		LEFT JOIN tasks t ON t.workflow_id = w.id LEFT JOIN attempts a ON a.task_id = t.id AND a.state = 'running'
+		WHERE w.id = $1`, uid)
+	if err != nil {
+		return "", fmt.Errorf("look for a submission: %w", err)
+	}
+	var id string
+	var ends []Completion
+	for rows.Next() {
+		var attempt *int64
+		var worker *string
+		if err := rows.Scan(&id, &attempt, &worker); err != nil {
+			rows.Close()
+			return "", fmt.Errorf("look for a submission: %w", err)
+		}
+		if attempt != nil {
+			ends = append(ends, Completion{Attempt: *attempt, Worker: *worker, Reason: "worker", Uncounted: true,
+				Message: "the server lost the answer of the submission that claimed it: never sent"})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return "", fmt.Errorf("look for a submission: %w", err)
+	}
+	if _, err := s.Complete(ctx, ends); err != nil {
+		return "", err // the leases lapse instead
+	}
+	return id, nil
 }
 
 // createSmall writes a small workflow (smallWorkflow tasks at most) in one
@@ -216,7 +271,7 @@ func (s *Store) CreateWorkflowClaiming(ctx context.Context, ownerID int64, w *Ne
 // statement and the COMMIT): the tasks are found by the workflow's id,
 // made here rather than by PostgreSQL so that the claim can name it, and
 // their names. It returns the attempts.
-func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, picks []SubmitPick, lease time.Duration) (
+func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, uid pgtype.UUID, picks []SubmitPick, lease time.Duration) (
 	id string, claimed []Claimed, err error) {
 	n := len(w.Tasks)
 	var (
@@ -283,10 +338,6 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, 
 		// Dispatchers hear of ready tasks left unclaimed; those claimed
 		// here are no news to them.
 		channel = ChannelReady
-	}
-	uid, err := newUUID()
-	if err != nil {
-		return "", nil, err
 	}
 	for try := 0; ; try++ {
 		b := &pgx.Batch{}
