@@ -21,29 +21,9 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // only the flusher can wake the waiter.
 func TestCompletionFlushWakesTheLongPoll(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.Open(ctx, pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	tok, err := st.CreateOwner(ctx, "owner")
-	if err != nil {
-		t.Fatal(err)
-	}
-	owner, err := st.OwnerByToken(ctx, tok)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mod := "sha256:" + fmt.Sprintf("%064x", 1)
-	if _, _, err := st.PutModule(ctx, owner.ID, mod, []byte("\x00asm"), []string{}); err != nil {
-		t.Fatal(err)
-	}
-	reg, err := st.RegisterWorker(ctx, store.WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := st.CreateWorkflow(ctx, owner.ID, &store.NewWorkflow{Name: "one", Priority: "interactive", Tasks: []store.NewTask{{
-		Name: "t", Module: mod, MaxAttempts: 1, TimeoutMS: 1000, MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10}}})
+	f := newFixture(t)
+	st, owner, reg := f.st, f.owner, f.worker
+	id, err := st.CreateWorkflow(ctx, owner.ID, f.oneTask())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,5 +54,92 @@ func TestCompletionFlushWakesTheLongPoll(t *testing.T) {
 	}
 	if sum, err := st.Summary(ctx, owner.ID, id); err != nil || sum.State != store.StateDone {
 		t.Fatalf("workflow after the flush: %+v, %v", sum, err)
+	}
+}
+
+// fixture is a store with an owner who pushed a module, and a registered
+// worker.
+type fixture struct {
+	st     *store.Store
+	owner  store.Owner
+	module string
+	worker store.Registration
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	st, err := store.Open(ctx, pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	tok, err := st.CreateOwner(ctx, "owner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner, err := st.OwnerByToken(ctx, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod := "sha256:" + fmt.Sprintf("%064x", 1)
+	if _, _, err := st.PutModule(ctx, owner.ID, mod, []byte("\x00asm"), []string{}); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := st.RegisterWorker(ctx, store.WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{st: st, owner: owner, module: mod, worker: reg}
+}
+
+// oneTask is an interactive workflow of one task.
+func (f *fixture) oneTask() *store.NewWorkflow {
+	return &store.NewWorkflow{Name: "one", Priority: "interactive", Tasks: []store.NewTask{{
+		Name: "t", Module: f.module, MaxAttempts: 1, TimeoutMS: 1000, MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10}}}
+}
+
+// A submission claims its ready tasks for an idle slot only when no older
+// ready task may be waiting for it: not while the dispatcher's last round
+// (or the one under way) left ready tasks, nor while a wake-up announced
+// some. Otherwise it only writes the workflow, and the dispatcher claims.
+func TestSubmissionClaimsOnlyWhenNoTaskWaits(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	for _, tc := range []struct {
+		name        string
+		left, woken bool
+		claims      bool
+	}{
+		{"nothing waits", false, false, true},
+		{"a round left ready tasks", true, false, false},
+		{"ready tasks announced", false, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+			gone := make(chan struct{})
+			close(gone) // frames are dropped: no socket behind this connection
+			c := &conn{id: f.worker.ID, done: gone, log: slog.New(slog.DiscardHandler), threads: 1, slots: 1, free: 1,
+				running: map[int64]struct{}{}}
+			c.heard.Store(time.Now().UnixNano())
+			s.hub.add(c)
+			s.readyLeft.Store(tc.left)
+			s.tasksWake.Store(tc.woken)
+			id, err := s.submit(ctx, f.owner.ID, f.oneTask())
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := f.st.Status(ctx, f.owner.ID, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := map[bool]string{true: store.StateRunning, false: store.StateReady}[tc.claims]
+			if got := st.Tasks[0].State; got != want {
+				t.Errorf("task %s after the submission, want %s", got, want)
+			}
+			if (len(c.running) == 1) != tc.claims {
+				t.Errorf("the worker holds %d attempts, want %d", len(c.running), map[bool]int{true: 1}[tc.claims])
+			}
+		})
 	}
 }
