@@ -337,8 +337,10 @@ func (s *Store) completeGeneral(ctx context.Context, cs []Completion) ([]bool, e
 }
 
 // completeOnce is one try of Complete, in two round trips in the common case
-// (all successes): BEGIN with the fenced attempt update, then the outputs,
-// the task and workflow updates and COMMIT, each pipelined as a pgx batch.
+// (all successes): BEGIN (queueBegin's settings: with stale statistics the
+// statements below otherwise read every active task, or the whole table)
+// with the fenced attempt update, then the outputs, the task and workflow
+// updates and COMMIT, each pipelined as a pgx batch.
 func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bool,
 	ids []int64, workers []string, oks []bool, logs [][]byte, reasons []string) (err error) {
 	conn, err := s.pool.Acquire(ctx)
@@ -355,10 +357,10 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 		}
 	}()
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	queueBegin(b, false)
 	b.Queue(completeAttemptsSQL, ids, workers, oks, logs, reasons)
 	br := conn.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
+	if err := execBegin(br); err != nil {
 		br.Close()
 		return err
 	}
@@ -447,9 +449,7 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	b = &pgx.Batch{}
 	if len(outTask) > 0 {
 		// Only for tasks still running: a cancelled task keeps no outputs.
-		b.Queue(`INSERT INTO task_outputs (task_id, name, data)
-			SELECT u.* FROM unnest($1::bigint[], $2::text[], $3::bytea[]) AS u(task_id, name, data)
-			JOIN tasks t ON t.id = u.task_id WHERE t.state = 'running'`, outTask, outName, outData)
+		b.Queue(insertOutputsSQL, outTask, outName, outData)
 	}
 	if len(done) > 0 {
 		slices.Sort(done)
@@ -463,6 +463,16 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	}
 	return err
 }
+
+// insertOutputsSQL stores the outputs ($1 task, $2 name, $3 data) of
+// tasks still running: a cancelled task keeps no outputs. The state test
+// is written with COLLATE "C" (see doneCTEs), so that it matches the
+// predicate of no index: with the statistics of a table analyzed while
+// few tasks ran, PostgreSQL otherwise read every running task for each
+// batch (a bitmap scan of tasks_active).
+const insertOutputsSQL = `INSERT INTO task_outputs (task_id, name, data)
+	SELECT u.* FROM unnest($1::bigint[], $2::text[], $3::bytea[]) AS u(task_id, name, data)
+	JOIN tasks t ON t.id = u.task_id WHERE t.state COLLATE "C" = 'running'`
 
 // completeAttemptsSQL ends the running attempts $1 (sorted, distinct) of
 // workers $2 (fencing: an attempt no longer running on its worker is left
@@ -515,7 +525,7 @@ var completeFastSQL = `WITH acc AS (
 ), outs AS (
 	INSERT INTO task_outputs (task_id, name, data)
 	SELECT acc.task_id, o.name, o.data FROM unnest($4::bigint[], $5::text[], $6::bytea[]) AS o(attempt, name, data)
-	JOIN acc ON acc.id = o.attempt JOIN tasks t ON t.id = acc.task_id WHERE t.state = 'running'
+	JOIN acc ON acc.id = o.attempt JOIN tasks t ON t.id = acc.task_id WHERE t.state COLLATE "C" = 'running'
 ), ` + doneCTEs("IN (SELECT task_id FROM acc)", "$7") + `
 SELECT acc.id, false, acc.module_id, acc.name, acc.ms, (SELECT count(*) FROM (SELECT pg_notify($8, '') FROM ready r WHERE r.n > 0) x),
 	(SELECT array_agg(wf.id::text) FROM wf WHERE wf.state <> 'running')
@@ -593,6 +603,24 @@ type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
+// requeueSQL ends the tasks $1 of attempts that ended without a result
+// ($2 reason, $3 not counted, $5 permanent; $4 the interactive head start
+// in ms): queued again, or failed after their last attempt. The tasks are
+// found by id: the state test is written with COLLATE "C" (see doneCTEs),
+// or with the statistics of a table analyzed while few tasks were active
+// PostgreSQL read every active task for each batch.
+const requeueSQL = `UPDATE tasks t SET updated_at = now(),
+		attempts = CASE WHEN u.uncounted THEN t.attempts - 1 ELSE t.attempts END,
+		pending = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts) THEN 0 ELSE t.pending + 1 END,
+		state = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts) THEN 'failed' ELSE 'ready' END,
+		sort_key = now() - CASE WHEN t.priority = 'interactive' THEN $4 * interval '1 millisecond' ELSE interval '0' END,
+		finished_at = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts) THEN now() END,
+		error = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts)
+			THEN format('failed after %s attempts; last: %s', t.attempts, u.reason) ELSE u.reason END
+	FROM unnest($1::bigint[], $2::text[], $3::bool[], $5::bool[]) AS u(id, reason, uncounted, permanent)
+	WHERE t.id = u.id AND t.state COLLATE "C" IN ('running', 'ready')
+	RETURNING t.id, t.workflow_id::text, t.state`
+
 // settleEnds moves tasks on after attempts ended without a result: each is
 // queued again, or failed after its last attempt; failed tasks fail their
 // descendants, and workflows whose every task reached a final state finish.
@@ -618,17 +646,7 @@ func (s *Store) settleEnds(ctx context.Context, tx querier, ends []attemptEnd) e
 		for i, e := range ends {
 			ids[i], reasons[i], uncounted[i], permanent[i] = e.task, e.reason, e.uncounted, e.permanent
 		}
-		rows, err := tx.Query(ctx, `UPDATE tasks t SET updated_at = now(),
-				attempts = CASE WHEN u.uncounted THEN t.attempts - 1 ELSE t.attempts END,
-				pending = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts) THEN 0 ELSE t.pending + 1 END,
-				state = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts) THEN 'failed' ELSE 'ready' END,
-				sort_key = now() - CASE WHEN t.priority = 'interactive' THEN $4 * interval '1 millisecond' ELSE interval '0' END,
-				finished_at = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts) THEN now() END,
-				error = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts)
-					THEN format('failed after %s attempts; last: %s', t.attempts, u.reason) ELSE u.reason END
-			FROM unnest($1::bigint[], $2::text[], $3::bool[], $5::bool[]) AS u(id, reason, uncounted, permanent)
-			WHERE t.id = u.id AND t.state IN ('running', 'ready')
-			RETURNING t.id, t.workflow_id::text, t.state`, ids, reasons, uncounted, s.interactiveHeadStart.Milliseconds(), permanent)
+		rows, err := tx.Query(ctx, requeueSQL, ids, reasons, uncounted, s.interactiveHeadStart.Milliseconds(), permanent)
 		if err != nil {
 			return fmt.Errorf("requeue tasks: %w", err)
 		}
@@ -663,7 +681,7 @@ func (s *Store) settleEnds(ctx context.Context, tx querier, ends []attemptEnd) e
 					SELECT task_id FROM task_inputs WHERE from_task = ANY($1)
 					UNION SELECT ti.task_id FROM task_inputs ti JOIN down ON ti.from_task = down.id)
 				UPDATE tasks SET state = 'upstream_failed', finished_at = now(), updated_at = now(), error = 'an upstream task failed'
-				WHERE id IN (SELECT id FROM down) AND state = 'blocked' RETURNING workflow_id::text`, failed)
+				WHERE id IN (SELECT id FROM down) AND state COLLATE "C" = 'blocked' RETURNING workflow_id::text`, failed)
 			if err != nil {
 				return fmt.Errorf("fail dependents: %w", err)
 			}

@@ -157,3 +157,67 @@ func (n *planNode) on() string {
 	}
 	return ""
 }
+
+// The completion's statements read rows in proportion to their batch
+// whatever the statistics, as the claim does: with tasks analyzed while
+// empty and 5,000 tasks active, storing outputs (insertOutputsSQL, and
+// within completeFastSQL) and queueing tasks again (requeueSQL) find the
+// batch's tasks by id instead of reading every active task.
+func TestCompletionReadsRowsInProportionToItsBatch(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	if _, err := f.s.pool.Exec(ctx, `ANALYZE tasks, attempts`); err != nil { // while (nearly) empty
+		t.Fatal(err)
+	}
+	tasks := make([]NewTask, 5000)
+	for i := range tasks {
+		tasks[i] = f.task(fmt.Sprintf("t%d", i))
+	}
+	if _, err := f.s.createLarge(ctx, f.owner, &NewWorkflow{Name: "big", Priority: "batch", Tasks: tasks}); err != nil {
+		t.Fatal(err)
+	}
+	const batch = 80
+	claimed := f.claim(t, 2000, time.Minute)
+	var taskIDs, attemptIDs []int64
+	var workers, reasons, names []string
+	for _, c := range claimed[:batch] {
+		taskIDs, attemptIDs = append(taskIDs, c.TaskID), append(attemptIDs, c.Attempt)
+		workers, reasons, names = append(workers, f.worker), append(reasons, "worker"), append(names, "stdout")
+	}
+	data := make([][]byte, batch)
+	for i := range data {
+		data[i] = []byte{}
+	}
+	for _, st := range []struct {
+		name string
+		sql  string
+		args []any
+	}{
+		{"insertOutputsSQL", insertOutputsSQL, []any{taskIDs, names, data}},
+		{"requeueSQL", requeueSQL, []any{taskIDs, reasons, make([]bool, batch), int64(0), make([]bool, batch)}},
+		{"completeFastSQL", completeFastSQL, []any{attemptIDs, workers, data, attemptIDs, names, data, int64(0), ChannelReady}},
+	} {
+		// As the store runs them, after queueBegin's settings; several
+		// times. Each run is rolled back.
+		for round := range 3 {
+			tx, err := f.s.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`); err != nil {
+				t.Fatal(err)
+			}
+			var plan []struct{ Plan planNode }
+			err = tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+st.sql, st.args...).Scan(&plan)
+			_ = tx.Rollback(ctx)
+			if err != nil {
+				t.Fatalf("%s: %v", st.name, err)
+			}
+			plan[0].Plan.walk(func(n *planNode) {
+				if rows := n.ActualRows * n.ActualLoops; rows > 4*batch {
+					t.Errorf("%s, run %d: %s%s returned %v rows over %v loops for a batch of %d", st.name, round, n.NodeType, n.on(), n.ActualRows, n.ActualLoops, batch)
+				}
+			})
+		}
+	}
+}

@@ -92,6 +92,9 @@ func (s *Store) SaveCheckpoint(ctx context.Context, attempt int64, worker string
 func (s *Store) ExpireLeases(ctx context.Context, limit int) (int, error) {
 	n := 0
 	err := s.tx(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, hotPathSettingsSQL); err != nil {
+			return err
+		}
 		rows, err := tx.Query(ctx, `UPDATE attempts a SET state = 'lost', ended_at = now(),
 				reason = 'lost: no heartbeat from worker ' || a.worker_id::text || ' before the lease expired'
 			WHERE a.id IN (SELECT id FROM attempts WHERE state = 'running' AND lease_until < now()

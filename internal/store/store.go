@@ -182,12 +182,16 @@ func (s *Store) tx(ctx context.Context, fn func(pgx.Tx) error) error {
 func queueBegin(b *pgx.Batch, asyncCommit bool) {
 	b.Queue("BEGIN")
 	if asyncCommit {
-		b.Queue(`SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true),
-			set_config('synchronous_commit', 'off', true)`)
+		b.Queue(hotPathSettingsSQL + `, set_config('synchronous_commit', 'off', true)`)
 	} else {
-		b.Queue(`SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`)
+		b.Queue(hotPathSettingsSQL)
 	}
 }
+
+// hotPathSettingsSQL sets queueBegin's settings for the rest of the
+// transaction (the lease reaper's too: it settles lost attempts with the
+// completion's statements).
+const hotPathSettingsSQL = `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`
 
 // execBegin reads the results of what queueBegin queued.
 func execBegin(br pgx.BatchResults) error {
