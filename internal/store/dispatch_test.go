@@ -68,18 +68,7 @@ func BenchmarkCandidatesClaimPicksComplete(b *testing.B) {
 // tasks_active, and to run the replica window once per locked task.
 func TestClaimReadsRowsInProportionToItsPicks(t *testing.T) {
 	ctx := context.Background()
-	f := newFixture(t)
-	if _, err := f.s.pool.Exec(ctx, `ANALYZE tasks, attempts`); err != nil { // while (nearly) empty
-		t.Fatal(err)
-	}
-	tasks := make([]NewTask, 5000)
-	for i := range tasks {
-		tasks[i] = f.task(fmt.Sprintf("t%d", i))
-	}
-	// createLarge does not refresh the statistics; CreateWorkflow would.
-	if _, err := f.s.createLarge(ctx, f.owner, &NewWorkflow{Name: "big", Priority: "batch", Tasks: tasks}); err != nil {
-		t.Fatal(err)
-	}
+	f := staleQueue(t, 5000)
 	cands, err := f.s.Candidates(ctx, 1000)
 	if err != nil {
 		t.Fatal(err)
@@ -165,17 +154,7 @@ func (n *planNode) on() string {
 // batch's tasks by id instead of reading every active task.
 func TestCompletionReadsRowsInProportionToItsBatch(t *testing.T) {
 	ctx := context.Background()
-	f := newFixture(t)
-	if _, err := f.s.pool.Exec(ctx, `ANALYZE tasks, attempts`); err != nil { // while (nearly) empty
-		t.Fatal(err)
-	}
-	tasks := make([]NewTask, 5000)
-	for i := range tasks {
-		tasks[i] = f.task(fmt.Sprintf("t%d", i))
-	}
-	if _, err := f.s.createLarge(ctx, f.owner, &NewWorkflow{Name: "big", Priority: "batch", Tasks: tasks}); err != nil {
-		t.Fatal(err)
-	}
+	f := staleQueue(t, 5000)
 	const batch = 80
 	claimed := f.claim(t, 2000, time.Minute)
 	var taskIDs, attemptIDs []int64
@@ -220,4 +199,26 @@ func TestCompletionReadsRowsInProportionToItsBatch(t *testing.T) {
 			})
 		}
 	}
+}
+
+// staleQueue is a fixture with n ready tasks in one workflow and the
+// planner's statistics of tasks and attempts taken while they were (nearly)
+// empty, as autovacuum can leave them for a minute after a large
+// submission.
+func staleQueue(t *testing.T, n int) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	f := newFixture(t)
+	if _, err := f.s.pool.Exec(ctx, `ANALYZE tasks, attempts`); err != nil {
+		t.Fatal(err)
+	}
+	tasks := make([]NewTask, n)
+	for i := range tasks {
+		tasks[i] = f.task(fmt.Sprintf("t%d", i))
+	}
+	// createLarge does not refresh the statistics; CreateWorkflow would.
+	if _, err := f.s.createLarge(ctx, f.owner, &NewWorkflow{Name: "big", Priority: "batch", Tasks: tasks}); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }

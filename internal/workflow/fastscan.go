@@ -3,6 +3,8 @@ package workflow
 import (
 	"encoding/json"
 	"strconv"
+
+	"github.com/cyclepool/cyclepool/internal/jsonscan"
 )
 
 // fastDecode decodes a file as scan and the JSON decoding that follows it
@@ -18,8 +20,8 @@ import (
 // values (FuzzFastDecode). data must be valid UTF-8 (Parse checks it
 // first).
 func fastDecode(data []byte) (f fileJSON, ok bool) {
-	p := &fastScanner{data: data}
-	ok = p.object(func(key []byte) bool {
+	p := fastScanner{jsonscan.New(data)}
+	ok = p.Object(func(key []byte) bool {
 		switch string(key) {
 		case "name":
 			return p.string(&f.Name)
@@ -31,7 +33,7 @@ func fastDecode(data []byte) (f fileJSON, ok bool) {
 			return p.intPtr(&f.Quorum)
 		case "tasks":
 			f.Tasks = []taskJSON{}
-			return p.array(func() bool {
+			return p.Array(func() bool {
 				if len(f.Tasks) >= MaxTasks {
 					return false
 				}
@@ -41,12 +43,11 @@ func fastDecode(data []byte) (f fileJSON, ok bool) {
 		}
 		return false
 	})
-	p.space()
-	return f, ok && p.i == len(p.data)
+	return f, ok && p.Done()
 }
 
-func (p *fastScanner) task(t *taskJSON) bool {
-	return p.object(func(key []byte) bool {
+func (p fastScanner) task(t *taskJSON) bool {
+	return p.Object(func(key []byte) bool {
 		switch string(key) {
 		case "name":
 			return p.string(&t.Name)
@@ -54,7 +55,7 @@ func (p *fastScanner) task(t *taskJSON) bool {
 			return p.string(&t.Module)
 		case "args":
 			t.Args = []string{}
-			return p.array(func() bool {
+			return p.Array(func() bool {
 				var a string
 				ok := p.string(&a)
 				t.Args = append(t.Args, a)
@@ -62,9 +63,9 @@ func (p *fastScanner) task(t *taskJSON) bool {
 			})
 		case "inputs":
 			t.Inputs = map[string]refJSON{}
-			return p.object(func(file []byte) bool {
+			return p.Object(func(file []byte) bool {
 				var r refJSON
-				ok := p.object(func(key []byte) bool {
+				ok := p.Object(func(key []byte) bool {
 					switch string(key) {
 					case "from":
 						return p.stringPtr(&r.From)
@@ -78,7 +79,7 @@ func (p *fastScanner) task(t *taskJSON) bool {
 			})
 		case "stdin":
 			t.Stdin = &stdinJSON{}
-			return p.object(func(key []byte) bool {
+			return p.Object(func(key []byte) bool {
 				switch string(key) {
 				case "from":
 					return p.stringPtr(&t.Stdin.From)
@@ -95,7 +96,7 @@ func (p *fastScanner) task(t *taskJSON) bool {
 			return p.intPtr(&t.MaxAttempts)
 		case "limits":
 			t.Limits = &limitsJSON{}
-			return p.object(func(key []byte) bool {
+			return p.Object(func(key []byte) bool {
 				switch string(key) {
 				case "memory_mib":
 					return p.intPtr(&t.Limits.MemoryMiB)
@@ -113,168 +114,14 @@ func (p *fastScanner) task(t *taskJSON) bool {
 	})
 }
 
-type fastScanner struct {
-	data []byte
-	i    int
-}
-
-func (p *fastScanner) space() {
-	for p.i < len(p.data) {
-		switch p.data[p.i] {
-		case ' ', '\t', '\n', '\r':
-			p.i++
-		default:
-			return
-		}
-	}
-}
-
-// next skips white space and consumes c if it comes next.
-func (p *fastScanner) next(c byte) bool {
-	p.space()
-	if p.i < len(p.data) && p.data[p.i] == c {
-		p.i++
-		return true
-	}
-	return false
-}
-
-// str consumes a JSON string and returns its bytes between the quotes and
-// whether it holds an escape.
-func (p *fastScanner) str() (s []byte, escaped, ok bool) {
-	if p.i >= len(p.data) || p.data[p.i] != '"' {
-		return nil, false, false
-	}
-	p.i++
-	start := p.i
-	for p.i < len(p.data) {
-		c := p.data[p.i]
-		switch {
-		case c == '"':
-			s = p.data[start:p.i]
-			p.i++
-			return s, escaped, true
-		case c < 0x20:
-			return nil, false, false
-		case c == '\\':
-			escaped = true
-			if p.i+1 >= len(p.data) {
-				return nil, false, false
-			}
-			switch p.data[p.i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				p.i += 2
-			case 'u':
-				if p.i+6 > len(p.data) {
-					return nil, false, false
-				}
-				for _, h := range p.data[p.i+2 : p.i+6] {
-					if !('0' <= h && h <= '9' || 'a' <= h && h <= 'f' || 'A' <= h && h <= 'F') {
-						return nil, false, false
-					}
-				}
-				p.i += 6
-			default:
-				return nil, false, false
-			}
-		default:
-			p.i++
-		}
-	}
-	return nil, false, false
-}
-
-// integer consumes an integer of at most 9 digits (which fits in 32 bits),
-// written as JSON writes numbers.
-func (p *fastScanner) integer() bool {
-	if p.i < len(p.data) && p.data[p.i] == '-' {
-		p.i++
-	}
-	start := p.i
-	for p.i < len(p.data) && '0' <= p.data[p.i] && p.data[p.i] <= '9' {
-		p.i++
-	}
-	n := p.i - start
-	if n == 0 || n > 9 || n > 1 && p.data[start] == '0' {
-		return false
-	}
-	if p.i < len(p.data) {
-		switch p.data[p.i] {
-		case '.', 'e', 'E':
-			return false
-		}
-	}
-	return true
-}
-
-// object consumes an object, calling member with each key (which must
-// consume the value). Duplicate keys give up, as do escaped keys (scan
-// compares keys after unescaping them) and objects of more than 16 keys.
-func (p *fastScanner) object(member func(key []byte) bool) bool {
-	if !p.next('{') {
-		return false
-	}
-	if p.next('}') {
-		return true
-	}
-	var buf [16][]byte // a task has at most 9 fields
-	seen := buf[:0]
-	for {
-		p.space()
-		key, escaped, ok := p.str()
-		if !ok || escaped || len(seen) == len(buf) {
-			return false
-		}
-		for _, k := range seen {
-			if string(k) == string(key) {
-				return false
-			}
-		}
-		seen = append(seen, key)
-		if !p.next(':') {
-			return false
-		}
-		p.space()
-		if !member(key) {
-			return false
-		}
-		if p.next('}') {
-			return true
-		}
-		if !p.next(',') {
-			return false
-		}
-	}
-}
-
-// array consumes an array, calling elem for each element (which must
-// consume it).
-func (p *fastScanner) array(elem func() bool) bool {
-	if !p.next('[') {
-		return false
-	}
-	if p.next(']') {
-		return true
-	}
-	for {
-		p.space()
-		if !elem() {
-			return false
-		}
-		if p.next(']') {
-			return true
-		}
-		if !p.next(',') {
-			return false
-		}
-	}
-}
+// fastScanner reads the values of a workflow file for fastDecode.
+type fastScanner struct{ *jsonscan.Scanner }
 
 // string consumes a string into v.
-func (p *fastScanner) string(v *string) bool {
-	p.space()
-	start := p.i
-	raw, escaped, ok := p.str()
+func (p fastScanner) string(v *string) bool {
+	p.Space()
+	start := p.Pos()
+	raw, escaped, ok := p.String()
 	switch {
 	case !ok:
 		return false
@@ -282,21 +129,21 @@ func (p *fastScanner) string(v *string) bool {
 		*v = string(raw)
 		return true
 	}
-	return json.Unmarshal(p.data[start:p.i], v) == nil
+	return json.Unmarshal(p.Text(start), v) == nil
 }
 
-func (p *fastScanner) stringPtr(v **string) bool {
+func (p fastScanner) stringPtr(v **string) bool {
 	*v = new(string)
 	return p.string(*v)
 }
 
-func (p *fastScanner) intPtr(v **int) bool {
-	p.space()
-	start := p.i
-	if !p.integer() {
+// intPtr consumes an integer of at most 9 digits (which fits in 32 bits).
+func (p fastScanner) intPtr(v **int) bool {
+	d, ok := p.Integer()
+	if !ok || len(d) > 9 && d[0] != '-' || len(d) > 10 {
 		return false
 	}
-	n, err := strconv.Atoi(string(p.data[start:p.i]))
+	n, err := strconv.Atoi(string(d))
 	*v = &n
 	return err == nil
 }
