@@ -313,7 +313,8 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, 
 		maxR = max(w.MaxReplicas, w.Replicas, w.Quorum)
 	}
 	// The picks of ready tasks: the claim's arguments. need counts the
-	// replicas of each ready task that no pick claims.
+	// replicas of each ready task that no pick claims (a worker takes one
+	// replica of a task at most, as in the claim).
 	var pickNames, pickWorkers []string
 	var pickCkpts []int64
 	var pickSolos []bool
@@ -323,11 +324,19 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, 
 			need[i] = replicas
 		}
 	}
+	type taskWorker struct {
+		task   int
+		worker string
+	}
+	counted := map[taskWorker]bool{}
 	for _, p := range picks {
 		if p.Task >= 0 && p.Task < n && deps[p.Task] == 0 {
 			pickNames, pickWorkers = append(pickNames, names[p.Task]), append(pickWorkers, p.Worker)
 			pickCkpts, pickSolos = append(pickCkpts, p.CkptMS), append(pickSolos, p.Solo)
-			need[p.Task]--
+			if tw := (taskWorker{p.Task, p.Worker}); !counted[tw] {
+				counted[tw] = true
+				need[p.Task]--
+			}
 			if p.Solo {
 				need[p.Task] = 0
 			}
