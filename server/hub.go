@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -342,6 +343,15 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 // serveWorker serves a greeted worker's connection until it closes.
 func (s *Server) serveWorker(ctx context.Context, cancel context.CancelFunc, ws *websocket.Conn, c *conn) {
 	defer cancel()
+	// A bug met while handling one worker's frames closes that socket
+	// only, as net/http's recovery did when this ran on the request's
+	// goroutine; the deferred clean-up below runs first.
+	defer func() {
+		if v := recover(); v != nil {
+			c.log.Error("worker connection panicked", "panic", v, "stack", string(debug.Stack()))
+			ws.CloseNow()
+		}
+	}()
 	s.metrics.workerConnects.WithLabelValues(c.kind).Inc()
 	s.hub.add(c)
 	go s.refreshRecords(ctx, []string{c.id})
