@@ -7,6 +7,8 @@
 -- workflow, whose own keys reference workflows and modules: the same
 -- guarantees (every task's workflow and module exist; deleting a workflow
 -- deletes its tasks; a module in use cannot be deleted), half the checks.
+-- Replicas of earlier versions do not write workflow_modules: stop them
+-- before this migration runs (docs/CLI.md, "Upgrading replicas").
 CREATE TABLE workflow_modules (
     workflow_id uuid NOT NULL REFERENCES workflows ON DELETE CASCADE,
     module_id   text NOT NULL REFERENCES modules,
