@@ -427,10 +427,10 @@ func newUUID() (pgtype.UUID, error) {
 
 // createSmallSQL writes a workflow with id $26, its modules
 // (workflow_modules), its tasks ($9 to $20, one array element per task, in
-// submission order) and its edges ($21 to $24:
-// task and upstream task as 1-based positions in the task arrays) in one
-// statement, and notifies channel $25 unless it is empty. It returns the
-// workflow's id. Task ids come from the sequence in submission order.
+// submission order) and its edges ($21 to $24: task and upstream task as
+// 1-based positions in the task arrays) in one statement, and notifies
+// channel $25 unless it is empty. It returns the workflow's id. Task ids
+// come from the sequence in submission order.
 // Replicated workflows ($5 replicas, $6 quorum, $7 most replicas) give
 // each task more attempts, as many as the extra replicas, so that a failed
 // replica does not use up the others'.
