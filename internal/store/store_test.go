@@ -401,3 +401,62 @@ func TestHotPathTransactionSettings(t *testing.T) {
 		}
 	}
 }
+
+// The general completion path and the lease reaper run with queueBegin's
+// settings (no sequential scans, generic plans), on which their statements'
+// plans depend when the statistics are stale
+// (TestCompletionReadsRowsInProportionToItsBatch). A trigger records the
+// settings in force whenever tasks are updated.
+func TestRequeuesRunWithTheHotPathSettings(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := f.s.pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`CREATE TABLE seen_settings (what text)`)
+	exec(`CREATE FUNCTION record_settings() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO seen_settings VALUES (current_setting('enable_seqscan') || ' ' || current_setting('plan_cache_mode'));
+			RETURN NULL;
+		END $$`)
+	exec(`CREATE TRIGGER record_settings AFTER UPDATE ON tasks FOR EACH STATEMENT EXECUTE FUNCTION record_settings()`)
+	f.submit(t, "batch", f.task("a"), f.task("b"))
+	cl := f.claim(t, 2, time.Minute)
+	if len(cl) != 2 {
+		t.Fatalf("claimed %d", len(cl))
+	}
+	for _, step := range []struct {
+		name string
+		run  func() error
+	}{
+		{"a failure (completeOnce)", func() error {
+			_, err := f.s.Complete(ctx, []Completion{{Attempt: cl[0].Attempt, Worker: f.worker, Reason: "exit", Message: "status 1"}})
+			return err
+		}},
+		{"a lapsed lease (ExpireLeases)", func() error {
+			exec(`UPDATE attempts SET lease_until = now() - interval '1 second' WHERE id = $1`, cl[1].Attempt)
+			n, err := f.s.ExpireLeases(ctx, 10)
+			if err == nil && n != 1 {
+				err = fmt.Errorf("%d leases expired, want 1", n)
+			}
+			return err
+		}},
+	} {
+		exec(`DELETE FROM seen_settings`)
+		if err := step.run(); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		seen := queryRows(t, f.s, `SELECT what FROM seen_settings`)
+		if len(seen) == 0 {
+			t.Fatalf("%s updated no task", step.name)
+		}
+		for _, s := range seen {
+			if s != "off force_generic_plan" {
+				t.Errorf("%s: tasks updated with settings %s, want off force_generic_plan", step.name, s)
+			}
+		}
+	}
+}
