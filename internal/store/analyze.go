@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // analyzeAfterTasks is the number of tasks (or of edges) a submission must
@@ -27,7 +28,8 @@ const analyzeAfterTasks = 1000
 // status and event-stream queries a submitter sends next read the new
 // workflow through its (workflow_id, name) key with or without fresh
 // statistics (TestStatusReadsItsWorkflowWithStaleStatistics), so the answer
-// no longer waits for it.
+// no longer waits for it. Runs are at least gap apart: a steady stream of
+// large submissions refreshes the statistics every gap, not back to back.
 type statsRefresher struct {
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -37,11 +39,15 @@ type statsRefresher struct {
 	running       bool
 	tasks, inputs bool // tables to analyze at the next run
 	analyze       func(ctx context.Context, sql string) error
+	gap           time.Duration // from the end of a run to the start of the next
 }
 
-func newStatsRefresher(analyze func(ctx context.Context, sql string) error) *statsRefresher {
+// statsRefreshGap is the least time between two refreshes of one store.
+const statsRefreshGap = 10 * time.Second
+
+func newStatsRefresher(gap time.Duration, analyze func(ctx context.Context, sql string) error) *statsRefresher {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &statsRefresher{ctx: ctx, cancel: cancel, analyze: analyze}
+	return &statsRefresher{ctx: ctx, cancel: cancel, analyze: analyze, gap: gap}
 }
 
 // request asks for the statistics of tasks and/or task_inputs to be
@@ -63,7 +69,14 @@ func (r *statsRefresher) request(tasks, inputs bool) {
 
 func (r *statsRefresher) run() {
 	defer r.wg.Done()
-	for {
+	for first := true; ; first = false {
+		if !first {
+			// Requests arriving meanwhile merge into the next run.
+			select {
+			case <-r.ctx.Done():
+			case <-time.After(r.gap):
+			}
+		}
 		r.mu.Lock()
 		tasks, inputs := r.tasks, r.inputs
 		r.tasks, r.inputs = false, false

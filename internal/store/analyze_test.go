@@ -81,14 +81,20 @@ func TestCloseStopsAStatisticsRefresh(t *testing.T) {
 	_ = blocker.Rollback(ctx)
 }
 
-// Requests made while a refresh runs are merged into one more run.
+// Requests made while a refresh runs are merged into one more run, which
+// starts no sooner than the gap after the first ends.
 func TestStatisticsRefreshesMerge(t *testing.T) {
+	const gap = 300 * time.Millisecond
 	release := make(chan struct{})
 	var runs []string
-	r := newStatsRefresher(func(ctx context.Context, sql string) error {
+	var ended, next time.Time
+	r := newStatsRefresher(gap, func(ctx context.Context, sql string) error {
 		runs = append(runs, sql)
 		if len(runs) == 1 {
 			<-release
+			ended = time.Now()
+		} else {
+			next = time.Now()
 		}
 		return nil
 	})
@@ -104,6 +110,9 @@ func TestStatisticsRefreshesMerge(t *testing.T) {
 	want := []string{"ANALYZE tasks", "ANALYZE tasks, task_inputs"}
 	if fmt.Sprint(runs) != fmt.Sprint(want) {
 		t.Fatalf("runs %q, want %q", runs, want)
+	}
+	if d := next.Sub(ended); d < gap {
+		t.Errorf("the second run started %v after the first ended, want at least %v", d, gap)
 	}
 	r.stop()
 	r.request(true, true)

@@ -73,7 +73,7 @@ func Open(ctx context.Context, url string) (*Store, error) {
 		return nil, fmt.Errorf("store: connect: %w", err)
 	}
 	s.pool = pool
-	s.stats = newStatsRefresher(func(ctx context.Context, sql string) error {
+	s.stats = newStatsRefresher(statsRefreshGap, func(ctx context.Context, sql string) error {
 		_, err := pool.Exec(ctx, sql)
 		return err
 	})
