@@ -64,10 +64,27 @@ func TestCloseStopsAStatisticsRefresh(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer blocker.Rollback(ctx)
 	if _, err := blocker.Exec(ctx, `LOCK TABLE tasks IN SHARE UPDATE EXCLUSIVE MODE`); err != nil {
 		t.Fatal(err)
 	}
 	f.s.stats.request(true, false)
+	// The refresh is under way, waiting for the lock, before stop (asked
+	// outside the blocker's transaction, whose view of the activity stays
+	// as it first read it).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var waiting bool
+		if err := f.s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND query = 'ANALYZE tasks' AND wait_event_type = 'Lock')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no ANALYZE waited for the lock")
+		}
+	}
 	done := make(chan struct{})
 	go func() {
 		f.s.stats.stop()
@@ -78,7 +95,6 @@ func TestCloseStopsAStatisticsRefresh(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("stop waited for an ANALYZE blocked on a lock")
 	}
-	_ = blocker.Rollback(ctx)
 }
 
 // Requests made while a refresh runs are merged into one more run, which
