@@ -277,7 +277,7 @@ func (s *Server) submit(ctx context.Context, ownerID int64, nw *store.NewWorkflo
 	if len(slots) == 0 {
 		return s.store.CreateWorkflow(ctx, ownerID, nw)
 	}
-	reserved := reserveSlots(slots)
+	reserved := byWorker(slots)
 	picks := s.plan(now, cands, s.planWorkers(reserved))
 	sp := make([]store.SubmitPick, len(picks))
 	for i, p := range picks {
@@ -314,7 +314,7 @@ func (s *Server) submit(ctx context.Context, ownerID int64, nw *store.NewWorkflo
 // were planned, and whether ready tasks may be left unclaimed; it gives
 // back the slots it did not use.
 func (s *Server) assign(ctx context.Context, slots []*conn) (claimedN, plannedN int, more bool, err error) {
-	reserved := reserveSlots(slots)
+	reserved := byWorker(slots)
 	start := time.Now()
 	limit := min(4*len(slots)+64, 4096)
 	cands, err := s.store.Candidates(ctx, limit)
@@ -336,8 +336,8 @@ func (s *Server) assign(ctx context.Context, slots []*conn) (claimedN, plannedN 
 	return len(claimed), len(picks), more, err
 }
 
-// reserveSlots groups reserved slots by worker id.
-func reserveSlots(slots []*conn) map[string][]*conn {
+// byWorker groups reserved slots by worker id.
+func byWorker(slots []*conn) map[string][]*conn {
 	reserved := map[string][]*conn{} // worker id -> its reserved slots
 	for _, c := range slots {
 		reserved[c.id] = append(reserved[c.id], c)
@@ -348,11 +348,10 @@ func reserveSlots(slots []*conn) map[string][]*conn {
 // deliver sends claimed attempts to the reserved slots of their workers
 // and gives back the slots left unused. An attempt that cannot be sent
 // (its worker left meanwhile, its inputs are missing or too large for a
-// frame, or the claim committed but its inputs could not be read: claimErr)
+// frame, or the claim committed but its inputs could not be read: err)
 // is ended at once; it returns how many were, after waking the dispatcher
 // for their tasks.
-func (s *Server) deliver(ctx context.Context, claimed []store.Claimed, claimErr error, reserved map[string][]*conn) (undelivered int) {
-	err := claimErr
+func (s *Server) deliver(ctx context.Context, claimed []store.Claimed, err error, reserved map[string][]*conn) (undelivered int) {
 	byConn := map[*conn][]protocol.Assign{}
 	var undeliverable []store.Completion
 	end := func(cl *store.Claimed, c *conn, comp store.Completion) {

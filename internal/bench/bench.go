@@ -407,16 +407,13 @@ func (b *bench) single(ctx context.Context) error {
 			cpu0, began = b.cpuNow(), time.Now()
 		}
 		start := time.Now()
-		s, err := b.client.Submit(ctx, wf)
+		id, err := b.submitAndWait(ctx, wf)
 		if err != nil {
-			return err
-		}
-		if err := b.waitResult(ctx, s.ID); err != nil {
 			return err
 		}
 		if i >= 20 { // warm-up
 			lat = append(lat, time.Since(start))
-			ids = append(ids, s.ID)
+			ids = append(ids, id)
 		}
 	}
 	cpu, wall := b.cpuNow().sub(cpu0), time.Since(began)
@@ -438,6 +435,15 @@ func (b *bench) single(ctx context.Context) error {
 	return b.readyToRunning(ctx)
 }
 
+// submitAndWait submits a workflow and waits for its durable result.
+func (b *bench) submitAndWait(ctx context.Context, wf []byte) (string, error) {
+	s, err := b.client.Submit(ctx, wf)
+	if err != nil {
+		return "", err
+	}
+	return s.ID, b.waitResult(ctx, s.ID)
+}
+
 // readyToRunning measures, by the database's clock, how long a task that
 // becomes ready waits for its attempt while idle workers wait: the second
 // task of two-task chains submitted one at a time, made ready by the
@@ -452,15 +458,12 @@ func (b *bench) readyToRunning(ctx context.Context) error {
 	}})
 	var ids []string
 	for i := range max(b.cfg.Singles/2, 10) + 10 {
-		s, err := b.client.Submit(ctx, wf)
+		id, err := b.submitAndWait(ctx, wf)
 		if err != nil {
 			return err
 		}
-		if err := b.waitResult(ctx, s.ID); err != nil {
-			return err
-		}
 		if i >= 10 { // warm-up
-			ids = append(ids, s.ID)
+			ids = append(ids, id)
 		}
 	}
 	rows, err := b.db.Query(ctx, `SELECT extract(epoch FROM a.started_at - (t.sort_key + interval '5 minutes'))
