@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -412,6 +413,63 @@ func TestTasksReferenceTheirWorkflowAndModule(t *testing.T) {
 		}
 		if got := count(`SELECT count(*) FROM tasks WHERE workflow_id = $1`, id) + count(`SELECT count(*) FROM workflow_modules WHERE workflow_id = $1`, id); got != 0 {
 			t.Fatalf("%d tasks: %d rows left after deleting the workflow", n, got)
+		}
+	}
+}
+
+// Deleting a workflow deletes its tasks' attempts and outputs too
+// (attempts and task_outputs carry no foreign key since migration 00010;
+// a statement trigger on tasks cascades instead), and nothing of another
+// workflow.
+func TestDeletingAWorkflowDeletesItsAttemptsAndOutputs(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	gone := f.submit(t, "batch", f.task("a"), f.task("b"))
+	kept := f.submit(t, "batch", f.task("a"), f.task("b"))
+	cs := f.claim(t, 4, time.Minute)
+	if len(cs) != 4 {
+		t.Fatalf("%d claimed, want 4", len(cs))
+	}
+	var done []Completion
+	for _, c := range cs[:3] {
+		done = append(done, Completion{Attempt: c.Attempt, Worker: c.Worker, OK: true, Outputs: []Output{{Name: "out", Data: []byte(c.Name)}}})
+	}
+	if acc, err := f.s.Complete(ctx, done); err != nil || slices.Contains(acc, false) {
+		t.Fatalf("complete: %v %v", acc, err)
+	}
+	count := func(table, workflow string) int {
+		t.Helper()
+		var n int
+		if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` x JOIN tasks t ON t.id = x.task_id WHERE t.workflow_id = $1`,
+			workflow).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := map[string]int{}
+	for _, table := range []string{"attempts", "task_outputs"} {
+		before[table] = count(table, kept)
+	}
+	var total int
+	if err := f.s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM attempts) + (SELECT count(*) FROM task_outputs)`).Scan(&total); err != nil {
+		t.Fatal(err)
+	}
+	if total != 7 || before["attempts"]+before["task_outputs"] == 0 {
+		t.Fatalf("%d attempts and outputs in all, %v of the kept workflow: want 7, some of them kept", total, before)
+	}
+	if _, err := f.s.pool.Exec(ctx, `DELETE FROM workflows WHERE id = $1`, gone); err != nil {
+		t.Fatal(err)
+	}
+	var left int
+	if err := f.s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM attempts) + (SELECT count(*) FROM task_outputs)`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if want := before["attempts"] + before["task_outputs"]; left != want {
+		t.Errorf("%d attempts and outputs left, want the kept workflow's %d", left, want)
+	}
+	for _, table := range []string{"attempts", "task_outputs"} {
+		if n := count(table, kept); n != before[table] {
+			t.Errorf("the kept workflow has %d rows in %s, had %d", n, table, before[table])
 		}
 	}
 }
