@@ -6,10 +6,12 @@ import (
 	"github.com/cyclepool/cyclepool/internal/jsonscan"
 )
 
-// decodeFast parses the JSON header of the most frequent frames, assign
-// and ack, as encoding/json would, several times faster (it matters most
-// in the browser worker, where Go runs as WebAssembly and encoding/json's
-// byte-by-byte scanner costs more than the rest of an attempt's handling).
+// decodeFast parses the JSON header of the most frequent frames, assign,
+// ack and result, as encoding/json would, several times faster (it matters
+// most in the browser worker, where Go runs as WebAssembly and
+// encoding/json's byte-by-byte scanner costs more than the rest of an
+// attempt's handling; in the server, decoding results took 13% of its CPU
+// in the dispatch benchmark).
 // It knows only the form json.Marshal writes: exact field names, strings
 // of printable ASCII without escapes, integers without fraction or
 // exponent, null only for lists. On anything else it reports false and
@@ -33,6 +35,16 @@ func decodeFast(hdr []byte) (*Frame, bool) {
 				f.Assign = nil
 			}
 			return ok
+		case "results":
+			f.Results = []Result{}
+			ok, null := p.list(func() bool {
+				f.Results = append(f.Results, Result{})
+				return p.result(&f.Results[len(f.Results)-1])
+			})
+			if null {
+				f.Results = nil
+			}
+			return ok
 		case "acks":
 			f.Acks = []Ack{}
 			ok, null := p.list(func() bool {
@@ -46,7 +58,7 @@ func decodeFast(hdr []byte) (*Frame, bool) {
 		}
 		return false
 	})
-	if !ok || !p.Done() || (f.Type != TypeAssign && f.Type != TypeAck) {
+	if !ok || !p.Done() || (f.Type != TypeAssign && f.Type != TypeAck && f.Type != TypeResult) {
 		return nil, false
 	}
 	return f, true
@@ -192,6 +204,31 @@ func (p fastParser) ack(a *Ack) bool {
 			a.Retry, ok = p.Bool()
 		case "error":
 			a.Error, ok = p.str()
+		}
+		return ok
+	})
+}
+
+func (p fastParser) result(r *Result) bool {
+	return p.Object(func(key []byte) bool {
+		var ok bool
+		switch string(key) {
+		case "attempt":
+			r.Attempt, ok = p.int64()
+		case "outputs":
+			r.Outputs = []Blob{}
+			var null bool
+			ok, null = p.list(func() bool {
+				r.Outputs = append(r.Outputs, Blob{})
+				return p.blob(&r.Outputs[len(r.Outputs)-1])
+			})
+			if null {
+				r.Outputs = nil
+			}
+		case "log":
+			ok = p.blob(&r.Log)
+		case "duration_ms":
+			r.DurationMS, ok = p.int64()
 		}
 		return ok
 	})

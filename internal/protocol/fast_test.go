@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// fastSamples are assign and ack frames as json.Marshal writes them, with
+// fastSamples are assign, ack and result frames as json.Marshal writes them, with
 // the oddities a task can bring (names and arguments to escape, empty and
 // absent lists, extreme numbers).
 func fastSamples() [][]byte {
@@ -38,6 +38,19 @@ func fastSamples() [][]byte {
 		}
 		data, _ = json.Marshal(k)
 		out = append(out, data)
+		r := &Frame{Type: TypeResult}
+		for j := range 1 + rng.IntN(3) {
+			res := Result{Attempt: rng.Int64() - rng.Int64(), Log: Blob{Name: pick(), Size: j}, DurationMS: rng.Int64()}
+			switch (i + j) % 3 {
+			case 1:
+				res.Outputs = []Blob{}
+			case 2:
+				res.Outputs = []Blob{{Name: "stdout", Size: i}, {Name: pick(), Size: 1}}
+			}
+			r.Results = append(r.Results, res)
+		}
+		data, _ = json.Marshal(r)
+		out = append(out, data)
 	}
 	out = append(out, []byte(` { "t" : "ack" , "acks" : [ { "attempt" : 1 , "of" : "fail" , "ok" : true } ] } `),
 		[]byte(`{"t":"ack","acks":[]}`), []byte(`{"t":"assign"}`), []byte(`{"t":"ack","acks":null}`),
@@ -45,7 +58,11 @@ func fastSamples() [][]byte {
 		[]byte(`{"t":"ack","acks":[{"attempt":1.0}]}`), []byte(`{"t":"ack","acks":[{"attempt":01}]}`),
 		[]byte(`{"t":"ack","acks":[{"attempt":-0}]}`), []byte(`{"t":"ack","acks":[{"seq":99999999999999999999}]}`),
 		[]byte(`{"t":"assign","assign":[{"seed":-1}]}`), []byte(`{"t":"assign","assign":[{"limits":{"memory_pages":4294967296}}]}`),
-		[]byte(`{"t":"assign","assign":[{"args":["a",1]}]}`), []byte(`{"t":"ack","acks":[{"ok":null}]} x`))
+		[]byte(`{"t":"assign","assign":[{"args":["a",1]}]}`), []byte(`{"t":"ack","acks":[{"ok":null}]} x`),
+		[]byte(`{"t":"result","results":[{"attempt":1,"outputs":null,"log":{"size":0},"duration_ms":2}]}`),
+		[]byte(`{"t":"result","results":[{"attempt":1,"outputs":[{"name":"a","size":1,"data":"x"}]}]}`),
+		[]byte(`{"t":"result","results":[{"attempt":1,"fails":[]}]}`), []byte(`{"t":"result","fails":[{"attempt":1}]}`),
+		[]byte(`{"t":"result","results":[{"log":null}]}`), []byte(`{"t":"result","results":[{"duration_ms":1e3}]}`))
 	return out
 }
 
@@ -84,13 +101,16 @@ func TestDecodeFastMatchesJSON(t *testing.T) {
 	if fast < 30 {
 		t.Fatalf("only %d samples took the fast path", fast)
 	}
-	// What the server sends takes the fast path.
+	// What the server sends, and the results a worker sends, take the fast
+	// path.
 	for _, f := range []*Frame{
 		{Type: TypeAssign, Assign: []Assign{{Attempt: 7, Task: "0b7c7a5e-4a3b-4c1a-9d7e-1b2c3d4e5f60/t1", Module: "sha256:5d2c", Seed: 1 << 63,
 			Args: []string{"0", "3000000"}, Inputs: []Blob{{Name: "a", Size: 3}}, Restore: Blob{Size: 5},
 			Limits: Limits{MemoryPages: 4096, WallMS: 3600000, OutputBytes: 64 << 20, LogBytes: 1 << 20}, Priority: "batch"}}},
 		{Type: TypeAck, Acks: []Ack{{Attempt: 1, Of: AckResult, OK: true}, {Attempt: 2, Of: AckCheckpoint, Seq: 3},
 			{Attempt: 3, Of: AckFail, Retry: true, Error: "not committed: server error; send it again"}}},
+		{Type: TypeResult, Results: []Result{{Attempt: 9, Outputs: []Blob{{Name: "stdout", Size: 12}, {Name: "tile.png", Size: 4096}},
+			Log: Blob{Size: 3}, DurationMS: 41}, {Attempt: 10, Outputs: []Blob{}, DurationMS: 1}}},
 	} {
 		data, _, _ := Encode(f)
 		if _, ok := decodeFast(data); !ok {
