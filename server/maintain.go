@@ -150,6 +150,9 @@ func (s *Server) maintain(ctx context.Context) {
 		if time.Since(lastPrune) > time.Hour {
 			lastPrune = time.Now()
 			s.pruneWorkers(ctx)
+			if err := s.store.PruneActivity(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("prune activity", "err", err)
+			}
 		}
 	}
 }

@@ -539,7 +539,11 @@ WHERE a.id = ANY($1) AND a.worker_id = ($2::uuid[])[array_position($1::bigint[],
 // tasks whose id is ids (an SQL condition on id) done, d and rel release
 // their dependents (headStart: the parameter of the interactive head start
 // in ms), c and wf count the workflows down, and ready counts the tasks
-// that became ready.
+// that became ready; dm counts the tasks done this minute (Activity).
+//
+// The update of done changes no indexed column (pending is 0 already,
+// except for a replicated task whose quorum came before its last replica's
+// claim), so it is a HOT update: migrations/00011_tasks_done_in_place.sql.
 //
 // The tasks are found by id (tasks_pkey), not through tasks_active: the
 // state tests are written with COLLATE "C" (the same test for these ASCII
@@ -552,8 +556,11 @@ func doneCTEs(ids, headStart string) string {
 }
 
 const doneCTEsTemplate = `done AS (
-	UPDATE tasks SET state = 'done', finished_at = now(), updated_at = now(), error = ''
+	UPDATE tasks SET state = 'done', pending = 0, finished_at = now(), updated_at = now(), error = ''
 	WHERE id {ids} AND state COLLATE "C" = 'running' RETURNING id, workflow_id
+), dm AS (
+	INSERT INTO tasks_done_minutes AS m (minute, n) SELECT date_trunc('minute', now()), count(*) FROM done HAVING count(*) > 0
+	ON CONFLICT (minute) DO UPDATE SET n = m.n + excluded.n
 ), d AS (
 	SELECT ti.task_id, count(DISTINCT ti.from_task) AS n FROM task_inputs ti JOIN done ON ti.from_task = done.id GROUP BY ti.task_id
 ), rel AS (
@@ -680,7 +687,7 @@ func (s *Store) settleEnds(ctx context.Context, tx querier, ends []attemptEnd) e
 			rows, err := tx.Query(ctx, `WITH RECURSIVE down(id) AS (
 					SELECT task_id FROM task_inputs WHERE from_task = ANY($1)
 					UNION SELECT ti.task_id FROM task_inputs ti JOIN down ON ti.from_task = down.id)
-				UPDATE tasks SET state = 'upstream_failed', finished_at = now(), updated_at = now(), error = 'an upstream task failed'
+				UPDATE tasks SET state = 'upstream_failed', pending = 0, finished_at = now(), updated_at = now(), error = 'an upstream task failed'
 				WHERE id IN (SELECT id FROM down) AND state COLLATE "C" = 'blocked' RETURNING workflow_id::text`, failed)
 			if err != nil {
 				return fmt.Errorf("fail dependents: %w", err)

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"slices"
 	"testing"
@@ -182,4 +183,58 @@ func (f *fixture) plainAndReplica(t *testing.T) (plain string, cs []Claimed) {
 		t.Fatalf("claimed %+v, want a then a replica of r", cs)
 	}
 	return plain, cs
+}
+
+// A completion updates its tasks in place (HOT: no new index entries):
+// no index of tasks names a column the done update changes
+// (migrations/00011_tasks_done_in_place.sql). An index on the state, as
+// tasks_active was, fails this.
+func TestCompletionUpdatesTasksInPlace(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	for _, n := range []int{smallWorkflow, 3 * smallWorkflow} { // both ways of writing tasks
+		tasks := make([]NewTask, n)
+		for i := range tasks {
+			tasks[i] = f.task(fmt.Sprintf("t%d", i))
+		}
+		f.submit(t, "batch", tasks...)
+		cs := f.claim(t, n, time.Minute)
+		if len(cs) != n {
+			t.Fatalf("%d claimed, want %d", len(cs), n)
+		}
+		ids := make([]int64, n)
+		for i, c := range cs {
+			ids[i] = c.TaskID
+		}
+		slices.Sort(ids)
+		tx, err := f.s.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) // after a failure; the pool's Close waits for the connection
+		if _, err := tx.Exec(ctx, hotPathSettingsSQL); err != nil {
+			t.Fatal(err)
+		}
+		// This backend's counts not yet reported, before and after.
+		counts := func() (updated, hot int) {
+			t.Helper()
+			if err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_updated('tasks'::regclass),
+				pg_stat_get_xact_tuples_hot_updated('tasks'::regclass)`).Scan(&updated, &hot); err != nil {
+				t.Fatal(err)
+			}
+			return updated, hot
+		}
+		updated0, hot0 := counts()
+		if _, err := tx.Exec(ctx, doneSQL, ids, int64(0), "cyclepool_test"); err != nil {
+			t.Fatal(err)
+		}
+		updated, hot := counts()
+		updated, hot = updated-updated0, hot-hot0
+		if updated != n || hot != n {
+			t.Errorf("%d tasks done: %d rows updated, %d of them in place (HOT)", n, updated, hot)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

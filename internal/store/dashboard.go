@@ -113,14 +113,14 @@ type ActivityMinute struct {
 
 // Activity returns the last n minutes (1 to 1440) of activity, oldest
 // first, the last one being the current, unfinished minute. Connections
-// come from worker_sessions, tasks from the done tasks' finish times.
+// come from worker_sessions, tasks from tasks_done_minutes, which the
+// completions count up (doneCTEs).
 func (s *Store) Activity(ctx context.Context, n int) ([]ActivityMinute, error) {
 	n = min(max(n, 1), 1440)
 	rows, err := s.pool.Query(ctx, `WITH m AS (
 			SELECT generate_series(date_trunc('minute', now()) - ($1 - 1) * interval '1 minute', date_trunc('minute', now()), interval '1 minute') AS minute),
 		done AS (
-			SELECT date_trunc('minute', finished_at) AS minute, count(*) AS n FROM tasks
-			WHERE state = 'done' AND finished_at >= date_trunc('minute', now()) - ($1 - 1) * interval '1 minute' GROUP BY 1),
+			SELECT minute, n FROM tasks_done_minutes WHERE minute >= date_trunc('minute', now()) - ($1 - 1) * interval '1 minute'),
 		sess AS (
 			SELECT worker_id, connected_at, coalesce(disconnected_at, now()) AS until FROM worker_sessions
 			WHERE disconnected_at IS NULL OR disconnected_at >= date_trunc('minute', now()) - ($1 - 1) * interval '1 minute')

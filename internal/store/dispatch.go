@@ -141,12 +141,13 @@ func (s *Store) Candidates(ctx context.Context, limit int) ([]Candidate, error) 
 	return cs, nil
 }
 
-// candidatesSQL reads up to $1 ready tasks in dispatch order.
+// candidatesSQL reads up to $1 ready tasks in dispatch order, from the
+// queue's index (tasks_ready: migrations/00011_tasks_done_in_place.sql).
 const candidatesSQL = `SELECT t.id, t.workflow_id::text, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas,
 			t.attempts = 0, t.ckpt_ms,
 			CASE WHEN t.max_replicas > 1 THEN ARRAY(SELECT DISTINCT a.worker_id::text FROM attempts a
 				WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) END
-		FROM tasks t WHERE t.state = 'ready' ORDER BY t.sort_key, t.id LIMIT $1`
+		FROM tasks t WHERE t.pending > 0 AND t.sort_key IS NOT NULL AND t.state = 'ready' ORDER BY t.sort_key, t.id LIMIT $1`
 
 // Pick is one decision of the dispatcher's plan: a replica of TaskID on
 // Worker.

@@ -7,10 +7,13 @@ import (
 
 // ActiveCounts returns the number of tasks in each unfinished state
 // (blocked, ready, running) over all workflows, and the number of connected
-// workers by kind.
+// workers by kind. Only a running workflow has unfinished tasks: they are
+// counted among its tasks (no index of tasks names the state, so that a
+// completion is a HOT update: migrations/00011_tasks_done_in_place.sql).
 func (s *Store) ActiveCounts(ctx context.Context) (tasks map[string]int64, workers map[string]int64, err error) {
 	tasks = map[string]int64{StateBlocked: 0, StateReady: 0, StateRunning: 0}
-	rows, err := s.pool.Query(ctx, `SELECT state, count(*) FROM tasks WHERE state IN ('blocked', 'ready', 'running') GROUP BY state`)
+	rows, err := s.pool.Query(ctx, `SELECT t.state, count(*) FROM workflows w JOIN tasks t ON t.workflow_id = w.id
+		WHERE w.state = 'running' AND t.state IN ('blocked', 'ready', 'running') GROUP BY t.state`)
 	if err != nil {
 		return nil, nil, fmt.Errorf("count active tasks: %w", err)
 	}

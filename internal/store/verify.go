@@ -495,7 +495,7 @@ func (s *Store) recheckUnverified(ctx context.Context, tx querier, losers []stri
 			), av AS (
 				UPDATE attempts SET verdict = NULL FROM r WHERE attempts.id = r.attempt AND r.id IN (SELECT id FROM t) RETURNING 1
 			), dep AS (
-				UPDATE tasks d SET deps_left = d.deps_left + x.n, state = 'blocked', updated_at = now()
+				UPDATE tasks d SET deps_left = d.deps_left + x.n, state = 'blocked', sort_key = NULL, updated_at = now()
 				FROM (SELECT ti.task_id, count(DISTINCT ti.from_task) AS n FROM task_inputs ti JOIN t ON ti.from_task = t.id GROUP BY ti.task_id) x
 				WHERE d.id = x.task_id AND (d.state = 'blocked' OR d.state = 'ready' AND d.attempts = 0)
 				RETURNING 1
@@ -615,7 +615,7 @@ func (s *Store) resetDescendants(ctx context.Context, tx querier, tasks []int64)
 	b.Queue(`DELETE FROM task_outputs WHERE task_id = ANY($1)`, ids)
 	b.Queue(`DELETE FROM attempt_outputs o USING attempts a WHERE a.id = o.attempt_id AND a.task_id = ANY($1)`, ids)
 	b.Queue(`UPDATE attempts SET superseded = true WHERE task_id = ANY($1)`, ids)
-	b.Queue(`UPDATE tasks SET state = 'blocked', pending = replicas, attempts = 0, checkpoint = NULL, checkpoint_at = NULL,
+	b.Queue(`UPDATE tasks SET state = 'blocked', pending = replicas, sort_key = NULL, attempts = 0, checkpoint = NULL, checkpoint_at = NULL,
 			result_hash = NULL, disputed = false, started_at = NULL, finished_at = NULL, updated_at = now(),
 			error = 'reset: an upstream result was overturned by re-verification'
 		WHERE id = ANY($1)`, ids)
@@ -631,7 +631,7 @@ func (s *Store) resetDescendants(ctx context.Context, tx querier, tasks []int64)
 			SELECT DISTINCT ti.task_id FROM task_inputs ti JOIN tasks u ON u.id = ti.from_task
 			WHERE ti.task_id = ANY($1) AND u.state IN ('failed', 'upstream_failed', 'cancelled')
 			UNION SELECT ti.task_id FROM task_inputs ti JOIN bad ON ti.from_task = bad.id WHERE ti.task_id = ANY($1))
-		UPDATE tasks SET state = 'upstream_failed', finished_at = now(), error = 'an upstream task failed'
+		UPDATE tasks SET state = 'upstream_failed', pending = 0, finished_at = now(), error = 'an upstream task failed'
 		WHERE id IN (SELECT id FROM bad) RETURNING workflow_id::text`, ids)
 	if err != nil {
 		return fmt.Errorf("reset descendants: fail dependents: %w", err)

@@ -163,6 +163,15 @@ func (s *Store) PruneWorkers(ctx context.Context, after time.Duration, limit int
 	return n, nil
 }
 
+// PruneActivity deletes the counts of tasks done per minute (Activity)
+// older than a day, the longest span Activity reads.
+func (s *Store) PruneActivity(ctx context.Context) error {
+	if _, err := s.pool.Exec(ctx, `DELETE FROM tasks_done_minutes WHERE minute < now() - interval '1 day'`); err != nil {
+		return fmt.Errorf("prune activity: %w", err)
+	}
+	return nil
+}
+
 // TouchWorkers records that the listed workers are still connected.
 func (s *Store) TouchWorkers(ctx context.Context, ids []string) error {
 	if len(ids) == 0 {

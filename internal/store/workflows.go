@@ -928,7 +928,7 @@ func (s *Store) Cancel(ctx context.Context, ownerID int64, id string) ([]int64, 
 		}
 		// Tasks before attempts: a claim that commits while this waits for
 		// its task rows is then seen by the attempts statement below.
-		rows, err := tx.Query(ctx, `UPDATE tasks SET state = 'cancelled', finished_at = now(), updated_at = now()
+		rows, err := tx.Query(ctx, `UPDATE tasks SET state = 'cancelled', pending = 0, finished_at = now(), updated_at = now()
 			WHERE workflow_id = $1 AND state IN ('blocked', 'ready', 'running') RETURNING id`, id)
 		if err != nil {
 			return err
