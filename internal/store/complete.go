@@ -479,21 +479,34 @@ const insertOutputsSQL = `INSERT INTO task_outputs (task_id, name, data)
 // alone) with success $3, log $4 and reason $5, and returns each ended
 // attempt's task.
 //
-// The attempts are found by a probe of attempts_running per id (a.id =
+// The attempts are found by a probe of attempts_pkey per id (a.id =
 // ANY($1)) and each one's values by its position in $1, without a join
 // with the unnested arrays: with the statistics of a table that autovacuum
 // has not analyzed within a run, PostgreSQL otherwise hash-joins the arrays
-// with every running attempt (and every dead entry of attempts_running), or
-// rescans the unnested arrays once per attempt.
-const completeAttemptsSQL = `UPDATE attempts a SET
+// with every running attempt, or rescans the unnested arrays once per
+// attempt. The update changes no indexed column, so it is a HOT update
+// (migrations/00012_attempts_done_in_place.sql); ws counts the successes
+// of each worker (WorkerTasks).
+const completeAttemptsSQL = `WITH e AS (
+	UPDATE attempts a SET
 		state = CASE WHEN ($3::bool[])[array_position($1::bigint[], a.id)] THEN 'succeeded' ELSE 'failed' END,
 		ended_at = now(), log = ($4::bytea[])[array_position($1::bigint[], a.id)],
 		reason = ($5::text[])[array_position($1::bigint[], a.id)]
 	FROM tasks t
 	WHERE a.id = ANY($1) AND a.worker_id = ($2::uuid[])[array_position($1::bigint[], a.id)] AND a.state = 'running'
 		AND t.id = a.task_id
-	RETURNING a.id, a.task_id, t.max_replicas > 1, ($3::bool[])[array_position($1::bigint[], a.id)], t.module_id, t.name,
-		(extract(epoch FROM now() - a.started_at) * 1000)::bigint`
+	RETURNING a.id, a.task_id, t.max_replicas > 1 AS replicated, ($3::bool[])[array_position($1::bigint[], a.id)] AS ok,
+		t.module_id, t.name, (extract(epoch FROM now() - a.started_at) * 1000)::bigint AS ms, a.worker_id
+), ws AS (` + countSuccessesSQL + ` FROM e WHERE e.ok GROUP BY e.worker_id ORDER BY e.worker_id` + countSuccessesConflictSQL + `
+)
+SELECT e.id, e.task_id, e.replicated, e.ok, e.module_id, e.name, e.ms FROM e`
+
+// countSuccessesSQL and countSuccessesConflictSQL surround the rows
+// (worker_id, successes) a completion adds to worker_results.
+const (
+	countSuccessesSQL         = `INSERT INTO worker_results AS r (worker_id, succeeded) SELECT worker_id, count(*)`
+	countSuccessesConflictSQL = ` ON CONFLICT (worker_id) DO UPDATE SET succeeded = r.succeeded + excluded.succeeded`
+)
 
 // doneSQL marks tasks done ($1), releases the dependents whose last
 // upstream task this was, counts the workflows down (finishing those with no
@@ -521,7 +534,8 @@ var completeFastSQL = `WITH acc AS (
 	FROM tasks t
 	WHERE a.id = ANY($1) AND a.worker_id = ($2::uuid[])[array_position($1::bigint[], a.id)] AND a.state = 'running'
 		AND t.id = a.task_id AND t.max_replicas = 1
-	RETURNING a.id, a.task_id, t.module_id, t.name, (extract(epoch FROM now() - a.started_at) * 1000)::bigint AS ms
+	RETURNING a.id, a.task_id, t.module_id, t.name, (extract(epoch FROM now() - a.started_at) * 1000)::bigint AS ms, a.worker_id
+), ws AS (` + countSuccessesSQL + ` FROM acc GROUP BY acc.worker_id ORDER BY acc.worker_id` + countSuccessesConflictSQL + `
 ), outs AS (
 	INSERT INTO task_outputs (task_id, name, data)
 	SELECT acc.task_id, o.name, o.data FROM unnest($4::bigint[], $5::text[], $6::bytea[]) AS o(attempt, name, data)

@@ -80,9 +80,10 @@ type WorkerTasks struct {
 // task names shown only for ownerID's workflows.
 func (s *Store) WorkerTasks(ctx context.Context, ownerID int64) (map[string]WorkerTasks, error) {
 	rows, err := s.pool.Query(ctx, `SELECT w.id::text,
-			(SELECT count(*) FROM attempts a WHERE a.worker_id = w.id AND a.state = 'succeeded'),
+			coalesce((SELECT r.succeeded FROM worker_results r WHERE r.worker_id = w.id), 0),
 			coalesce((SELECT array_agg(CASE WHEN wf.owner_id = $1 THEN wf.name || ' / ' || t.name ELSE '(another project)' END ORDER BY a.id)
-				FROM attempts a JOIN tasks t ON t.id = a.task_id JOIN workflows wf ON wf.id = t.workflow_id
+				FROM running_attempts ra JOIN attempts a ON a.id = ra.attempt_id JOIN tasks t ON t.id = a.task_id
+				JOIN workflows wf ON wf.id = t.workflow_id
 				WHERE a.worker_id = w.id AND a.state = 'running'), '{}')
 		FROM workers w WHERE w.connected`, ownerID)
 	if err != nil {

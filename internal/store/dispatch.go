@@ -302,6 +302,9 @@ const claimSQL = `, locked AS (
 	INSERT INTO attempts (id, task_id, worker_id, lease_until, restored_seq, ckpt_ms)
 	SELECT ok.attempt, ok.task_id, ok.w, now() + $5 * interval '1 millisecond', ok.checkpoint_seq, ok.ckpt_ms
 	FROM ok ORDER BY ok.attempt
+), run AS (
+	-- What the lease reaper reads (migrations/00012_attempts_done_in_place.sql).
+	INSERT INTO running_attempts (attempt_id) SELECT ok.attempt FROM ok ORDER BY ok.attempt
 ), wk AS (
 	UPDATE workers w SET attempts = w.attempts + c.n
 	FROM (SELECT w AS worker_id, count(*) AS n FROM ok GROUP BY w ORDER BY w) c WHERE w.id = c.worker_id

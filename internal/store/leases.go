@@ -95,10 +95,17 @@ func (s *Store) ExpireLeases(ctx context.Context, limit int) (int, error) {
 		if _, err := tx.Exec(ctx, hotPathSettingsSQL); err != nil {
 			return err
 		}
+		// running_attempts lists the attempts that may still run; those
+		// that ended are deleted from it here, in the same pass.
+		if _, err := tx.Exec(ctx, `DELETE FROM running_attempts r USING attempts a
+			WHERE a.id = r.attempt_id AND a.state <> 'running'`); err != nil {
+			return err
+		}
 		rows, err := tx.Query(ctx, `UPDATE attempts a SET state = 'lost', ended_at = now(),
 				reason = 'lost: no heartbeat from worker ' || a.worker_id::text || ' before the lease expired'
-			WHERE a.id IN (SELECT id FROM attempts WHERE state = 'running' AND lease_until < now()
-				ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+			WHERE a.id IN (SELECT x.id FROM running_attempts r JOIN attempts x ON x.id = r.attempt_id
+				WHERE x.state = 'running' AND x.lease_until < now()
+				ORDER BY x.id LIMIT $1 FOR UPDATE OF x SKIP LOCKED)
 			RETURNING a.task_id, a.reason, a.worker_id::text`, limit)
 		if err != nil {
 			return err
