@@ -229,6 +229,11 @@ func collectClaimed(br pgx.BatchResults) ([]Claimed, error) {
 // pending replicas, each to a distinct worker without a running or
 // succeeded attempt of it (attempts superseded by a reset do not count).
 //
+// A task that never had an attempt counted (attempts = 0: a fresh task, or
+// one reset by re-verification, whose attempts are all superseded) cannot
+// have a running or succeeded one, so the lookup is skipped (a one-time
+// filter) for it: the common case, one probe of attempts_task less per pick.
+//
 // That last check is a LATERAL lookup with LIMIT 1 rather than NOT EXISTS
 // on purpose: PostgreSQL turns NOT EXISTS into an anti join, and with the
 // statistics of a growing attempts table (autovacuum analyzes it seldom)
@@ -258,7 +263,7 @@ WITH p AS (
 
 // claimSQL is what follows the picks (p) in the claim statements.
 const claimSQL = `, locked AS (
-	SELECT t.id, t.pending, t.workflow_id, t.name, t.module_id, t.args, t.stdin, t.priority, t.timeout_ms, t.memory_pages,
+	SELECT t.id, t.pending, t.attempts, t.workflow_id, t.name, t.module_id, t.args, t.stdin, t.priority, t.timeout_ms, t.memory_pages,
 		t.output_bytes, t.log_bytes, t.ckpt_ms, t.seed,
 		-- Replicas are independent: none resumes from a checkpoint that
 		-- another replica's worker saved.
@@ -276,7 +281,7 @@ const claimSQL = `, locked AS (
 		SELECT DISTINCT ON (p.task_id, p.w) p.*, l.pending, l.workflow_id, l.name, l.module_id, l.args, l.stdin, l.priority,
 			l.timeout_ms, l.memory_pages, l.output_bytes, l.log_bytes, l.seed, l.checkpoint, l.checkpoint_seq, l.ckpt_ms AS task_ckpt_ms
 		FROM p JOIN locked l ON l.id = p.task_id
-		LEFT JOIN LATERAL (SELECT 1 AS x FROM attempts a WHERE a.task_id = p.task_id AND a.worker_id = p.w
+		LEFT JOIN LATERAL (SELECT 1 AS x FROM attempts a WHERE l.attempts > 0 AND a.task_id = p.task_id AND a.worker_id = p.w
 			AND a.state IN ('running', 'succeeded') AND NOT a.superseded LIMIT 1) ran ON true
 		WHERE ran.x IS NULL
 		ORDER BY p.task_id, p.w, p.ord
