@@ -247,7 +247,7 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 	}
 	b := &pgx.Batch{}
 	queueBegin(b, false)
-	b.Queue(completeFastSQL, ids, workers, logs, outAttempt, outName, outData, s.interactiveHeadStart.Milliseconds(), ChannelReady)
+	b.Queue(completeFastSQL, ids, uuidParams(workers), logs, outAttempt, outName, outData, s.interactiveHeadStart.Milliseconds(), ChannelReady)
 	b.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, b)
 	type row struct {
@@ -358,7 +358,7 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	}()
 	b := &pgx.Batch{}
 	queueBegin(b, false)
-	b.Queue(completeAttemptsSQL, ids, workers, oks, logs, reasons)
+	b.Queue(completeAttemptsSQL, ids, uuidParams(workers), oks, logs, reasons)
 	br := conn.SendBatch(ctx, b)
 	if err := execBegin(br); err != nil {
 		br.Close()

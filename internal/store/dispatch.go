@@ -185,7 +185,7 @@ func (s *Store) ClaimPicks(ctx context.Context, picks []Pick, lease time.Duratio
 	// after it, at the latest the completion of one of its attempts.
 	// guardAttemptIDs keeps a lost attempt's id from being reused.
 	queueBegin(b, true)
-	b.Queue(claimPicksSQL, tasks, workers, ckpts, solos, lease.Milliseconds())
+	b.Queue(claimPicksSQL, tasks, uuidParams(workers), ckpts, solos, lease.Milliseconds())
 	b.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, b)
 	var cs []Claimed

@@ -39,7 +39,7 @@ func (s *Store) Renew(ctx context.Context, rs []Renewal, lease time.Duration) (l
 		}
 		rows, err := tx.Query(ctx, `UPDATE attempts a SET lease_until = now() + $4 * interval '1 millisecond', progress = u.p
 			FROM unnest($1::bigint[], $2::uuid[], $3::real[]) AS u(id, w, p)
-			WHERE a.id = u.id AND a.worker_id = u.w AND a.state = 'running' RETURNING a.id`, ids, workers, progress, lease.Milliseconds())
+			WHERE a.id = u.id AND a.worker_id = u.w AND a.state = 'running' RETURNING a.id`, ids, uuidParams(workers), progress, lease.Milliseconds())
 		if err != nil {
 			return err
 		}

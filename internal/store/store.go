@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -211,3 +212,18 @@ var ErrNotFound = errors.New("not found")
 // is queued (the sort_key of a ready interactive task is its ready time
 // minus this).
 func (s *Store) InteractiveHeadStart() time.Duration { return s.interactiveHeadStart }
+
+// uuidParams returns worker ids as parameters of a uuid[], which pgx sends
+// in binary; an id that is not a UUID becomes NULL, which matches no row.
+// Passed as strings, every such parameter first failed pgx's binary
+// encoding, with an error message formatting the whole array, before the
+// text one: 4% of the server's CPU in the dispatch benchmark.
+func uuidParams(ids []string) []pgtype.UUID {
+	out := make([]pgtype.UUID, len(ids))
+	for i, id := range ids {
+		if err := out[i].Scan(id); err != nil {
+			out[i] = pgtype.UUID{}
+		}
+	}
+	return out
+}
