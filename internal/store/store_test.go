@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -457,6 +458,29 @@ func TestRequeuesRunWithTheHotPathSettings(t *testing.T) {
 			if s != "off force_generic_plan" {
 				t.Errorf("%s: tasks updated with settings %s, want off force_generic_plan", step.name, s)
 			}
+		}
+	}
+}
+
+// uuidParams passes UUIDs through and makes anything else NULL.
+func TestUUIDParams(t *testing.T) {
+	for _, tc := range []struct {
+		in    string
+		valid bool
+	}{
+		{"0b7c7a5e-4a3b-4c1a-9d7e-1b2c3d4e5f60", true},
+		{"0B7C7A5E-4A3B-4C1A-9D7E-1B2C3D4E5F60", true},
+		{"0b7c7a5e4a3b4c1a9d7e1b2c3d4e5f60", true},
+		{"", false},
+		{"not a uuid", false},
+		{"0b7c7a5e-4a3b-4c1a-9d7e-1b2c3d4e5f6", false},
+	} {
+		got := uuidParams([]string{tc.in})[0]
+		if got.Valid != tc.valid {
+			t.Errorf("%q: valid %v, want %v", tc.in, got.Valid, tc.valid)
+		}
+		if tc.valid && !strings.EqualFold(strings.ReplaceAll(got.String(), "-", ""), strings.ReplaceAll(tc.in, "-", "")) {
+			t.Errorf("%q: became %s", tc.in, got.String())
 		}
 	}
 }
