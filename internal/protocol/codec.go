@@ -51,9 +51,11 @@ func Encode(f *Frame) (data []byte, binaryMsg bool, err error) {
 		b.Size = len(b.Data)
 		total += b.Size
 	}
-	hdr, err := json.Marshal(f)
-	if err != nil {
-		return nil, false, fmt.Errorf("encode %s frame: %w", f.Type, err)
+	hdr, ok := encodeFast(f)
+	if !ok {
+		if hdr, err = json.Marshal(f); err != nil {
+			return nil, false, fmt.Errorf("encode %s frame: %w", f.Type, err)
+		}
 	}
 	if total == 0 {
 		return hdr, false, nil

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"testing"
+
+	"github.com/cyclepool/cyclepool/internal/fill"
 )
 
 // fastSamples are assign, ack and result frames as json.Marshal writes them, with
@@ -125,4 +127,133 @@ func FuzzDecodeFast(f *testing.F) {
 		f.Add(data)
 	}
 	f.Fuzz(checkFast)
+}
+
+// Whatever encodeFast writes, json.Marshal writes the same.
+func checkEncodeFast(t *testing.T, f *Frame) bool {
+	got, ok := encodeFast(f)
+	if !ok {
+		return false
+	}
+	want, err := json.Marshal(f)
+	if err != nil {
+		t.Fatalf("encodeFast wrote %s for a frame json.Marshal refuses: %v", got, err)
+	}
+	if string(got) != string(want) {
+		t.Fatalf("encodeFast:   %s\njson.Marshal: %s", got, want)
+	}
+	return true
+}
+
+func TestEncodeFastMatchesJSON(t *testing.T) {
+	fast := 0
+	for _, data := range fastSamples() {
+		var f Frame
+		if err := json.Unmarshal(data, &f); err != nil {
+			continue
+		}
+		if checkEncodeFast(t, &f) {
+			fast++
+		}
+	}
+	if fast < 50 { // most samples hold strings that encoding/json escapes
+		t.Errorf("only %d samples took the fast path", fast)
+	}
+	// What the server and a worker send most takes the fast path; other
+	// frames, and strings that encoding/json escapes, do not.
+	for _, tc := range []struct {
+		f    *Frame
+		fast bool
+	}{
+		{&Frame{Type: TypeAssign, Assign: []Assign{{Attempt: 7, Task: "0b7c7a5e-4a3b-4c1a-9d7e-1b2c3d4e5f60/t1", Module: "sha256:5d2c",
+			Seed: 1 << 63, Args: []string{"0", "3000000"}, Inputs: []Blob{{Name: "a", Size: 3}}, Restore: Blob{Size: 5},
+			Limits: Limits{MemoryPages: 4096, WallMS: 3600000, OutputBytes: 64 << 20, LogBytes: 1 << 20}, Priority: "batch"}}}, true},
+		{&Frame{Type: TypeAck, Acks: []Ack{{Attempt: 1, Of: AckResult, OK: true}, {Attempt: 2, Of: AckCheckpoint, Seq: 3},
+			{Attempt: 3, Of: AckFail, Retry: true, Error: "not committed: server error; send it again"}}}, true},
+		{&Frame{Type: TypeResult, Results: []Result{{Attempt: 9, Outputs: []Blob{{Name: "stdout", Size: 12}}, DurationMS: 41}}}, true},
+		{&Frame{Type: TypeResult, Results: []Result{{Attempt: 9, Outputs: []Blob{{Name: "a<b", Size: 1}}}}}, false},
+		{&Frame{Type: TypeAssign, Assign: []Assign{{Args: []string{`q"uote`}}}}, false},
+		{&Frame{Type: TypeAck, Acks: []Ack{{Error: "ünïcode"}}}, false},
+		{&Frame{Type: TypeResult, Results: []Result{{}}, Acks: []Ack{{}}}, false},
+		{&Frame{Type: TypeHeartbeat, Heartbeat: &Heartbeat{}}, false},
+		{&Frame{Type: TypeAck}, false},
+	} {
+		if got := checkEncodeFast(t, tc.f); got != tc.fast {
+			data, _ := json.Marshal(tc.f)
+			t.Errorf("%s: fast path %v, want %v", data, got, tc.fast)
+		}
+	}
+}
+
+// FuzzEncodeFast builds frames from fuzzed strings and numbers: whatever
+// encodeFast writes, json.Marshal writes the same.
+func FuzzEncodeFast(f *testing.F) {
+	f.Add("t1", "sha256:x", "stdout", int64(1), uint64(2), 3, true)
+	f.Add("a<b", "", "ü", int64(-1), uint64(1<<63), 0, false)
+	f.Fuzz(func(t *testing.T, s1, s2, s3 string, n int64, u uint64, k int, b bool) {
+		var args []string
+		if b {
+			args = []string{s1, s3}
+		}
+		for _, fr := range []*Frame{
+			{Type: TypeAssign, Assign: []Assign{{Attempt: n, Task: s1, Module: s2, Args: args, Seed: u, Stdin: Blob{Name: s3, Size: k},
+				Inputs: []Blob{{Name: s1}}, Limits: Limits{MemoryPages: uint32(u), WallMS: n, OutputBytes: -n, LogBytes: int64(k)},
+				CkptMS: n, Priority: s2}}},
+			{Type: TypeResult, Results: []Result{{Attempt: n, Outputs: []Blob{{Name: s3, Size: k}}, Log: Blob{Name: s1}, DurationMS: n}}},
+			{Type: s1, Acks: []Ack{{Attempt: n, Of: s2, Seq: k, OK: b, Retry: !b, Error: s3}}},
+		} {
+			checkEncodeFast(t, fr)
+		}
+	})
+}
+
+// BenchmarkEncode encodes a frame of 64 assignments and one of 8 results,
+// with the fast encoder (Encode) and with json.Marshal.
+func BenchmarkEncode(b *testing.B) {
+	as := make([]Assign, 64)
+	for i := range as {
+		as[i] = Assign{Attempt: int64(1000 + i), Task: "0b7c7a5e-4a3b-4c1a-9d7e-1b2c3d4e5f60/t1", Module: "sha256:5d2c",
+			Args: []string{}, Inputs: []Blob{}, Limits: Limits{MemoryPages: 4096, WallMS: 3600000, OutputBytes: 64 << 20, LogBytes: 1 << 20},
+			Priority: "batch", Seed: uint64(i) << 40}
+	}
+	rs := make([]Result, 8)
+	for i := range rs {
+		rs[i] = Result{Attempt: int64(1000 + i), Outputs: []Blob{{Name: "stdout"}}, DurationMS: 1}
+	}
+	for _, f := range []*Frame{{Type: TypeAssign, Assign: as}, {Type: TypeResult, Results: rs}} {
+		b.Run(f.Type+"/fast", func(b *testing.B) {
+			for range b.N {
+				if _, ok := encodeFast(f); !ok {
+					b.Fatal("not on the fast path")
+				}
+			}
+		})
+		b.Run(f.Type+"/json", func(b *testing.B) {
+			for range b.N {
+				if _, err := json.Marshal(f); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// Every field of an assignment, a result and an ack is written by the fast
+// encoder as json.Marshal writes it: a field added to them without being
+// taught to encodeFast fails this.
+func TestEncodeFastWritesEveryField(t *testing.T) {
+	var a Assign
+	var r Result
+	var k Ack
+	for _, p := range []any{&a, &r, &k} {
+		if err := fill.Value(reflect.ValueOf(p).Elem()); err != nil {
+			t.Fatalf("%v (teach fill and encodeFast)", err)
+		}
+	}
+	for _, f := range []*Frame{{Type: TypeAssign, Assign: []Assign{a}}, {Type: TypeResult, Results: []Result{r}}, {Type: TypeAck, Acks: []Ack{k}}} {
+		if !checkEncodeFast(t, f) {
+			data, _ := json.Marshal(f)
+			t.Errorf("%s: not on the fast path", data)
+		}
+	}
 }

@@ -4,43 +4,19 @@ import (
 	"bytes"
 	"reflect"
 	"runtime"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/cyclepool/cyclepool/internal/fill"
 	"github.com/cyclepool/cyclepool/internal/protocol"
 )
 
-// fill sets every field reachable from v to a value other than its zero
-// value (slices get two elements), so that a field the codec forgets shows
-// up as a difference after a round trip.
-func fill(t *testing.T, v reflect.Value, n *int) {
-	*n++
-	switch v.Kind() {
-	case reflect.Struct:
-		for i := range v.NumField() {
-			fill(t, v.Field(i), n)
-		}
-	case reflect.Pointer:
-		v.Set(reflect.New(v.Type().Elem()))
-		fill(t, v.Elem(), n)
-	case reflect.Slice:
-		v.Set(reflect.MakeSlice(v.Type(), 2, 2))
-		for i := range 2 {
-			fill(t, v.Index(i), n)
-		}
-	case reflect.String:
-		v.SetString(strings.Repeat("s", *n))
-	case reflect.Bool:
-		v.SetBool(true)
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		v.SetInt(-int64(*n) * 1_000_003)
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		v.SetUint(uint64(*n%200 + 1))
-	case reflect.Float32, reflect.Float64:
-		v.SetFloat(float64(*n) + 0.25)
-	default:
-		t.Fatalf("fill: no value for a %s (teach fill and the codec)", v.Type())
+// mustFill sets every field reachable from the pointer p to a value
+// other than its zero value (package fill).
+func mustFill(t *testing.T, p any) {
+	t.Helper()
+	if err := fill.Value(reflect.ValueOf(p).Elem()); err != nil {
+		t.Fatalf("%v (teach fill and the codec)", err)
 	}
 }
 
@@ -74,14 +50,13 @@ func roundTrip[M any, PM interface {
 // Every field of the slot messages, the assignment's included, survives
 // the wire.
 func TestWireCodecRoundTrip(t *testing.T) {
-	n := 0
 	var req slotRequest
-	fill(t, reflect.ValueOf(&req).Elem(), &n)
+	mustFill(t, &req)
 	if got := roundTrip(t, &req); !reflect.DeepEqual(got, &req) {
 		t.Errorf("request:\n got %+v\nwant %+v\n assign got %+v\nwant %+v", got, &req, got.Assign, req.Assign)
 	}
 	var rep slotReply
-	fill(t, reflect.ValueOf(&rep).Elem(), &n)
+	mustFill(t, &rep)
 	rep.Took = 1234 * time.Millisecond
 	if got := roundTrip(t, &rep); !reflect.DeepEqual(got, &rep) {
 		t.Errorf("reply:\n got %+v\nwant %+v", got, &rep)
@@ -96,9 +71,8 @@ func TestWireCodecRoundTrip(t *testing.T) {
 
 // A message cut short or carrying garbage is an error, never a panic.
 func TestWireCodecBadInput(t *testing.T) {
-	n := 0
 	var req slotRequest
-	fill(t, reflect.ValueOf(&req).Elem(), &n)
+	mustFill(t, &req)
 	var buf bytes.Buffer
 	if err := newWireEncoder(&buf).Encode(&req); err != nil {
 		t.Fatal(err)
