@@ -122,7 +122,8 @@ func TestOperationsEndpoints(t *testing.T) {
 	}
 
 	// The plots' data: this platform's one task and one worker show in
-	// the last minutes (the task may have ended in the minute before).
+	// the last minutes (the task may have ended in the minute before),
+	// the task once the server has written its counts (every 2 s).
 	var act struct {
 		Minutes []struct {
 			Minute    time.Time `json:"minute"`
@@ -130,10 +131,13 @@ func TestOperationsEndpoints(t *testing.T) {
 			Workers   int       `json:"workers"`
 		} `json:"minutes"`
 	}
-	getJSON(t, p.srv, "/api/v1/activity?minutes=3", &act)
 	done := 0
-	for _, m := range act.Minutes {
-		done += m.TasksDone
+	for deadline := time.Now().Add(10 * time.Second); done == 0 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		getJSON(t, p.srv, "/api/v1/activity?minutes=3", &act)
+		done = 0
+		for _, m := range act.Minutes {
+			done += m.TasksDone
+		}
 	}
 	if n := len(act.Minutes); n != 3 || done != 1 || act.Minutes[n-1].Workers != 1 {
 		t.Errorf("GET /api/v1/activity?minutes=3 = %+v, want 3 minutes, 1 task done, 1 worker now", act.Minutes)

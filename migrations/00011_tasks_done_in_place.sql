@@ -14,7 +14,8 @@
 -- - tasks_active went: the counts by state of the metrics read the tasks
 --   of running workflows instead (workflows_running).
 -- - tasks_done_at went: the tasks done per minute (the dashboard's
---   activity) are counted in tasks_done_minutes as they end.
+--   activity) are counted in tasks_done_minutes, which every replica adds
+--   its completions to every few seconds.
 -- The table keeps room on each page (fillfactor 50) for the claim's new
 -- row version and then the completion's in place.
 ALTER TABLE tasks ADD CONSTRAINT tasks_ready_queued

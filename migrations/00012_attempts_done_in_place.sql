@@ -8,7 +8,8 @@
 --   its attempts, and the lease reaper, which reads it (joined with
 --   attempts, whose state is the truth), deletes those that ended.
 -- - worker_results counts each worker's successful attempts (the
---   dashboard's "tasks done"), added up by the completions.
+--   dashboard's "tasks done"), which every replica adds its completions
+--   to every few seconds.
 -- The table keeps room on each page (fillfactor 50) for the end of the
 -- attempts a page holds, and for their lease renewals.
 CREATE TABLE running_attempts (

@@ -75,8 +75,9 @@ func (r *runtimes) observeCheckpoint(module string, d time.Duration) {
 	r.ckpt[module] = d
 }
 
-// refreshStats writes this replica's new run times and reloads the averages
-// of the modules recently seen, every few seconds.
+// refreshStats writes this replica's new run times and the dashboard's
+// counts (tasks done, successes per worker), and reloads the averages of
+// the modules recently seen, every few seconds.
 func (s *Server) refreshStats(ctx context.Context) {
 	t := time.NewTicker(2 * time.Second)
 	defer t.Stop()
@@ -88,6 +89,9 @@ func (s *Server) refreshStats(ctx context.Context) {
 		}
 		if _, err := s.store.FlushRuntimeStats(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("flush run times", "err", err)
+		}
+		if err := s.store.FlushTallies(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("write the dashboard's counts", "err", err)
 		}
 		s.rt.mu.Lock()
 		mods := make([]string, 0, len(s.rt.modules))

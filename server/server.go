@@ -174,6 +174,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if err := s.store.ReplicaGone(gctx, s.cfg.Replica); err != nil {
 		s.log.Warn("mark workers disconnected", "err", err)
 	}
+	if err := s.store.FlushTallies(gctx); err != nil {
+		s.log.Warn("write the dashboard's counts", "err", err)
+	}
 	return nil
 }
 

@@ -257,6 +257,7 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 		name       string
 		ms         int64
 		finished   []string
+		done       bool
 	}
 	var got []row
 	if err = execBegin(br); err == nil {
@@ -265,7 +266,7 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 			got, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 				var x row
 				var notified int64
-				err := r.Scan(&x.attempt, &x.replicated, &x.module, &x.name, &x.ms, &notified, &x.finished)
+				err := r.Scan(&x.attempt, &x.replicated, &x.module, &x.name, &x.ms, &notified, &x.finished, &x.done)
 				return x, err
 			})
 		}
@@ -285,6 +286,8 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 	}
 	accepted = make([]bool, len(cs))
 	var runs []Run
+	var succeeded []string // the workers of the accepted attempts
+	done := 0
 	for _, x := range got {
 		i := index[x.attempt]
 		if x.replicated {
@@ -294,8 +297,13 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 		accepted[i] = true
 		d := runTime(x.ms, cs[i].Duration)
 		runs = append(runs, Run{Module: x.module, Name: x.name, Duration: d})
+		succeeded = append(succeeded, cs[i].Worker)
+		if x.done {
+			done++
+		}
 	}
 	s.runs.add(runs)
+	s.tallies.add(time.Now(), done, succeeded)
 	for _, x := range got {
 		if len(x.finished) > 0 {
 			finished = x.finished // the same in every row that has it
@@ -451,15 +459,26 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 		// Only for tasks still running: a cancelled task keeps no outputs.
 		b.Queue(insertOutputsSQL, outTask, outName, outData)
 	}
+	var marked int64 // tasks marked done
 	if len(done) > 0 {
 		slices.Sort(done)
-		b.Queue(doneSQL, done, s.interactiveHeadStart.Milliseconds(), ChannelReady)
+		b.Queue(doneSQL, done, s.interactiveHeadStart.Milliseconds(), ChannelReady).QueryRow(func(r pgx.Row) error {
+			var readied, finished, notified int64
+			return r.Scan(&readied, &finished, &notified, &marked)
+		})
 	}
 	b.Queue("COMMIT")
 	err = conn.SendBatch(ctx, b).Close()
 	if err == nil {
 		inTx = false
 		s.runs.add(runs)
+		var workers []string
+		for i := range cs {
+			if accepted[i] && cs[i].OK {
+				workers = append(workers, cs[i].Worker)
+			}
+		}
+		s.tallies.add(time.Now(), int(marked), workers)
 	}
 	return err
 }
@@ -485,8 +504,7 @@ const insertOutputsSQL = `INSERT INTO task_outputs (task_id, name, data)
 // has not analyzed within a run, PostgreSQL otherwise hash-joins the arrays
 // with every running attempt, or rescans the unnested arrays once per
 // attempt. The update changes no indexed column, so it is a HOT update
-// (migrations/00012_attempts_done_in_place.sql); ws counts the successes
-// of each worker (WorkerTasks).
+// (migrations/00012_attempts_done_in_place.sql).
 const completeAttemptsSQL = `WITH e AS (
 	UPDATE attempts a SET
 		state = CASE WHEN ($3::bool[])[array_position($1::bigint[], a.id)] THEN 'succeeded' ELSE 'failed' END,
@@ -496,25 +514,17 @@ const completeAttemptsSQL = `WITH e AS (
 	WHERE a.id = ANY($1) AND a.worker_id = ($2::uuid[])[array_position($1::bigint[], a.id)] AND a.state = 'running'
 		AND t.id = a.task_id
 	RETURNING a.id, a.task_id, t.max_replicas > 1 AS replicated, ($3::bool[])[array_position($1::bigint[], a.id)] AS ok,
-		t.module_id, t.name, (extract(epoch FROM now() - a.started_at) * 1000)::bigint AS ms, a.worker_id
-), ws AS (` + countSuccessesSQL + ` FROM e WHERE e.ok GROUP BY e.worker_id ORDER BY e.worker_id` + countSuccessesConflictSQL + `
+		t.module_id, t.name, (extract(epoch FROM now() - a.started_at) * 1000)::bigint AS ms
 )
 SELECT e.id, e.task_id, e.replicated, e.ok, e.module_id, e.name, e.ms FROM e`
-
-// countSuccessesSQL and countSuccessesConflictSQL surround the rows
-// (worker_id, successes) a completion adds to worker_results.
-const (
-	countSuccessesSQL         = `INSERT INTO worker_results AS r (worker_id, succeeded) SELECT worker_id, count(*)`
-	countSuccessesConflictSQL = ` ON CONFLICT (worker_id) DO UPDATE SET succeeded = r.succeeded + excluded.succeeded`
-)
 
 // doneSQL marks tasks done ($1), releases the dependents whose last
 // upstream task this was, counts the workflows down (finishing those with no
 // task left) and wakes the dispatchers when tasks became ready, in one
-// statement.
+// statement; its last column counts the tasks it marked done.
 var doneSQL = "WITH " + doneCTEs("= ANY($1)", "$2") + `
 SELECT ready.n, (SELECT count(*) FROM wf),
-	(SELECT count(*) FROM (SELECT pg_notify($3, '') FROM ready r WHERE r.n > 0) x)
+	(SELECT count(*) FROM (SELECT pg_notify($3, '') FROM ready r WHERE r.n > 0) x), (SELECT count(*) FROM done)
 FROM ready`
 
 // completeFastSQL ends the running attempts $1 (sorted, distinct) of
@@ -527,25 +537,26 @@ FROM ready`
 // name and the time since the claim (ms), the count of notifications sent
 // (the column only makes the notification happen: evaluated with the first
 // accepted attempt's row; when no attempt was accepted, no task became
-// ready) and the ids of the workflows the statement finished. The workflows'
-// update (wf) runs whether read or not, as every data-modifying WITH.
+// ready), the ids of the workflows the statement finished, and whether the
+// attempt's task was marked done (not when it was cancelled meanwhile).
+// The workflows' update (wf) runs whether read or not, as every
+// data-modifying WITH.
 var completeFastSQL = `WITH acc AS (
 	UPDATE attempts a SET state = 'succeeded', ended_at = now(), log = ($3::bytea[])[array_position($1::bigint[], a.id)], reason = ''
 	FROM tasks t
 	WHERE a.id = ANY($1) AND a.worker_id = ($2::uuid[])[array_position($1::bigint[], a.id)] AND a.state = 'running'
 		AND t.id = a.task_id AND t.max_replicas = 1
-	RETURNING a.id, a.task_id, t.module_id, t.name, (extract(epoch FROM now() - a.started_at) * 1000)::bigint AS ms, a.worker_id
-), ws AS (` + countSuccessesSQL + ` FROM acc GROUP BY acc.worker_id ORDER BY acc.worker_id` + countSuccessesConflictSQL + `
+	RETURNING a.id, a.task_id, t.module_id, t.name, (extract(epoch FROM now() - a.started_at) * 1000)::bigint AS ms
 ), outs AS (
 	INSERT INTO task_outputs (task_id, name, data)
 	SELECT acc.task_id, o.name, o.data FROM unnest($4::bigint[], $5::text[], $6::bytea[]) AS o(attempt, name, data)
 	JOIN acc ON acc.id = o.attempt JOIN tasks t ON t.id = acc.task_id WHERE t.state COLLATE "C" = 'running'
 ), ` + doneCTEs("IN (SELECT task_id FROM acc)", "$7") + `
 SELECT acc.id, false, acc.module_id, acc.name, acc.ms, (SELECT count(*) FROM (SELECT pg_notify($8, '') FROM ready r WHERE r.n > 0) x),
-	(SELECT array_agg(wf.id::text) FROM wf WHERE wf.state <> 'running')
+	(SELECT array_agg(wf.id::text) FROM wf WHERE wf.state <> 'running'), acc.task_id IN (SELECT id FROM done)
 FROM acc
 UNION ALL
-SELECT a.id, true, '', '', 0, 0, NULL FROM attempts a JOIN tasks t ON t.id = a.task_id
+SELECT a.id, true, '', '', 0, 0, NULL, false FROM attempts a JOIN tasks t ON t.id = a.task_id
 WHERE a.id = ANY($1) AND a.worker_id = ($2::uuid[])[array_position($1::bigint[], a.id)] AND a.state = 'running'
 	AND t.max_replicas > 1`
 
@@ -553,7 +564,7 @@ WHERE a.id = ANY($1) AND a.worker_id = ($2::uuid[])[array_position($1::bigint[],
 // tasks whose id is ids (an SQL condition on id) done, d and rel release
 // their dependents (headStart: the parameter of the interactive head start
 // in ms), c and wf count the workflows down, and ready counts the tasks
-// that became ready; dm counts the tasks done this minute (Activity).
+// that became ready.
 //
 // The update of done changes no indexed column (pending is 0 already,
 // except for a replicated task whose quorum came before its last replica's
@@ -572,9 +583,6 @@ func doneCTEs(ids, headStart string) string {
 const doneCTEsTemplate = `done AS (
 	UPDATE tasks SET state = 'done', pending = 0, finished_at = now(), updated_at = now(), error = ''
 	WHERE id {ids} AND state COLLATE "C" = 'running' RETURNING id, workflow_id
-), dm AS (
-	INSERT INTO tasks_done_minutes AS m (minute, n) SELECT date_trunc('minute', now()), count(*) FROM done HAVING count(*) > 0
-	ON CONFLICT (minute) DO UPDATE SET n = m.n + excluded.n
 ), d AS (
 	SELECT ti.task_id, count(DISTINCT ti.from_task) AS n FROM task_inputs ti JOIN done ON ti.from_task = done.id GROUP BY ti.task_id
 ), rel AS (

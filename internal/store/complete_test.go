@@ -188,12 +188,10 @@ func (f *fixture) plainAndReplica(t *testing.T) (plain string, cs []Claimed) {
 // A completion updates its attempts and tasks in place (HOT: no new index
 // entries; nine in ten at least): no index of either table names a column the completion
 // changes (migrations 00011 and 00012). An index on a state, as
-// tasks_active and attempts_running were, fails this. The successes are
-// counted for the worker (WorkerTasks) all the same.
+// tasks_active and attempts_running were, fails this.
 func TestCompletionUpdatesInPlace(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
-	succeeded := 0
 	for _, n := range []int{smallWorkflow, 3 * smallWorkflow} { // both ways of writing tasks
 		tasks := make([]NewTask, n)
 		for i := range tasks {
@@ -250,13 +248,61 @@ func TestCompletionUpdatesInPlace(t *testing.T) {
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		succeeded += n
+	}
+}
+
+// The completions count the tasks they marked done and each worker's
+// successes, on either path, and FlushTallies writes them once, even
+// after a failed flush: Activity and WorkerTasks see them after it.
+func TestCompletionsAreTallied(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	few := f.submit(t, "batch", f.task("a"), f.task("b"), f.task("c"))
+	var many []NewTask
+	for i := range fastBatch + 2 {
+		many = append(many, f.task(fmt.Sprintf("m%d", i)))
+	}
+	f.submit(t, "batch", many...)
+	cs := f.claim(t, 3+len(many), time.Minute)
+	if len(cs) != 3+len(many) {
+		t.Fatalf("%d claimed", len(cs))
+	}
+	var fast, general []Completion
+	for _, c := range cs {
+		if c.WorkflowID == few {
+			fast = append(fast, ok(c, "x"))
+		} else {
+			general = append(general, ok(c, "y"))
+		}
+	}
+	general[0] = Completion{Attempt: general[0].Attempt, Worker: general[0].Worker, Reason: "exit", Message: "exit status 1"}
+	for _, batch := range [][]Completion{fast, general} {
+		if acc, err := f.s.Complete(ctx, batch); err != nil || slices.Contains(acc, false) {
+			t.Fatalf("complete: %v %v", acc, err)
+		}
+	}
+	want := int64(len(cs) - 1) // every success but the failure
+	// A flush that fails keeps its counts for the next.
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := f.s.FlushTallies(cancelled); err == nil {
+		t.Fatal("a flush with a cancelled context succeeded")
+	}
+	for _, flush := range []int{1, 2} { // the second flush has nothing to add
+		if err := f.s.FlushTallies(ctx); err != nil {
+			t.Fatal(err)
+		}
 		wt, err := f.s.WorkerTasks(ctx, f.owner)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := wt[f.worker].Succeeded; got != int64(succeeded) {
-			t.Errorf("the worker has %d successes, want %d", got, succeeded)
+		act, err := f.s.Activity(ctx, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := int64(act[0].TasksDone + act[1].TasksDone) // the test may cross a minute
+		if got := wt[f.worker].Succeeded; got != want || done != want {
+			t.Errorf("flush %d: %d successes and %d tasks done counted, want %d of each", flush, got, done, want)
 		}
 	}
 }

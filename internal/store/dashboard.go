@@ -69,7 +69,7 @@ func (s *Store) Edges(ctx context.Context, ownerID int64, id string) ([][2]strin
 // may see it.
 type WorkerTasks struct {
 	// Succeeded counts the worker's successful attempts over its life, for
-	// every owner.
+	// every owner, as of the replicas' last FlushTallies (a few seconds).
 	Succeeded int64
 	// Running names the attempts it runs now: "workflow / task" for the
 	// owner's own workflows, "(another project)" for the others.
@@ -114,8 +114,8 @@ type ActivityMinute struct {
 
 // Activity returns the last n minutes (1 to 1440) of activity, oldest
 // first, the last one being the current, unfinished minute. Connections
-// come from worker_sessions, tasks from tasks_done_minutes, which the
-// completions count up (doneCTEs).
+// come from worker_sessions, tasks from tasks_done_minutes, which each
+// replica adds its completions to every few seconds (FlushTallies).
 func (s *Store) Activity(ctx context.Context, n int) ([]ActivityMinute, error) {
 	n = min(max(n, 1), 1440)
 	rows, err := s.pool.Query(ctx, `WITH m AS (

@@ -182,6 +182,9 @@ func TestWorkerTasksAndActivity(t *testing.T) {
 	if _, err := f.s.Complete(ctx, []Completion{ok(cs[0], "A")}); err != nil {
 		t.Fatal(err)
 	}
+	if err := f.s.FlushTallies(ctx); err != nil {
+		t.Fatal(err)
+	}
 	wt, err := f.s.WorkerTasks(ctx, f.owner)
 	if err != nil {
 		t.Fatal(err)

@@ -44,7 +44,8 @@ type Store struct {
 	interactiveHeadStart time.Duration
 	// runs collects the run times of committed successes until
 	// FlushRuntimeStats writes them.
-	runs runBuffer
+	runs    runBuffer
+	tallies tallies
 	// stats refreshes the planner's statistics after large submissions.
 	stats *statsRefresher
 }
