@@ -22,6 +22,8 @@ ALTER TABLE tasks ADD CONSTRAINT tasks_ready_queued
     CHECK (state <> 'ready' OR (pending > 0 AND sort_key IS NOT NULL)) NOT VALID;
 ALTER TABLE tasks VALIDATE CONSTRAINT tasks_ready_queued;
 UPDATE tasks SET pending = 0 WHERE pending > 0 AND state NOT IN ('blocked', 'ready');
+-- Earlier versions reset tasks to blocked without clearing sort_key.
+UPDATE tasks SET sort_key = NULL WHERE state = 'blocked' AND sort_key IS NOT NULL;
 
 CREATE TABLE tasks_done_minutes (
     minute  timestamptz PRIMARY KEY,

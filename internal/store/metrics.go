@@ -7,28 +7,24 @@ import (
 
 // ActiveCounts returns the number of tasks in each unfinished state
 // (blocked, ready, running) over all workflows, and the number of connected
-// workers by kind. Only a running workflow has unfinished tasks: they are
-// counted among its tasks (no index of tasks names the state, so that a
-// completion is a HOT update: migrations/00011_tasks_done_in_place.sql).
+// workers by kind. No index of tasks names the state (so that a completion
+// is a HOT update: migrations/00011_tasks_done_in_place.sql), so the counts
+// come from what is indexed, in time proportional to the unfinished work:
+// the ready tasks from the queue (tasks_ready), the running ones through
+// running_attempts, and the blocked ones as the rest of the unfinished
+// tasks that running workflows count (tasks_left).
 func (s *Store) ActiveCounts(ctx context.Context) (tasks map[string]int64, workers map[string]int64, err error) {
-	tasks = map[string]int64{StateBlocked: 0, StateReady: 0, StateRunning: 0}
-	rows, err := s.pool.Query(ctx, `SELECT t.state, count(*) FROM workflows w JOIN tasks t ON t.workflow_id = w.id
-		WHERE w.state = 'running' AND t.state IN ('blocked', 'ready', 'running') GROUP BY t.state`)
-	if err != nil {
+	var unfinished, ready, running int64
+	if err := s.pool.QueryRow(ctx, `SELECT
+			(SELECT coalesce(sum(tasks_left), 0) FROM workflows WHERE state = 'running'),
+			(SELECT count(*) FROM tasks WHERE pending > 0 AND sort_key IS NOT NULL AND state = 'ready'),
+			(SELECT count(DISTINCT t.id) FROM running_attempts r JOIN attempts a ON a.id = r.attempt_id
+				JOIN tasks t ON t.id = a.task_id WHERE a.state = 'running' AND t.state = 'running')`).Scan(&unfinished, &ready, &running); err != nil {
 		return nil, nil, fmt.Errorf("count active tasks: %w", err)
 	}
-	for rows.Next() {
-		var st string
-		var n int64
-		if err := rows.Scan(&st, &n); err != nil {
-			rows.Close()
-			return nil, nil, fmt.Errorf("count active tasks: %w", err)
-		}
-		tasks[st] = n
-	}
-	rows.Close()
+	tasks = map[string]int64{StateBlocked: max(0, unfinished-ready-running), StateReady: ready, StateRunning: running}
 	workers = map[string]int64{}
-	rows, err = s.pool.Query(ctx, `SELECT kind, count(*) FROM workers WHERE connected GROUP BY kind`)
+	rows, err := s.pool.Query(ctx, `SELECT kind, count(*) FROM workers WHERE connected GROUP BY kind`)
 	if err != nil {
 		return nil, nil, fmt.Errorf("count workers: %w", err)
 	}
