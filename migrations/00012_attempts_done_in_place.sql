@@ -28,7 +28,28 @@ DROP INDEX attempts_running;
 DROP INDEX attempts_succeeded_worker;
 ALTER TABLE attempts SET (fillfactor = 50);
 
+-- A deleted task's attempts leave running_attempts with them.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION cyclepool_tasks_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM running_attempts r USING attempts a, gone g WHERE a.task_id = g.id AND r.attempt_id = a.id;
+    DELETE FROM attempts a USING gone g WHERE a.task_id = g.id;
+    DELETE FROM task_outputs o USING gone g WHERE o.task_id = g.id;
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+
 -- +goose Down
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION cyclepool_tasks_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM attempts a USING gone g WHERE a.task_id = g.id;
+    DELETE FROM task_outputs o USING gone g WHERE o.task_id = g.id;
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
 ALTER TABLE attempts SET (fillfactor = 80);
 CREATE INDEX attempts_succeeded_worker ON attempts (worker_id) WHERE state = 'succeeded';
 CREATE INDEX attempts_running ON attempts (id) WHERE state = 'running';

@@ -417,10 +417,10 @@ func TestTasksReferenceTheirWorkflowAndModule(t *testing.T) {
 	}
 }
 
-// Deleting a workflow deletes its tasks' attempts and outputs too
-// (attempts and task_outputs carry no foreign key since migration 00010;
-// a statement trigger on tasks cascades instead), and nothing of another
-// workflow.
+// Deleting a workflow deletes its tasks' attempts, outputs and entries in
+// running_attempts too (attempts and task_outputs carry no foreign key
+// since migration 00010; a statement trigger on tasks cascades instead),
+// and nothing of another workflow.
 func TestDeletingAWorkflowDeletesItsAttemptsAndOutputs(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
@@ -430,8 +430,11 @@ func TestDeletingAWorkflowDeletesItsAttemptsAndOutputs(t *testing.T) {
 	if len(cs) != 4 {
 		t.Fatalf("%d claimed, want 4", len(cs))
 	}
+	if cs[0].WorkflowID != gone {
+		t.Fatalf("the first claimed task is of workflow %s, want %s", cs[0].WorkflowID, gone)
+	}
 	var done []Completion
-	for _, c := range cs[:3] {
+	for _, c := range cs[1:] { // the first runs on
 		done = append(done, Completion{Attempt: c.Attempt, Worker: c.Worker, OK: true, Outputs: []Output{{Name: "out", Data: []byte(c.Name)}}})
 	}
 	if acc, err := f.s.Complete(ctx, done); err != nil || slices.Contains(acc, false) {
@@ -466,6 +469,14 @@ func TestDeletingAWorkflowDeletesItsAttemptsAndOutputs(t *testing.T) {
 	}
 	if want := before["attempts"] + before["task_outputs"]; left != want {
 		t.Errorf("%d attempts and outputs left, want the kept workflow's %d", left, want)
+	}
+	var listed int // entries of running_attempts without an attempt
+	if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM running_attempts r
+		WHERE NOT EXISTS (SELECT 1 FROM attempts a WHERE a.id = r.attempt_id)`).Scan(&listed); err != nil {
+		t.Fatal(err)
+	}
+	if listed != 0 {
+		t.Errorf("%d deleted attempts still listed as running, want none", listed)
 	}
 	for _, table := range []string{"attempts", "task_outputs"} {
 		if n := count(table, kept); n != before[table] {

@@ -96,9 +96,10 @@ func (s *Store) ExpireLeases(ctx context.Context, limit int) (int, error) {
 			return err
 		}
 		// running_attempts lists the attempts that may still run; those
-		// that ended are deleted from it here, in the same pass.
-		if _, err := tx.Exec(ctx, `DELETE FROM running_attempts r USING attempts a
-			WHERE a.id = r.attempt_id AND a.state <> 'running'`); err != nil {
+		// that ended (or are gone) are deleted from it here, in the same
+		// pass.
+		if _, err := tx.Exec(ctx, `DELETE FROM running_attempts r
+			WHERE NOT EXISTS (SELECT 1 FROM attempts a WHERE a.id = r.attempt_id AND a.state = 'running')`); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, `UPDATE attempts a SET state = 'lost', ended_at = now(),
