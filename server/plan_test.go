@@ -1,6 +1,7 @@
 package server
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -159,5 +160,37 @@ func TestEfficiency(t *testing.T) {
 	e, p = efficiency(spans)
 	if e == nil || *e != 0.75 || p == nil || *p < 1 || *p > 3 {
 		t.Fatalf("efficiency = %v, parallelism %v; want 0.75 and 1..3", *e, *p)
+	}
+}
+
+// The candidate window widens, round after round, while a full window
+// cannot fill the slots because their workers ran replicas of its tasks,
+// up to maxCandidates, and narrows again once a round fills them, sees the
+// whole queue, or is short for another reason.
+func TestCandidateWindowWidens(t *testing.T) {
+	widen, slots := 0, 4
+	var windows []int
+	for range 12 { // the oldest ready tasks are all replicas these workers ran
+		limit := candidateWindow(slots, widen)
+		windows = append(windows, limit)
+		widen = nextWiden(widen, limit, limit, 0, slots, true)
+	}
+	want := []int{24, 48, 96, 192, 384, 768, 1536, 3072, 4096, 4096, 4096, 4096}
+	if !slices.Equal(windows, want) {
+		t.Errorf("windows %v, want %v", windows, want)
+	}
+	for _, tc := range []struct {
+		name                    string
+		limit, got, picks, want int
+		excluding               bool
+	}{
+		{"slots filled", 4096, 4096, slots, 0, true},
+		{"the whole queue seen", 4096, 100, 1, 0, true},
+		{"short for another reason", 4096, 4096, 1, 0, false},
+		{"still short, at the maximum", 4096, 4096, 1, widen, true},
+	} {
+		if w := nextWiden(widen, tc.limit, tc.got, tc.picks, slots, tc.excluding); w != tc.want {
+			t.Errorf("%s: widen %d, want %d", tc.name, w, tc.want)
+		}
 	}
 }

@@ -102,6 +102,9 @@ type Server struct {
 	// tasks unclaimed. While it is false a small submission may claim its
 	// own ready tasks for idle slots (submit) without overtaking older ones.
 	readyLeft atomic.Bool
+	// widen is the dispatcher's: the candidate window of its next round is
+	// 2^widen times the usual (candidateWindow).
+	widen int
 
 	ctx  context.Context // cancelled when Run's context is done; sockets live under it
 	stop context.CancelFunc
@@ -230,6 +233,7 @@ func (s *Server) dispatch(ctx context.Context) {
 				break
 			}
 			s.metrics.rounds.WithLabelValues("run").Inc()
+			widen := s.widen
 			n, planned, more, err := s.assign(ctx, slots)
 			left = more
 			if err != nil {
@@ -245,8 +249,8 @@ func (s *Server) dispatch(ctx context.Context) {
 				races++
 				continue
 			}
-			if n < len(slots) {
-				break
+			if n < len(slots) && s.widen <= widen {
+				break // a wider window may find work for them: look again at once
 			}
 		}
 	}
@@ -319,14 +323,7 @@ func (s *Server) submit(ctx context.Context, ownerID int64, nw *store.NewWorkflo
 func (s *Server) assign(ctx context.Context, slots []*conn) (claimedN, plannedN int, more bool, err error) {
 	reserved := byWorker(slots)
 	start := time.Now()
-	// The plan chooses among twice as many ready tasks as it has slots
-	// (longest first, replicas on distinct workers), plus a few for the
-	// smallest rounds. The read costs PostgreSQL and this process per task
-	// read, and a round claims at most one per slot: with four times as
-	// many (4n+64), each task was read about five times before its claim,
-	// 10 to 15% of the CPU both spent per task in the dispatch benchmark.
-	// A full window (more) starts another round at once.
-	limit := min(2*len(slots)+16, 4096)
+	limit := candidateWindow(len(slots), s.widen)
 	cands, err := s.store.Candidates(ctx, limit)
 	if err != nil {
 		for _, cs := range reserved {
@@ -343,7 +340,46 @@ func (s *Server) assign(ctx context.Context, slots []*conn) (claimedN, plannedN 
 	s.metrics.observeBatch("claim", len(claimed), start)
 	undelivered := s.deliver(ctx, claimed, err, reserved)
 	more = len(cands) == limit || len(claimed) < pending || undelivered > 0
+	excluding := false // a worker ran a replica of a candidate: the plan could not give it that one
+	for i := range cands {
+		excluding = excluding || len(cands[i].Exclude) > 0
+	}
+	s.widen = nextWiden(s.widen, limit, len(cands), len(picks), len(slots), excluding)
 	return len(claimed), len(picks), more, err
+}
+
+// maxCandidates bounds the candidate window of a round.
+const maxCandidates = 4096
+
+// candidateWindow is how many ready tasks a round of n slots reads: twice
+// as many as it has slots (the plan chooses among them: longest first,
+// replicas on distinct workers), plus a few for the smallest rounds, and
+// 2^widen times that after rounds whose full window could not fill the
+// slots (nextWiden). The read costs PostgreSQL and this process per task
+// read, and a round claims at most one task per slot: with four times as
+// many (4n+64), each task was read about five times before its claim,
+// 10 to 15% of the CPU both spent per task in the dispatch benchmark.
+func candidateWindow(n, widen int) int {
+	return min((2*n+16)<<min(widen, 12), maxCandidates)
+}
+
+// nextWiden is the widening of the next round's window after a round read
+// got candidates of a window of limit and planned picks for its slots,
+// excluding some workers from some candidates (replicas they ran). A full
+// window that could not fill the slots for that reason may hide ready
+// tasks that could (the oldest ready tasks may all be replicas that these
+// workers ran already): the next round, at once, reads twice as many, up
+// to maxCandidates. A round that filled its slots, saw the whole queue,
+// or left slots idle for another reason (fairness, stability: a wider
+// window would not change that) goes back to the usual window.
+func nextWiden(widen, limit, got, picks, slots int, excluding bool) int {
+	switch {
+	case got < limit || picks >= slots || !excluding:
+		return 0
+	case limit < maxCandidates:
+		return widen + 1
+	}
+	return widen
 }
 
 // byWorker groups reserved slots by worker id.
