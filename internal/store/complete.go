@@ -505,18 +505,15 @@ const insertOutputsSQL = `INSERT INTO task_outputs (task_id, name, data)
 // with every running attempt, or rescans the unnested arrays once per
 // attempt. The update changes no indexed column, so it is a HOT update
 // (migrations/00012_attempts_done_in_place.sql).
-const completeAttemptsSQL = `WITH e AS (
-	UPDATE attempts a SET
+const completeAttemptsSQL = `UPDATE attempts a SET
 		state = CASE WHEN ($3::bool[])[array_position($1::bigint[], a.id)] THEN 'succeeded' ELSE 'failed' END,
 		ended_at = now(), log = ($4::bytea[])[array_position($1::bigint[], a.id)],
 		reason = ($5::text[])[array_position($1::bigint[], a.id)]
 	FROM tasks t
 	WHERE a.id = ANY($1) AND a.worker_id = ($2::uuid[])[array_position($1::bigint[], a.id)] AND a.state = 'running'
 		AND t.id = a.task_id
-	RETURNING a.id, a.task_id, t.max_replicas > 1 AS replicated, ($3::bool[])[array_position($1::bigint[], a.id)] AS ok,
-		t.module_id, t.name, (extract(epoch FROM now() - a.started_at) * 1000)::bigint AS ms
-)
-SELECT e.id, e.task_id, e.replicated, e.ok, e.module_id, e.name, e.ms FROM e`
+	RETURNING a.id, a.task_id, t.max_replicas > 1, ($3::bool[])[array_position($1::bigint[], a.id)], t.module_id, t.name,
+		(extract(epoch FROM now() - a.started_at) * 1000)::bigint`
 
 // doneSQL marks tasks done ($1), releases the dependents whose last
 // upstream task this was, counts the workflows down (finishing those with no
