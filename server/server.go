@@ -105,6 +105,11 @@ type Server struct {
 	// widen is the dispatcher's: the candidate window of its next round is
 	// 2^widen times the usual (candidateWindow).
 	widen int
+	// readyGen counts the wake-ups for tasks that became ready (wake);
+	// cands, the dispatcher's, are ready tasks it read and has not
+	// claimed, good while readyGen has not moved.
+	readyGen atomic.Uint64
+	cands    candidateCache
 
 	ctx  context.Context // cancelled when Run's context is done; sockets live under it
 	stop context.CancelFunc
@@ -185,6 +190,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 // wake asks the dispatcher for a round soon: tasks may have become ready.
 func (s *Server) wake() {
+	s.readyGen.Add(1)
 	s.tasksWake.Store(true)
 	s.wakeSlots()
 }
@@ -224,6 +230,7 @@ func (s *Server) dispatch(ctx context.Context) {
 			}
 		case <-t.C:
 			s.tasksWake.Store(false)
+			s.cands.drop() // the poll reads the queue anew
 		}
 		s.readyLeft.Store(true) // until this round has claimed what it could
 		for races := 0; ctx.Err() == nil; {
@@ -324,7 +331,7 @@ func (s *Server) assign(ctx context.Context, slots []*conn) (claimedN, plannedN 
 	reserved := byWorker(slots)
 	start := time.Now()
 	limit := candidateWindow(len(slots), s.widen)
-	cands, err := s.store.Candidates(ctx, limit)
+	cands, err := s.candidates(ctx, limit)
 	if err != nil {
 		for _, cs := range reserved {
 			s.hub.release(cs)
@@ -345,7 +352,67 @@ func (s *Server) assign(ctx context.Context, slots []*conn) (claimedN, plannedN 
 		excluding = excluding || len(cands[i].Exclude) > 0
 	}
 	s.widen = nextWiden(s.widen, limit, len(cands), len(picks), len(slots), excluding)
+	s.cands.claimed(cands, claimed, len(picks), err)
 	return len(claimed), len(picks), more, err
+}
+
+// candidates returns the window of ready tasks a round plans with: the
+// first limit of those the dispatcher read before and has not claimed,
+// while no task became ready since (readyGen) and they fill the window
+// (or were the whole queue), or else the first limit of a fresh read of
+// twice as many. Each task is then read about once before its claim
+// rather than at every round that does not reach it.
+func (s *Server) candidates(ctx context.Context, limit int) ([]store.Candidate, error) {
+	gen := s.readyGen.Load()
+	c := &s.cands
+	if !c.ok || c.gen != gen || (len(c.tasks) < limit && c.full) {
+		read := min(2*limit, maxCandidates)
+		tasks, err := s.store.Candidates(ctx, read)
+		if err != nil {
+			c.drop()
+			return nil, err
+		}
+		*c = candidateCache{tasks: tasks, gen: gen, full: len(tasks) == read, ok: true}
+	}
+	return c.tasks[:min(limit, len(c.tasks))], nil
+}
+
+// candidateCache holds the ready tasks the dispatcher read and has not
+// claimed, in dispatch order.
+type candidateCache struct {
+	tasks []store.Candidate
+	gen   uint64 // Server.readyGen when read
+	full  bool   // the read filled its limit: more ready tasks may follow
+	ok    bool
+}
+
+func (c *candidateCache) drop() { *c = candidateCache{} }
+
+// claimed updates the cache after a round planned picks from window and
+// claimed claimed (err: the claim's error). Claimed tasks leave it. It is
+// dropped when it may be wrong: after an error, a pick that was not
+// claimed (another replica took the task, or it was cancelled), or a
+// replicated task in the window, whose replicas left and exclusions
+// change with every claim.
+func (c *candidateCache) claimed(window []store.Candidate, claimed []store.Claimed, picks int, err error) {
+	if err != nil || len(claimed) < picks {
+		c.drop()
+		return
+	}
+	for i := range window {
+		if window[i].Replicas > 1 || window[i].Pending > 1 || len(window[i].Exclude) > 0 {
+			c.drop()
+			return
+		}
+	}
+	if len(claimed) == 0 || !c.ok {
+		return
+	}
+	gone := make(map[int64]bool, len(claimed))
+	for i := range claimed {
+		gone[claimed[i].TaskID] = true
+	}
+	c.tasks = slices.DeleteFunc(c.tasks, func(t store.Candidate) bool { return gone[t.TaskID] })
 }
 
 // maxCandidates bounds the candidate window of a round.
