@@ -143,3 +143,52 @@ func TestSubmissionClaimsOnlyWhenNoTaskWaits(t *testing.T) {
 		})
 	}
 }
+
+// Two replicas that take turns claiming from one queue plan from what is
+// still ready: a replica's cache of candidates, once caught out, is turned
+// off; it would otherwise keep offering the tasks the other one claimed
+// (claims send no notification), and its picks would be refused round
+// after round.
+func TestReplicasTakingTurnsPlanFromWhatIsReady(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	var tasks []store.NewTask
+	for i := range 200 {
+		tasks = append(tasks, store.NewTask{Name: fmt.Sprintf("t%d", i), Module: f.module, MaxAttempts: 1, TimeoutMS: 1000,
+			MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10})
+	}
+	if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, &store.NewWorkflow{Name: "many", Priority: "batch", Tasks: tasks}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := f.st.RegisterWorker(ctx, store.WorkerHello{Kind: "headless", Slots: 4}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var servers []*Server
+	var conns []*conn
+	for i, w := range []string{f.worker.ID, other.ID} {
+		s := New(f.st, Config{Replica: fmt.Sprintf("r%d", i), Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+		gone := make(chan struct{})
+		close(gone) // frames are dropped: no socket behind this connection
+		c := &conn{id: w, done: gone, log: slog.New(slog.DiscardHandler), threads: 4, slots: 4, running: map[int64]struct{}{}}
+		c.heard.Store(time.Now().UnixNano())
+		s.hub.add(c)
+		servers, conns = append(servers, s), append(conns, c)
+	}
+	claimed, refused := 0, 0
+	for round := range 40 {
+		s, c := servers[round%2], conns[round%2]
+		s.hub.mu.Lock()
+		c.free = 4 // the last round's attempts ended
+		s.hub.mu.Unlock()
+		n, planned, _, err := s.assign(ctx, s.hub.reserve(1000))
+		if err != nil {
+			t.Fatal(err)
+		}
+		claimed, refused = claimed+n, refused+planned-n
+	}
+	// Each replica's cache may be caught out once, in one round of 4 picks.
+	if claimed < 152 || refused > 8 {
+		t.Errorf("40 rounds of 4 slots claimed %d tasks, with %d picks refused; want 152 at least, and 8 refused at most", claimed, refused)
+	}
+}

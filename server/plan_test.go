@@ -197,39 +197,45 @@ func TestCandidateWindowWidens(t *testing.T) {
 }
 
 // The dispatcher's cache of candidates loses the tasks a round claimed,
-// keeping the others in order, and is dropped when it may be wrong: after
-// an error, a pick not claimed, or a replicated task in the window.
+// keeping the others in order. It is dropped when it may hide better
+// candidates (an error, idle slots), and turned off for a while when it
+// proved wrong (a pick not claimed, a replicated task in it).
 func TestCandidateCacheAfterAClaim(t *testing.T) {
 	task := func(id int64) store.Candidate { return store.Candidate{TaskID: id, Pending: 1, Replicas: 1} }
 	replicated := store.Candidate{TaskID: 3, Pending: 2, Replicas: 2}
 	excluded := store.Candidate{TaskID: 3, Pending: 1, Replicas: 1, Exclude: []string{"w"}}
+	now := time.Now()
 	for _, tc := range []struct {
-		name    string
-		tasks   []store.Candidate
-		claimed []int64
-		picks   int
-		err     error
-		want    []int64 // nil: dropped
+		name         string
+		tasks        []store.Candidate
+		claimed      []int64
+		picks, slots int
+		err          error
+		want         []int64 // nil: dropped
+		off          bool
 	}{
-		{"claimed leave", []store.Candidate{task(1), task(2), task(3), task(4)}, []int64{1, 3}, 2, nil, []int64{2, 4}},
-		{"nothing claimed", []store.Candidate{task(1), task(2)}, nil, 0, nil, []int64{1, 2}},
-		{"a pick not claimed", []store.Candidate{task(1), task(2), task(3)}, []int64{1}, 2, nil, nil},
-		{"an error", []store.Candidate{task(1), task(2)}, []int64{1}, 1, errors.New("broken"), nil},
-		{"a replicated task", []store.Candidate{task(1), task(2), replicated}, []int64{1}, 1, nil, nil},
-		{"an excluded worker", []store.Candidate{task(1), task(2), excluded}, []int64{1}, 1, nil, nil},
+		{"claimed leave", []store.Candidate{task(1), task(2), task(3), task(4)}, []int64{1, 3}, 2, 2, nil, []int64{2, 4}, false},
+		{"idle slots", []store.Candidate{task(1), task(2)}, []int64{1}, 1, 2, nil, nil, false},
+		{"an error", []store.Candidate{task(1), task(2)}, []int64{1}, 1, 1, errors.New("broken"), nil, false},
+		{"a pick not claimed", []store.Candidate{task(1), task(2), task(3)}, []int64{1}, 2, 2, nil, nil, true},
+		{"a replicated task", []store.Candidate{task(1), task(2), replicated}, []int64{1}, 1, 1, nil, nil, true},
+		{"an excluded worker", []store.Candidate{task(1), task(2), excluded}, []int64{1}, 1, 1, nil, nil, true},
 	} {
 		c := candidateCache{tasks: slices.Clone(tc.tasks), ok: true}
 		var claimed []store.Claimed
 		for _, id := range tc.claimed {
 			claimed = append(claimed, store.Claimed{TaskID: id})
 		}
-		c.claimed(c.tasks, claimed, tc.picks, tc.err)
+		c.claimed(claimed, tc.picks, tc.slots, tc.err, now)
 		var got []int64
 		for _, t := range c.tasks {
 			got = append(got, t.TaskID)
 		}
 		if c.ok != (tc.want != nil) || !slices.Equal(got, tc.want) {
 			t.Errorf("%s: cache %v (kept %v), want %v", tc.name, got, c.ok, tc.want)
+		}
+		if off := c.offUntil.After(now); off != tc.off {
+			t.Errorf("%s: turned off %v, want %v", tc.name, off, tc.off)
 		}
 	}
 }

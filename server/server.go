@@ -352,7 +352,7 @@ func (s *Server) assign(ctx context.Context, slots []*conn) (claimedN, plannedN 
 		excluding = excluding || len(cands[i].Exclude) > 0
 	}
 	s.widen = nextWiden(s.widen, limit, len(cands), len(picks), len(slots), excluding)
-	s.cands.claimed(cands, claimed, len(picks), err)
+	s.cands.claimed(claimed, len(picks), len(slots), err, time.Now())
 	return len(claimed), len(picks), more, err
 }
 
@@ -361,18 +361,22 @@ func (s *Server) assign(ctx context.Context, slots []*conn) (claimedN, plannedN 
 // while no task became ready since (readyGen) and they fill the window
 // (or were the whole queue), or else the first limit of a fresh read of
 // twice as many. Each task is then read about once before its claim
-// rather than at every round that does not reach it.
+// rather than at every round that does not reach it. While the cache is
+// off (candidateCache.off), every round reads its window anew.
 func (s *Server) candidates(ctx context.Context, limit int) ([]store.Candidate, error) {
 	gen := s.readyGen.Load()
 	c := &s.cands
 	if !c.ok || c.gen != gen || (len(c.tasks) < limit && c.full) {
 		read := min(2*limit, maxCandidates)
+		if time.Now().Before(c.offUntil) {
+			read = limit
+		}
 		tasks, err := s.store.Candidates(ctx, read)
 		if err != nil {
 			c.drop()
 			return nil, err
 		}
-		*c = candidateCache{tasks: tasks, gen: gen, full: len(tasks) == read, ok: true}
+		*c = candidateCache{tasks: tasks, gen: gen, full: len(tasks) == read, ok: true, offUntil: c.offUntil}
 	}
 	return c.tasks[:min(limit, len(c.tasks))], nil
 }
@@ -384,28 +388,46 @@ type candidateCache struct {
 	gen   uint64 // Server.readyGen when read
 	full  bool   // the read filled its limit: more ready tasks may follow
 	ok    bool
+	// offUntil: no cache before then (claimed says why).
+	offUntil time.Time
 }
 
-func (c *candidateCache) drop() { *c = candidateCache{} }
+// cacheOff is how long the cache stays off after a round found it wrong.
+const cacheOff = 10 * time.Second
 
-// claimed updates the cache after a round planned picks from window and
-// claimed claimed (err: the claim's error). Claimed tasks leave it. It is
-// dropped when it may be wrong: after an error, a pick that was not
-// claimed (another replica took the task, or it was cancelled), or a
-// replicated task in the window, whose replicas left and exclusions
-// change with every claim.
-func (c *candidateCache) claimed(window []store.Candidate, claimed []store.Claimed, picks int, err error) {
-	if err != nil || len(claimed) < picks {
+func (c *candidateCache) drop() { *c = candidateCache{offUntil: c.offUntil} }
+
+// claimed updates the cache after a round planned picks for its slots and
+// claimed claimed (err: the claim's error) at now. Claimed tasks leave it.
+// It is dropped when it may hide better candidates: after an error, or
+// when slots were left idle (the tasks behind the cached ones may fit
+// them). It is also turned off for a while (cacheOff) when it proves
+// wrong, so that rounds read no more than their window: after a pick that
+// was not claimed (another replica took the task: replicas' claims send
+// no notification, so caches would keep offering what others took) or
+// with a replicated task in it (whose replicas left and exclusions change
+// with every claim).
+func (c *candidateCache) claimed(claimed []store.Claimed, picks, slots int, err error, now time.Time) {
+	off := func() {
+		c.drop()
+		c.offUntil = now.Add(cacheOff)
+	}
+	switch {
+	case err != nil || picks < slots:
 		c.drop()
 		return
+	case len(claimed) < picks:
+		off()
+		return
 	}
-	for i := range window {
-		if window[i].Replicas > 1 || window[i].Pending > 1 || len(window[i].Exclude) > 0 {
-			c.drop()
+	for i := range c.tasks {
+		if t := &c.tasks[i]; t.Replicas > 1 || t.Pending > 1 || len(t.Exclude) > 0 {
+			off()
 			return
 		}
 	}
-	if len(claimed) == 0 || !c.ok {
+	if !c.ok || now.Before(c.offUntil) {
+		c.drop()
 		return
 	}
 	gone := make(map[int64]bool, len(claimed))
