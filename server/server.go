@@ -256,8 +256,10 @@ func (s *Server) dispatch(ctx context.Context) {
 				races++
 				continue
 			}
+			// Slots left idle wait for the next wake-up, unless this round
+			// widened the window: a wider one may find work for them now.
 			if n < len(slots) && s.widen <= widen {
-				break // a wider window may find work for them: look again at once
+				break
 			}
 		}
 	}
