@@ -368,17 +368,18 @@ func (s *Server) assign(ctx context.Context, slots []*conn) (claimedN, plannedN 
 func (s *Server) candidates(ctx context.Context, limit int) ([]store.Candidate, error) {
 	gen := s.readyGen.Load()
 	c := &s.cands
+	if time.Now().Before(c.offUntil) {
+		c.drop()
+		return s.store.Candidates(ctx, limit)
+	}
 	if !c.ok || c.gen != gen || (len(c.tasks) < limit && c.full) {
 		read := min(2*limit, maxCandidates)
-		if time.Now().Before(c.offUntil) {
-			read = limit
-		}
 		tasks, err := s.store.Candidates(ctx, read)
 		if err != nil {
 			c.drop()
 			return nil, err
 		}
-		*c = candidateCache{tasks: tasks, gen: gen, full: len(tasks) == read, ok: true, offUntil: c.offUntil}
+		*c = candidateCache{tasks: tasks, gen: gen, full: len(tasks) == read, ok: true}
 	}
 	return c.tasks[:min(limit, len(c.tasks))], nil
 }
@@ -428,8 +429,7 @@ func (c *candidateCache) claimed(claimed []store.Claimed, picks, slots int, err 
 			return
 		}
 	}
-	if !c.ok || now.Before(c.offUntil) {
-		c.drop()
+	if !c.ok {
 		return
 	}
 	gone := make(map[int64]bool, len(claimed))
