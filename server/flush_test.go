@@ -192,3 +192,39 @@ func TestReplicasTakingTurnsPlanFromWhatIsReady(t *testing.T) {
 		t.Errorf("40 rounds of 4 slots claimed %d tasks, with %d picks refused; want 152 at least, and 8 refused at most", claimed, refused)
 	}
 }
+
+// A replica alone plans its next rounds from the candidates it read and
+// did not claim, and reads anew once a task became ready (wake).
+func TestDispatcherReusesItsCandidates(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	var tasks []store.NewTask
+	for i := range 200 {
+		tasks = append(tasks, store.NewTask{Name: fmt.Sprintf("t%d", i), Module: f.module, MaxAttempts: 1, TimeoutMS: 1000,
+			MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10})
+	}
+	if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, &store.NewWorkflow{Name: "many", Priority: "batch", Tasks: tasks}); err != nil {
+		t.Fatal(err)
+	}
+	s := New(f.st, Config{Replica: "r", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	gone := make(chan struct{})
+	close(gone) // frames are dropped: no socket behind this connection
+	c := &conn{id: f.worker.ID, done: gone, log: slog.New(slog.DiscardHandler), threads: 4, slots: 4, running: map[int64]struct{}{}}
+	c.heard.Store(time.Now().UnixNano())
+	s.hub.add(c)
+	read := 2 * candidateWindow(4, 0) // what a fresh read takes
+	for round, want := range []int{read - 4, read - 8, read - 12, read - 4} {
+		if round == 3 {
+			s.wake() // a task became ready: the next round reads anew
+		}
+		s.hub.mu.Lock()
+		c.free = 4 // the last round's attempts ended
+		s.hub.mu.Unlock()
+		if n, _, _, err := s.assign(ctx, s.hub.reserve(1000)); err != nil || n != 4 {
+			t.Fatalf("round %d: %d claimed, err %v", round, n, err)
+		}
+		if got := len(s.cands.tasks); !s.cands.ok || got != want {
+			t.Errorf("round %d: %d candidates kept (cache on: %v), want %d", round, got, s.cands.ok, want)
+		}
+	}
+}
