@@ -471,15 +471,7 @@ func (w *Worker) heartbeatLoop(ctx context.Context, every time.Duration) error {
 		dev := w.cfg.Device()
 		hb := &protocol.Heartbeat{Device: &dev}
 		w.mu.Lock()
-		for id, a := range w.running {
-			hb.Running = append(hb.Running, protocol.Progress{Attempt: id, Fraction: a.progress})
-		}
-		// Attempts whose outcome awaits its ack keep their leases too.
-		for id := range w.pending {
-			if _, ok := w.running[id]; !ok {
-				hb.Running = append(hb.Running, protocol.Progress{Attempt: id, Fraction: 1})
-			}
-		}
+		hb.Running = w.heartbeatRunning()
 		hb.Free = max(w.cfg.Slots-len(w.running), 0)
 		if w.cfg.MaxQueue > w.cfg.Queue {
 			q := w.queue
@@ -488,6 +480,61 @@ func (w *Worker) heartbeatLoop(ctx context.Context, every time.Duration) error {
 		w.mu.Unlock()
 		w.send(&protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: hb})
 	}
+}
+
+// heartbeatRunning lists the attempts a heartbeat renews (w.mu held): the
+// running and queued ones, then those whose outcome awaits its ack, the
+// ones not yet sent first, up to heartbeatMost in all. The cut keeps the
+// list within the server's bound (docs/PROTOCOL.md) when outcomes pile up
+// behind slow commits: a busy worker with few slots once listed 1,920
+// attempts and was disconnected, losing its attempts' leases. An outcome
+// left off loses nothing: the server already has it (it renews only
+// attempts it has no outcome for), or it goes again after a reconnect.
+func (w *Worker) heartbeatRunning() []protocol.Progress {
+	most := heartbeatMost(w.cfg.Slots)
+	rs := make([]protocol.Progress, 0, min(len(w.running)+len(w.pending), most))
+	for id, a := range w.running {
+		rs = append(rs, protocol.Progress{Attempt: id, Fraction: a.progress})
+	}
+	listed := make(map[int64]bool, len(w.outbox))
+	for _, f := range w.outbox {
+		for _, id := range outcomeAttempts(f) {
+			if len(rs) >= most {
+				return rs
+			}
+			if _, ok := w.running[id]; !ok && !listed[id] && w.pending[id] != nil {
+				listed[id] = true
+				rs = append(rs, protocol.Progress{Attempt: id, Fraction: 1})
+			}
+		}
+	}
+	for id := range w.pending {
+		if len(rs) >= most {
+			return rs
+		}
+		if _, ok := w.running[id]; !ok && !listed[id] {
+			rs = append(rs, protocol.Progress{Attempt: id, Fraction: 1})
+		}
+	}
+	return rs
+}
+
+// heartbeatMost is the longest list of attempts a heartbeat of a worker
+// with slots slots carries: its slots and the longest queue it may ask for.
+// The server refuses heartbeats of more than twice that plus 16.
+func heartbeatMost(slots int) int { return slots + protocol.QueueLimit(slots) }
+
+// outcomeAttempts lists the attempts whose outcomes a result or fail frame
+// carries.
+func outcomeAttempts(f *protocol.Frame) []int64 {
+	var ids []int64
+	for _, r := range f.Results {
+		ids = append(ids, r.Attempt)
+	}
+	for _, fl := range f.Fails {
+		ids = append(ids, fl.Attempt)
+	}
+	return ids
 }
 
 func (w *Worker) readLoop(ctx context.Context, ws conn, server string) error {

@@ -1,0 +1,82 @@
+//go:build unix
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cyclepool/cyclepool/client"
+)
+
+// Outcomes piling up behind commits that stall (here a lock on
+// task_outputs, as a slow disk or a long transaction would) do not cost a
+// worker its connection. The server frees a slot when an outcome arrives,
+// so a worker with one slot keeps running tasks whose outcomes wait for
+// their ack, and its heartbeats once listed them all: hundreds of attempts
+// for one slot, which the server took for nonsense and closed the socket,
+// so that every attempt in flight was lost and ran again.
+func TestStalledCommitsKeepTheWorkerConnected(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	w := startWorker(t, "worker", 1, p.srv.url)
+	noop := push(t, p.client, "noop")
+
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, p.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	// Completions insert outputs: they wait for this lock, claims do not.
+	if _, err := tx.Exec(ctx, "LOCK TABLE task_outputs IN SHARE MODE"); err != nil {
+		t.Fatal(err)
+	}
+
+	const n = 400
+	var tasks []task
+	for i := range n {
+		tasks = append(tasks, task{"name": fmt.Sprintf("t%03d", i), "module": noop})
+	}
+	id := submit(t, p.client, workflow("backlog", tasks...))
+	// Far more outcomes than the worker's one slot and its queue wait for
+	// their ack (the server refuses a heartbeat of more than 2 × (1 + 32)
+	// + 16 attempts), over several heartbeats (400 ms), within the lease
+	// (2 s) of the attempts claimed first.
+	eventually(t, 20*time.Second, "attempts to run while their commits wait", func() bool {
+		var started int
+		err := tx.QueryRow(ctx, `SELECT count(*) FROM attempts a JOIN tasks t ON t.id = a.task_id
+			JOIN workflows w ON w.id = t.workflow_id WHERE w.id = $1`, id).Scan(&started)
+		return err == nil && started >= 200
+	})
+	time.Sleep(900 * time.Millisecond)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	st := wait(t, p.client, id, 60*time.Second)
+	if st.State != client.WorkflowDone {
+		t.Fatalf("workflow ended %s", st.State)
+	}
+	if got := countLines(w.out, regexp.MustCompile(`disconnected from server`)); got > 0 {
+		t.Errorf("the worker was disconnected %d times:\n%s", got, w.out)
+	}
+	var attempts, succeeded int
+	if err := conn.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE a.state = 'succeeded') FROM attempts a
+		JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = $1`, id).Scan(&attempts, &succeeded); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != n || succeeded != n {
+		t.Errorf("%d attempts, %d succeeded; want %d of each (one per task)", attempts, succeeded, n)
+	}
+}
