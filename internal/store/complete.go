@@ -498,21 +498,20 @@ const insertOutputsSQL = `INSERT INTO task_outputs (task_id, name, data)
 // alone) with success $3, log $4 and reason $5, and returns each ended
 // attempt's task.
 //
-// The attempts are found by a probe of attempts_pkey per id (a.id =
-// ANY($1)) and each one's values by its position in $1, without a join
-// with the unnested arrays: with the statistics of a table that autovacuum
-// has not analyzed within a run, PostgreSQL otherwise hash-joins the arrays
-// with every running attempt, or rescans the unnested arrays once per
-// attempt. The update changes no indexed column, so it is a HOT update
+// The arrays are unnested once and each attempt found by a probe of
+// attempts_pkey (TestCompletionReadsRowsInProportionToItsBatch checks the
+// plan with stale statistics). Looking each attempt's values up by
+// array_position instead, as this statement once did, cost a scan of the
+// arrays per value: 11 µs per attempt in batches of 100 against 9 with
+// the join, 15 against 7 in batches of 400. The update changes no indexed
+// column, so it is a HOT update
 // (migrations/00012_attempts_done_in_place.sql).
 const completeAttemptsSQL = `UPDATE attempts a SET
-		state = CASE WHEN ($3::bool[])[array_position($1::bigint[], a.id)] THEN 'succeeded' ELSE 'failed' END,
-		ended_at = now(), log = ($4::bytea[])[array_position($1::bigint[], a.id)],
-		reason = ($5::text[])[array_position($1::bigint[], a.id)]
-	FROM tasks t
-	WHERE a.id = ANY($1) AND a.worker_id = ($2::uuid[])[array_position($1::bigint[], a.id)] AND a.state = 'running'
-		AND t.id = a.task_id
-	RETURNING a.id, a.task_id, t.max_replicas > 1, ($3::bool[])[array_position($1::bigint[], a.id)], t.module_id, t.name,
+		state = CASE WHEN u.ok THEN 'succeeded' ELSE 'failed' END,
+		ended_at = now(), log = u.log, reason = u.reason
+	FROM unnest($1::bigint[], $2::uuid[], $3::bool[], $4::bytea[], $5::text[]) AS u(id, w, ok, log, reason), tasks t
+	WHERE a.id = u.id AND a.worker_id = u.w AND a.state = 'running' AND t.id = a.task_id
+	RETURNING a.id, a.task_id, t.max_replicas > 1, u.ok, t.module_id, t.name,
 		(extract(epoch FROM now() - a.started_at) * 1000)::bigint`
 
 // doneSQL marks tasks done ($1), releases the dependents whose last

@@ -185,7 +185,11 @@ func (s *Store) ClaimPicks(ctx context.Context, picks []Pick, lease time.Duratio
 	// after it, at the latest the completion of one of its attempts.
 	// guardAttemptIDs keeps a lost attempt's id from being reused.
 	queueBegin(b, true)
-	b.Queue(claimPicksSQL, tasks, uuidParams(workers), ckpts, solos, lease.Milliseconds())
+	sql := claimPicksSQL
+	if distinct(tasks) {
+		sql = claimOnePerTaskSQL
+	}
+	b.Queue(sql, tasks, uuidParams(workers), ckpts, solos, lease.Milliseconds())
 	b.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, b)
 	var cs []Claimed
@@ -206,6 +210,18 @@ func (s *Store) ClaimPicks(ctx context.Context, picks []Pick, lease time.Duratio
 		return cs, err
 	}
 	return cs, nil
+}
+
+// distinct reports whether no value appears twice in xs.
+func distinct[T comparable](xs []T) bool {
+	seen := make(map[T]struct{}, len(xs))
+	for _, x := range xs {
+		if _, ok := seen[x]; ok {
+			return false
+		}
+		seen[x] = struct{}{}
+	}
+	return true
 }
 
 // collectClaimed reads the attempts a claim statement (claimPicksSQL,
@@ -246,23 +262,39 @@ func collectClaimed(br pgx.BatchResults) ([]Claimed, error) {
 // it matches the predicate of neither tasks_ready nor tasks_active. With the
 // statistics of a table analyzed while small, PostgreSQL otherwise read
 // every ready task through one of them for each claim.
-const claimPicksSQL = `
-WITH p AS (
-	SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::bool[]) WITH ORDINALITY AS p(task_id, w, ckpt, solo, ord)
-)` + claimSQL
+const claimPicksSQL = claimPicksCTE + claimLockedCTE + claimReplicasCTEs + claimTailSQL
+
+// claimOnePerTaskSQL is claimPicksSQL for picks of distinct tasks, the
+// common case (one replica per task): each pick takes one of its task's
+// pending replicas, so the window that shares replicas out among workers
+// (claimReplicasCTEs) is not needed. Its sorts of the picks' wide rows
+// were about an eighth of a claim's time.
+const claimOnePerTaskSQL = claimPicksCTE + claimLockedCTE + claimOnePerTaskCTEs + claimTailSQL
 
 // claimNewSQL is claimPicksSQL for tasks of the workflow $6 written earlier
 // in the same transaction, named by $1 task names instead of ids
 // (Store.CreateWorkflowClaiming).
-const claimNewSQL = `
+const claimNewSQL = claimNewCTE + claimLockedCTE + claimReplicasCTEs + claimTailSQL
+
+// claimNewOnePerTaskSQL is claimNewSQL for picks of distinct tasks.
+const claimNewOnePerTaskSQL = claimNewCTE + claimLockedCTE + claimOnePerTaskCTEs + claimTailSQL
+
+// claimPicksCTE and claimNewCTE are the picks (p) of the claim statements.
+const (
+	claimPicksCTE = `
+WITH p AS (
+	SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::bigint[], $4::bool[]) WITH ORDINALITY AS p(task_id, w, ckpt, solo, ord)
+)`
+	claimNewCTE = `
 WITH p AS (
 	SELECT t.id AS task_id, u.w, u.ckpt, u.solo, u.ord
 	FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bool[]) WITH ORDINALITY AS u(name, w, ckpt, solo, ord)
 	JOIN tasks t ON t.workflow_id = $6 AND t.name = u.name
-)` + claimSQL
+)`
+)
 
-// claimSQL is what follows the picks (p) in the claim statements.
-const claimSQL = `, locked AS (
+// claimLockedCTE locks the picked tasks that are still ready.
+const claimLockedCTE = `, locked AS (
 	SELECT t.id, t.pending, t.attempts, t.workflow_id, t.name, t.module_id, t.args, t.stdin, t.priority, t.timeout_ms, t.memory_pages,
 		t.output_bytes, t.log_bytes, t.ckpt_ms, t.seed,
 		-- Replicas are independent: none resumes from a checkpoint that
@@ -271,7 +303,11 @@ const claimSQL = `, locked AS (
 		CASE WHEN t.max_replicas > 1 THEN 0 ELSE t.checkpoint_seq END AS checkpoint_seq
 	FROM tasks t WHERE t.id IN (SELECT task_id FROM p) AND t.state COLLATE "C" = 'ready' AND t.pending > 0
 	ORDER BY t.id FOR UPDATE SKIP LOCKED
-), fit AS (
+)`
+
+// claimReplicasCTEs choose the attempts (ok) among picks that may name a
+// task several times, and update the tasks (upd).
+const claimReplicasCTEs = `, fit AS (
 	-- The task's columns come along from the join with locked here, so
 	-- that ok needs no second join: PostgreSQL estimates one row for these
 	-- CTEs and joined them by nested loops, each pass over this window
@@ -303,7 +339,31 @@ const claimSQL = `, locked AS (
 		state = CASE WHEN n.solo OR t.pending - n.n <= 0 THEN 'running' ELSE 'ready' END,
 		attempts = t.attempts + n.n, started_at = coalesce(t.started_at, now()), updated_at = now()
 	FROM n WHERE t.id = n.task_id
-), ins AS (
+)`
+
+// claimOnePerTaskCTEs are claimReplicasCTEs for picks of distinct tasks:
+// every locked task has a pending replica for its one pick, unless its
+// worker runs or ran one of it already.
+const claimOnePerTaskCTEs = `, ok AS (
+	SELECT nextval('attempts_id_seq') AS attempt, o.* FROM (
+		SELECT p.task_id, p.w, p.ckpt, p.solo, p.ord, l.workflow_id, l.name, l.module_id, l.args, l.stdin,
+			l.priority, l.timeout_ms, l.memory_pages, l.output_bytes, l.log_bytes, l.seed, l.checkpoint,
+			l.checkpoint_seq, CASE WHEN p.ckpt > 0 THEN p.ckpt ELSE l.ckpt_ms END AS ckpt_ms
+		FROM p JOIN locked l ON l.id = p.task_id
+		LEFT JOIN LATERAL (SELECT 1 AS x FROM attempts a WHERE l.attempts > 0 AND a.task_id = p.task_id AND a.worker_id = p.w
+			AND a.state IN ('running', 'succeeded') AND NOT a.superseded LIMIT 1) ran ON true
+		WHERE ran.x IS NULL
+		ORDER BY p.ord
+	) o
+), upd AS (
+	UPDATE tasks t SET pending = CASE WHEN ok.solo THEN 0 ELSE t.pending - 1 END,
+		state = CASE WHEN ok.solo OR t.pending <= 1 THEN 'running' ELSE 'ready' END,
+		attempts = t.attempts + 1, started_at = coalesce(t.started_at, now()), updated_at = now()
+	FROM ok WHERE t.id = ok.task_id
+)`
+
+// claimTailSQL writes the attempts the claim chose (ok) and returns them.
+const claimTailSQL = `, ins AS (
 	INSERT INTO attempts (id, task_id, worker_id, lease_until, restored_seq, ckpt_ms)
 	SELECT ok.attempt, ok.task_id, ok.w, now() + $5 * interval '1 millisecond', ok.checkpoint_seq, ok.ckpt_ms
 	FROM ok ORDER BY ok.attempt

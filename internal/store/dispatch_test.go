@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // BenchmarkCandidatesClaimPicksComplete measures the store's side of the
@@ -79,45 +80,60 @@ func TestClaimReadsRowsInProportionToItsPicks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, `PREPARE claim(bigint[], uuid[], bigint[], bool[], bigint) AS `+claimPicksSQL); err != nil {
+	const picks = 80
+	for i, sql := range []string{claimPicksSQL, claimOnePerTaskSQL} {
+		name := []string{"claimPicksSQL", "claimOnePerTaskSQL"}[i]
+		if _, err := conn.Exec(ctx, `PREPARE claim(bigint[], uuid[], bigint[], bool[], bigint) AS `+sql); err != nil {
+			t.Fatal(err)
+		}
+		// The first executions of a prepared statement may be planned
+		// with the parameters' values; the store forces the generic
+		// plan, as here.
+		for round := range 3 {
+			claimRound(t, conn, name, cands[(3*i+round)*picks:(3*i+round+1)*picks], f.worker, picks)
+		}
+		if _, err := conn.Exec(ctx, `DEALLOCATE claim`); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// claimRound runs the prepared claim on the picks cands and checks that
+// no node of its plan read more than a few rows per pick.
+func claimRound(t *testing.T, conn *pgxpool.Conn, name string, cands []Candidate, worker string, picks int) {
+	t.Helper()
+	ctx := context.Background()
+	var ids []int64
+	var workers []string
+	for _, c := range cands {
+		ids, workers = append(ids, c.TaskID), append(workers, worker)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	const picks = 80
-	// The first executions of a prepared statement may be planned with the
-	// parameters' values; the store forces the generic plan, as here.
-	for round := range 3 {
-		var ids []int64
-		var workers []string
-		for _, c := range cands[round*picks : (round+1)*picks] {
-			ids, workers = append(ids, c.TaskID), append(workers, f.worker)
-		}
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.Exec(ctx, `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`); err != nil {
-			t.Fatal(err)
-		}
-		var plan []struct{ Plan planNode }
-		if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim($1, $2, $3, $4, $5)`, pgx.QueryExecModeSimpleProtocol,
-			ids, workers, make([]int64, picks), make([]bool, picks), int64(60000)).Scan(&plan); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if got := plan[0].Plan.ActualRows; got != picks {
-			t.Fatalf("round %d claimed %v tasks, want %d", round, got, picks)
-		}
-		// A node may read each pick a few times (the picks, the locked
-		// tasks, their attempts); the queue holds 5,000 tasks, and the
-		// window run once per locked task gave 80 × 80 rows.
-		plan[0].Plan.walk(func(n *planNode) {
-			if rows := n.ActualRows * n.ActualLoops; rows > 4*picks {
-				t.Errorf("round %d: %s%s returned %v rows over %v loops for %d picks", round, n.NodeType, n.on(), n.ActualRows, n.ActualLoops, picks)
-			}
-		})
+	if _, err := tx.Exec(ctx, `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`); err != nil {
+		t.Fatal(err)
 	}
+	var plan []struct{ Plan planNode }
+	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim($1, $2, $3, $4, $5)`, pgx.QueryExecModeSimpleProtocol,
+		ids, workers, make([]int64, picks), make([]bool, picks), int64(60000)).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := plan[0].Plan.ActualRows; got != float64(picks) {
+		t.Fatalf("%s claimed %v tasks, want %d", name, got, picks)
+	}
+	// A node may read each pick a few times (the picks, the locked
+	// tasks, their attempts); the queue holds 5,000 tasks, and the
+	// window run once per locked task gave 80 × 80 rows.
+	plan[0].Plan.walk(func(n *planNode) {
+		if rows := n.ActualRows * n.ActualLoops; rows > float64(4*picks) {
+			t.Errorf("%s: %s%s returned %v rows over %v loops for %d picks", name, n.NodeType, n.on(), n.ActualRows, n.ActualLoops, picks)
+		}
+	})
 }
 
 // planNode is a node of EXPLAIN (FORMAT JSON)'s plan.
@@ -152,7 +168,8 @@ func (n *planNode) on() string {
 // whatever the statistics, as the claim does: with tasks analyzed while
 // empty and 5,000 tasks active, storing outputs (insertOutputsSQL, and
 // within completeFastSQL) and queueing tasks again (requeueSQL) find the
-// batch's tasks by id instead of reading every active task.
+// batch's tasks by id instead of reading every active task, and ending
+// attempts (completeAttemptsSQL) unnests its arrays once.
 func TestCompletionReadsRowsInProportionToItsBatch(t *testing.T) {
 	ctx := context.Background()
 	f := staleQueue(t, 5000)
@@ -176,6 +193,7 @@ func TestCompletionReadsRowsInProportionToItsBatch(t *testing.T) {
 		{"insertOutputsSQL", insertOutputsSQL, []any{taskIDs, names, data}},
 		{"requeueSQL", requeueSQL, []any{taskIDs, reasons, make([]bool, batch), int64(0), make([]bool, batch)}},
 		{"completeFastSQL", completeFastSQL, []any{attemptIDs, workers, data, attemptIDs, names, data, int64(0), ChannelReady}},
+		{"completeAttemptsSQL", completeAttemptsSQL, []any{attemptIDs, workers, make([]bool, batch), data, reasons}},
 	} {
 		// As the store runs them: prepared, after queueBegin's settings
 		// (a generic plan), several times. Each run is rolled back.
@@ -205,11 +223,13 @@ func TestCompletionReadsRowsInProportionToItsBatch(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", st.name, err)
 			}
-			// Only the reads of tables and indexes: completeFastSQL,
-			// which takes batches of at most fastBatch, may join its
-			// arrays in a nested loop.
+			// The reads of tables and indexes, and of the arrays
+			// (unnested once, not once per row they join): only
+			// completeFastSQL, which takes batches of at most fastBatch,
+			// may join its arrays in a nested loop.
 			plan[0].Plan.walk(func(n *planNode) {
-				if rows := n.ActualRows * n.ActualLoops; rows > 4*batch && (n.Relation != "" || n.Index != "") {
+				arrays := n.NodeType == "Function Scan" && st.name != "completeFastSQL"
+				if rows := n.ActualRows * n.ActualLoops; rows > 4*batch && (n.Relation != "" || n.Index != "" || arrays) {
 					t.Errorf("%s, run %d: %s%s returned %v rows over %v loops for a batch of %d", st.name, round, n.NodeType, n.on(), n.ActualRows, n.ActualLoops, batch)
 				}
 			})
@@ -241,4 +261,91 @@ func staleQueue(t *testing.T, n int) *fixture {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// For picks of distinct tasks, claimOnePerTaskSQL does what claimPicksSQL
+// does: the same attempts (but their ids) and the same tasks afterwards,
+// over tasks with one and with several pending replicas, solo picks, picks
+// whose worker already ran a replica, and tasks no longer ready.
+func TestClaimOnePerTaskMatchesTheGeneralClaim(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 4}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := reg.ID
+	f.submit(t, "batch", f.task("p0"), f.task("p1"), f.task("p2"), f.task("p3"))
+	if _, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "rep", Priority: "batch",
+		Tasks: []NewTask{f.task("r0"), f.task("r1"), f.task("r2")}, Replicas: 2, Quorum: 2, MaxReplicas: 4}); err != nil {
+		t.Fatal(err)
+	}
+	cands, err := f.s.Candidates(ctx, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]int64{}
+	for _, c := range cands {
+		byName[c.Name] = c.TaskID
+	}
+	// other runs a replica of r0 already, and p3 is no longer ready.
+	if cs, err := f.s.ClaimPicks(ctx, []Pick{{TaskID: byName["r0"], Worker: other}, {TaskID: byName["p3"], Worker: other}}, time.Minute); err != nil || len(cs) != 2 {
+		t.Fatalf("claim r0 and p3 for the other worker: %+v, %v", cs, err)
+	}
+	picks := []Pick{
+		{TaskID: byName["p0"], Worker: f.worker},
+		{TaskID: byName["p1"], Worker: other, CkptMS: 500},
+		{TaskID: byName["p2"], Worker: f.worker, Solo: true},
+		{TaskID: byName["p3"], Worker: f.worker},
+		{TaskID: byName["r0"], Worker: other},
+		{TaskID: byName["r1"], Worker: f.worker},
+		{TaskID: byName["r2"], Worker: other, Solo: true},
+	}
+	var tasks, ckpts []int64
+	var workers []string
+	var solos []bool
+	for _, p := range picks {
+		tasks, workers, ckpts, solos = append(tasks, p.TaskID), append(workers, p.Worker), append(ckpts, p.CkptMS), append(solos, p.Solo)
+	}
+	run := func(sql string) (claimed []string, after []string) {
+		tx, err := f.s.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		rows, err := tx.Query(ctx, sql, tasks, uuidParams(workers), ckpts, solos, int64(60000))
+		if err != nil {
+			t.Fatal(err)
+		}
+		vals, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+			v, err := r.Values()
+			return fmt.Sprint(v[1:]), err // all but the attempt id
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err = tx.Query(ctx, `SELECT name, state, pending, attempts FROM tasks ORDER BY name`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+			v, err := r.Values()
+			return fmt.Sprint(v), err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return vals, after
+	}
+	general, generalAfter := run(claimPicksSQL)
+	one, oneAfter := run(claimOnePerTaskSQL)
+	if len(general) != 5 {
+		t.Errorf("the general claim took %d attempts, want 5 (not p3, not r0 again for the other worker):\n%s", len(general), strings.Join(general, "\n"))
+	}
+	if strings.Join(general, "\n") != strings.Join(one, "\n") {
+		t.Errorf("attempts claimed:\n%s\nwant, as claimPicksSQL:\n%s", strings.Join(one, "\n"), strings.Join(general, "\n"))
+	}
+	if strings.Join(generalAfter, "\n") != strings.Join(oneAfter, "\n") {
+		t.Errorf("tasks after the claim:\n%s\nwant, as claimPicksSQL:\n%s", strings.Join(oneAfter, "\n"), strings.Join(generalAfter, "\n"))
+	}
 }

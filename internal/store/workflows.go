@@ -359,7 +359,11 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, 
 			names, modules, args, stdins, deps, maxAttempts, timeouts, pages, outBytes, logBytes, ckpts, seeds,
 			edgeTask, edgeName, edgeFrom, edgeOutput, channel, uid)
 		if len(pickNames) > 0 {
-			b.Queue(claimNewSQL, pickNames, uuidParams(pickWorkers), pickCkpts, pickSolos, lease.Milliseconds(), uid)
+			sql := claimNewSQL
+			if distinct(pickNames) {
+				sql = claimNewOnePerTaskSQL
+			}
+			b.Queue(sql, pickNames, uuidParams(pickWorkers), pickCkpts, pickSolos, lease.Milliseconds(), uid)
 		}
 		b.Queue("COMMIT")
 		br := s.pool.SendBatch(ctx, b)
