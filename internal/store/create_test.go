@@ -485,6 +485,44 @@ func TestDeletingAWorkflowDeletesItsAttemptsAndOutputs(t *testing.T) {
 	}
 }
 
+// Deleting a workflow deletes its tasks and their edges, and nothing of
+// another workflow: foreign keys did this until statement triggers took
+// over (migrations/00013_tasks_without_keys.sql).
+func TestDeletingAWorkflowDeletesItsTasksAndEdges(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	chain := func() string {
+		return f.submit(t, "batch", f.task("a"), f.task("b", NewInput{Name: "in", From: 0, Output: "stdout"}),
+			f.task("c", NewInput{Name: "in", From: 1, Output: "stdout"}, NewInput{Name: "", From: 0, Output: "stdout"}))
+	}
+	gone, kept := chain(), chain()
+	count := func(workflow string) (tasks, edges int) {
+		t.Helper()
+		if err := f.s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM tasks WHERE workflow_id = $1),
+			(SELECT count(*) FROM task_inputs i WHERE i.task_id IN (SELECT id FROM tasks WHERE workflow_id = $1)
+				OR i.from_task IN (SELECT id FROM tasks WHERE workflow_id = $1))`, workflow).Scan(&tasks, &edges); err != nil {
+			t.Fatal(err)
+		}
+		return tasks, edges
+	}
+	if tk, e := count(gone); tk != 3 || e != 3 {
+		t.Fatalf("the workflow has %d tasks and %d edges, want 3 and 3", tk, e)
+	}
+	if _, err := f.s.pool.Exec(ctx, `DELETE FROM workflows WHERE id = $1`, gone); err != nil {
+		t.Fatal(err)
+	}
+	var tasks, edges int
+	if err := f.s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM tasks), (SELECT count(*) FROM task_inputs)`).Scan(&tasks, &edges); err != nil {
+		t.Fatal(err)
+	}
+	if tasks != 3 || edges != 3 {
+		t.Errorf("%d tasks and %d edges left, want the kept workflow's 3 and 3", tasks, edges)
+	}
+	if tk, e := count(kept); tk != 3 || e != 3 {
+		t.Errorf("the kept workflow has %d tasks and %d edges, want 3 and 3", tk, e)
+	}
+}
+
 // A claiming submission whose answer was lost (recoverSubmission): when the
 // workflow was written after all, its attempts, never sent, are ended
 // without counting against the task, which is ready again, and its id comes

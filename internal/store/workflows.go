@@ -94,9 +94,10 @@ func (s *Store) createLarge(ctx context.Context, ownerID int64, w *NewWorkflow) 
 		var now time.Time
 		var ids []int64
 		var uid pgtype.UUID // for COPY: a string would be parsed anew for every row
-		// One round trip: the workflow row, its modules (the tasks'
-		// foreign key: migrations/00009_workflow_modules.sql), the
-		// transaction's time and the ids of its tasks.
+		// One round trip: the workflow row, its modules (whose keys
+		// keep a module in use from being deleted:
+		// migrations/00009_workflow_modules.sql), the transaction's time
+		// and the ids of its tasks.
 		if err := tx.QueryRow(ctx, `WITH wf AS (
 				INSERT INTO workflows (owner_id, name, priority, task_count, tasks_left)
 				VALUES ($1, $2, $3, $4, $4) RETURNING id, created_at
