@@ -638,6 +638,7 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 			w.stats.Failed++
 		}
 		announce := w.adaptQueue(out.Duration, PayloadBytes(as))
+		queue := w.queue
 		// Even a cancelled attempt reports: the server frees its slot on the
 		// report (and refuses it, the attempt being over already).
 		w.pending[as.Attempt] = f
@@ -648,6 +649,7 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		default:
 		}
 		if announce {
+			w.log.Info("queue adapted to the tasks", "queue", queue, "slots", w.cfg.Slots)
 			w.DeviceChanged() // a heartbeat now carries the new queue
 		}
 	})

@@ -20,6 +20,8 @@ func runWorker(ctx context.Context, args []string) error {
 	servers := fs.String("server", os.Getenv("CYCLEPOOL_SERVER"), "server URL; several, comma-separated, for failover")
 	slots := fs.Int("slots", runtime.NumCPU(), "tasks run at once")
 	queue := fs.Int("queue", -1, "tasks accepted ahead of time, waiting for a free slot (default: as many as slots)")
+	maxQueue := fs.Int("max-queue", -1, "longest queue: the queue grows from --queue up to this while tasks are short and small, "+
+		"and shrinks to one per slot while they are long; no more than --queue keeps it fixed (default: 32 per slot, at most 1024)")
 	cache := fs.String("cache-dir", defaultCacheDir(), "directory of the compiled-module cache")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	pprofAddr := fs.String("pprof", "", "serve Go's profiler on this address (e.g. 127.0.0.1:6060)")
@@ -47,7 +49,11 @@ func runWorker(ctx context.Context, args []string) error {
 	if *queue < 0 {
 		*queue = *slots
 	}
-	w := wasmworker.New(wasmworker.Config{Servers: urls, Slots: *slots, Queue: *queue, Kind: protocol.KindHeadless, Runner: r, Logger: log, Device: headlessDevice})
+	if *maxQueue < 0 {
+		*maxQueue = protocol.QueueLimit(*slots)
+	}
+	w := wasmworker.New(wasmworker.Config{Servers: urls, Slots: *slots, Queue: *queue, MaxQueue: *maxQueue,
+		Kind: protocol.KindHeadless, Runner: r, Logger: log, Device: headlessDevice})
 	return w.Run(ctx)
 }
 
