@@ -54,8 +54,9 @@ type Config struct {
 	// Gather is how long an outcome may wait for others, to travel in one
 	// frame with them, while other attempts run or wait (default 0: an
 	// outcome goes at once, with those that finished while the previous
-	// frame was being sent). An outcome of a worker with nothing else to do
-	// never waits.
+	// frame was being sent). Outcomes stop waiting as soon as the worker
+	// has nothing else to do, or a frame's worth of them waits; an outcome
+	// of a worker with nothing else to do never waits.
 	Gather time.Duration
 }
 
@@ -385,7 +386,7 @@ func outcomeSizes(f *protocol.Frame) (data, header int) {
 // bounds allow: one result frame and one fail frame for all the outcomes
 // that came meanwhile (the server handles a frame's items one by one and
 // acknowledges them together). An outcome waits up to cfg.Gather for others
-// while more attempts run or wait.
+// while more attempts run or wait (gathering).
 func (w *Worker) outcomeLoop(ctx context.Context) error {
 	for {
 		select {
@@ -393,17 +394,21 @@ func (w *Worker) outcomeLoop(ctx context.Context) error {
 			return ctx.Err()
 		case <-w.outboxNew:
 		}
-		if w.cfg.Gather > 0 {
-			w.mu.Lock()
-			busy := len(w.running) > 0
-			w.mu.Unlock()
-			if busy {
-				t := time.NewTimer(w.cfg.Gather)
+		if w.cfg.Gather > 0 && w.gathering() {
+			t := time.NewTimer(w.cfg.Gather)
+		wait:
+			for {
 				select {
 				case <-ctx.Done():
 					t.Stop()
 					return ctx.Err()
 				case <-t.C:
+					break wait
+				case <-w.outboxNew:
+					if !w.gathering() {
+						t.Stop()
+						break wait
+					}
 				}
 			}
 		}
@@ -417,6 +422,15 @@ func (w *Worker) outcomeLoop(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// gathering reports whether outcomes in the outbox should wait for more
+// (Config.Gather): while other attempts run or wait, and until a frame's
+// worth is there. The last outcome of a burst goes as soon as it comes.
+func (w *Worker) gathering() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.running) > 0 && len(w.outbox) < maxOutcomesPerFrame
 }
 
 // mergeOutcomes packs outcome frames (one result or fail each) into as few
