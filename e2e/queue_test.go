@@ -5,6 +5,7 @@ package e2e
 import (
 	"fmt"
 	"regexp"
+	"strconv"
 	"testing"
 	"time"
 
@@ -13,7 +14,7 @@ import (
 
 // A headless worker's queue grows while its tasks are short, as the
 // browser worker's does (--max-queue, by default 32 per slot): a worker
-// with one slot and a queue of one asks for a queue of 32, so that under
+// with one slot and a queue of one asks for a longer queue, so that under
 // load the server can claim and commit its tasks in larger batches; with
 // --max-queue no larger than --queue, the queue stays as it is.
 func TestHeadlessQueueGrowsForShortTasks(t *testing.T) {
@@ -32,9 +33,13 @@ func TestHeadlessQueueGrowsForShortTasks(t *testing.T) {
 	if st := wait(t, p.client, id, 90*time.Second); st.State != client.WorkflowDone {
 		t.Fatalf("workflow ended %s", st.State)
 	}
+	// About 100 ms of work per slot, at most 32 for one slot: 32 for a
+	// no-op task, a little less on a loaded machine, where one takes a few
+	// milliseconds.
 	adapted := regexp.MustCompile(`msg="queue adapted to the tasks" queue=(\d+)`)
-	if q, ok := grows.out.waitFor(adapted, 10*time.Second); !ok || q != "32" {
-		t.Errorf("the worker's queue became %q, want 32 (its longest for one slot)", q)
+	q, ok := grows.out.waitFor(adapted, 10*time.Second)
+	if n, err := strconv.Atoi(q); !ok || err != nil || n < 8 || n > 32 {
+		t.Errorf("the worker's queue became %q, want 8 to 32 (32 is its longest for one slot)", q)
 	}
 	if countLines(fixed.out, adapted) > 0 {
 		t.Errorf("the queue of the worker with --max-queue 1 changed:\n%s", fixed.out)
