@@ -50,9 +50,11 @@ BEGIN
 END
 $$;
 -- +goose StatementEnd
+-- Rows the keys would refuse (only hand-written SQL makes them): tasks
+-- first, then the edges they leave behind.
+DELETE FROM tasks t WHERE NOT EXISTS (SELECT 1 FROM workflow_modules m WHERE m.workflow_id = t.workflow_id AND m.module_id = t.module_id);
 DELETE FROM task_inputs i WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = i.task_id)
     OR NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = i.from_task);
-DELETE FROM tasks t WHERE NOT EXISTS (SELECT 1 FROM workflow_modules m WHERE m.workflow_id = t.workflow_id AND m.module_id = t.module_id);
 ALTER TABLE task_inputs
     ADD CONSTRAINT task_inputs_task_id_fkey FOREIGN KEY (task_id) REFERENCES tasks ON DELETE CASCADE,
     ADD CONSTRAINT task_inputs_from_task_fkey FOREIGN KEY (from_task) REFERENCES tasks ON DELETE CASCADE;

@@ -264,7 +264,7 @@ func staleQueue(t *testing.T, n int) *fixture {
 }
 
 // For picks of distinct tasks, claimOnePerTaskSQL does what claimPicksSQL
-// does: the same attempts (but their ids) and the same tasks afterwards,
+// does, and claimNewOnePerTaskSQL what claimNewSQL does: the same attempts (but their ids) and the same tasks afterwards,
 // over tasks with one and with several pending replicas, solo picks, picks
 // whose worker already ran a replica, and tasks no longer ready.
 func TestClaimOnePerTaskMatchesTheGeneralClaim(t *testing.T) {
@@ -275,7 +275,7 @@ func TestClaimOnePerTaskMatchesTheGeneralClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	other := reg.ID
-	f.submit(t, "batch", f.task("p0"), f.task("p1"), f.task("p2"), f.task("p3"))
+	plain := f.submit(t, "batch", f.task("p0"), f.task("p1"), f.task("p2"), f.task("p3"))
 	if _, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "rep", Priority: "batch",
 		Tasks: []NewTask{f.task("r0"), f.task("r1"), f.task("r2")}, Replicas: 2, Quorum: 2, MaxReplicas: 4}); err != nil {
 		t.Fatal(err)
@@ -307,13 +307,13 @@ func TestClaimOnePerTaskMatchesTheGeneralClaim(t *testing.T) {
 	for _, p := range picks {
 		tasks, workers, ckpts, solos = append(tasks, p.TaskID), append(workers, p.Worker), append(ckpts, p.CkptMS), append(solos, p.Solo)
 	}
-	run := func(sql string) (claimed []string, after []string) {
+	run := func(sql string, args ...any) (claimed []string, after []string) {
 		tx, err := f.s.pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx)
-		rows, err := tx.Query(ctx, sql, tasks, uuidParams(workers), ckpts, solos, int64(60000))
+		rows, err := tx.Query(ctx, sql, args...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -337,15 +337,31 @@ func TestClaimOnePerTaskMatchesTheGeneralClaim(t *testing.T) {
 		}
 		return vals, after
 	}
-	general, generalAfter := run(claimPicksSQL)
-	one, oneAfter := run(claimOnePerTaskSQL)
-	if len(general) != 5 {
-		t.Errorf("the general claim took %d attempts, want 5 (not p3, not r0 again for the other worker):\n%s", len(general), strings.Join(general, "\n"))
-	}
-	if strings.Join(general, "\n") != strings.Join(one, "\n") {
-		t.Errorf("attempts claimed:\n%s\nwant, as claimPicksSQL:\n%s", strings.Join(one, "\n"), strings.Join(general, "\n"))
-	}
-	if strings.Join(generalAfter, "\n") != strings.Join(oneAfter, "\n") {
-		t.Errorf("tasks after the claim:\n%s\nwant, as claimPicksSQL:\n%s", strings.Join(oneAfter, "\n"), strings.Join(generalAfter, "\n"))
+	byID := []any{tasks, uuidParams(workers), ckpts, solos, int64(60000)}
+	// The claim at submission names the tasks of one workflow: the first
+	// four picks, in the plain workflow.
+	byNames := []any{[]string{"p0", "p1", "p2", "p3"}, uuidParams(workers[:4]), ckpts[:4], solos[:4], int64(60000), plain}
+	for _, tc := range []struct {
+		general, one string
+		args         []any
+		want         int
+	}{
+		{"claimPicksSQL", "claimOnePerTaskSQL", byID, 5},
+		{"claimNewSQL", "claimNewOnePerTaskSQL", byNames, 3},
+	} {
+		sqls := map[string]string{"claimPicksSQL": claimPicksSQL, "claimOnePerTaskSQL": claimOnePerTaskSQL,
+			"claimNewSQL": claimNewSQL, "claimNewOnePerTaskSQL": claimNewOnePerTaskSQL}
+		general, generalAfter := run(sqls[tc.general], tc.args...)
+		one, oneAfter := run(sqls[tc.one], tc.args...)
+		if len(general) != tc.want {
+			t.Errorf("%s took %d attempts, want %d (not p3, not r0 again for the other worker):\n%s", tc.general, len(general), tc.want,
+				strings.Join(general, "\n"))
+		}
+		if strings.Join(general, "\n") != strings.Join(one, "\n") {
+			t.Errorf("attempts claimed by %s:\n%s\nwant, as %s:\n%s", tc.one, strings.Join(one, "\n"), tc.general, strings.Join(general, "\n"))
+		}
+		if strings.Join(generalAfter, "\n") != strings.Join(oneAfter, "\n") {
+			t.Errorf("tasks after %s:\n%s\nwant, as %s:\n%s", tc.one, strings.Join(oneAfter, "\n"), tc.general, strings.Join(generalAfter, "\n"))
+		}
 	}
 }
