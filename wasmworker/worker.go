@@ -52,11 +52,11 @@ type Config struct {
 	Volunteer string
 	Logger    *slog.Logger
 	// Gather is how long an outcome may wait for others, to travel in one
-	// frame with them, while other attempts run or wait (default 0: an
+	// frame with them, while attempts wait in the queue (default 0: an
 	// outcome goes at once, with those that finished while the previous
-	// frame was being sent). Outcomes stop waiting as soon as the worker
-	// has nothing else to do, or a frame's worth of them waits; an outcome
-	// of a worker with nothing else to do never waits.
+	// frame was being sent). Outcomes stop waiting as soon as the queue is
+	// empty, or a frame's worth of them waits; an outcome of a worker with
+	// no attempt queued never waits.
 	Gather time.Duration
 }
 
@@ -82,6 +82,7 @@ type Worker struct {
 	recent    recentRuns    // of the attempts that ended, for the queue
 	announced time.Time     // when a change of queue last asked for a heartbeat
 	attempts  *goPool       // the goroutines that run attempts
+	handBack  string        // why the worker hands its attempts back (HandBack); "" until it does
 }
 
 // Stats counts what a worker did since it started.
@@ -132,6 +133,62 @@ func (w *Worker) Stats() Stats {
 	st := w.stats
 	st.Pending = len(w.pending)
 	return st
+}
+
+// HandBack stops every attempt the worker holds, running or queued, and
+// those assigned to it from now on, and reports each as a failure with
+// reason worker: the server queues its task again at once (from its latest
+// checkpoint) without using up an attempt, instead of when its lease lapses,
+// as a lost attempt that counts. It waits up to wait for the server to
+// acknowledge them (not when disconnected: nobody would); Run goes on until
+// its context ends. For a worker that stops on purpose, whose queue may
+// hold hundreds of attempts.
+func (w *Worker) HandBack(why string, wait time.Duration) {
+	w.mu.Lock()
+	w.handBack = why
+	w.mu.Unlock()
+	// First a heartbeat that says the worker takes no more work (the
+	// server assigns nothing to a paused worker), sent before the outcomes
+	// that free its slots.
+	dev := w.device()
+	w.send(&protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: &protocol.Heartbeat{Device: &dev}})
+	w.mu.Lock()
+	for _, a := range w.running {
+		a.cancel()
+	}
+	w.mu.Unlock()
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		w.mu.Lock()
+		done := len(w.running) == 0 && (len(w.pending) == 0 || !w.stats.Connected)
+		w.mu.Unlock()
+		if done {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// device is the device state the worker reports: Config.Device's, paused
+// once the worker hands its attempts back.
+func (w *Worker) device() protocol.Device {
+	d := w.cfg.Device()
+	w.mu.Lock()
+	why := w.handBack
+	w.mu.Unlock()
+	if why != "" {
+		d.Paused, d.PausedBecause = true, why
+	}
+	return d
+}
+
+// deviceLocked is device with w.mu held.
+func (w *Worker) deviceLocked() protocol.Device {
+	d := w.cfg.Device()
+	if w.handBack != "" {
+		d.Paused, d.PausedBecause = true, w.handBack
+	}
+	return d
 }
 
 // Identity returns the worker's id and reconnect token, as the server last
@@ -212,10 +269,11 @@ func (w *Worker) session(ctx context.Context, server string) error {
 
 	w.mu.Lock()
 	hello := &protocol.Hello{Version: protocol.Version, Kind: w.cfg.Kind, Slots: w.cfg.Slots, Queue: w.queue, WorkerID: w.id,
-		ReconnectToken: w.token, Volunteer: w.cfg.Volunteer, Device: w.cfg.Device()}
+		ReconnectToken: w.token, Volunteer: w.cfg.Volunteer, Device: w.deviceLocked()}
 	for id := range w.running {
 		hello.Running = append(hello.Running, id)
 	}
+	held := len(hello.Running)
 	// Running attempts first: if the list must be cut, outcomes waiting for
 	// their ack are sent again anyway and judged by the server on arrival.
 	for id := range w.pending {
@@ -224,9 +282,11 @@ func (w *Worker) session(ctx context.Context, server string) error {
 		}
 	}
 	w.mu.Unlock()
-	// A queue that shrank may still hold more than it now allows: ask for
-	// room for them, as far as the largest queue allows.
-	if more := len(hello.Running) - w.cfg.Slots; more > hello.Queue {
+	// A queue that shrank may still hold more attempts than it now allows:
+	// ask for room for them, as far as the largest queue allows. Not for
+	// the outcomes awaiting their ack: the server frees their room as they
+	// arrive, and would fill it up to that larger queue.
+	if more := held - w.cfg.Slots; more > hello.Queue {
 		hello.Queue = min(more, max(w.cfg.Queue, w.cfg.MaxQueue))
 	}
 	if len(hello.Running) > w.cfg.Slots+hello.Queue {
@@ -386,7 +446,7 @@ func outcomeSizes(f *protocol.Frame) (data, header int) {
 // bounds allow: one result frame and one fail frame for all the outcomes
 // that came meanwhile (the server handles a frame's items one by one and
 // acknowledges them together). An outcome waits up to cfg.Gather for others
-// while more attempts run or wait (gathering).
+// while attempts wait in the queue (gathering).
 func (w *Worker) outcomeLoop(ctx context.Context) error {
 	for {
 		select {
@@ -401,6 +461,10 @@ func (w *Worker) outcomeLoop(ctx context.Context) error {
 				select {
 				case <-ctx.Done():
 					t.Stop()
+					// The outbox goes with the next session, which may
+					// already run: wake its loop, whose signal this
+					// one may have taken.
+					w.wakeOutcomes()
 					return ctx.Err()
 				case <-t.C:
 					break wait
@@ -425,12 +489,22 @@ func (w *Worker) outcomeLoop(ctx context.Context) error {
 }
 
 // gathering reports whether outcomes in the outbox should wait for more
-// (Config.Gather): while other attempts run or wait, and until a frame's
-// worth is there. The last outcome of a burst goes as soon as it comes.
+// (Config.Gather): while attempts wait in the queue (a slot freed by an
+// outcome then takes the next at once, rather than waiting for the server
+// to hear of it and send more), and until a frame's worth is there. The
+// last outcomes of a burst go as soon as the queue is empty.
 func (w *Worker) gathering() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.running) > 0 && len(w.outbox) < maxOutcomesPerFrame
+	return len(w.running) > w.cfg.Slots && len(w.outbox) < maxOutcomesPerFrame
+}
+
+// wakeOutcomes tells outcomeLoop that the outbox may hold outcomes.
+func (w *Worker) wakeOutcomes() {
+	select {
+	case w.outboxNew <- struct{}{}:
+	default:
+	}
 }
 
 // mergeOutcomes packs outcome frames (one result or fail each) into as few
@@ -482,7 +556,7 @@ func (w *Worker) heartbeatLoop(ctx context.Context, every time.Duration) error {
 		case <-t.C:
 		case <-w.hbNow:
 		}
-		dev := w.cfg.Device()
+		dev := w.device()
 		hb := &protocol.Heartbeat{Device: &dev}
 		w.mu.Lock()
 		hb.Running = w.heartbeatRunning()
@@ -622,9 +696,13 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		return
 	}
 	w.running[as.Attempt] = a
+	if w.handBack != "" {
+		cancel() // assigned while handing back: goes back at once
+	}
 	w.mu.Unlock()
 	w.attempts.run(func() {
 		defer cancel()
+		start := time.Now()
 		// Wait for a slot: queued attempts are accepted ahead of time.
 		if !w.cfg.RunnerQueues {
 			select {
@@ -633,9 +711,24 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 			case <-actx.Done():
 			}
 		}
-		job := &Job{Assign: as, ModuleID: as.Module, Host: &host{w: w, a: a},
-			Fetch: w.moduleFetcher(server, as.Module)}
-		out := w.cfg.Runner.Run(actx, job)
+		var out *Outcome
+		if actx.Err() == nil {
+			job := &Job{Assign: as, ModuleID: as.Module, Host: &host{w: w, a: a},
+				Fetch: w.moduleFetcher(server, as.Module)}
+			out = w.cfg.Runner.Run(actx, job)
+		}
+		w.mu.Lock()
+		why := w.handBack
+		w.mu.Unlock()
+		switch {
+		case why != "" && actx.Err() != nil && (out == nil || out.Reason != ""):
+			// Stopped by HandBack (or never started): the task goes back.
+			out = &Outcome{Reason: protocol.ReasonWorker, Message: why, Duration: time.Since(start)}
+		case out == nil:
+			// Stopped before it started, by a cancel from the server or
+			// a lost lease: the server refuses or ignores the report.
+			out = &Outcome{Reason: protocol.ReasonCancelled, Message: "stopped before it started"}
+		}
 		var f *protocol.Frame
 		if out.Reason == "" {
 			f = &protocol.Frame{Type: protocol.TypeResult, Results: []protocol.Result{{
@@ -658,10 +751,7 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		w.pending[as.Attempt] = f
 		w.outbox = append(w.outbox, f)
 		w.mu.Unlock()
-		select {
-		case w.outboxNew <- struct{}{}:
-		default:
-		}
+		w.wakeOutcomes()
 		if announce {
 			w.log.Info("queue adapted to the tasks", "queue", queue, "slots", w.cfg.Slots)
 			w.DeviceChanged() // a heartbeat now carries the new queue

@@ -57,8 +57,28 @@ func runWorker(ctx context.Context, args []string) error {
 	}
 	w := wasmworker.New(wasmworker.Config{Servers: urls, Slots: *slots, Queue: *queue, MaxQueue: *maxQueue, Gather: max(*gather, 0),
 		Kind: protocol.KindHeadless, Runner: r, Logger: log, Device: headlessDevice})
-	return w.Run(ctx)
+	// Run outlives ctx (SIGINT, SIGTERM) by the hand-back: the attempts the
+	// worker holds go back to the server, which queues their tasks again at
+	// once without using up an attempt, rather than when their leases
+	// lapse.
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- w.Run(runCtx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("stopping: handing the attempts back")
+	w.HandBack("the worker is shutting down", handBackWait)
+	stop()
+	return <-done
 }
+
+// handBackWait bounds how long a stopping worker waits for the server to
+// acknowledge the attempts it hands back.
+const handBackWait = 3 * time.Second
 
 // defaultGather is how long a headless worker's outcome may wait for
 // others while the worker has more to do (wasmworker.Config.Gather). In
