@@ -78,3 +78,34 @@ func TestStoppedWorkerHandsItsAttemptsBack(t *testing.T) {
 		t.Errorf("a workflow after the hand-back did not finish")
 	}
 }
+
+// serve's local worker (make run) hands its attempts back too when the
+// server stops: after a restart their tasks are ready, with none of their
+// one attempt used up.
+func TestStoppedServerHandsItsLocalWorkersAttemptsBack(t *testing.T) {
+	t.Parallel()
+	db := pgtest.URL(t)
+	data := t.TempDir()
+	port := freePort(t)
+	srv := startServer(t, "server", db, data, port, "--lease", "30s", "--local-worker", "1")
+	c := client.New(srv.url, srv.token)
+	spin := push(t, c, "spin")
+	id := submit(t, c, workflow("local", task{"name": "a", "module": spin, "max_attempts": 1},
+		task{"name": "b", "module": spin, "max_attempts": 1}))
+	eventually(t, 20*time.Second, "the local worker to hold both tasks", func() bool {
+		st, err := c.Status(t.Context(), id)
+		return err == nil && st.Counts.Running == 2
+	})
+	srv.stop()
+	srv2 := startServer(t, "server2", db, data, port, "--lease", "30s")
+	c = client.New(srv2.url, srv2.token)
+	st, err := c.Status(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range st.Tasks {
+		if tk.State != client.TaskReady || tk.Attempts != 0 {
+			t.Errorf("task %s is %s with %d attempts used after the restart, want ready with none", tk.Name, tk.State, tk.Attempts)
+		}
+	}
+}

@@ -93,7 +93,9 @@ func runServe(ctx context.Context, args []string) error {
 	}
 	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Poll: *poll, Fairness: strategy, WorkerRetention: *retention, Logger: log})
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	sctx, stop := context.WithCancel(ctx)
+	// The server outlives ctx (SIGINT, SIGTERM) by the local worker's
+	// hand-back, which it commits (see below).
+	sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	done := make(chan struct{})
 	go func() {
@@ -115,13 +117,37 @@ func runServe(ctx context.Context, args []string) error {
 		fmt.Printf("owner token (also in %s):\n  export CYCLEPOOL_SERVER=%s CYCLEPOOL_TOKEN=%s\n",
 			filepath.Join(*dataDir, "owner.token"), url, tok)
 	}
+	var local *wasmworker.Worker
 	if *localSlots > 0 {
+		r, err := headless.New(ctx, headless.Config{CacheDir: filepath.Join(*dataDir, "cache"), Logger: log})
+		if err != nil {
+			stop()
+			<-done
+			return fmt.Errorf("local worker: %w", err)
+		}
+		defer r.Close(context.Background())
+		local = newHeadlessWorker([]string{url}, *localSlots, *localSlots, protocol.QueueLimit(*localSlots), defaultGather, r,
+			log.With("component", "local-worker"))
 		go func() {
-			if err := runLocalWorker(sctx, url, *localSlots, filepath.Join(*dataDir, "cache"), log); err != nil {
+			if err := local.Run(sctx); err != nil {
 				log.Error("local worker", "err", err)
 			}
 		}()
 	}
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-sctx.Done():
+			return
+		}
+		if local != nil {
+			// The local worker's attempts go back to the queue, uncounted,
+			// while the server can still commit that (cyclepool worker
+			// does the same on its own).
+			local.HandBack("the server is shutting down", handBackWait)
+		}
+		stop()
+	}()
 	err = hs.Serve(ln)
 	stop()
 	<-done
@@ -161,17 +187,6 @@ func ensureLocalOwner(ctx context.Context, st *store.Store, dataDir string) (str
 		return tok, err
 	}
 	return tok, os.WriteFile(path, []byte(tok+"\n"), 0o600)
-}
-
-func runLocalWorker(ctx context.Context, url string, slots int, cacheDir string, log *slog.Logger) error {
-	r, err := headless.New(ctx, headless.Config{CacheDir: cacheDir, Logger: log})
-	if err != nil {
-		return err
-	}
-	defer r.Close(context.Background())
-	w := wasmworker.New(wasmworker.Config{Servers: []string{url}, Slots: slots, Queue: slots, Kind: protocol.KindHeadless, Runner: r,
-		Logger: log.With("component", "local-worker"), Device: headlessDevice})
-	return w.Run(ctx)
 }
 
 func newLogger(level string) *slog.Logger {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -55,8 +56,7 @@ func runWorker(ctx context.Context, args []string) error {
 	if *maxQueue < 0 {
 		*maxQueue = protocol.QueueLimit(*slots)
 	}
-	w := wasmworker.New(wasmworker.Config{Servers: urls, Slots: *slots, Queue: *queue, MaxQueue: *maxQueue, Gather: max(*gather, 0),
-		Kind: protocol.KindHeadless, Runner: r, Logger: log, Device: headlessDevice})
+	w := newHeadlessWorker(urls, *slots, *queue, *maxQueue, max(*gather, 0), r, log)
 	// Run outlives ctx (SIGINT, SIGTERM) by the hand-back: the attempts the
 	// worker holds go back to the server, which queues their tasks again at
 	// once without using up an attempt, rather than when their leases
@@ -74,6 +74,14 @@ func runWorker(ctx context.Context, args []string) error {
 	w.HandBack("the worker is shutting down", handBackWait)
 	stop()
 	return <-done
+}
+
+// newHeadlessWorker is a headless worker on servers: cyclepool worker, and
+// serve's local worker.
+func newHeadlessWorker(servers []string, slots, queue, maxQueue int, gather time.Duration, r wasmworker.Runner,
+	log *slog.Logger) *wasmworker.Worker {
+	return wasmworker.New(wasmworker.Config{Servers: servers, Slots: slots, Queue: queue, MaxQueue: maxQueue, Gather: gather,
+		Kind: protocol.KindHeadless, Runner: r, Logger: log, Device: headlessDevice})
 }
 
 // handBackWait bounds how long a stopping worker waits for the server to
