@@ -85,27 +85,29 @@ func fakeServer(t *testing.T, n int) (url string, frames <-chan outcomeFrame) {
 	return srv.URL, ch
 }
 
-// Outcomes wait for others (Config.Gather) while attempts wait in the
-// queue, and go as soon as the queue is empty: a worker of 4 slots whose
-// 20 attempts of 5 ms end in five waves sends the outcomes of the first
-// four waves in one frame with a long gather (the last wave's go as they
-// come), about a wave's in each frame without, and the last of them well
-// before the gather's end; a lone attempt's outcome never waits.
+// Outcomes wait for others (Config.Gather) while the worker has more to
+// do, and go as soon as it has nothing else to do: a worker of 4 slots
+// whose 20 attempts of 5 ms end in five waves sends them in one frame with
+// a long gather, about a wave's in each frame without (or without a queue,
+// where gathering would idle its slots), and the last of them well before
+// the gather's end; a lone attempt's outcome never waits.
 func TestGatherOutcomes(t *testing.T) {
 	tests := []struct {
 		name     string
 		gather   time.Duration
+		queue    int
 		attempts int
 		wantMost func(int) bool // the most outcomes in one frame
 	}{
-		{"no gather: a wave or two a frame", 0, 20, func(n int) bool { return n <= 8 }},
-		{"a long gather: the queued attempts' outcomes together", 10 * time.Second, 20, func(n int) bool { return n >= 16 }},
-		{"a lone attempt does not wait", 10 * time.Second, 1, func(n int) bool { return n == 1 }},
+		{"no gather: a wave or two a frame", 0, 16, 20, func(n int) bool { return n <= 8 }},
+		{"a long gather: all together", 10 * time.Second, 16, 20, func(n int) bool { return n == 20 }},
+		{"no queue: no gather", 10 * time.Second, 0, 20, func(n int) bool { return n <= 8 }},
+		{"a lone attempt does not wait", 10 * time.Second, 16, 1, func(n int) bool { return n == 1 }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			url, frames := fakeServer(t, tc.attempts)
-			w := New(Config{Servers: []string{url}, Slots: 4, Queue: 16, Kind: protocol.KindHeadless,
+			w := New(Config{Servers: []string{url}, Slots: 4, Queue: tc.queue, Kind: protocol.KindHeadless,
 				Runner: sleepRunner{5 * time.Millisecond}, Gather: tc.gather, Logger: slog.New(slog.DiscardHandler)})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
