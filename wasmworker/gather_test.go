@@ -87,7 +87,7 @@ func fakeServer(t *testing.T, n int) (url string, frames <-chan outcomeFrame) {
 
 // Outcomes wait for others (Config.Gather) while the worker has more to
 // do, and go as soon as it has nothing else to do: a worker of 4 slots
-// whose 20 attempts of 5 ms end in five waves sends them in one frame with
+// whose 20 attempts of 20 ms end in five waves sends them in one frame with
 // a long gather, about a wave's in each frame without (or without a queue,
 // where gathering would idle its slots), and the last of them well before
 // the gather's end; a lone attempt's outcome never waits.
@@ -108,7 +108,7 @@ func TestGatherOutcomes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			url, frames := fakeServer(t, tc.attempts)
 			w := New(Config{Servers: []string{url}, Slots: 4, Queue: tc.queue, Kind: protocol.KindHeadless,
-				Runner: sleepRunner{5 * time.Millisecond}, Gather: tc.gather, Logger: slog.New(slog.DiscardHandler)})
+				Runner: sleepRunner{20 * time.Millisecond}, Gather: tc.gather, Logger: slog.New(slog.DiscardHandler)})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			start := time.Now()
