@@ -175,17 +175,13 @@ func (w *Worker) HandBack(why string, wait time.Duration) {
 func (w *Worker) device() protocol.Device {
 	d := w.cfg.Device()
 	w.mu.Lock()
-	why := w.handBack
-	w.mu.Unlock()
-	if why != "" {
-		d.Paused, d.PausedBecause = true, why
-	}
-	return d
+	defer w.mu.Unlock()
+	return w.pausedIfHandingBack(d)
 }
 
-// deviceLocked is device with w.mu held.
-func (w *Worker) deviceLocked() protocol.Device {
-	d := w.cfg.Device()
+// pausedIfHandingBack marks d paused once the worker hands its attempts
+// back (w.mu held).
+func (w *Worker) pausedIfHandingBack(d protocol.Device) protocol.Device {
 	if w.handBack != "" {
 		d.Paused, d.PausedBecause = true, w.handBack
 	}
@@ -270,7 +266,7 @@ func (w *Worker) session(ctx context.Context, server string) error {
 
 	w.mu.Lock()
 	hello := &protocol.Hello{Version: protocol.Version, Kind: w.cfg.Kind, Slots: w.cfg.Slots, Queue: w.queue, WorkerID: w.id,
-		ReconnectToken: w.token, Volunteer: w.cfg.Volunteer, Device: w.deviceLocked()}
+		ReconnectToken: w.token, Volunteer: w.cfg.Volunteer, Device: w.pausedIfHandingBack(w.cfg.Device())}
 	for id := range w.running {
 		hello.Running = append(hello.Running, id)
 	}
