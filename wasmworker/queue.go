@@ -1,6 +1,7 @@
 package wasmworker
 
 import (
+	"slices"
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
@@ -71,6 +72,39 @@ func (w *Worker) adaptQueue(run time.Duration, bytes int) bool {
 		return true
 	}
 	return false
+}
+
+// shrinkQueueForRunning shrinks an adaptive queue when the attempts now
+// running have already run far longer than those that ended (w.mu held):
+// after a burst of short attempts the queue is long, and would stay so
+// until the first of the long ones that follow ends, while the server
+// fills it with more of them that then wait here as other workers idle.
+// The run time it goes by is the median of the running attempts' ages,
+// once at least half the slots run one, so that one straggler among short
+// attempts does not shrink it. It only shrinks: adaptQueue grows it again
+// as attempts end. (The browser's runner queues attempts itself, so the
+// worker does not know when they start: not there.)
+func (w *Worker) shrinkQueueForRunning(now time.Time) {
+	if w.cfg.MaxQueue <= w.cfg.Queue || w.cfg.RunnerQueues {
+		return
+	}
+	var ages []time.Duration
+	for _, a := range w.running {
+		if !a.started.IsZero() {
+			ages = append(ages, now.Sub(a.started))
+		}
+	}
+	if len(ages) == 0 || 2*len(ages) < w.cfg.Slots {
+		return
+	}
+	slices.Sort(ages)
+	age := ages[len(ages)/2]
+	if age < queueAhead || float64(age) < 2*w.recent.run {
+		return
+	}
+	if q := queueFor(w.cfg.Slots, w.cfg.MaxQueue, age, w.recent.bytes); q < w.queue {
+		w.queue = q
+	}
 }
 
 // PayloadBytes is about the size of an assignment's data: stdin, inputs,

@@ -59,3 +59,41 @@ func TestAdaptQueue(t *testing.T) {
 		t.Fatalf("fixed queue moved to %d", w.queue)
 	}
 }
+
+// After short attempts grew the queue, attempts that have been running for
+// long shrink it at the next heartbeat, before any of them ends; a lone
+// straggler among short attempts does not, nor does the browser's runner,
+// which queues attempts itself.
+func TestShrinkQueueForRunning(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		name         string
+		runnerQueues bool
+		ages         []time.Duration // of the running attempts
+		want         int
+	}{
+		{"long attempts on every slot", false, []time.Duration{2 * time.Second, 2 * time.Second, 3 * time.Second, time.Second}, 4},
+		{"half the slots, 400 ms", false, []time.Duration{400 * time.Millisecond, 400 * time.Millisecond}, 4},
+		{"half the slots, 20 ms", false, []time.Duration{20 * time.Millisecond, 20 * time.Millisecond}, 128},
+		{"one straggler", false, []time.Duration{time.Minute}, 128},
+		{"a straggler and short ones", false, []time.Duration{time.Minute, time.Millisecond, time.Millisecond, time.Millisecond}, 128},
+		{"the browser's runner", true, []time.Duration{time.Minute, time.Minute, time.Minute, time.Minute}, 128},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := New(Config{Slots: 4, Queue: 4, MaxQueue: 128, RunnerQueues: tc.runnerQueues})
+			for range 40 {
+				w.adaptQueue(500*time.Microsecond, 0)
+			}
+			if w.queue != 128 {
+				t.Fatalf("after short attempts: queue %d, want 128", w.queue)
+			}
+			for i, age := range tc.ages {
+				w.running[int64(i)] = &attempt{started: now.Add(-age)}
+			}
+			w.shrinkQueueForRunning(now)
+			if w.queue != tc.want {
+				t.Errorf("queue %d, want %d", w.queue, tc.want)
+			}
+		})
+	}
+}

@@ -102,6 +102,7 @@ type outMsg struct {
 type attempt struct {
 	assign   *protocol.Assign
 	cancel   context.CancelFunc
+	started  time.Time // when it took a slot; zero while queued (w.mu)
 	progress float64
 	seq      int
 	ckptAcks map[int]chan protocol.Ack
@@ -560,6 +561,7 @@ func (w *Worker) heartbeatLoop(ctx context.Context, every time.Duration) error {
 		w.mu.Lock()
 		hb.Running = w.heartbeatRunning()
 		hb.Free = max(w.cfg.Slots-len(w.running), 0)
+		w.shrinkQueueForRunning(time.Now())
 		if w.cfg.MaxQueue > w.cfg.Queue {
 			q := w.queue
 			hb.Queue = &q
@@ -712,6 +714,11 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		}
 		var out *Outcome
 		if actx.Err() == nil {
+			if !w.cfg.RunnerQueues {
+				w.mu.Lock()
+				a.started = time.Now()
+				w.mu.Unlock()
+			}
 			job := &Job{Assign: as, ModuleID: as.Module, Host: &host{w: w, a: a},
 				Fetch: w.moduleFetcher(server, as.Module)}
 			out = w.cfg.Runner.Run(actx, job)
