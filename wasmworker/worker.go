@@ -141,35 +141,50 @@ func (w *Worker) Stats() Stats {
 // those assigned to it from now on, and reports each as a failure with
 // reason worker: the server queues its task again at once (from its latest
 // checkpoint) without using up an attempt, instead of when its lease lapses,
-// as a lost attempt that counts. It waits up to wait for the server to
-// acknowledge them (not when disconnected: nobody would); Run goes on until
-// its context ends. For a worker that stops on purpose, whose queue may
-// hold hundreds of attempts.
+// as a lost attempt that counts. An attempt that ends on its own meanwhile
+// reports how it ended. HandBack waits up to wait for the server to
+// acknowledge the reports (through a reconnection, should Run make one);
+// Run goes on until its context ends. For a worker that stops on purpose,
+// whose queue may hold hundreds of attempts.
 func (w *Worker) HandBack(why string, wait time.Duration) {
+	deadline := time.Now().Add(wait)
 	w.mu.Lock()
 	w.handBack = why
 	w.mu.Unlock()
 	// First a heartbeat that says the worker takes no more work (the
 	// server assigns nothing to a paused worker), sent before the outcomes
-	// that free its slots.
+	// that free its slots; heartbeats from now on say so too.
 	dev := w.device()
-	w.send(&protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: &protocol.Heartbeat{Device: &dev}})
+	w.sendBy(&protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: &protocol.Heartbeat{Device: &dev}}, deadline)
 	w.mu.Lock()
 	for _, a := range w.running {
 		a.cancel()
 	}
 	w.mu.Unlock()
-	deadline := time.Now().Add(wait)
-	for time.Now().Before(deadline) {
+	// Done once nothing is left to report or acknowledge for a little
+	// while (an assignment may still be on its way from a round that
+	// began before the server heard of the pause). While disconnected,
+	// Run may reconnect and send the reports again: wait for that too.
+	var quiet time.Time
+	for now := time.Now(); now.Before(deadline); now = time.Now() {
 		w.mu.Lock()
-		done := len(w.running) == 0 && (len(w.pending) == 0 || !w.stats.Connected)
+		done := len(w.running) == 0 && len(w.pending) == 0
 		w.mu.Unlock()
-		if done {
+		switch {
+		case !done:
+			quiet = time.Time{}
+		case quiet.IsZero():
+			quiet = now
+		case now.Sub(quiet) >= handBackQuiet:
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// handBackQuiet is how long HandBack waits, once it has nothing left to
+// report, for assignments still on their way.
+const handBackQuiet = 100 * time.Millisecond
 
 // device is the device state the worker reports: Config.Device's, paused
 // once the worker hands its attempts back.
@@ -391,6 +406,31 @@ func (w *Worker) writeLoop(ctx context.Context, ws conn, out chan outMsg) error 
 	}
 }
 
+// sendBy is send, giving up at deadline when the connection's queue stays
+// full.
+func (w *Worker) sendBy(f *protocol.Frame, deadline time.Time) bool {
+	data, bin, err := protocol.Encode(f)
+	if err != nil {
+		w.log.Error("encode frame", "type", f.Type, "err", err)
+		return false
+	}
+	w.mu.Lock()
+	out, done := w.out, w.sessDone
+	w.mu.Unlock()
+	if out == nil {
+		return false
+	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case out <- outMsg{data, bin}:
+		return true
+	case <-done:
+	case <-t.C:
+	}
+	return false
+}
+
 // send queues a frame on the current connection; it reports false when
 // disconnected (outcomes stay pending and are sent after reconnecting).
 func (w *Worker) send(f *protocol.Frame) bool {
@@ -556,9 +596,12 @@ func (w *Worker) heartbeatLoop(ctx context.Context, every time.Duration) error {
 		case <-t.C:
 		case <-w.hbNow:
 		}
-		dev := w.device()
+		dev := w.cfg.Device()
 		hb := &protocol.Heartbeat{Device: &dev}
 		w.mu.Lock()
+		// Paused as late as possible: a heartbeat built before HandBack
+		// must not follow its paused one and unpause the worker.
+		dev = w.pausedIfHandingBack(dev)
 		hb.Running = w.heartbeatRunning()
 		hb.Free = max(w.cfg.Slots-len(w.running), 0)
 		w.shrinkQueueForRunning(time.Now())
@@ -727,8 +770,10 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		why := w.handBack
 		w.mu.Unlock()
 		switch {
-		case why != "" && actx.Err() != nil && (out == nil || out.Reason != ""):
+		case why != "" && actx.Err() != nil && (out == nil || out.Reason == protocol.ReasonCancelled):
 			// Stopped by HandBack (or never started): the task goes back.
+			// An attempt that ended on its own (a result, or a failure of
+			// its own, such as a trap) reports that instead.
 			out = &Outcome{Reason: protocol.ReasonWorker, Message: why, Duration: time.Since(start)}
 		case out == nil:
 			// Stopped before it started, by a cancel from the server or
