@@ -50,10 +50,6 @@ func commands() []command {
 func main() {
 	headless.ServeSlotIfChild() // a worker's slot process runs here and exits
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	// After the first signal, a second one ends the process at once: a
-	// worker hands its tasks back and a server stops PostgreSQL after the
-	// first, which takes a few seconds.
-	context.AfterFunc(ctx, stop)
 	code := dispatch(ctx, os.Args[1:], os.Stderr)
 	stop()
 	os.Exit(code)

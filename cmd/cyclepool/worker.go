@@ -6,9 +6,11 @@ import (
 	"flag"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
@@ -70,6 +72,9 @@ func runWorker(ctx context.Context, args []string) error {
 		return err
 	case <-ctx.Done():
 	}
+	// A second signal ends the worker at once (its slot processes die with
+	// it). Not serve's: it stops PostgreSQL after the first.
+	signal.Reset(os.Interrupt, syscall.SIGTERM)
 	log.Info("stopping: handing the attempts back")
 	w.HandBack("the worker is shutting down", handBackWait)
 	stop()
