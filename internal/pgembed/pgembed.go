@@ -200,7 +200,11 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		timeout = 60 * time.Second
 	}
 	// A picked port may be taken between the check and the bind: retry.
-	for try := 0; ; try++ {
+	// So may the shared memory of a server that was killed (a crash, or
+	// kill -9): its other processes notice their postmaster's death and
+	// exit, but under load not always before the next start looks, which
+	// then refuses to run.
+	for binds, shm := 0, 0; ; {
 		if c.port, err = pickPort(cfg.Port, dir); err != nil {
 			return nil, err
 		}
@@ -208,7 +212,18 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		if err == nil {
 			break
 		}
-		if cfg.Port != 0 || try == 2 || !strings.Contains(err.Error(), "could not bind") {
+		switch {
+		case strings.Contains(err.Error(), "pre-existing shared memory block") && shm < 50:
+			shm++
+			log.Info("processes of a killed PostgreSQL server still hold its shared memory; waiting for them", "dir", dir)
+			select {
+			case <-time.After(200 * time.Millisecond):
+			case <-ctx.Done():
+				return nil, err
+			}
+		case cfg.Port == 0 && binds < 2 && strings.Contains(err.Error(), "could not bind"):
+			binds++
+		default:
 			return nil, err
 		}
 	}
