@@ -38,8 +38,8 @@ func TestHeadlessQueueGrowsForShortTasks(t *testing.T) {
 	// milliseconds.
 	adapted := regexp.MustCompile(`msg="queue adapted to the tasks" queue=(\d+)`)
 	q, ok := grows.out.waitFor(adapted, 10*time.Second)
-	if n, err := strconv.Atoi(q); !ok || err != nil || n < 8 || n > 32 {
-		t.Errorf("the worker's queue became %q, want 8 to 32 (32 is its longest for one slot)", q)
+	if n, err := strconv.Atoi(q); !ok || err != nil || n < 4 || n > 32 {
+		t.Errorf("the worker's queue became %q, want 4 to 32 (32 is its longest for one slot)", q)
 	}
 	if countLines(fixed.out, adapted) > 0 {
 		t.Errorf("the queue of the worker with --max-queue 1 changed:\n%s", fixed.out)
