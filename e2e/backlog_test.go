@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cyclepool/cyclepool/client"
+	"github.com/cyclepool/cyclepool/internal/pgtest"
 )
 
 // Outcomes piling up behind commits that stall (here a lock on
@@ -23,7 +24,11 @@ import (
 // so that every attempt in flight was lost and ran again.
 func TestStalledCommitsKeepTheWorkerConnected(t *testing.T) {
 	t.Parallel()
-	p := newPlatform(t)
+	// A lease well over the stall: outcomes waiting for their commit are
+	// renewed by nobody, and would lapse on a slow machine.
+	db := pgtest.URL(t)
+	srv := startServer(t, "server", db, t.TempDir(), 0, "--lease", "6s") // heartbeats every 1.2 s
+	p := &platform{db: db, srv: srv, client: client.New(srv.url, srv.token)}
 	w := startWorker(t, "worker", 1, p.srv.url)
 	noop := push(t, p.client, "noop")
 
@@ -51,15 +56,15 @@ func TestStalledCommitsKeepTheWorkerConnected(t *testing.T) {
 	id := submit(t, p.client, workflow("backlog", tasks...))
 	// Far more outcomes than the worker's one slot and its queue wait for
 	// their ack (the server refuses a heartbeat of more than 2 × (1 + 32)
-	// + 16 attempts), over several heartbeats (400 ms), within the lease
-	// (2 s) of the attempts claimed first.
+	// + 16 attempts), over two heartbeats, within the lease of the
+	// attempts claimed first.
 	eventually(t, 20*time.Second, "attempts to run while their commits wait", func() bool {
 		var started int
 		err := tx.QueryRow(ctx, `SELECT count(*) FROM attempts a JOIN tasks t ON t.id = a.task_id
 			JOIN workflows w ON w.id = t.workflow_id WHERE w.id = $1`, id).Scan(&started)
-		return err == nil && started >= 200
+		return err == nil && started >= 120
 	})
-	time.Sleep(900 * time.Millisecond)
+	time.Sleep(2600 * time.Millisecond)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
