@@ -406,8 +406,12 @@ func (w *Worker) writeLoop(ctx context.Context, ws conn, out chan outMsg) error 
 	}
 }
 
-// sendBy is send, giving up at deadline when the connection's queue stays
-// full.
+// send queues a frame on the current connection; it reports false when
+// disconnected (outcomes stay pending and are sent after reconnecting).
+func (w *Worker) send(f *protocol.Frame) bool { return w.sendBy(f, time.Time{}) }
+
+// sendBy is send, giving up at deadline (unless zero) when the
+// connection's queue stays full.
 func (w *Worker) sendBy(f *protocol.Frame, deadline time.Time) bool {
 	data, bin, err := protocol.Encode(f)
 	if err != nil {
@@ -420,37 +424,19 @@ func (w *Worker) sendBy(f *protocol.Frame, deadline time.Time) bool {
 	if out == nil {
 		return false
 	}
-	t := time.NewTimer(time.Until(deadline))
-	defer t.Stop()
+	var expired <-chan time.Time // nil: never
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		expired = t.C
+	}
 	select {
 	case out <- outMsg{data, bin}:
 		return true
 	case <-done:
-	case <-t.C:
+	case <-expired:
 	}
 	return false
-}
-
-// send queues a frame on the current connection; it reports false when
-// disconnected (outcomes stay pending and are sent after reconnecting).
-func (w *Worker) send(f *protocol.Frame) bool {
-	data, bin, err := protocol.Encode(f)
-	if err != nil {
-		w.log.Error("encode frame", "type", f.Type, "err", err)
-		return false
-	}
-	w.mu.Lock()
-	out, done := w.out, w.sessDone
-	w.mu.Unlock()
-	if out == nil {
-		return false
-	}
-	select {
-	case out <- outMsg{data, bin}:
-		return true
-	case <-done:
-		return false
-	}
 }
 
 // Bounds of one frame of outcomes: a bigger outcome travels alone. The
@@ -766,15 +752,16 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 				Fetch: w.moduleFetcher(server, as.Module)}
 			out = w.cfg.Runner.Run(actx, job)
 		}
+		// Stopped (by HandBack, the server's cancel or a lost lease), not
+		// ended on its own: its run time says nothing of the tasks.
+		stopped := actx.Err() != nil
 		w.mu.Lock()
-		why := w.handBack
-		w.mu.Unlock()
 		switch {
-		case why != "" && actx.Err() != nil && (out == nil || out.Reason == protocol.ReasonCancelled):
+		case w.handBack != "" && stopped && (out == nil || out.Reason == protocol.ReasonCancelled):
 			// Stopped by HandBack (or never started): the task goes back.
 			// An attempt that ended on its own (a result, or a failure of
 			// its own, such as a trap) reports that instead.
-			out = &Outcome{Reason: protocol.ReasonWorker, Message: why, Duration: time.Since(start)}
+			out = &Outcome{Reason: protocol.ReasonWorker, Message: w.handBack, Duration: time.Since(start)}
 		case out == nil:
 			// Stopped before it started, by a cancel from the server or
 			// a lost lease: the server refuses or ignores the report.
@@ -788,14 +775,13 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 			f = &protocol.Frame{Type: protocol.TypeFail, Fails: []protocol.Fail{{
 				Attempt: as.Attempt, Reason: out.Reason, Message: out.Message, Log: protocol.Blob{Data: out.Log}, DurationMS: out.Duration.Milliseconds()}}}
 		}
-		w.mu.Lock()
 		delete(w.running, as.Attempt)
 		if out.Reason == "" {
 			w.stats.Done++
 		} else {
 			w.stats.Failed++
 		}
-		announce := w.adaptQueue(out.Duration, PayloadBytes(as))
+		announce := !stopped && w.adaptQueue(out.Duration, PayloadBytes(as))
 		queue := w.queue
 		// Even a cancelled attempt reports: the server frees its slot on the
 		// report (and refuses it, the attempt being over already).
