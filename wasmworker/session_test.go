@@ -31,11 +31,12 @@ type outcomeFrame struct {
 	outcomes int
 }
 
-// fakeServer welcomes one worker, sends it one assign frame of n attempts
-// and reports every result frame it receives.
-func fakeServer(t *testing.T, n int) (url string, frames <-chan outcomeFrame) {
+// fakeServer welcomes one worker (heartbeats every heartbeat), sends it
+// the frames first, then hands every frame the worker sends to onFrame, on
+// the server's goroutine, and sends back what onFrame returns.
+func fakeServer(t *testing.T, heartbeat time.Duration, first []*protocol.Frame,
+	onFrame func(*protocol.Frame) []*protocol.Frame) (url string) {
 	t.Helper()
-	ch := make(chan outcomeFrame, n)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ws, err := websocket.Accept(w, r, nil)
 		if err != nil {
@@ -43,29 +44,27 @@ func fakeServer(t *testing.T, n int) (url string, frames <-chan outcomeFrame) {
 		}
 		defer ws.CloseNow()
 		ctx := r.Context()
-		send := func(f *protocol.Frame) error {
-			data, bin, err := protocol.Encode(f)
-			if err != nil {
-				return err
+		send := func(fs ...*protocol.Frame) error {
+			for _, f := range fs {
+				data, bin, err := protocol.Encode(f)
+				if err != nil {
+					return err
+				}
+				typ := websocket.MessageText
+				if bin {
+					typ = websocket.MessageBinary
+				}
+				if err := ws.Write(ctx, typ, data); err != nil {
+					return err
+				}
 			}
-			typ := websocket.MessageText
-			if bin {
-				typ = websocket.MessageBinary
-			}
-			return ws.Write(ctx, typ, data)
+			return nil
 		}
 		if _, _, err := ws.Read(ctx); err != nil { // hello
 			return
 		}
-		if send(&protocol.Frame{Type: protocol.TypeWelcome, Welcome: &protocol.Welcome{WorkerID: "w", HeartbeatMS: 60000,
-			LeaseMS: 60000}}) != nil {
-			return
-		}
-		as := make([]protocol.Assign, n)
-		for i := range as {
-			as[i] = protocol.Assign{Attempt: int64(i + 1), Task: "wf/t", Module: "sha256:00"}
-		}
-		if send(&protocol.Frame{Type: protocol.TypeAssign, Assign: as}) != nil {
+		if send(&protocol.Frame{Type: protocol.TypeWelcome, Welcome: &protocol.Welcome{WorkerID: "w",
+			HeartbeatMS: int(heartbeat.Milliseconds()), LeaseMS: 60000}}) != nil || send(first...) != nil {
 			return
 		}
 		for {
@@ -78,13 +77,31 @@ func fakeServer(t *testing.T, n int) (url string, frames <-chan outcomeFrame) {
 				t.Errorf("bad frame from the worker: %v", err)
 				return
 			}
-			if f.Type == protocol.TypeResult {
-				ch <- outcomeFrame{at: time.Now(), outcomes: len(f.Results)}
+			if send(onFrame(f)...) != nil {
+				return
 			}
 		}
 	}))
 	t.Cleanup(srv.Close)
-	return srv.URL, ch
+	return srv.URL
+}
+
+// assign is an assign frame of the attempts from to to (inclusive).
+func assign(from, to int64) *protocol.Frame {
+	f := &protocol.Frame{Type: protocol.TypeAssign}
+	for a := from; a <= to; a++ {
+		f.Assign = append(f.Assign, protocol.Assign{Attempt: a, Task: "wf/t", Module: "sha256:00"})
+	}
+	return f
+}
+
+// ackFails acknowledges the outcomes of a fail frame.
+func ackFails(f *protocol.Frame) []*protocol.Frame {
+	ack := &protocol.Frame{Type: protocol.TypeAck}
+	for _, fl := range f.Fails {
+		ack.Acks = append(ack.Acks, protocol.Ack{Attempt: fl.Attempt, Of: protocol.AckFail, OK: true})
+	}
+	return []*protocol.Frame{ack}
 }
 
 // Outcomes wait for others (Config.Gather) while the worker has more to
@@ -108,7 +125,13 @@ func TestGatherOutcomes(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			url, frames := fakeServer(t, tc.attempts)
+			frames := make(chan outcomeFrame, tc.attempts)
+			url := fakeServer(t, time.Minute, []*protocol.Frame{assign(1, int64(tc.attempts))}, func(f *protocol.Frame) []*protocol.Frame {
+				if f.Type == protocol.TypeResult {
+					frames <- outcomeFrame{at: time.Now(), outcomes: len(f.Results)}
+				}
+				return nil
+			})
 			w := New(Config{Servers: []string{url}, Slots: 4, Queue: tc.queue, Kind: protocol.KindHeadless,
 				Runner: sleepRunner{20 * time.Millisecond}, Gather: tc.gather, Logger: slog.New(slog.DiscardHandler)})
 			ctx, cancel := context.WithCancel(context.Background())
@@ -163,57 +186,17 @@ func (r blockRunner) Run(ctx context.Context, job *Job) *Outcome {
 // paused; an attempt that ended on its own reports how it ended.
 func TestHandBack(t *testing.T) {
 	frames := make(chan *protocol.Frame, 64)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ws, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
+	url := fakeServer(t, time.Minute, []*protocol.Frame{assign(1, 3)}, func(f *protocol.Frame) []*protocol.Frame {
+		frames <- f
+		if f.Type == protocol.TypeFail {
+			return ackFails(f)
 		}
-		defer ws.CloseNow()
-		ctx := r.Context()
-		send := func(f *protocol.Frame) error {
-			data, _, err := protocol.Encode(f)
-			if err != nil {
-				return err
-			}
-			return ws.Write(ctx, websocket.MessageText, data)
-		}
-		if _, _, err := ws.Read(ctx); err != nil { // hello
-			return
-		}
-		if send(&protocol.Frame{Type: protocol.TypeWelcome, Welcome: &protocol.Welcome{WorkerID: "w", HeartbeatMS: 60000,
-			LeaseMS: 60000}}) != nil {
-			return
-		}
-		as := []protocol.Assign{{Attempt: 1, Module: "sha256:00"}, {Attempt: 2, Module: "sha256:00"}, {Attempt: 3, Module: "sha256:00"}}
-		if send(&protocol.Frame{Type: protocol.TypeAssign, Assign: as}) != nil {
-			return
-		}
-		for {
-			typ, data, err := ws.Read(ctx)
-			if err != nil {
-				return
-			}
-			f, err := protocol.Decode(data, typ == websocket.MessageBinary)
-			if err != nil {
-				return
-			}
-			frames <- f
-			if f.Type == protocol.TypeFail {
-				var acks []protocol.Ack
-				for _, fl := range f.Fails {
-					acks = append(acks, protocol.Ack{Attempt: fl.Attempt, Of: protocol.AckFail, OK: true})
-				}
-				if send(&protocol.Frame{Type: protocol.TypeAck, Acks: acks}) != nil {
-					return
-				}
-			}
-		}
-	}))
-	defer srv.Close()
+		return nil
+	})
 	// Two slots: two attempts run, one waits in the queue.
 	var ran sync.Map
 	var trapped atomic.Int64
-	w := New(Config{Servers: []string{srv.URL}, Slots: 2, Queue: 1, Kind: protocol.KindHeadless, Runner: blockRunner{&ran, &trapped},
+	w := New(Config{Servers: []string{url}, Slots: 2, Queue: 1, Kind: protocol.KindHeadless, Runner: blockRunner{&ran, &trapped},
 		Logger: slog.New(slog.DiscardHandler)})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -273,4 +256,96 @@ func (w *Worker) heartbeatSnapshot() []protocol.Progress {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.heartbeatRunning()
+}
+
+// runnerFunc is a Runner made of a function.
+type runnerFunc func(ctx context.Context, job *Job) *Outcome
+
+func (f runnerFunc) Run(ctx context.Context, job *Job) *Outcome { return f(ctx, job) }
+
+// runOrBlock runs attempts below 100 for a millisecond, and the others
+// until they are stopped.
+var runOrBlock = runnerFunc(func(ctx context.Context, job *Job) *Outcome {
+	if job.Assign.Attempt < 100 {
+		time.Sleep(time.Millisecond)
+		return &Outcome{Outputs: []protocol.Blob{{Name: "stdout"}}, Duration: time.Millisecond}
+	}
+	<-ctx.Done()
+	return &Outcome{Reason: protocol.ReasonCancelled, Message: "cancelled"}
+})
+
+// The queue a heartbeat asks for follows the attempts: it grows to its
+// most while they are short, and the heartbeats shrink it to one per slot
+// once long ones have run for a while, before any of them ends.
+func TestHeartbeatsCarryTheAdaptedQueue(t *testing.T) {
+	queues := make(chan int, 256)
+	results := 0
+	url := fakeServer(t, 50*time.Millisecond, []*protocol.Frame{assign(1, 8)}, func(f *protocol.Frame) []*protocol.Frame {
+		switch f.Type {
+		case protocol.TypeHeartbeat:
+			if f.Heartbeat.Queue != nil {
+				queues <- *f.Heartbeat.Queue
+			}
+		case protocol.TypeResult:
+			if results += len(f.Results); results == 8 {
+				return []*protocol.Frame{assign(101, 104)} // long ones, now
+			}
+		}
+		return nil
+	})
+	w := New(Config{Servers: []string{url}, Slots: 4, Queue: 4, MaxQueue: 64, Kind: protocol.KindHeadless, Runner: runOrBlock,
+		Logger: slog.New(slog.DiscardHandler)})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.Run(ctx)
+	grew := false
+	timeout := time.After(5 * time.Second)
+	for {
+		select {
+		case q := <-queues:
+			if q == 64 {
+				grew = true
+			}
+			if grew && q == 4 {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("no heartbeat asked for a queue of 4 after one of 64 (grew: %v)", grew)
+		}
+	}
+}
+
+// Attempts stopped before their end (here cancelled by the server, most
+// before they started) say nothing of how long tasks run: their durations
+// of about 0 do not grow the queue.
+func TestStoppedAttemptsLeaveTheQueueAlone(t *testing.T) {
+	fails := make(chan int, 16)
+	cancels := &protocol.Frame{Type: protocol.TypeCancel, Cancel: &protocol.Cancel{Attempts: []int64{101, 102, 103, 104, 105, 106},
+		Reason: "cancelled by the owner"}}
+	url := fakeServer(t, time.Minute, []*protocol.Frame{assign(101, 106), cancels}, func(f *protocol.Frame) []*protocol.Frame {
+		if f.Type == protocol.TypeFail {
+			fails <- len(f.Fails)
+			return ackFails(f)
+		}
+		return nil
+	})
+	w := New(Config{Servers: []string{url}, Slots: 2, Queue: 4, MaxQueue: 64, Kind: protocol.KindHeadless, Runner: runOrBlock,
+		Logger: slog.New(slog.DiscardHandler)})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.Run(ctx)
+	for n := 0; n < 6; {
+		select {
+		case k := <-fails:
+			n += k
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of 6 cancelled attempts reported", n)
+		}
+	}
+	w.mu.Lock()
+	q := w.queue
+	w.mu.Unlock()
+	if q != 4 {
+		t.Errorf("queue %d after six cancelled attempts, want 4 as configured", q)
+	}
 }
