@@ -93,6 +93,31 @@ func newFixture(t *testing.T) *fixture {
 	return &fixture{st: st, owner: owner, module: mod, worker: reg}
 }
 
+// socketless adds to s's hub a worker connection of slots slots with no
+// socket behind it (the frames it is sent are dropped), heard from now.
+func socketless(s *Server, worker string, slots int) *conn {
+	gone := make(chan struct{})
+	close(gone)
+	c := &conn{id: worker, done: gone, log: slog.New(slog.DiscardHandler), threads: slots, slots: slots, free: slots,
+		running: map[int64]struct{}{}}
+	c.heard.Store(time.Now().UnixNano())
+	s.hub.add(c)
+	return c
+}
+
+// submitMany submits a batch workflow of n tasks.
+func (f *fixture) submitMany(t *testing.T, n int) {
+	t.Helper()
+	var tasks []store.NewTask
+	for i := range n {
+		tasks = append(tasks, store.NewTask{Name: fmt.Sprintf("t%d", i), Module: f.module, MaxAttempts: 1, TimeoutMS: 1000,
+			MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10})
+	}
+	if _, err := f.st.CreateWorkflow(context.Background(), f.owner.ID, &store.NewWorkflow{Name: "many", Priority: "batch", Tasks: tasks}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // oneTask is an interactive workflow of one task.
 func (f *fixture) oneTask() *store.NewWorkflow {
 	return &store.NewWorkflow{Name: "one", Priority: "interactive", Tasks: []store.NewTask{{
@@ -117,12 +142,7 @@ func TestSubmissionClaimsOnlyWhenNoTaskWaits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
-			gone := make(chan struct{})
-			close(gone) // frames are dropped: no socket behind this connection
-			c := &conn{id: f.worker.ID, done: gone, log: slog.New(slog.DiscardHandler), threads: 1, slots: 1, free: 1,
-				running: map[int64]struct{}{}}
-			c.heard.Store(time.Now().UnixNano())
-			s.hub.add(c)
+			c := socketless(s, f.worker.ID, 1)
 			s.readyLeft.Store(tc.left)
 			s.tasksWake.Store(tc.woken)
 			id, err := s.submit(ctx, f.owner.ID, f.oneTask())
@@ -152,14 +172,7 @@ func TestSubmissionClaimsOnlyWhenNoTaskWaits(t *testing.T) {
 func TestReplicasTakingTurnsPlanFromWhatIsReady(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
-	var tasks []store.NewTask
-	for i := range 200 {
-		tasks = append(tasks, store.NewTask{Name: fmt.Sprintf("t%d", i), Module: f.module, MaxAttempts: 1, TimeoutMS: 1000,
-			MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10})
-	}
-	if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, &store.NewWorkflow{Name: "many", Priority: "batch", Tasks: tasks}); err != nil {
-		t.Fatal(err)
-	}
+	f.submitMany(t, 200)
 	other, err := f.st.RegisterWorker(ctx, store.WorkerHello{Kind: "headless", Slots: 4}, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -168,12 +181,7 @@ func TestReplicasTakingTurnsPlanFromWhatIsReady(t *testing.T) {
 	var conns []*conn
 	for i, w := range []string{f.worker.ID, other.ID} {
 		s := New(f.st, Config{Replica: fmt.Sprintf("r%d", i), Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
-		gone := make(chan struct{})
-		close(gone) // frames are dropped: no socket behind this connection
-		c := &conn{id: w, done: gone, log: slog.New(slog.DiscardHandler), threads: 4, slots: 4, running: map[int64]struct{}{}}
-		c.heard.Store(time.Now().UnixNano())
-		s.hub.add(c)
-		servers, conns = append(servers, s), append(conns, c)
+		servers, conns = append(servers, s), append(conns, socketless(s, w, 4))
 	}
 	claimed, refused := 0, 0
 	for round := range 40 {
@@ -198,20 +206,9 @@ func TestReplicasTakingTurnsPlanFromWhatIsReady(t *testing.T) {
 func TestDispatcherReusesItsCandidates(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
-	var tasks []store.NewTask
-	for i := range 200 {
-		tasks = append(tasks, store.NewTask{Name: fmt.Sprintf("t%d", i), Module: f.module, MaxAttempts: 1, TimeoutMS: 1000,
-			MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10})
-	}
-	if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, &store.NewWorkflow{Name: "many", Priority: "batch", Tasks: tasks}); err != nil {
-		t.Fatal(err)
-	}
+	f.submitMany(t, 200)
 	s := New(f.st, Config{Replica: "r", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
-	gone := make(chan struct{})
-	close(gone) // frames are dropped: no socket behind this connection
-	c := &conn{id: f.worker.ID, done: gone, log: slog.New(slog.DiscardHandler), threads: 4, slots: 4, running: map[int64]struct{}{}}
-	c.heard.Store(time.Now().UnixNano())
-	s.hub.add(c)
+	c := socketless(s, f.worker.ID, 4)
 	read := 2 * candidateWindow(4, 0) // what a fresh read takes
 	for round, want := range []int{read - 4, read - 8, read - 12, read - 4} {
 		if round == 3 {
