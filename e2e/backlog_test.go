@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cyclepool/cyclepool/client"
-	"github.com/cyclepool/cyclepool/internal/pgtest"
 )
 
 // Outcomes piling up behind commits that stall (here a lock on
@@ -26,9 +25,7 @@ func TestStalledCommitsKeepTheWorkerConnected(t *testing.T) {
 	t.Parallel()
 	// A lease well over the stall: outcomes waiting for their commit are
 	// renewed by nobody, and would lapse on a slow machine.
-	db := pgtest.URL(t)
-	srv := startServer(t, "server", db, t.TempDir(), 0, "--lease", "6s") // heartbeats every 1.2 s
-	p := &platform{db: db, srv: srv, client: client.New(srv.url, srv.token)}
+	p := newPlatform(t, "--lease", "6s") // heartbeats every 1.2 s
 	w := startWorker(t, "worker", 1, p.srv.url)
 	noop := push(t, p.client, "noop")
 

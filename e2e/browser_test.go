@@ -108,9 +108,7 @@ func TestBrowserMatchesHeadless(t *testing.T) {
 func TestBrowserOnlyWhileCharging(t *testing.T) {
 	t.Parallel()
 	// A long lease, so heartbeats are 4 s apart: a pause must not wait for one.
-	db := pgtest.URL(t)
-	srv := startServer(t, "server", db, t.TempDir(), 0, "--lease", "20s")
-	p := &platform{db: db, srv: srv, client: client.New(srv.url, srv.token)}
+	p := newPlatform(t, "--lease", "20s")
 	noop := push(t, p.client, "noop")
 	b := newBrowser(t, 360, 800, discharging)
 	openVolunteerPage(t, b, p.srv.url)
@@ -145,7 +143,7 @@ func TestBrowserOnlyWhileCharging(t *testing.T) {
 
 	// Ticking it again pauses the worker, and the server hears of it at once
 	// (a heartbeat sent on the change), not at the next tick 4 s later.
-	conn, err := pgx.Connect(context.Background(), db)
+	conn, err := pgx.Connect(context.Background(), p.db)
 	if err != nil {
 		t.Fatal(err)
 	}

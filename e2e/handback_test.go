@@ -19,9 +19,8 @@ import (
 // failed; here another worker then runs them.
 func TestStoppedWorkerHandsItsAttemptsBack(t *testing.T) {
 	t.Parallel()
-	db := pgtest.URL(t)
-	srv := startServer(t, "server", db, t.TempDir(), 0, "--lease", "30s")
-	c := client.New(srv.url, srv.token)
+	p := newPlatform(t, "--lease", "30s")
+	srv, c := p.srv, p.client
 	w := startWorker(t, "worker", 1, srv.url) // one running, one queued
 	spin := push(t, c, "spin")
 	noop := push(t, c, "noop")

@@ -235,7 +235,8 @@ func startWorker(t *testing.T, name string, slots int, servers ...string) *proc 
 	return p
 }
 
-// platform is one database with one replica and an owner client.
+// platform is one database with one replica (started with serverArgs
+// added to startServer's) and an owner client.
 type platform struct {
 	db     string
 	srv    *server
@@ -243,11 +244,11 @@ type platform struct {
 	data   string
 }
 
-func newPlatform(t *testing.T) *platform {
+func newPlatform(t *testing.T, serverArgs ...string) *platform {
 	t.Helper()
 	db := pgtest.URL(t)
 	data := t.TempDir()
-	srv := startServer(t, "server", db, data, 0)
+	srv := startServer(t, "server", db, data, 0, serverArgs...)
 	return &platform{db: db, srv: srv, data: data, client: client.New(srv.url, srv.token)}
 }
 
