@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -84,18 +85,27 @@ func aggregateRuns(rs []Run) []RuntimeStat {
 	return out
 }
 
-// aggregateModules folds per-name averages into one average per module,
-// sorted by module.
-func aggregateModules(names []RuntimeStat) []RuntimeStat {
-	var out []RuntimeStat
-	for _, st := range names { // sorted by module
-		if n := len(out); n == 0 || out[n-1].Module != st.Module {
-			out = append(out, RuntimeStat{Module: st.Module})
-		}
-		m := &out[len(out)-1]
-		m.Mean = time.Duration((float64(m.Mean)*float64(m.Runs) + float64(st.Mean)*float64(st.Runs)) / float64(m.Runs+st.Runs))
-		m.Runs += st.Runs
+// moduleRuns folds runs into one average per module, sorted by module.
+func moduleRuns(rs []Run) []RuntimeStat {
+	type acc struct {
+		runs int64
+		sum  float64
 	}
+	by := map[string]*acc{}
+	for _, r := range rs {
+		a := by[r.Module]
+		if a == nil {
+			a = &acc{}
+			by[r.Module] = a
+		}
+		a.runs++
+		a.sum += float64(r.Duration)
+	}
+	out := make([]RuntimeStat, 0, len(by))
+	for m, a := range by {
+		out = append(out, RuntimeStat{Module: m, Runs: a.runs, Mean: time.Duration(a.sum / float64(a.runs))})
+	}
+	slices.SortFunc(out, func(a, b RuntimeStat) int { return strings.Compare(a.Module, b.Module) })
 	return out
 }
 
@@ -112,50 +122,120 @@ const (
 )
 
 // FlushRuntimeStats folds the run times of the successes committed since
-// the last flush into the averages, in one statement: every module's
-// (runtime_modules), and the names' own (runtime_stats) where they differ
-// from their module's (see nameSpread). It returns how many task names it
-// had run times of.
+// the last flush into the averages: every module's (runtime_modules), and
+// the names' own (runtime_stats) where they differ from their module's (see
+// nameSpread) or have one already. It returns how many runs it folded in.
+//
+// It takes two statements in one transaction. The first updates the
+// modules' averages and says which modules have names with averages of
+// their own; the second sends only the names that may keep one: those
+// that differ from their module's new average, and every name of a module
+// that has some (PostgreSQL then keeps those that have a row). A workflow
+// of 20,000 uniform tasks thus sends no name at all, where sending them
+// all and probing runtime_stats for each took about 60 ms of the server's
+// and PostgreSQL's CPU per flush, 3 µs a task (docs/BENCHMARKS.md).
 func (s *Store) FlushRuntimeStats(ctx context.Context) (int, error) {
-	stats := aggregateRuns(s.runs.take())
-	if len(stats) == 0 {
+	rs := s.runs.take()
+	if len(rs) == 0 {
 		return 0, nil
 	}
-	mods := aggregateModules(stats)
-	ms := make([]string, len(stats))
-	ns := make([]string, len(stats))
-	runs := make([]int64, len(stats))
-	means := make([]float64, len(stats))
-	for i, st := range stats {
-		ms[i], ns[i], runs[i], means[i] = st.Module, st.Name, st.Runs, float64(st.Mean)/float64(time.Millisecond)
-	}
+	mods := moduleRuns(rs)
 	mm := make([]string, len(mods))
 	mruns := make([]int64, len(mods))
 	mmeans := make([]float64, len(mods))
 	for i, st := range mods {
-		mm[i], mruns[i], mmeans[i] = st.Module, st.Runs, float64(st.Mean)/float64(time.Millisecond)
+		mm[i], mruns[i], mmeans[i] = st.Module, st.Runs, ms(st.Mean)
 	}
-	_, err := s.pool.Exec(ctx, `WITH m AS (
-			INSERT INTO runtime_modules AS r (module_id, runs, mean_ms)
-			SELECT * FROM unnest($5::text[], $6::bigint[], $7::float8[])
-			ON CONFLICT (module_id) DO UPDATE SET runs = r.runs + EXCLUDED.runs,
-				mean_ms = (r.mean_ms * r.runs + EXCLUDED.mean_ms * EXCLUDED.runs) / (r.runs + EXCLUDED.runs)
-			RETURNING module_id, mean_ms
-		)
-		INSERT INTO runtime_stats AS r (module_id, name, runs, mean_ms)
-		SELECT n.module_id, n.name, n.runs, n.mean_ms
-		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::float8[]) AS n(module_id, name, runs, mean_ms)
-		JOIN m ON m.module_id = n.module_id
-		WHERE abs(n.mean_ms - m.mean_ms) > greatest($8 * m.mean_ms, $9)
-			OR EXISTS (SELECT 1 FROM runtime_stats e WHERE e.module_id = n.module_id AND e.name = n.name)
-		ORDER BY n.module_id, n.name
-		ON CONFLICT (module_id, name) DO UPDATE SET runs = r.runs + EXCLUDED.runs,
-			mean_ms = (r.mean_ms * r.runs + EXCLUDED.mean_ms * EXCLUDED.runs) / (r.runs + EXCLUDED.runs)`,
-		ms, ns, runs, means, mm, mruns, mmeans, nameSpread, float64(nameMinDiff)/float64(time.Millisecond))
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// The modules' new averages, and whether each has names with
+		// averages of their own.
+		type module struct {
+			mean  float64
+			named bool
+		}
+		byModule := make(map[string]module, len(mods))
+		rows, err := tx.Query(ctx, `WITH m AS (
+				INSERT INTO runtime_modules AS r (module_id, runs, mean_ms)
+				SELECT * FROM unnest($1::text[], $2::bigint[], $3::float8[])
+				ON CONFLICT (module_id) DO UPDATE SET runs = r.runs + EXCLUDED.runs,
+					mean_ms = (r.mean_ms * r.runs + EXCLUDED.mean_ms * EXCLUDED.runs) / (r.runs + EXCLUDED.runs)
+				RETURNING module_id, mean_ms
+			)
+			SELECT m.module_id, m.mean_ms, EXISTS (SELECT 1 FROM runtime_stats e WHERE e.module_id = m.module_id) FROM m`,
+			mm, mruns, mmeans)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var id string
+			var m module
+			if err := rows.Scan(&id, &m.mean, &m.named); err != nil {
+				rows.Close()
+				return err
+			}
+			byModule[id] = m
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		// The names that may keep an average: every name of a module
+		// that has some, and the names with a run that differs (the
+		// average of runs that all lie within the band does too).
+		type key struct{ m, n string }
+		maybe := map[key]bool{}
+		for _, r := range rs {
+			if m := byModule[r.Module]; m.named || nameDiffers(ms(r.Duration), m.mean) {
+				maybe[key{r.Module, r.Name}] = true
+			}
+		}
+		if len(maybe) == 0 {
+			return nil
+		}
+		var theirs []Run
+		for _, r := range rs {
+			if maybe[key{r.Module, r.Name}] {
+				theirs = append(theirs, r)
+			}
+		}
+		var ns, names []string
+		var runs []int64
+		var means []float64
+		for _, st := range aggregateRuns(theirs) {
+			if m := byModule[st.Module]; m.named || nameDiffers(ms(st.Mean), m.mean) {
+				ns, names = append(ns, st.Module), append(names, st.Name)
+				runs, means = append(runs, st.Runs), append(means, ms(st.Mean))
+			}
+		}
+		if len(names) == 0 {
+			return nil
+		}
+		// A name sent because its module has names of their own keeps
+		// an average only when it has one already, or differs.
+		_, err = tx.Exec(ctx, `INSERT INTO runtime_stats AS r (module_id, name, runs, mean_ms)
+			SELECT n.module_id, n.name, n.runs, n.mean_ms
+			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::float8[]) AS n(module_id, name, runs, mean_ms)
+			JOIN runtime_modules m ON m.module_id = n.module_id
+			WHERE abs(n.mean_ms - m.mean_ms) > greatest($5 * m.mean_ms, $6)
+				OR EXISTS (SELECT 1 FROM runtime_stats e WHERE e.module_id = n.module_id AND e.name = n.name)
+			ORDER BY n.module_id, n.name
+			ON CONFLICT (module_id, name) DO UPDATE SET runs = r.runs + EXCLUDED.runs,
+				mean_ms = (r.mean_ms * r.runs + EXCLUDED.mean_ms * EXCLUDED.runs) / (r.runs + EXCLUDED.runs)`,
+			ns, names, runs, means, nameSpread, ms(nameMinDiff))
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("update run time averages: %w", err)
 	}
-	return len(stats), nil
+	return len(rs), nil
+}
+
+// ms is d in milliseconds, as the averages are kept.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// nameDiffers reports whether a name's average (ms) differs from its
+// module's by enough to keep an average of its own (nameSpread).
+func nameDiffers(name, module float64) bool {
+	return math.Abs(name-module) > max(nameSpread*module, ms(nameMinDiff))
 }
 
 // RuntimeStats reads the run time averages of the given modules: each

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -46,6 +47,18 @@ func TestFlushRuntimeStatsKeepsNamesThatDiffer(t *testing.T) {
 				"o/":  {Runs: 1, Mean: 7 * ms},
 			},
 		},
+		{
+			// o has no name of its own: z's first run differs from o's
+			// new average (36 ms) by 64 ms, but z's average (50.5 ms)
+			// by less than 50 ms, so z keeps none.
+			runs: []Run{{"o", "z", 100 * ms}, {"o", "z", 1 * ms}},
+			want: map[string]RuntimeStat{
+				"m/":  {Runs: 26, Mean: 6320 * ms / 26},
+				"m/b": {Runs: 1, Mean: 5000 * ms},
+				"m/c": {Runs: 2, Mean: 525 * ms},
+				"o/":  {Runs: 3, Mean: 36 * ms},
+			},
+		},
 	}
 	for i, fl := range flushes {
 		f.s.runs.add(fl.runs)
@@ -68,6 +81,24 @@ func TestFlushRuntimeStatsKeepsNamesThatDiffer(t *testing.T) {
 		}
 		if len(got) != len(fl.want) {
 			t.Errorf("flush %d: averages %v, want those of %v", i, got, fl.want)
+		}
+	}
+}
+
+// BenchmarkFlushRuntimeStats folds the runs of a 20,000-task workflow of
+// uniform tasks (the dispatch benchmark's) into the averages, as the
+// server does every 2 s.
+func BenchmarkFlushRuntimeStats(b *testing.B) {
+	f := newFixture(b)
+	ctx := context.Background()
+	rs := make([]Run, 20000)
+	for i := range rs {
+		rs[i] = Run{Module: f.module, Name: fmt.Sprintf("t%d", i), Duration: time.Millisecond + time.Duration(i%100)*time.Microsecond}
+	}
+	for b.Loop() {
+		f.s.runs.add(rs)
+		if _, err := f.s.FlushRuntimeStats(ctx); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
