@@ -2,11 +2,14 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // A batch of successes takes the one-round-trip path (completeFast) except
@@ -304,5 +307,77 @@ func TestCompletionsAreTallied(t *testing.T) {
 		if got := wt[f.worker].Succeeded; got != want || done != want {
 			t.Errorf("flush %d: %d successes and %d tasks done counted, want %d of each", flush, got, done, want)
 		}
+	}
+}
+
+// An empty stdout is stored without a row (implied), through either
+// completion path, and reads as an empty output everywhere: the status
+// lists it with size 0, Output returns it, and a dependent gets it as an
+// input and as stdin. Empty files keep their rows, and a task that is not
+// done has no stdout.
+func TestEmptyStdoutIsImplied(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		general bool // a failure in the batch takes the general path
+	}{{"fast", false}, {"general", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			id := f.submit(t, "batch", f.task("a"), f.task("b"),
+				f.task("c", NewInput{Name: "x", From: 0, Output: Stdout}, NewInput{Name: "", From: 0, Output: Stdout},
+					NewInput{Name: "y", From: 0, Output: "empty.txt"}))
+			cs := f.claim(t, 4, time.Minute)
+			if len(cs) != 2 || cs[0].Name != "a" {
+				t.Fatalf("claimed %+v, want a and b", cs)
+			}
+			a, b := cs[0], cs[1]
+			comps := []Completion{{Attempt: a.Attempt, Worker: a.Worker, OK: true,
+				Outputs: []Output{{Name: Stdout}, {Name: "empty.txt", Data: []byte{}}}}}
+			if tc.general {
+				comps = append(comps, Completion{Attempt: b.Attempt, Worker: b.Worker, Reason: "exit", Message: "exit status 1"})
+			}
+			if acc, err := f.s.Complete(ctx, comps); err != nil || !acc[0] {
+				t.Fatalf("complete: %v %v", acc, err)
+			}
+			var rows []string
+			r, err := f.s.pool.Query(ctx, `SELECT name FROM task_outputs WHERE task_id = $1 ORDER BY name`, a.TaskID)
+			if err == nil {
+				rows, err = pgx.CollectRows(r, pgx.RowTo[string])
+			}
+			if err != nil || !slices.Equal(rows, []string{"empty.txt"}) {
+				t.Fatalf("rows of a's outputs = %v (%v), want empty.txt only", rows, err)
+			}
+			st, err := f.s.Status(ctx, f.owner, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			outs := map[string][]OutputInfo{}
+			for _, ts := range st.Tasks {
+				outs[ts.Name] = ts.Outputs
+			}
+			if want := []OutputInfo{{"empty.txt", 0}, {Stdout, 0}}; !slices.Equal(outs["a"], want) {
+				t.Errorf("status lists a's outputs %v, want %v", outs["a"], want)
+			}
+			if len(outs["b"]) != 0 {
+				t.Errorf("status lists outputs %v of b, which is not done", outs["b"])
+			}
+			if data, err := f.s.Output(ctx, f.owner, id, "a", Stdout); err != nil || data == nil || len(data) != 0 {
+				t.Errorf("Output(a, stdout) = %q, %v; want empty", data, err)
+			}
+			for _, tcase := range []struct{ task, output string }{{"a", "nope"}, {"b", Stdout}, {"c", Stdout}} {
+				if _, err := f.s.Output(ctx, f.owner, id, tcase.task, tcase.output); !errors.Is(err, ErrNotFound) {
+					t.Errorf("Output(%s, %s): %v, want ErrNotFound", tcase.task, tcase.output, err)
+				}
+			}
+			// (b, which failed, is claimed again in the general case.)
+			c := slices.DeleteFunc(f.claim(t, 4, time.Minute), func(c Claimed) bool { return c.Name == "b" })
+			if len(c) != 1 || c[0].Name != "c" {
+				t.Fatalf("claimed %+v, want c", c)
+			}
+			if c[0].Missing != "" || c[0].Stdin == nil || len(c[0].Stdin) != 0 || len(c[0].Inputs) != 2 ||
+				c[0].Inputs[0].Data == nil || len(c[0].Inputs[0].Data) != 0 || len(c[0].Inputs[1].Data) != 0 {
+				t.Fatalf("c: inputs %+v, stdin %q, missing %q; want two empty inputs and an empty stdin", c[0].Inputs, c[0].Stdin, c[0].Missing)
+			}
+		})
 	}
 }

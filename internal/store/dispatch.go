@@ -55,7 +55,7 @@ func (s *Store) loadInputs(ctx context.Context, cs []Claimed) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := s.pool.Query(ctx, `SELECT ti.task_id, ti.name, ti.output, up.name, o.data
+	rows, err := s.pool.Query(ctx, `SELECT ti.task_id, ti.name, ti.output, up.name, up.state, o.data
 		FROM task_inputs ti JOIN tasks up ON up.id = ti.from_task
 		LEFT JOIN task_outputs o ON o.task_id = ti.from_task AND o.name = ti.output
 		WHERE ti.task_id = ANY($1) ORDER BY ti.task_id, ti.name`, ids)
@@ -65,10 +65,13 @@ func (s *Store) loadInputs(ctx context.Context, cs []Claimed) error {
 	defer rows.Close()
 	for rows.Next() {
 		var id int64
-		var name, output, upstream string
+		var name, output, upstream, state string
 		var data []byte
-		if err := rows.Scan(&id, &name, &output, &upstream, &data); err != nil {
+		if err := rows.Scan(&id, &name, &output, &upstream, &state, &data); err != nil {
 			return fmt.Errorf("load inputs: %w", err)
+		}
+		if data == nil && output == Stdout && state == StateDone {
+			data = []byte{} // an empty stdout has no row (implied)
 		}
 		c := byTask[id]
 		if data == nil && c.Missing == "" {

@@ -650,9 +650,16 @@ const runningAttemptSQL = ` LEFT JOIN LATERAL (SELECT a.progress, a.worker_id::t
 const taskStatusSQL = `SELECT t.name, t.state, t.attempts, t.max_attempts,
 	CASE WHEN t.state = 'done' THEN 1 ELSE coalesce(ra.progress, 0) END,
 	t.module_id, t.checkpoint_seq, t.checkpoint_at, coalesce(ra.worker, ''), t.started_at, t.finished_at, t.error, t.disputed, t.updated_at,
-	coalesce((SELECT array_agg(o.name ORDER BY o.name) FROM task_outputs o WHERE o.task_id = t.id), '{}'),
-	coalesce((SELECT array_agg(length(o.data) ORDER BY o.name) FROM task_outputs o WHERE o.task_id = t.id), '{}')
-	FROM tasks t` + runningAttemptSQL
+	coalesce(outs.names, '{}'), coalesce(outs.sizes, '{}')
+	FROM tasks t` + runningAttemptSQL + taskOutputsSQL
+
+// taskOutputsSQL joins a task (t) to the names and sizes of its outputs
+// (outs), sorted by name: its task_outputs rows, and the empty stdout a
+// done task has without a row (implied).
+const taskOutputsSQL = ` LEFT JOIN LATERAL (SELECT array_agg(x.name ORDER BY x.name) AS names, array_agg(x.size ORDER BY x.name) AS sizes
+		FROM (SELECT o.name, length(o.data) AS size FROM task_outputs o WHERE o.task_id = t.id
+			UNION ALL SELECT '` + Stdout + `', 0 WHERE t.state = 'done'
+				AND NOT EXISTS (SELECT 1 FROM task_outputs o WHERE o.task_id = t.id AND o.name = '` + Stdout + `')) x) outs ON true`
 
 // workflowTasksSQL reads the tasks of workflow $1 of owner $2 (none when
 // the workflow is another owner's), in submission order.
@@ -878,9 +885,12 @@ func (s *Store) Output(ctx context.Context, ownerID int64, id, task, output stri
 	if _, err := s.ownedWorkflow(ctx, nil, ownerID, id); err != nil {
 		return nil, err
 	}
+	// A done task without a stdout row has an empty stdout (implied).
 	var data []byte
-	err := s.pool.QueryRow(ctx, `SELECT o.data FROM task_outputs o JOIN tasks t ON t.id = o.task_id
-		WHERE t.workflow_id = $1 AND t.name = $2 AND o.name = $3`, id, task, output).Scan(&data)
+	err := s.pool.QueryRow(ctx, `SELECT coalesce(o.data, '') FROM tasks t
+		LEFT JOIN task_outputs o ON o.task_id = t.id AND o.name = $3
+		WHERE t.workflow_id = $1 AND t.name = $2 AND (o.task_id IS NOT NULL OR ($3 = '`+Stdout+`' AND t.state = 'done'))`,
+		id, task, output).Scan(&data)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
