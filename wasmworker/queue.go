@@ -53,11 +53,17 @@ func queueFor(slots, most int, run time.Duration, bytes float64) int {
 // queue it asks for when the attempts call for a clearly different one
 // (twice as much, or half as much: run times jitter). It reports whether
 // to announce it now, in a heartbeat before the next tick: at most once a
-// second, as a heartbeat renews every lease the worker holds. w.mu is held.
+// second, as a heartbeat renews every lease the worker holds. A change
+// within the second is announced when the second is over: otherwise the
+// server would go on with the queue it last heard of until the next tick
+// (3 s with a 15 s lease), and a queue shrunk by shrinkQueueForRunning and
+// grown back at once stayed short for that long. w.mu is held.
 func (w *Worker) adaptQueue(run time.Duration, bytes int) bool {
 	if w.cfg.MaxQueue <= w.cfg.Queue {
 		return false
 	}
+	now := time.Now()
+	w.lastEnd = now
 	w.recent.add(run, bytes)
 	if w.recent.n < 4 {
 		return false
@@ -67,11 +73,21 @@ func (w *Worker) adaptQueue(run time.Duration, bytes int) bool {
 		return false
 	}
 	w.queue = q
-	if now := time.Now(); now.Sub(w.announced) >= time.Second {
-		w.announced = now
-		return true
+	if wait := w.announced.Add(time.Second).Sub(now); wait > 0 {
+		if !w.announceLater {
+			w.announceLater = true
+			time.AfterFunc(wait, func() {
+				w.mu.Lock()
+				w.announceLater = false
+				w.announced = time.Now()
+				w.mu.Unlock()
+				w.DeviceChanged() // the heartbeat carries the queue as it is then
+			})
+		}
+		return false
 	}
-	return false
+	w.announced = now
+	return true
 }
 
 // shrinkQueueForRunning shrinks an adaptive queue when the attempts now
@@ -84,6 +100,13 @@ func (w *Worker) adaptQueue(run time.Duration, bytes int) bool {
 // attempts does not shrink it. It only shrinks: adaptQueue grows it again
 // as attempts end. (The browser's runner queues attempts itself, so the
 // worker does not know when they start: not there.)
+//
+// Nor does it shrink while attempts still end (one did within that long
+// run time): the running attempts are then old only because they wait,
+// for a slot process that starts (the first attempts of a worker wait
+// 100 ms and more) or for the CPU, not because they run long. It shrank
+// the queue of the dispatch benchmark's workers from 512 to 16 at their
+// first heartbeat, and the server kept the short queue until the next.
 func (w *Worker) shrinkQueueForRunning(now time.Time) {
 	if w.cfg.MaxQueue <= w.cfg.Queue || w.cfg.RunnerQueues {
 		return
@@ -99,7 +122,8 @@ func (w *Worker) shrinkQueueForRunning(now time.Time) {
 	}
 	slices.Sort(ages)
 	age := ages[len(ages)/2]
-	if age < queueAhead || float64(age) < 2*w.recent.run {
+	long := max(queueAhead, time.Duration(2*w.recent.run))
+	if age < long || now.Sub(w.lastEnd) < long {
 		return
 	}
 	if q := queueFor(w.cfg.Slots, w.cfg.MaxQueue, age, w.recent.bytes); q < w.queue {

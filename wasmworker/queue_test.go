@@ -70,14 +70,19 @@ func TestShrinkQueueForRunning(t *testing.T) {
 		name         string
 		runnerQueues bool
 		ages         []time.Duration // of the running attempts
+		ended        time.Duration   // since an attempt last ended
 		want         int
 	}{
-		{"long attempts on every slot", false, []time.Duration{2 * time.Second, 2 * time.Second, 3 * time.Second, time.Second}, 4},
-		{"half the slots, 400 ms", false, []time.Duration{400 * time.Millisecond, 400 * time.Millisecond}, 4},
-		{"half the slots, 20 ms", false, []time.Duration{20 * time.Millisecond, 20 * time.Millisecond}, 128},
-		{"one straggler", false, []time.Duration{time.Minute}, 128},
-		{"a straggler and short ones", false, []time.Duration{time.Minute, time.Millisecond, time.Millisecond, time.Millisecond}, 128},
-		{"the browser's runner", true, []time.Duration{time.Minute, time.Minute, time.Minute, time.Minute}, 128},
+		{"long attempts on every slot", false, []time.Duration{2 * time.Second, 2 * time.Second, 3 * time.Second, time.Second}, time.Second, 4},
+		{"half the slots, 400 ms", false, []time.Duration{400 * time.Millisecond, 400 * time.Millisecond}, 400 * time.Millisecond, 4},
+		{"half the slots, 20 ms", false, []time.Duration{20 * time.Millisecond, 20 * time.Millisecond}, 20 * time.Millisecond, 128},
+		{"one straggler", false, []time.Duration{time.Minute}, time.Minute, 128},
+		{"a straggler and short ones", false, []time.Duration{time.Minute, time.Millisecond, time.Millisecond, time.Millisecond}, time.Millisecond, 128},
+		{"the browser's runner", true, []time.Duration{time.Minute, time.Minute, time.Minute, time.Minute}, time.Minute, 128},
+		// Attempts that wait (for slot processes to start, for the
+		// CPU) while others end are not long ones.
+		{"old attempts, others ending", false, []time.Duration{130 * time.Millisecond, 130 * time.Millisecond, 140 * time.Millisecond, 150 * time.Millisecond}, time.Millisecond, 128},
+		{"long attempts, the last end 60 ms ago", false, []time.Duration{2 * time.Second, 2 * time.Second, 3 * time.Second, time.Second}, 60 * time.Millisecond, 128},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := New(Config{Slots: 4, Queue: 4, MaxQueue: 128, RunnerQueues: tc.runnerQueues})
@@ -90,6 +95,7 @@ func TestShrinkQueueForRunning(t *testing.T) {
 			for i, age := range tc.ages {
 				w.running[int64(i)] = &attempt{started: now.Add(-age)}
 			}
+			w.lastEnd = now.Add(-tc.ended)
 			w.shrinkQueueForRunning(now)
 			if w.queue != tc.want {
 				t.Errorf("queue %d, want %d", w.queue, tc.want)

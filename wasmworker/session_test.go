@@ -315,6 +315,59 @@ func TestHeartbeatsCarryTheAdaptedQueue(t *testing.T) {
 	}
 }
 
+// A change of queue within a second of the last one announced still
+// reaches the server, in a heartbeat once the second is over, rather than
+// at the next tick (here a minute away): the queue grows to 64 on short
+// attempts, is announced, then shrinks on long ones at once.
+func TestQueueChangeHeldBackIsAnnouncedLater(t *testing.T) {
+	queues := make(chan int, 256)
+	results := 0
+	url := fakeServer(t, time.Minute, []*protocol.Frame{assign(1, 8)}, func(f *protocol.Frame) []*protocol.Frame {
+		switch f.Type {
+		case protocol.TypeHeartbeat:
+			if f.Heartbeat.Queue != nil {
+				queues <- *f.Heartbeat.Queue
+			}
+		case protocol.TypeResult:
+			if results += len(f.Results); results == 8 {
+				return []*protocol.Frame{assign(200, 207)}
+			}
+		}
+		return nil
+	})
+	// Attempts from 200 on say they ran for 200 ms.
+	runner := runnerFunc(func(ctx context.Context, job *Job) *Outcome {
+		d := time.Millisecond
+		if job.Assign.Attempt >= 200 {
+			d = 200 * time.Millisecond
+		}
+		return &Outcome{Outputs: []protocol.Blob{{Name: "stdout"}}, Duration: d}
+	})
+	w := New(Config{Servers: []string{url}, Slots: 4, Queue: 4, MaxQueue: 64, Kind: protocol.KindHeadless, Runner: runner,
+		Logger: slog.New(slog.DiscardHandler)})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.Run(ctx)
+	var grew time.Time
+	timeout := time.After(5 * time.Second)
+	for {
+		select {
+		case q := <-queues:
+			switch {
+			case q == 64 && grew.IsZero():
+				grew = time.Now()
+			case !grew.IsZero() && q < 64:
+				if d := time.Since(grew); d < 900*time.Millisecond {
+					t.Errorf("the shrink was announced %v after the growth, within the second", d)
+				}
+				return
+			}
+		case <-timeout:
+			t.Fatalf("no heartbeat announced the shrink (grew at %v)", grew)
+		}
+	}
+}
+
 // Attempts stopped before their end (here cancelled by the server, most
 // before they started) say nothing of how long tasks run: their durations
 // of about 0 do not grow the queue.

@@ -82,8 +82,12 @@ type Worker struct {
 	queue     int           // the queue asked for (Config.Queue until it adapts)
 	recent    recentRuns    // of the attempts that ended, for the queue
 	announced time.Time     // when a change of queue last asked for a heartbeat
-	attempts  *goPool       // the goroutines that run attempts
-	handBack  string        // why the worker hands its attempts back (HandBack); "" until it does
+	// announceLater is set while a timer will ask for a heartbeat that
+	// carries a change of queue held back by the once-a-second limit.
+	announceLater bool
+	lastEnd       time.Time // when an attempt last ended (adaptQueue)
+	attempts      *goPool   // the goroutines that run attempts
+	handBack      string    // why the worker hands its attempts back (HandBack); "" until it does
 }
 
 // Stats counts what a worker did since it started.
