@@ -16,6 +16,7 @@ func runBench(ctx context.Context, args []string) error {
 	cfg := bench.Config{Out: os.Stdout}
 	fs.StringVar(&cfg.Repo, "repo", ".", "repository root (for bin/tasks and tasks/ sources)")
 	fs.IntVar(&cfg.Tasks, "tasks", 20000, "no-op tasks in the throughput run")
+	fs.IntVar(&cfg.Rounds, "rounds", 3, "throughput runs; dispatch_tasks_per_s is their median")
 	fs.IntVar(&cfg.Conns, "conns", 5000, "idle worker connections")
 	fs.IntVar(&cfg.Singles, "singles", 300, "one-at-a-time tasks for the latency figures")
 	fs.IntVar(&cfg.Slots, "slots", 16, "slots per worker process")
