@@ -127,13 +127,15 @@ const (
 // nameSpread) or have one already. It returns how many runs it folded in.
 //
 // It takes two statements in one transaction. The first updates the
-// modules' averages and says which modules have names with averages of
-// their own; the second sends only the names that may keep one: those
-// that differ from their module's new average, and every name of a module
-// that has some (PostgreSQL then keeps those that have a row). A workflow
-// of 20,000 uniform tasks thus sends no name at all, where sending them
-// all and probing runtime_stats for each took about 60 ms of the server's
-// and PostgreSQL's CPU per flush, 3 µs a task (docs/BENCHMARKS.md).
+// modules' averages and returns the names of each that have averages of
+// their own (up to one more than the runs flushed: a module with more is
+// said to have "many"); the second sends only the names that may keep
+// one: those that differ from their module's new average, those that have
+// one, and every name of a module that has many (PostgreSQL then keeps
+// those that have a row). A workflow of 20,000 uniform tasks thus sends
+// hardly a name, where sending them all and probing runtime_stats for
+// each took about 50 ms of the server's and PostgreSQL's CPU per flush,
+// 3 µs a task (docs/BENCHMARKS.md).
 func (s *Store) FlushRuntimeStats(ctx context.Context) (int, error) {
 	rs := s.runs.take()
 	if len(rs) == 0 {
@@ -147,13 +149,15 @@ func (s *Store) FlushRuntimeStats(ctx context.Context) (int, error) {
 		mm[i], mruns[i], mmeans[i] = st.Module, st.Runs, ms(st.Mean)
 	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		// The modules' new averages, and whether each has names with
+		// The modules' new averages, and the names of each that have
 		// averages of their own.
 		type module struct {
 			mean  float64
-			named bool
+			named map[string]bool
+			many  bool // more names have one than runs are flushed
 		}
-		byModule := make(map[string]module, len(mods))
+		byModule := make(map[string]*module, len(mods))
+		most := len(rs) + 1
 		rows, err := tx.Query(ctx, `WITH m AS (
 				INSERT INTO runtime_modules AS r (module_id, runs, mean_ms)
 				SELECT * FROM unnest($1::text[], $2::bigint[], $3::float8[])
@@ -161,30 +165,40 @@ func (s *Store) FlushRuntimeStats(ctx context.Context) (int, error) {
 					mean_ms = (r.mean_ms * r.runs + EXCLUDED.mean_ms * EXCLUDED.runs) / (r.runs + EXCLUDED.runs)
 				RETURNING module_id, mean_ms
 			)
-			SELECT m.module_id, m.mean_ms, EXISTS (SELECT 1 FROM runtime_stats e WHERE e.module_id = m.module_id) FROM m`,
-			mm, mruns, mmeans)
+			SELECT m.module_id, m.mean_ms, ARRAY(SELECT e.name FROM runtime_stats e WHERE e.module_id = m.module_id LIMIT $4) FROM m`,
+			mm, mruns, mmeans, most)
 		if err != nil {
 			return err
 		}
 		for rows.Next() {
 			var id string
-			var m module
-			if err := rows.Scan(&id, &m.mean, &m.named); err != nil {
+			var names []string
+			m := &module{}
+			if err := rows.Scan(&id, &m.mean, &names); err != nil {
 				rows.Close()
 				return err
+			}
+			m.many = len(names) >= most
+			m.named = make(map[string]bool, len(names))
+			for _, n := range names {
+				m.named[n] = true
 			}
 			byModule[id] = m
 		}
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		// The names that may keep an average: every name of a module
-		// that has some, and the names with a run that differs (the
-		// average of runs that all lie within the band does too).
+		// The names that may keep an average: those that have one, every
+		// name of a module that has many, and the names with a run that
+		// differs (the average of runs that all lie within the band does
+		// too).
+		keeps := func(m *module, name string, mean float64) bool {
+			return m == nil || m.many || m.named[name] || nameDiffers(mean, m.mean)
+		}
 		type key struct{ m, n string }
 		maybe := map[key]bool{}
 		for _, r := range rs {
-			if m := byModule[r.Module]; m.named || nameDiffers(ms(r.Duration), m.mean) {
+			if keeps(byModule[r.Module], r.Name, ms(r.Duration)) {
 				maybe[key{r.Module, r.Name}] = true
 			}
 		}
@@ -201,7 +215,7 @@ func (s *Store) FlushRuntimeStats(ctx context.Context) (int, error) {
 		var runs []int64
 		var means []float64
 		for _, st := range aggregateRuns(theirs) {
-			if m := byModule[st.Module]; m.named || nameDiffers(ms(st.Mean), m.mean) {
+			if keeps(byModule[st.Module], st.Name, ms(st.Mean)) {
 				ns, names = append(ns, st.Module), append(names, st.Name)
 				runs, means = append(runs, st.Runs), append(means, ms(st.Mean))
 			}
@@ -209,8 +223,8 @@ func (s *Store) FlushRuntimeStats(ctx context.Context) (int, error) {
 		if len(names) == 0 {
 			return nil
 		}
-		// A name sent because its module has names of their own keeps
-		// an average only when it has one already, or differs.
+		// A name sent because its module has many keeps an average only
+		// when it has one already, or differs.
 		_, err = tx.Exec(ctx, `INSERT INTO runtime_stats AS r (module_id, name, runs, mean_ms)
 			SELECT n.module_id, n.name, n.runs, n.mean_ms
 			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::float8[]) AS n(module_id, name, runs, mean_ms)

@@ -59,6 +59,28 @@ func TestFlushRuntimeStatsKeepsNamesThatDiffer(t *testing.T) {
 				"o/":  {Runs: 3, Mean: 36 * ms},
 			},
 		},
+		{
+			// m has two names of its own, more than the runs flushed:
+			// its names go to PostgreSQL, which keeps c's.
+			runs: []Run{{"m", "c", 10 * ms}},
+			want: map[string]RuntimeStat{
+				"m/":  {Runs: 27, Mean: 6330 * ms / 27},
+				"m/b": {Runs: 1, Mean: 5000 * ms},
+				"m/c": {Runs: 3, Mean: 1060 * ms / 3},
+				"o/":  {Runs: 3, Mean: 36 * ms},
+			},
+		},
+		{
+			// Fewer than the runs: c keeps its average, e and f, close
+			// to m's new one (234 ms), get none.
+			runs: []Run{{"m", "c", 230 * ms}, {"m", "e", 230 * ms}, {"m", "f", 230 * ms}},
+			want: map[string]RuntimeStat{
+				"m/":  {Runs: 30, Mean: 7020 * ms / 30},
+				"m/b": {Runs: 1, Mean: 5000 * ms},
+				"m/c": {Runs: 4, Mean: 1290 * ms / 4},
+				"o/":  {Runs: 3, Mean: 36 * ms},
+			},
+		},
 	}
 	for i, fl := range flushes {
 		f.s.runs.add(fl.runs)
@@ -87,13 +109,22 @@ func TestFlushRuntimeStatsKeepsNamesThatDiffer(t *testing.T) {
 
 // BenchmarkFlushRuntimeStats folds the runs of a 20,000-task workflow of
 // uniform tasks (the dispatch benchmark's) into the averages, as the
-// server does every 2 s.
+// server does every 2 s, for a module with a few names of their own.
 func BenchmarkFlushRuntimeStats(b *testing.B) {
 	f := newFixture(b)
 	ctx := context.Background()
 	rs := make([]Run, 20000)
 	for i := range rs {
 		rs[i] = Run{Module: f.module, Name: fmt.Sprintf("t%d", i), Duration: time.Millisecond + time.Duration(i%100)*time.Microsecond}
+	}
+	// A few names of the module have averages of their own (as the first
+	// attempts on a fresh worker, slowed by its start, leave behind).
+	f.s.runs.add([]Run{{f.module, "slow-1", time.Second}, {f.module, "slow-2", time.Second}, {f.module, "t7", time.Second}})
+	for range 50 {
+		f.s.runs.add(rs[:10])
+	}
+	if _, err := f.s.FlushRuntimeStats(ctx); err != nil {
+		b.Fatal(err)
 	}
 	for b.Loop() {
 		f.s.runs.add(rs)
