@@ -27,7 +27,10 @@ func TestStalledCommitsKeepTheWorkerConnected(t *testing.T) {
 	// renewed by nobody, and would lapse on a slow machine.
 	p := newPlatform(t, "--lease", "6s") // heartbeats every 1.2 s
 	w := startWorker(t, "worker", 1, p.srv.url)
-	noop := push(t, p.client, "noop")
+	// echo writes files under /out: every completion stores outputs. (An
+	// empty stdout is stored without a row, so no-op tasks would store
+	// none, and the lock below would stall nothing.)
+	echo := push(t, p.client, "echo")
 
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, p.db)
@@ -48,7 +51,7 @@ func TestStalledCommitsKeepTheWorkerConnected(t *testing.T) {
 	const n = 400
 	var tasks []task
 	for i := range n {
-		tasks = append(tasks, task{"name": fmt.Sprintf("t%03d", i), "module": noop})
+		tasks = append(tasks, task{"name": fmt.Sprintf("t%03d", i), "module": echo})
 	}
 	id := submit(t, p.client, workflow("backlog", tasks...))
 	// Far more outcomes than the worker's one slot and its queue wait for
@@ -62,6 +65,14 @@ func TestStalledCommitsKeepTheWorkerConnected(t *testing.T) {
 		return err == nil && started >= 120
 	})
 	time.Sleep(2600 * time.Millisecond)
+	var succeeded int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM attempts a JOIN tasks t ON t.id = a.task_id
+		WHERE t.workflow_id = $1 AND a.state = 'succeeded'`, id).Scan(&succeeded); err != nil {
+		t.Fatal(err)
+	}
+	if succeeded > 0 {
+		t.Fatalf("%d attempts succeeded while their outputs could not be written: the commits did not stall", succeeded)
+	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +84,7 @@ func TestStalledCommitsKeepTheWorkerConnected(t *testing.T) {
 	if got := countLines(w.out, regexp.MustCompile(`disconnected from server`)); got > 0 {
 		t.Errorf("the worker was disconnected %d times:\n%s", got, w.out)
 	}
-	var attempts, succeeded int
+	var attempts int
 	if err := conn.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE a.state = 'succeeded') FROM attempts a
 		JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = $1`, id).Scan(&attempts, &succeeded); err != nil {
 		t.Fatal(err)

@@ -80,7 +80,9 @@ func (w *Worker) adaptQueue(run time.Duration, bytes int) bool {
 				w.mu.Lock()
 				w.announceLater = false
 				w.announced = time.Now()
+				queue := w.queue
 				w.mu.Unlock()
+				w.log.Info("queue adapted to the tasks", "queue", queue, "slots", w.cfg.Slots)
 				w.DeviceChanged() // the heartbeat carries the queue as it is then
 			})
 		}

@@ -6,16 +6,17 @@ import (
 )
 
 // printTimeline prints where a dispatch run's wall time went, from the
-// database's own timestamps: when the first attempt of the workflow
-// started (the submission's commit, or the first claim after it), when the
-// last attempt started, and when the last ended, each in ms from the
-// submission request; and the rate of completions between the first start
-// and the last end.
+// database's own timestamps (each a transaction's start): when the first
+// attempt of the workflow was claimed (by the first claim after the
+// submission's commit, or by the submission itself for a small one), when
+// the last attempt was claimed, and when the last succeeded, each in ms
+// from the submission request; and the rate of the tasks' successes
+// between the first claim and the last success.
 func (b *bench) printTimeline(ctx context.Context, part, id string, start time.Time) {
 	var first, lastStart, lastEnd time.Time
 	var n int
 	err := b.db.QueryRow(ctx, `
-SELECT min(a.started_at), max(a.started_at), max(a.ended_at), count(*)
+SELECT min(a.started_at), max(a.started_at), max(a.ended_at), count(DISTINCT a.task_id) FILTER (WHERE a.state = 'succeeded')
 FROM attempts a JOIN tasks t ON t.id = a.task_id
 WHERE t.workflow_id = $1`, id).Scan(&first, &lastStart, &lastEnd, &n)
 	if err != nil {

@@ -37,8 +37,8 @@ func TestFlushRuntimeStatsKeepsNamesThatDiffer(t *testing.T) {
 			},
 		},
 		{
-			// c keeps its average even though this run is close to the
-			// module's; b now differs by far.
+			// c's run and b's differ from the module's new average
+			// (243 ms), c's by 193 ms, b's by far.
 			runs: []Run{{"m", "c", 50 * ms}, {"m", "b", 5000 * ms}},
 			want: map[string]RuntimeStat{
 				"m/":  {Runs: 26, Mean: 6320 * ms / 26},
