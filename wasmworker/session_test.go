@@ -274,25 +274,34 @@ var runOrBlock = runnerFunc(func(ctx context.Context, job *Job) *Outcome {
 	return &Outcome{Reason: protocol.ReasonCancelled, Message: "cancelled"}
 })
 
-// The queue a heartbeat asks for follows the attempts: it grows to its
-// most while they are short, and the heartbeats shrink it to one per slot
-// once long ones have run for a while, before any of them ends.
-func TestHeartbeatsCarryTheAdaptedQueue(t *testing.T) {
-	queues := make(chan int, 256)
+// queueServer is a fake server that asks for heartbeats every heartbeat,
+// assigns attempts 1 to 8, then next once their 8 results are in, and
+// passes on the queue of every heartbeat that carries one.
+func queueServer(t *testing.T, heartbeat time.Duration, next *protocol.Frame) (url string, queues <-chan int) {
+	t.Helper()
+	qs := make(chan int, 256)
 	results := 0
-	url := fakeServer(t, 50*time.Millisecond, []*protocol.Frame{assign(1, 8)}, func(f *protocol.Frame) []*protocol.Frame {
+	url = fakeServer(t, heartbeat, []*protocol.Frame{assign(1, 8)}, func(f *protocol.Frame) []*protocol.Frame {
 		switch f.Type {
 		case protocol.TypeHeartbeat:
 			if f.Heartbeat.Queue != nil {
-				queues <- *f.Heartbeat.Queue
+				qs <- *f.Heartbeat.Queue
 			}
 		case protocol.TypeResult:
 			if results += len(f.Results); results == 8 {
-				return []*protocol.Frame{assign(101, 104)} // long ones, now
+				return []*protocol.Frame{next}
 			}
 		}
 		return nil
 	})
+	return url, qs
+}
+
+// The queue a heartbeat asks for follows the attempts: it grows to its
+// most while they are short, and the heartbeats shrink it to one per slot
+// once long ones have run for a while, before any of them ends.
+func TestHeartbeatsCarryTheAdaptedQueue(t *testing.T) {
+	url, queues := queueServer(t, 50*time.Millisecond, assign(101, 104)) // long ones, after 8 short ones
 	w := New(Config{Servers: []string{url}, Slots: 4, Queue: 4, MaxQueue: 64, Kind: protocol.KindHeadless, Runner: runOrBlock,
 		Logger: slog.New(slog.DiscardHandler)})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -320,21 +329,7 @@ func TestHeartbeatsCarryTheAdaptedQueue(t *testing.T) {
 // at the next tick (here a minute away): the queue grows to 64 on short
 // attempts, is announced, then shrinks on long ones at once.
 func TestQueueChangeHeldBackIsAnnouncedLater(t *testing.T) {
-	queues := make(chan int, 256)
-	results := 0
-	url := fakeServer(t, time.Minute, []*protocol.Frame{assign(1, 8)}, func(f *protocol.Frame) []*protocol.Frame {
-		switch f.Type {
-		case protocol.TypeHeartbeat:
-			if f.Heartbeat.Queue != nil {
-				queues <- *f.Heartbeat.Queue
-			}
-		case protocol.TypeResult:
-			if results += len(f.Results); results == 8 {
-				return []*protocol.Frame{assign(200, 207)}
-			}
-		}
-		return nil
-	})
+	url, queues := queueServer(t, time.Minute, assign(200, 207))
 	// Attempts from 200 on say they ran for 200 ms.
 	runner := runnerFunc(func(ctx context.Context, job *Job) *Outcome {
 		d := time.Millisecond
