@@ -165,7 +165,7 @@ func (s *Store) FlushRuntimeStats(ctx context.Context) (int, error) {
 					mean_ms = (r.mean_ms * r.runs + EXCLUDED.mean_ms * EXCLUDED.runs) / (r.runs + EXCLUDED.runs)
 				RETURNING module_id, mean_ms
 			)
-			SELECT m.module_id, m.mean_ms, ARRAY(SELECT e.name FROM runtime_stats e WHERE e.module_id = m.module_id LIMIT $4) FROM m`,
+			SELECT m.module_id, m.mean_ms, ARRAY(SELECT e.name FROM runtime_stats e WHERE e.module_id = m.module_id ORDER BY e.name LIMIT $4) FROM m`,
 			mm, mruns, mmeans, most)
 		if err != nil {
 			return err

@@ -50,34 +50,39 @@ func TestFlushRuntimeStatsKeepsNamesThatDiffer(t *testing.T) {
 		{
 			// o has no name of its own: z's first run differs from o's
 			// new average (36 ms) by 64 ms, but z's average (50.5 ms)
-			// by less than 50 ms, so z keeps none.
-			runs: []Run{{"o", "z", 100 * ms}, {"o", "z", 1 * ms}},
+			// by less than 50 ms, so z keeps none. a, of m, differs.
+			runs: []Run{{"o", "z", 100 * ms}, {"o", "z", 1 * ms}, {"m", "a", 5000 * ms}},
 			want: map[string]RuntimeStat{
-				"m/":  {Runs: 26, Mean: 6320 * ms / 26},
+				"m/":  {Runs: 27, Mean: 11320 * ms / 27},
+				"m/a": {Runs: 1, Mean: 5000 * ms},
 				"m/b": {Runs: 1, Mean: 5000 * ms},
 				"m/c": {Runs: 2, Mean: 525 * ms},
 				"o/":  {Runs: 3, Mean: 36 * ms},
 			},
 		},
 		{
-			// m has two names of its own, more than the runs flushed:
-			// its names go to PostgreSQL, which keeps c's.
-			runs: []Run{{"m", "c", 10 * ms}},
+			// m has three names of their own, more than the runs
+			// flushed: the first two come back (a and b), and c, close
+			// to m's new average (419 ms), goes to PostgreSQL as every
+			// name of a module with many, which keeps its average.
+			runs: []Run{{"m", "c", 420 * ms}},
 			want: map[string]RuntimeStat{
-				"m/":  {Runs: 27, Mean: 6330 * ms / 27},
+				"m/":  {Runs: 28, Mean: 11740 * ms / 28},
+				"m/a": {Runs: 1, Mean: 5000 * ms},
 				"m/b": {Runs: 1, Mean: 5000 * ms},
-				"m/c": {Runs: 3, Mean: 1060 * ms / 3},
+				"m/c": {Runs: 3, Mean: 1470 * ms / 3},
 				"o/":  {Runs: 3, Mean: 36 * ms},
 			},
 		},
 		{
-			// Fewer than the runs: c keeps its average, e and f, close
-			// to m's new one (234 ms), get none.
-			runs: []Run{{"m", "c", 230 * ms}, {"m", "e", 230 * ms}, {"m", "f", 230 * ms}},
+			// Fewer than the runs, all of them come back: c keeps its
+			// average, e and f, close to m's, get none.
+			runs: []Run{{"m", "c", 420 * ms}, {"m", "e", 420 * ms}, {"m", "f", 420 * ms}},
 			want: map[string]RuntimeStat{
-				"m/":  {Runs: 30, Mean: 7020 * ms / 30},
+				"m/":  {Runs: 31, Mean: 13000 * ms / 31},
+				"m/a": {Runs: 1, Mean: 5000 * ms},
 				"m/b": {Runs: 1, Mean: 5000 * ms},
-				"m/c": {Runs: 4, Mean: 1290 * ms / 4},
+				"m/c": {Runs: 4, Mean: 1890 * ms / 4},
 				"o/":  {Runs: 3, Mean: 36 * ms},
 			},
 		},
