@@ -170,6 +170,22 @@ const Stdout = "stdout"
 // third of a completion's time in BenchmarkCandidatesClaimPicksComplete.
 func implied(o Output) bool { return o.Name == Stdout && len(o.Data) == 0 }
 
+// appendStored appends the outputs os of one success that get a
+// task_outputs row (not the implied ones) to the arrays of a completion
+// statement, each with key (its attempt or task, as the statement wants).
+func appendStored(keys []int64, names []string, datas [][]byte, key int64, os []Output) ([]int64, []string, [][]byte) {
+	for _, o := range os {
+		if implied(o) {
+			continue
+		}
+		if o.Data == nil {
+			o.Data = []byte{} // an empty output is still an output
+		}
+		keys, names, datas = append(keys, key), append(names, o.Name), append(datas, o.Data)
+	}
+	return keys, names, datas
+}
+
 // validOutputs accepts distinct output names that are valid UTF-8 without NUL.
 func validOutputs(os []Output) bool {
 	names := make(map[string]bool, len(os))
@@ -250,15 +266,7 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 	for j, i := range order {
 		c := &cs[i]
 		ids[j], workers[j], logs[j] = c.Attempt, c.Worker, c.Log
-		for _, o := range c.Outputs {
-			if implied(o) {
-				continue
-			}
-			if o.Data == nil {
-				o.Data = []byte{} // an empty output is still an output
-			}
-			outAttempt, outName, outData = append(outAttempt, c.Attempt), append(outName, o.Name), append(outData, o.Data)
-		}
+		outAttempt, outName, outData = appendStored(outAttempt, outName, outData, c.Attempt, c.Outputs)
 	}
 	b := &pgx.Batch{}
 	queueBegin(b, false)
@@ -445,15 +453,7 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 			vres = append(vres, replicaResult{attempt: cs[i].Attempt, task: t, worker: cs[i].Worker, outputs: cs[i].Outputs})
 		} else if cs[i].OK {
 			done = append(done, t)
-			for _, o := range cs[i].Outputs {
-				if implied(o) {
-					continue
-				}
-				if o.Data == nil {
-					o.Data = []byte{} // an empty output is still an output
-				}
-				outTask, outName, outData = append(outTask, t), append(outName, o.Name), append(outData, o.Data)
-			}
+			outTask, outName, outData = appendStored(outTask, outName, outData, t, cs[i].Outputs)
 		} else {
 			ends = append(ends, attemptEnd{task: t, reason: cs[i].reason(), uncounted: cs[i].Uncounted, permanent: cs[i].Permanent})
 		}
