@@ -106,8 +106,8 @@ func BenchmarkNoopAttempt(b *testing.B) {
 }
 
 // BenchmarkNoopAttemptConcurrent is BenchmarkNoopAttempt with 16 Runs at
-// once, as a worker with 16 slots makes them; it also reports how many
-// slot processes served them.
+// once, each with a context of its own, as a worker with 16 slots makes
+// them; it also reports how many slot processes served them.
 func BenchmarkNoopAttemptConcurrent(b *testing.B) {
 	r, err := New(context.Background(), Config{CacheDir: cacheDir()})
 	if err != nil {
@@ -127,9 +127,12 @@ func BenchmarkNoopAttemptConcurrent(b *testing.B) {
 	b.SetParallelism(runs / runtime.GOMAXPROCS(0))
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if o := r.Run(ctx, j); o.Reason != "" {
+			// Each attempt has its own context, as the worker gives it.
+			actx, cancel := context.WithCancel(ctx)
+			if o := r.Run(actx, j); o.Reason != "" {
 				b.Errorf("%s: %s", o.Reason, o.Message)
 			}
+			cancel()
 		}
 	})
 	b.ReportMetric(float64((selfCPU()-self0).Microseconds())/float64(b.N), "self-cpu-µs/op")

@@ -232,10 +232,11 @@ func (p *slotPool) run(ctx context.Context, job *wasmworker.Job) (out *wasmworke
 	p.mu.Unlock()
 	defer p.runs.Done()
 
-	// rctx also ends when the Runner closes.
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(p.closing, cancel)()
+	// No context of its own: derived contexts and AfterFuncs were a tenth
+	// of the worker's CPU per attempt. What ends the Run early is ctx's end
+	// (attempt stops the slot process on it), the wall time (attempt's
+	// timer) and Close, which kills every slot process: Runs waiting on one,
+	// queued in one or starting one learn it from it.
 	stopped := func() *wasmworker.Outcome {
 		if ctx.Err() != nil {
 			return failOutcome(protocol.ReasonCancelled, "cancelled")
@@ -246,7 +247,7 @@ func (p *slotPool) run(ctx context.Context, job *wasmworker.Job) (out *wasmworke
 		return nil
 	}
 
-	mod, err := p.module(rctx, job)
+	mod, err := p.module(ctx, job)
 	if err != nil {
 		if o := stopped(); o != nil {
 			return o
@@ -259,14 +260,14 @@ func (p *slotPool) run(ctx context.Context, job *wasmworker.Job) (out *wasmworke
 	}
 	follow := gateSupported && wasmworker.PayloadBytes(job.Assign) <= pipelineBytes
 	for try := 1; ; {
-		c, t, err := p.acquire(rctx, job, follow)
+		c, t, err := p.acquire(ctx, job, follow)
 		if err != nil {
 			if o := stopped(); o != nil {
 				return o
 			}
 			return failOutcome(protocol.ReasonWorker, "starting a slot process: %v", err)
 		}
-		o, again := p.attempt(ctx, rctx, cancel, c, t, job, mod)
+		o, again := p.attempt(ctx, c, t, job, mod)
 		switch again {
 		case againRevoked:
 			// It never started: not a try. Once moved, it does not
@@ -298,25 +299,38 @@ const (
 
 // attempt runs job in slot process c, as ticket t: t was sent already when
 // c was running other attempts (t.seq != 0), else it is c's only ticket.
-// rcancel ends rctx, the Run's context.
-func (p *slotPool) attempt(ctx, rctx context.Context, rcancel context.CancelFunc, c *slotProc, t *ticket, job *wasmworker.Job, mod []byte) (_ *wasmworker.Outcome, _ again) {
-	// Whatever ends rctx (cancellation, closing, the wall time) stops the
-	// attempt: it is revoked when it has not started, or its slot process
-	// is killed; every wait below then ends because its reply pipe closes.
-	// (The wall time ends the Run: it is not tried again.)
-	stopKill := context.AfterFunc(rctx, func() { p.stop(c, t) })
-	defer stopKill()
+func (p *slotPool) attempt(ctx context.Context, c *slotProc, t *ticket, job *wasmworker.Job, mod []byte) (_ *wasmworker.Outcome, _ again) {
+	// The end of ctx and the wall time stop the attempt: it is revoked when
+	// it has not started, or its slot process is killed; every wait below
+	// then ends because its reply pipe closes. (The wall time ends the Run:
+	// it is not tried again.) Close kills the slot process itself.
 	var wallExpired atomic.Bool
+	var wallTimer *time.Timer
+	// ckptCancel ends the wait for a checkpoint's acknowledgement, if any,
+	// at the wall time.
+	var ckptCancel atomic.Pointer[context.CancelFunc]
+	stopCtx := context.AfterFunc(ctx, func() { p.stop(c, t) })
+	disarmed, stoppedEarly := false, false
+	// stopKill keeps the end of ctx and the wall time from stopping the
+	// attempt from now on; it reports whether neither has (as the stop
+	// function of a context.AfterFunc does).
+	stopKill := func() bool {
+		if !disarmed {
+			disarmed = true
+			if !stopCtx() {
+				stoppedEarly = true
+			}
+			if wallTimer != nil && !wallTimer.Stop() {
+				stoppedEarly = true
+			}
+		}
+		return !stoppedEarly
+	}
+	defer stopKill()
 	var log []byte
 	memMsg := ""
 	l := effectiveLimits(job.Assign.Limits)
 	wall := time.Duration(l.WallMS) * time.Millisecond
-	var wallTimer *time.Timer
-	defer func() {
-		if wallTimer != nil {
-			wallTimer.Stop()
-		}
-	}()
 
 	// ended is the outcome once the slot process is gone.
 	ended := func() (*wasmworker.Outcome, again) {
@@ -389,7 +403,10 @@ func (p *slotPool) attempt(ctx, rctx context.Context, rcancel context.CancelFunc
 	defer c.running.Store(false)
 	wallTimer = time.AfterFunc(wall, func() {
 		wallExpired.Store(true)
-		rcancel()
+		if f := ckptCancel.Load(); f != nil {
+			(*f)()
+		}
+		p.stop(c, t)
 	})
 	for {
 		m, ok := c.recv()
@@ -413,7 +430,7 @@ func (p *slotPool) attempt(ctx, rctx context.Context, rcancel context.CancelFunc
 			r := &slotRequest{Kind: reqCheckpointed}
 			if job.Host == nil {
 				r.Err = "no host"
-			} else if err := job.Host.Checkpoint(rctx, m.Data); err != nil {
+			} else if err := p.checkpoint(ctx, job.Host, m.Data, &ckptCancel, &wallExpired); err != nil {
 				r.Err = err.Error()
 				if r.Err == "" {
 					r.Err = "refused"
@@ -423,7 +440,6 @@ func (p *slotPool) attempt(ctx, rctx context.Context, rcancel context.CancelFunc
 				return ended()
 			}
 		case repDone:
-			wallTimer.Stop()
 			if !stopKill() && p.killedFor(t) {
 				return ended() // killed meanwhile: the kill's reason wins
 			}
@@ -437,6 +453,21 @@ func (p *slotPool) attempt(ctx, rctx context.Context, rcancel context.CancelFunc
 			return ended()
 		}
 	}
+}
+
+// checkpoint hands an attempt's checkpoint to its host, and waits for the
+// host to save it until ctx ends, the wall time expires (expired, and
+// cancel, which the wall timer calls) or the Runner closes.
+func (p *slotPool) checkpoint(ctx context.Context, h wasmworker.Host, state []byte, cancel *atomic.Pointer[context.CancelFunc], expired *atomic.Bool) error {
+	cctx, ccancel := context.WithCancel(ctx)
+	defer ccancel()
+	cancel.Store(&ccancel)
+	defer cancel.Store(nil)
+	if expired.Load() {
+		ccancel()
+	}
+	defer context.AfterFunc(p.closing, ccancel)()
+	return h.Checkpoint(cctx, state)
 }
 
 // hasModule says whether c has loaded module id.
@@ -671,7 +702,7 @@ func (p *slotPool) module(ctx context.Context, job *wasmworker.Job) ([]byte, err
 			m = &moduleBytes{done: make(chan struct{})}
 			p.modules[job.ModuleID] = m
 			p.mu.Unlock()
-			m.b, m.err = fetchVerified(ctx, job)
+			m.b, m.err = p.fetch(ctx, job)
 			p.mu.Lock()
 			m.lastUse = time.Now()
 			if m.err != nil {
@@ -691,6 +722,8 @@ func (p *slotPool) module(ctx context.Context, job *wasmworker.Job) ([]byte, err
 		case <-m.done:
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-p.closing.Done():
+			return nil, errors.New("runner closed")
 		}
 		if m.err == nil {
 			p.mu.Lock()
@@ -702,6 +735,14 @@ func (p *slotPool) module(ctx context.Context, job *wasmworker.Job) ([]byte, err
 			return nil, m.err
 		}
 	}
+}
+
+// fetch fetches and checks job's module; Close ends the fetch.
+func (p *slotPool) fetch(ctx context.Context, job *wasmworker.Job) ([]byte, error) {
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(p.closing, cancel)()
+	return fetchVerified(fctx, job)
 }
 
 // evictModules drops the least recently used module bytes, except keep's,

@@ -127,6 +127,74 @@ func TestIsolatedWallTime(t *testing.T) {
 	}
 }
 
+// stallingHost is a Host whose checkpoints are never acknowledged: each
+// Checkpoint waits for the end of its context, and counts it.
+type stallingHost struct {
+	fakeHost
+	ended chan struct{}
+}
+
+func (h *stallingHost) Checkpoint(ctx context.Context, state []byte) error {
+	<-ctx.Done()
+	h.ended <- struct{}{}
+	return ctx.Err()
+}
+
+// The wall time ends an attempt whose checkpoint waits for an
+// acknowledgement that never comes: the wait ends with it.
+func TestIsolatedWallTimeDuringCheckpoint(t *testing.T) {
+	r := isolated(t, Config{})
+	j, _ := job(t, "counter", protocol.Assign{Args: []string{"1000", "1"}, CkptMS: 1, Limits: protocol.Limits{WallMS: 500}})
+	h := &stallingHost{ended: make(chan struct{}, 1)}
+	j.Host = h
+	done := make(chan *wasmworker.Outcome, 1)
+	go func() { done <- r.Run(context.Background(), j) }()
+	select {
+	case o := <-done:
+		if o.Reason != protocol.ReasonWallTime {
+			t.Fatalf("Reason %q (%s), want limit_wall_time", o.Reason, o.Message)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return at its wall time while its checkpoint waited")
+	}
+	select {
+	case <-h.ended:
+	default:
+		t.Error("the attempt never checkpointed, or its wait did not end")
+	}
+}
+
+// Close ends a Run that waits for its module's bytes.
+func TestIsolatedCloseEndsAModuleFetch(t *testing.T) {
+	r, err := New(context.Background(), Config{CacheDir: cacheDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := rawJob(noopModule())
+	fetching := make(chan struct{})
+	j.Fetch = func(ctx context.Context) ([]byte, error) {
+		close(fetching)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	done := make(chan *wasmworker.Outcome, 1)
+	go func() { done <- r.Run(context.Background(), j) }()
+	<-fetching
+	closed := make(chan error, 1)
+	go func() { closed <- r.Close(context.Background()) }()
+	select {
+	case o := <-done:
+		if o.Reason != protocol.ReasonWorker || !strings.Contains(o.Message, "closing") {
+			t.Errorf("Reason %q (%s), want worker: the runner is closing", o.Reason, o.Message)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run still fetching its module after Close")
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestIsolatedSlotKilledFromOutside(t *testing.T) {
 	r := isolated(t, Config{})
 	done, pid := startSpin(t, r, context.Background(), protocol.Assign{})
