@@ -184,15 +184,22 @@ func TestFreedSlotsSkipRoundsWithNothingReady(t *testing.T) {
 // metrics of the replica at url.
 func dispatchRounds(t *testing.T, url, outcome string) int {
 	t.Helper()
+	return metric(t, url, `cyclepool_dispatch_rounds_total{outcome="`+outcome+`"}`)
+}
+
+// metric reads the counter series (name and labels, as /metrics writes
+// them) from the metrics of the replica at url.
+func metric(t *testing.T, url, series string) int {
+	t.Helper()
 	resp, err := http.Get(url + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	m := regexp.MustCompile(`cyclepool_dispatch_rounds_total\{outcome="` + outcome + `"\} (\d+)`).FindSubmatch(b)
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\d+)$`).FindSubmatch(b)
 	if m == nil {
-		t.Fatalf("/metrics lacks the %s rounds:\n%s", outcome, b)
+		t.Fatalf("/metrics lacks %s:\n%s", series, b)
 	}
 	n, _ := strconv.Atoi(string(m[1]))
 	return n

@@ -519,3 +519,51 @@ func (f *fakeWorker) keepAlive(t *testing.T) {
 		}
 	}()
 }
+
+// A worker that says nothing after its hello (its process hung, or the
+// network dropped without a close) has its socket closed by the server
+// after two lease periods, at least 10 s; a worker that talks keeps its own.
+func TestSilentWorkerIsDisconnected(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newPlatform(t)
+	wsURL := "ws" + strings.TrimPrefix(p.srv.url, "http") + "/ws/worker"
+	c, _, err := websocket.Dial(ctx, wsURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	hello, _, _ := protocol.Encode(&protocol.Frame{Type: protocol.TypeHello, Hello: &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1}})
+	if err := c.Write(ctx, websocket.MessageText, hello); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, _, err := c.Read(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A worker of the platform, which heartbeats, keeps its socket.
+	startWorker(t, "worker", 1, p.srv.url)
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		if _, _, err := c.Read(rctx); err != nil {
+			if rctx.Err() != nil {
+				t.Fatal("the silent worker's socket was still open after 30 s")
+			}
+			break
+		}
+	}
+	// The lease is 2 s (newPlatform): two lease periods are below the
+	// floor of 10 s.
+	if d := time.Since(start); d < 9*time.Second {
+		t.Fatalf("the silent worker's socket closed after %v, before 10 s", d)
+	}
+	noop := push(t, p.client, "noop")
+	id := submit(t, p.client, workflow("after", task{"name": "n", "module": noop}))
+	if st := wait(t, p.client, id, time.Minute); st.State != "done" {
+		t.Fatalf("workflow after the disconnection ended %s", st.State)
+	}
+	if n := metric(t, p.srv.url, `cyclepool_worker_connections_total{kind="headless"}`); n != 2 {
+		t.Errorf("%d headless connections, want 2: the worker that talks was disconnected too", n)
+	}
+}

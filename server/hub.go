@@ -508,15 +508,31 @@ func containsInt(xs []int64, x int64) bool {
 // readLoop handles the worker's frames until the socket closes. A worker
 // that says nothing for two lease periods (at least 10 s) is gone; its
 // attempts' leases lapsed long before.
+//
+// The Reads have no context: a timer reset at every frame closes a silent
+// socket, and the end of ctx closes it too. (A context with a deadline per
+// Read cost a timer, a context and the connection's AfterFunc per frame.)
 func (s *Server) readLoop(ctx context.Context, c *conn) error {
 	idle := max(2*s.cfg.Lease, 10*time.Second)
+	var silent atomic.Bool
+	timer := time.AfterFunc(idle, func() {
+		silent.Store(true)
+		c.ws.CloseNow()
+	})
+	defer timer.Stop()
+	defer context.AfterFunc(ctx, func() { c.ws.CloseNow() })()
 	for {
-		rctx, cancel := context.WithTimeout(ctx, idle)
-		typ, data, err := c.ws.Read(rctx)
-		cancel()
+		typ, data, err := c.ws.Read(context.Background())
 		if err != nil {
+			switch {
+			case ctx.Err() != nil:
+				return ctx.Err()
+			case silent.Load():
+				return fmt.Errorf("no frame for %v: %w", idle, context.DeadlineExceeded)
+			}
 			return err
 		}
+		timer.Reset(idle)
 		if s.hub.heardFrom(c) {
 			s.wakeSlots() // silent until now: it may have free slots
 		}

@@ -661,7 +661,10 @@ func outcomeAttempts(f *protocol.Frame) []int64 {
 
 func (w *Worker) readLoop(ctx context.Context, ws conn, server string) error {
 	for {
-		bin, data, err := ws.Read(ctx)
+		// Not ctx: the session closes ws when it ends, which ends the Read,
+		// and a Read with a context that can end costs the native
+		// connection an AfterFunc per frame.
+		bin, data, err := ws.Read(context.Background())
 		if err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
