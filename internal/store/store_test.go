@@ -462,6 +462,31 @@ func TestRequeuesRunWithTheHotPathSettings(t *testing.T) {
 	}
 }
 
+// A uuid[] parameter reaches PostgreSQL as the ids it was made of, each
+// run of one id included, and NULL for what is not a UUID.
+func TestUUIDParamsReachPostgreSQL(t *testing.T) {
+	f := newFixture(t)
+	a, b := "0b7c7a5e-4a3b-4c1a-9d7e-1b2c3d4e5f60", "1c8d8b6f-5b4c-4d2b-8e8f-2c3d4e5f6071"
+	ids := []string{a, a, "bad", "bad", b, "", a}
+	var got []*string
+	if err := f.s.pool.QueryRow(context.Background(), "SELECT $1::uuid[]::text[]", uuidParams(ids)).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{a, a, "NULL", "NULL", b, "NULL", a}
+	if len(got) != len(want) {
+		t.Fatalf("got %d ids, want %d", len(got), len(want))
+	}
+	for i, g := range got {
+		s := "NULL"
+		if g != nil {
+			s = *g
+		}
+		if s != want[i] {
+			t.Errorf("id %d (%q): got %s, want %s", i, ids[i], s, want[i])
+		}
+	}
+}
+
 // uuidParams passes UUIDs through and makes anything else NULL.
 func TestUUIDParams(t *testing.T) {
 	for _, tc := range []struct {
