@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Output is one named output of a finished attempt.
@@ -410,11 +411,15 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 		}
 	}
 	var runs []Run
+	// Declared once: the pointers Scan takes would move variables
+	// declared in the loop to the heap, seven allocations per row.
+	var a, t int64
+	var rep, ok bool
+	var module pgtype.DriverBytes
+	var name string
+	var ms int64
+	in := interned{}
 	for rows.Next() {
-		var a, t int64
-		var rep, ok bool
-		var module, name string
-		var ms int64
 		if err := rows.Scan(&a, &t, &rep, &ok, &module, &name, &ms); err != nil {
 			rows.Close()
 			br.Close()
@@ -426,7 +431,7 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 		}
 		if ok {
 			d := runTime(ms, reported[a])
-			runs = append(runs, Run{Module: module, Name: name, Duration: d})
+			runs = append(runs, Run{Module: in.of(module), Name: name, Duration: d})
 		}
 	}
 	rows.Close()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Claimed is a task attempt created by ClaimPicks, with everything a
@@ -127,10 +128,13 @@ func (s *Store) Candidates(ctx context.Context, limit int) ([]Candidate, error) 
 	if err == nil {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
+			in := interned{}
+			var wf, module, prio pgtype.DriverBytes
 			cs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Candidate, error) {
 				var c Candidate
-				err := r.Scan(&c.TaskID, &c.WorkflowID, &c.Module, &c.Name, &c.Priority, &c.ReadySince, &c.Pending, &c.Replicas,
+				err := r.Scan(&c.TaskID, &wf, &module, &c.Name, &prio, &c.ReadySince, &c.Pending, &c.Replicas,
 					&c.Fresh, &c.CkptMS, &c.Exclude)
+				c.WorkflowID, c.Module, c.Priority = in.of(wf), in.of(module), in.of(prio)
 				return c, err
 			})
 		}
@@ -234,12 +238,31 @@ func collectClaimed(br pgx.BatchResults) ([]Claimed, error) {
 	if err != nil {
 		return nil, err
 	}
+	in := interned{}
+	var worker, wf, module, prio pgtype.DriverBytes
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claimed, error) {
 		var c Claimed
-		err := r.Scan(&c.Attempt, &c.Worker, &c.TaskID, &c.WorkflowID, &c.Name, &c.Module, &c.Args, &c.Stdin, &c.Priority,
+		err := r.Scan(&c.Attempt, &worker, &c.TaskID, &wf, &c.Name, &module, &c.Args, &c.Stdin, &prio,
 			&c.TimeoutMS, &c.MemoryPages, &c.OutputBytes, &c.LogBytes, &c.CkptMS, &c.Seed, &c.Restore, &c.hasInputs)
+		c.Worker, c.WorkflowID, c.Module, c.Priority = in.of(worker), in.of(wf), in.of(module), in.of(prio)
 		return c, err
 	})
+}
+
+// interned gives the values of a batch's columns that mostly repeat (the
+// workers, workflows, modules and priorities of a claim's attempts) one
+// string per distinct value: scanned as strings, each row's took an
+// allocation of its own.
+type interned map[string]string
+
+// of returns the string of b (pgtype.DriverBytes, valid until the next row).
+func (m interned) of(b []byte) string {
+	if s, ok := m[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	m[s] = s
+	return s
 }
 
 // claimPicksSQL claims picks ($1 task ids, $2 worker ids, $3 checkpoint

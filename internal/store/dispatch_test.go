@@ -365,3 +365,71 @@ func TestClaimOnePerTaskMatchesTheGeneralClaim(t *testing.T) {
 		}
 	}
 }
+
+// Candidates and claims give every row its own workflow, module, priority
+// and worker, though these repeat from row to row (interned).
+func TestClaimedRowsKeepTheirOwnValues(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	mod2 := "sha256:" + fmt.Sprintf("%064x", 2)
+	if _, _, err := f.s.PutModule(ctx, f.owner, mod2, []byte("\x00asm"), []string{}); err != nil {
+		t.Fatal(err)
+	}
+	other, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 4}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type want struct{ wf, module, priority string }
+	byName := map[string]want{}
+	for _, wf := range []struct {
+		priority string
+		modules  []string
+	}{
+		{"batch", []string{f.module, mod2, mod2, f.module}},
+		{"interactive", []string{mod2, f.module, f.module}},
+	} {
+		var tasks []NewTask
+		for i, m := range wf.modules {
+			tk := f.task(fmt.Sprintf("%s-%d", wf.priority, i))
+			tk.Module = m
+			tasks = append(tasks, tk)
+		}
+		id := f.submit(t, wf.priority, tasks...)
+		for _, tk := range tasks {
+			byName[tk.Name] = want{id, tk.Module, wf.priority}
+		}
+	}
+	cands, err := f.s.Candidates(ctx, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cands) != len(byName) {
+		t.Fatalf("%d candidates, want %d", len(cands), len(byName))
+	}
+	var picks []Pick
+	workerOf := map[int64]string{}
+	for i, c := range cands {
+		if w := byName[c.Name]; c.WorkflowID != w.wf || c.Module != w.module || c.Priority != w.priority {
+			t.Errorf("candidate %s: %s %s %s, want %v", c.Name, c.WorkflowID, c.Module, c.Priority, w)
+		}
+		w := f.worker
+		if i%3 == 1 {
+			w = other.ID
+		}
+		workerOf[c.TaskID] = w
+		picks = append(picks, Pick{TaskID: c.TaskID, Worker: w})
+	}
+	claimed, err := f.s.ClaimPicks(ctx, picks, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claimed) != len(picks) {
+		t.Fatalf("%d claimed, want %d", len(claimed), len(picks))
+	}
+	for _, c := range claimed {
+		w := byName[c.Name]
+		if c.WorkflowID != w.wf || c.Module != w.module || c.Priority != w.priority || c.Worker != workerOf[c.TaskID] {
+			t.Errorf("claimed %s: %s %s %s on %s, want %v on %s", c.Name, c.WorkflowID, c.Module, c.Priority, c.Worker, w, workerOf[c.TaskID])
+		}
+	}
+}
