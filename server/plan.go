@@ -175,11 +175,13 @@ func (s *Server) plan(now time.Time, cands []store.Candidate, workers []planWork
 	}
 	s.rt.mu.Unlock()
 
-	byID := map[string]store.Candidate{}
-	var tasks []sched.Task
-	for _, c := range cands {
+	// Indexes, not Candidates: a value that large is kept out of the
+	// map's table, in an allocation per entry.
+	byID := make(map[string]int, len(cands))
+	tasks := make([]sched.Task, 0, len(cands)) // a replica each, mostly
+	for i, c := range cands {
 		id := strconv.FormatInt(c.TaskID, 10)
-		byID[id] = c
+		byID[id] = i
 		prio := sched.Batch
 		ready := c.ReadySince
 		if c.Priority == "interactive" {
@@ -214,7 +216,7 @@ func (s *Server) plan(now time.Time, cands []store.Candidate, workers []planWork
 	// starts alone has its other replicas withdrawn.
 	sched.ScheduleRounds(sched.FixedClock(now), sched.Input{Ready: tasks, Workers: ws, Stats: stats, Rand: s.rng()}, s.schedConfig(),
 		func(a sched.Assignment) bool {
-			c := byID[a.Task]
+			c := &cands[byID[a.Task]]
 			pk := store.Pick{TaskID: c.TaskID, Worker: a.Worker}
 			if a.Checkpoint.Interval > 0 {
 				pk.CkptMS = max(a.Checkpoint.Interval, time.Second).Milliseconds()

@@ -281,9 +281,15 @@ type planner struct {
 	knowns []bool
 	order  []int // indexes into tasks
 	wOrder []int // indexes into ws, most stable first
-	holds  map[string]map[string]bool
-	plan   Plan
+	// holds has the workers that hold a replica of a task: one map for the
+	// plan rather than one per task, which cost an allocation per task.
+	holds map[hold]struct{}
+	fits  []int // choose's scratch
+	plan  Plan
 }
+
+// hold is a worker holding a replica of a task.
+type hold struct{ task, worker string }
 
 func newPlanner(clock Clock, in Input, cfg Config) *planner {
 	now := clock.Now()
@@ -354,13 +360,10 @@ func newPlanner(clock Clock, in Input, cfg Config) *planner {
 	}
 	sort.SliceStable(p.wOrder, func(a, b int) bool { return p.stab[p.wOrder[a]].Class < p.stab[p.wOrder[b]].Class })
 
-	p.holds = map[string]map[string]bool{} // task id -> workers holding a replica (made when needed)
+	p.holds = make(map[hold]struct{}, len(tasks))
 	for _, t := range tasks {
 		for _, x := range t.Exclude {
-			if p.holds[t.ID] == nil {
-				p.holds[t.ID] = map[string]bool{}
-			}
-			p.holds[t.ID][x] = true
+			p.holds[hold{t.ID, x}] = struct{}{}
 		}
 	}
 	return p
@@ -384,14 +387,14 @@ func (p *planner) choose(ti int) (chosen int, off bool, reason string) {
 	t := &p.tasks[ti]
 	exp, known := p.exps[ti], p.knowns[ti]
 	candidates := 0
-	var fits []int
+	fits := p.fits[:0]
 	reason = "no idle slot"
 	for _, wi := range p.wOrder {
 		w := &p.ws[wi]
 		if w.Idle <= 0 {
 			continue
 		}
-		if p.holds[t.ID][w.ID] {
+		if _, ok := p.holds[hold{t.ID, w.ID}]; ok {
 			reason = "only workers holding a replica of this task are idle"
 			continue
 		}
@@ -437,6 +440,7 @@ func (p *planner) choose(ti int) (chosen int, off bool, reason string) {
 			}
 		}
 	}
+	p.fits = fits[:0]
 	return chosen, off, reason
 }
 
@@ -446,10 +450,7 @@ func (p *planner) assign(ti, wi int, off bool) Assignment {
 	w := &p.ws[wi]
 	w.Idle--
 	w.Busy++
-	if p.holds[t.ID] == nil {
-		p.holds[t.ID] = map[string]bool{}
-	}
-	p.holds[t.ID][w.ID] = true
+	p.holds[hold{t.ID, w.ID}] = struct{}{}
 	a := Assignment{Task: t.ID, Replica: t.Replica, Worker: w.ID, FairnessOff: off && p.cfg.Fairness != None}
 	a.Alone, _ = p.stab[wi].Fits(scaled(p.exps[ti], p.knowns[ti], w.Speed), false, p.cfg.Stability)
 	if p.knowns[ti] {
