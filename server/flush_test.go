@@ -99,7 +99,7 @@ func socketless(s *Server, worker string, slots int) *conn {
 	gone := make(chan struct{})
 	close(gone)
 	c := &conn{id: worker, done: gone, log: slog.New(slog.DiscardHandler), threads: slots, slots: slots, free: slots,
-		running: map[int64]struct{}{}}
+		running: map[int64]string{}}
 	c.heard.Store(time.Now().UnixNano())
 	s.hub.add(c)
 	return c
@@ -223,5 +223,52 @@ func TestDispatcherReusesItsCandidates(t *testing.T) {
 		if got := len(s.cands.tasks); !s.cands.ok || got != want {
 			t.Errorf("round %d: %d candidates kept (cache on: %v), want %d", round, got, s.cands.ok, want)
 		}
+	}
+}
+
+// A checkpoint saved for an attempt this replica delivered is timed for
+// its module (the cost that sets checkpoint intervals); one for an attempt
+// the connection does not hold is neither saved nor timed.
+func TestCheckpointCostIsObservedForItsModule(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, f.oneTask()); err != nil {
+		t.Fatal(err)
+	}
+	cands, err := f.st.Candidates(ctx, 1)
+	if err != nil || len(cands) != 1 {
+		t.Fatalf("candidates %v: %v", cands, err)
+	}
+	claimed, err := f.st.ClaimPicks(ctx, []store.Pick{{TaskID: cands[0].TaskID, Worker: f.worker.ID}}, time.Minute)
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claimed %v: %v", claimed, err)
+	}
+	s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	c := socketless(s, f.worker.ID, 1)
+	checkpoint := func(attempt int64) {
+		t.Helper()
+		fr := &protocol.Frame{Type: protocol.TypeCheckpoint, Checkpoint: &protocol.Checkpoint{Attempt: attempt, Seq: 1,
+			State: protocol.Blob{Data: []byte("state")}}}
+		if err := s.handleFrame(ctx, c, fr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cost := func() (time.Duration, bool) {
+		s.rt.mu.Lock()
+		defer s.rt.mu.Unlock()
+		d, ok := s.rt.ckpt[f.module]
+		return d, ok
+	}
+
+	checkpoint(claimed[0].Attempt) // not delivered through this connection
+	if d, ok := cost(); ok {
+		t.Fatalf("a checkpoint of an attempt not held was timed: %v", d)
+	}
+	if !s.hub.started(c, []protocol.Assign{{Attempt: claimed[0].Attempt, Module: f.module}}) {
+		t.Fatal("started refused")
+	}
+	checkpoint(claimed[0].Attempt)
+	if d, ok := cost(); !ok || d <= 0 {
+		t.Fatalf("the checkpoint's cost for its module: %v, %v; want a time", d, ok)
 	}
 }

@@ -50,10 +50,12 @@ type conn struct {
 
 	// Guarded by hub.mu. slots is the worker's slots plus its queue (a
 	// heartbeat may change the queue); free the part of it not taken.
-	slots   int
-	free    int
-	paused  bool
-	running map[int64]struct{}
+	slots  int
+	free   int
+	paused bool
+	// running has the module of each attempt the worker holds ("" for
+	// those it came back with), for the checkpoints' cost.
+	running map[int64]string
 	// samples is the device history from heartbeats, for the stability
 	// class; record the worker's database record (reputation, attempts,
 	// losses), refreshed now and then; tasksDone the results accepted
@@ -209,26 +211,26 @@ func (h *hub) release(slots []*conn) {
 // started records attempts now running on c, the connection whose slots
 // were reserved for them. It reports false when c is no longer the worker's
 // connection (it left or reconnected meanwhile).
-func (h *hub) started(c *conn, attempts []int64) bool {
+func (h *hub) started(c *conn, as []protocol.Assign) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.conns[c.id] != c {
 		return false
 	}
-	for _, a := range attempts {
-		c.running[a] = struct{}{}
-		h.attempts[a] = c
+	for i := range as {
+		c.running[as[i].Attempt] = as[i].Module
+		h.attempts[as[i].Attempt] = c
 	}
 	return true
 }
 
 // holds reports whether attempt runs (or waits) on c, as far as this
-// replica knows.
-func (h *hub) holds(c *conn, attempt int64) bool {
+// replica knows, and its module ("" when unknown).
+func (h *hub) holds(c *conn, attempt int64) (module string, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	_, ok := c.running[attempt]
-	return ok
+	module, ok = c.running[attempt]
+	return module, ok
 }
 
 // finished records that an attempt stopped on c and frees its slot. It
@@ -468,13 +470,13 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 		id: id, session: reg.Session, kind: h.Kind, threads: h.Slots, slots: h.Slots + h.Queue, ws: ws,
 		done:    make(chan struct{}),
 		log:     s.log.With("worker", id, "kind", h.Kind),
-		running: map[int64]struct{}{}, paused: h.Device.Paused,
+		running: map[int64]string{}, paused: h.Device.Paused,
 		device: h.Device, connected: time.Now(),
 		record: store.WorkerRecord{ID: id, Kind: h.Kind, Slots: h.Slots},
 	}
 	for _, a := range h.Running {
 		if !containsInt(lost, a) {
-			c.running[a] = struct{}{}
+			c.running[a] = ""
 		}
 	}
 	c.free = c.slots - len(c.running)
@@ -595,7 +597,7 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 		for _, p := range hb.Running {
 			// Only attempts this connection holds reach the database; the
 			// others (an outcome on its way, or nonsense) are ignored.
-			if !s.hub.holds(c, p.Attempt) {
+			if _, ok := s.hub.holds(c, p.Attempt); !ok {
 				continue
 			}
 			rs = append(rs, renewal{c: c, r: store.Renewal{Attempt: p.Attempt, Worker: c.id, Progress: p.Fraction}})
@@ -610,11 +612,11 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 		ack := protocol.Ack{Attempt: cp.Attempt, Of: protocol.AckCheckpoint, Seq: cp.Seq}
 		ok := false
 		var err error
-		if s.hub.holds(c, cp.Attempt) {
+		if m, held := s.hub.holds(c, cp.Attempt); held {
 			start := time.Now()
 			ok, err = s.store.SaveCheckpoint(ctx, cp.Attempt, c.id, cp.State.Data, s.cfg.Lease)
-			if m, found := s.attemptModule.Load(cp.Attempt); found && ok && err == nil {
-				s.rt.observeCheckpoint(m.(string), time.Since(start))
+			if m != "" && ok && err == nil {
+				s.rt.observeCheckpoint(m, time.Since(start))
 			}
 		}
 		switch {

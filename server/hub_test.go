@@ -14,9 +14,9 @@ import (
 // again, however much free room it announced.
 func TestReserveSkipsSilentWorkers(t *testing.T) {
 	h := newHub(time.Second)
-	quiet := &conn{id: "quiet", free: 5, running: map[int64]struct{}{}}
+	quiet := &conn{id: "quiet", free: 5, running: map[int64]string{}}
 	quiet.heard.Store(time.Now().Add(-2 * time.Second).UnixNano())
-	live := &conn{id: "live", free: 2, running: map[int64]struct{}{}}
+	live := &conn{id: "live", free: 2, running: map[int64]string{}}
 	live.heard.Store(time.Now().UnixNano())
 	h.add(quiet)
 	h.add(live)
@@ -82,7 +82,7 @@ func TestAssignFrames(t *testing.T) {
 // once; less takes back only room that is free, the rest as attempts end.
 func TestSetQueue(t *testing.T) {
 	h := newHub(time.Minute)
-	c := &conn{id: "w", threads: 2, slots: 10, free: 10, running: map[int64]struct{}{}}
+	c := &conn{id: "w", threads: 2, slots: 10, free: 10, running: map[int64]string{}}
 	c.heard.Store(time.Now().UnixNano())
 	h.add(c)
 	if !h.setQueue(c, 64) || c.slots != 66 || c.free != 66 {
@@ -92,7 +92,7 @@ func TestSetQueue(t *testing.T) {
 	if len(slots) != 66 {
 		t.Fatalf("reserved %d, want 66", len(slots))
 	}
-	if !h.started(c, []int64{1, 2, 3}) {
+	if !h.started(c, []protocol.Assign{{Attempt: 1}, {Attempt: 2}, {Attempt: 3}}) {
 		t.Fatal("started refused")
 	}
 	h.release(slots[3:])

@@ -121,9 +121,8 @@ type Server struct {
 	knownModules sync.Map // ownedModule -> true: modules an owner has pushed
 	modules      *moduleCache
 
-	rt            *runtimes
-	ends          *finishWaiters // requests waiting for workflows to end
-	attemptModule sync.Map       // attempt id -> module id, for the checkpoint cost
+	rt   *runtimes
+	ends *finishWaiters // requests waiting for workflows to end
 }
 
 type renewal struct {
@@ -516,21 +515,14 @@ func (s *Server) deliver(ctx context.Context, claimed []store.Claimed, err error
 		s.hub.release(cs)
 	}
 	for c, as := range byConn {
-		attempts := make([]int64, len(as))
-		for i := range as {
-			attempts[i] = as[i].Attempt
-		}
-		if !s.hub.started(c, attempts) {
+		if !s.hub.started(c, as) {
 			// The worker left (or reconnected) meanwhile: put its tasks back
 			// at once, without using up an attempt.
-			for _, a := range attempts {
-				undeliverable = append(undeliverable, store.Completion{Attempt: a, Worker: c.id, Reason: protocol.ReasonWorker,
+			for i := range as {
+				undeliverable = append(undeliverable, store.Completion{Attempt: as[i].Attempt, Worker: c.id, Reason: protocol.ReasonWorker,
 					Message: "the worker disconnected before the task reached it", Uncounted: true})
 			}
 			continue
-		}
-		for i := range as {
-			s.attemptModule.Store(as[i].Attempt, as[i].Module)
 		}
 		for _, batch := range assignFrames(as, s.cfg.MaxFrameBytes) {
 			c.enqueue(&protocol.Frame{Type: protocol.TypeAssign, Assign: batch})
@@ -647,9 +639,6 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 		// After an error, accepted still tells the completions committed
 		// anyway (the batch took two transactions and the second failed).
 		committed := accepted != nil && accepted[i]
-		if err == nil || committed {
-			s.attemptModule.Delete(b.comp.Attempt)
-		}
 		switch {
 		case committed:
 			ack.OK = true
