@@ -109,7 +109,11 @@ type attempt struct {
 	started  time.Time // when it took a slot; zero while queued (w.mu)
 	progress float64
 	seq      int
-	ckptAcks map[int]chan protocol.Ack
+	ckptAcks map[int]chan protocol.Ack // made at the first checkpoint
+	// host and job are the attempt's Host and Job, held here rather than
+	// allocated apart.
+	host host
+	job  Job
 }
 
 // New returns a worker; Run starts it.
@@ -725,7 +729,7 @@ func (w *Worker) readLoop(ctx context.Context, ws conn, server string) error {
 // the connection: it is bound to the worker's lifetime, not the socket's.
 func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 	actx, cancel := context.WithCancel(context.Background())
-	a := &attempt{assign: as, cancel: cancel, ckptAcks: map[int]chan protocol.Ack{}}
+	a := &attempt{assign: as, cancel: cancel}
 	w.mu.Lock()
 	if _, dup := w.running[as.Attempt]; dup {
 		w.mu.Unlock()
@@ -755,9 +759,9 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 				a.started = time.Now()
 				w.mu.Unlock()
 			}
-			job := &Job{Assign: as, ModuleID: as.Module, Host: &host{w: w, a: a},
-				Fetch: w.moduleFetcher(server, as.Module)}
-			out = w.cfg.Runner.Run(actx, job)
+			a.host = host{w: w, a: a}
+			a.job = Job{Assign: as, ModuleID: as.Module, Host: &a.host, Fetch: w.moduleFetcher(server, as.Module)}
+			out = w.cfg.Runner.Run(actx, &a.job)
 		}
 		// Stopped (by HandBack, the server's cancel or a lost lease), not
 		// ended on its own: its run time says nothing of the tasks.
@@ -825,6 +829,9 @@ func (h *host) Checkpoint(ctx context.Context, state []byte) error {
 	h.a.seq++
 	seq := h.a.seq
 	ch := make(chan protocol.Ack, 1)
+	if h.a.ckptAcks == nil {
+		h.a.ckptAcks = map[int]chan protocol.Ack{}
+	}
 	h.a.ckptAcks[seq] = ch
 	w.mu.Unlock()
 	defer func() {

@@ -27,9 +27,10 @@ func decodeFast(hdr []byte) (*Frame, bool) {
 			return ok
 		case "assign":
 			f.Assign = []Assign{}
+			var last repeated
 			ok, null := p.list(func() bool {
 				f.Assign = append(f.Assign, Assign{})
-				return p.assign(&f.Assign[len(f.Assign)-1])
+				return p.assign(&f.Assign[len(f.Assign)-1], &last)
 			})
 			if null {
 				f.Assign = nil
@@ -66,6 +67,30 @@ func decodeFast(hdr []byte) (*Frame, bool) {
 
 // fastParser reads the subset of JSON that decodeFast accepts.
 type fastParser struct{ *jsonscan.Scanner }
+
+// repeated is the last value of fields that repeat from one element of a
+// list to the next (an assign frame's modules and priorities), whose
+// string is then reused rather than allocated again.
+type repeated struct{ module, priority string }
+
+// strAs is str, returning *last when the string equals it, else keeping
+// the new string in *last.
+func (p fastParser) strAs(last *string) (string, bool) {
+	raw, escaped, ok := p.String()
+	if !ok || escaped {
+		return "", false
+	}
+	if string(raw) == *last {
+		return *last, true
+	}
+	for _, c := range raw {
+		if c >= 0x7f {
+			return "", false
+		}
+	}
+	*last = string(raw)
+	return *last, true
+}
 
 // str reads a string of printable ASCII without escapes.
 func (p fastParser) str() (string, bool) {
@@ -125,7 +150,7 @@ func (p fastParser) blob(b *Blob) bool {
 	})
 }
 
-func (p fastParser) assign(a *Assign) bool {
+func (p fastParser) assign(a *Assign, last *repeated) bool {
 	return p.Object(func(key []byte) bool {
 		var ok bool
 		switch string(key) {
@@ -134,7 +159,7 @@ func (p fastParser) assign(a *Assign) bool {
 		case "task":
 			a.Task, ok = p.str()
 		case "module":
-			a.Module, ok = p.str()
+			a.Module, ok = p.strAs(&last.module)
 		case "args":
 			a.Args = []string{}
 			var null bool
@@ -182,7 +207,7 @@ func (p fastParser) assign(a *Assign) bool {
 		case "ckpt_ms":
 			a.CkptMS, ok = p.int64()
 		case "priority":
-			a.Priority, ok = p.str()
+			a.Priority, ok = p.strAs(&last.priority)
 		}
 		return ok
 	})
