@@ -27,6 +27,14 @@ type Host interface {
 	// committed it, or with an error when it was refused or could not be
 	// delivered in time.
 	Checkpoint(ctx context.Context, state []byte) error
+	// Started tells that the attempt begins to run, once it waits no
+	// more for a slot process, its module or attempts queued ahead of it.
+	// The worker takes a running attempt's age from then, and shrinks its
+	// queue when the attempts it runs are long: time spent waiting (for
+	// the first slot processes of a fresh worker, say) is not theirs. A
+	// Runner that queues attempts itself (Config.RunnerQueues), whose
+	// worker never shrinks its queue that way, need not call it.
+	Started()
 }
 
 // Job is one attempt to run.

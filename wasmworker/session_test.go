@@ -266,6 +266,7 @@ func (f runnerFunc) Run(ctx context.Context, job *Job) *Outcome { return f(ctx, 
 // runOrBlock runs attempts below 100 for a millisecond, and the others
 // until they are stopped.
 var runOrBlock = runnerFunc(func(ctx context.Context, job *Job) *Outcome {
+	job.Host.Started()
 	if job.Assign.Attempt < 100 {
 		time.Sleep(time.Millisecond)
 		return &Outcome{Outputs: []protocol.Blob{{Name: "stdout"}}, Duration: time.Millisecond}
@@ -397,5 +398,51 @@ func TestStoppedAttemptsLeaveTheQueueAlone(t *testing.T) {
 	w.mu.Unlock()
 	if q != 4 {
 		t.Errorf("queue %d after six cancelled attempts, want 4 as configured", q)
+	}
+}
+
+// A fresh worker's first attempts wait for their runner (the first slot
+// processes to start) longer than a long task runs: the heartbeats
+// meanwhile do not take them for long tasks and shrink the queue, as they
+// did when an attempt's age counted from the moment it took a slot.
+func TestWaitingForTheRunnerIsNotRunning(t *testing.T) {
+	queues := make(chan int, 256)
+	results := make(chan int, 16)
+	url := fakeServer(t, 20*time.Millisecond, []*protocol.Frame{assign(1, 4)}, func(f *protocol.Frame) []*protocol.Frame {
+		switch f.Type {
+		case protocol.TypeHeartbeat:
+			if f.Heartbeat.Queue != nil {
+				queues <- *f.Heartbeat.Queue
+			}
+		case protocol.TypeResult:
+			results <- len(f.Results)
+		}
+		return nil
+	})
+	// Each attempt waits 400 ms (four times queueAhead) before it starts,
+	// then runs for a millisecond.
+	runner := runnerFunc(func(ctx context.Context, job *Job) *Outcome {
+		time.Sleep(400 * time.Millisecond)
+		job.Host.Started()
+		time.Sleep(time.Millisecond)
+		return &Outcome{Outputs: []protocol.Blob{{Name: "stdout"}}, Duration: time.Millisecond}
+	})
+	w := New(Config{Servers: []string{url}, Slots: 4, Queue: 32, MaxQueue: 64, Kind: protocol.KindHeadless, Runner: runner,
+		Logger: slog.New(slog.DiscardHandler)})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.Run(ctx)
+	timeout := time.After(5 * time.Second)
+	for n := 0; n < 4; {
+		select {
+		case q := <-queues:
+			if q < 32 {
+				t.Fatalf("a heartbeat shrank the queue to %d while the attempts waited for their runner", q)
+			}
+		case k := <-results:
+			n += k
+		case <-timeout:
+			t.Fatalf("%d of 4 results", n)
+		}
 	}
 }

@@ -106,7 +106,7 @@ type outMsg struct {
 type attempt struct {
 	assign   *protocol.Assign
 	cancel   context.CancelFunc
-	started  time.Time // when it took a slot; zero while queued (w.mu)
+	started  time.Time // when the Runner started it (Host.Started); zero before (w.mu)
 	progress float64
 	seq      int
 	ckptAcks map[int]chan protocol.Ack // made at the first checkpoint
@@ -754,11 +754,6 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		}
 		var out *Outcome
 		if actx.Err() == nil {
-			if !w.cfg.RunnerQueues {
-				w.mu.Lock()
-				a.started = time.Now()
-				w.mu.Unlock()
-			}
 			a.host = host{w: w, a: a}
 			a.job = Job{Assign: as, ModuleID: as.Module, Host: &a.host, Fetch: w.moduleFetcher(server, as.Module)}
 			out = w.cfg.Runner.Run(actx, &a.job)
@@ -811,6 +806,12 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 type host struct {
 	w *Worker
 	a *attempt
+}
+
+func (h *host) Started() {
+	h.w.mu.Lock()
+	h.a.started = time.Now()
+	h.w.mu.Unlock()
 }
 
 func (h *host) Progress(f float64) {

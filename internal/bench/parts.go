@@ -102,6 +102,7 @@ func (b *bench) idleConns(ctx context.Context) error {
 type nopHost struct{}
 
 func (nopHost) Progress(float64)                         {}
+func (nopHost) Started()                                 {}
 func (nopHost) Checkpoint(context.Context, []byte) error { return nil }
 
 // wasmVsNative times the prime counter under wazero and natively.

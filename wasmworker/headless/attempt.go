@@ -201,6 +201,9 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 	a.ckptMu.Lock()
 	a.lastCkpt = time.Now()
 	a.ckptMu.Unlock()
+	if a.e.slot == nil && a.job.Host != nil {
+		a.job.Host.Started() // in a slot process, the parent tells it
+	}
 	_, err = inst.ExportedFunction("_start").Call(ctx)
 	if err != nil {
 		var ee *sys.ExitError

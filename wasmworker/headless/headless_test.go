@@ -74,6 +74,13 @@ type fakeHost struct {
 	progress    []float64
 	checkpoints [][]byte
 	refuse      bool
+	started     int
+}
+
+func (h *fakeHost) Started() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.started++
 }
 
 func (h *fakeHost) Progress(f float64) {
@@ -221,6 +228,30 @@ func testRun(t *testing.T, r *Runner) {
 }
 
 func TestTrap(t *testing.T) { eachMode(t, testTrap) }
+
+// A Run tells its Host once that the attempt started, and not at all when
+// it never could (its module did not load).
+func TestRunsSayWhenTheyStart(t *testing.T) { eachMode(t, testRunsSayWhenTheyStart) }
+
+func testRunsSayWhenTheyStart(t *testing.T, r *Runner) {
+	good, h := job(t, "echo", protocol.Assign{Args: []string{"x"}})
+	if o := r.Run(context.Background(), good); o.Reason != "" {
+		t.Fatalf("%s: %s", o.Reason, o.Message)
+	}
+	bad, hb := job(t, "noop", protocol.Assign{})
+	bad.Fetch = func(context.Context) ([]byte, error) { return []byte("\x00asm\x01\x00\x00\x00garbage"), nil }
+	bad.ModuleID = "sha256:" + strings.Repeat("1", 64)
+	if o := r.Run(context.Background(), bad); o.Reason == "" {
+		t.Fatal("a broken module ran")
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	if h.started != 1 || hb.started != 0 {
+		t.Errorf("Started called %d times for a run, %d for a module that did not load; want 1 and 0", h.started, hb.started)
+	}
+}
 
 func testTrap(t *testing.T, r *Runner) {
 	// A module whose _start executes unreachable.

@@ -399,6 +399,9 @@ func (p *slotPool) attempt(ctx context.Context, c *slotProc, t *ticket, job *was
 			return ended()
 		}
 	}
+	if job.Host != nil {
+		job.Host.Started() // its request is c's current one: c runs it now
+	}
 	c.running.Store(true)
 	defer c.running.Store(false)
 	wallTimer = time.AfterFunc(wall, func() {

@@ -292,6 +292,10 @@ func (c *slotChild) memoryRefused(msg string) { c.send(&slotReply{Kind: repMemor
 // Progress implements wasmworker.Host by relaying to the parent.
 func (c *slotChild) Progress(f float64) { c.send(&slotReply{Kind: repProgress, Fraction: f}) }
 
+// Started implements wasmworker.Host: the parent tells its worker when it
+// hands the attempt over, so the slot process says nothing.
+func (c *slotChild) Started() {}
+
 // Checkpoint implements wasmworker.Host by relaying to the parent and
 // waiting for its answer (the parent kills the process if the attempt ends
 // meanwhile).
