@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/cyclepool/cyclepool/client"
 	"github.com/cyclepool/cyclepool/internal/pgtest"
@@ -565,5 +566,79 @@ func TestSilentWorkerIsDisconnected(t *testing.T) {
 	}
 	if n := metric(t, p.srv.url, `cyclepool_worker_connections_total{kind="headless"}`); n != 2 {
 		t.Errorf("%d headless connections, want 2: the worker that talks was disconnected too", n)
+	}
+}
+
+// A frame whose handling waits for the database (here a checkpoint, while
+// a lock stalls its write for longer than the idle limit) is not silence:
+// the worker keeps its socket and gets its ack once the write is done.
+func TestSlowFrameIsNotSilence(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newPlatform(t, "--lease", "4s") // silent after 10 s
+	wsURL := "ws" + strings.TrimPrefix(p.srv.url, "http") + "/ws/worker"
+	ws, _, err := websocket.Dial(ctx, wsURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	write := func(f *protocol.Frame) {
+		t.Helper()
+		data, bin, _ := protocol.Encode(f)
+		typ := websocket.MessageText
+		if bin {
+			typ = websocket.MessageBinary
+		}
+		if err := ws.Write(ctx, typ, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// read returns the next frame of type typ, skipping others.
+	read := func(typ string, within time.Duration) *protocol.Frame {
+		t.Helper()
+		rctx, cancel := context.WithTimeout(ctx, within)
+		defer cancel()
+		for {
+			mt, data, err := ws.Read(rctx)
+			if err != nil {
+				t.Fatalf("waiting for a %s frame: %v", typ, err)
+			}
+			f, err := protocol.Decode(data, mt == websocket.MessageBinary)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.Type == typ {
+				return f
+			}
+		}
+	}
+	write(&protocol.Frame{Type: protocol.TypeHello, Hello: &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1}})
+	read(protocol.TypeWelcome, 10*time.Second)
+	counter := push(t, p.client, "counter")
+	submit(t, p.client, workflow("slow", task{"name": "c", "module": counter, "args": []string{"1", "1"}}))
+	as := read(protocol.TypeAssign, 30*time.Second).Assign[0]
+
+	conn, err := pgx.Connect(ctx, p.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "LOCK TABLE attempts IN EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	write(&protocol.Frame{Type: protocol.TypeCheckpoint, Checkpoint: &protocol.Checkpoint{Attempt: as.Attempt, Seq: 1,
+		State: protocol.Blob{Data: []byte("state")}}})
+	time.Sleep(12 * time.Second) // the checkpoint's write waits for the lock
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ack := read(protocol.TypeAck, 10*time.Second)
+	if len(ack.Acks) != 1 || ack.Acks[0].Attempt != as.Attempt || ack.Acks[0].Of != protocol.AckCheckpoint {
+		t.Fatalf("got acks %+v, want the checkpoint's", ack.Acks)
 	}
 }

@@ -511,9 +511,11 @@ func containsInt(xs []int64, x int64) bool {
 // that says nothing for two lease periods (at least 10 s) is gone; its
 // attempts' leases lapsed long before.
 //
-// The Reads have no context: a timer reset at every frame closes a silent
+// The Reads have no context: a timer armed for each Read closes a silent
 // socket, and the end of ctx closes it too. (A context with a deadline per
 // Read cost a timer, a context and the connection's AfterFunc per frame.)
+// The timer runs only while the loop waits for a frame: handling one may
+// wait for the database, which says nothing of the worker.
 func (s *Server) readLoop(ctx context.Context, c *conn) error {
 	idle := max(2*s.cfg.Lease, 10*time.Second)
 	var silent atomic.Bool
@@ -521,10 +523,13 @@ func (s *Server) readLoop(ctx context.Context, c *conn) error {
 		silent.Store(true)
 		c.ws.CloseNow()
 	})
+	timer.Stop()
 	defer timer.Stop()
 	defer context.AfterFunc(ctx, func() { c.ws.CloseNow() })()
 	for {
+		timer.Reset(idle)
 		typ, data, err := c.ws.Read(context.Background())
+		timer.Stop()
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:
@@ -534,7 +539,6 @@ func (s *Server) readLoop(ctx context.Context, c *conn) error {
 			}
 			return err
 		}
-		timer.Reset(idle)
 		if s.hub.heardFrom(c) {
 			s.wakeSlots() // silent until now: it may have free slots
 		}
