@@ -53,8 +53,8 @@ type conn struct {
 	slots  int
 	free   int
 	paused bool
-	// running has the module of each attempt the worker holds ("" for
-	// those it came back with), for the checkpoints' cost.
+	// running has the module of each attempt the worker holds, for the
+	// checkpoints' cost.
 	running map[int64]string
 	// samples is the device history from heartbeats, for the stability
 	// class; record the worker's database record (reputation, attempts,
@@ -476,7 +476,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 	}
 	for _, a := range h.Running {
 		if !containsInt(lost, a) {
-			c.running[a] = ""
+			c.running[a] = reg.Modules[a]
 		}
 	}
 	c.free = c.slots - len(c.running)

@@ -433,3 +433,38 @@ func TestClaimedRowsKeepTheirOwnValues(t *testing.T) {
 		}
 	}
 }
+
+// A worker that reconnects keeps the attempts it names that still hold
+// their lease, with their modules, and is told the others are lost.
+func TestReconnectKeepsHeldAttemptsWithTheirModules(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 2}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.submit(t, "batch", f.task("a"))
+	cands, err := f.s.Candidates(ctx, 1)
+	if err != nil || len(cands) != 1 {
+		t.Fatalf("candidates %v: %v", cands, err)
+	}
+	claimed, err := f.s.ClaimPicks(ctx, []Pick{{TaskID: cands[0].TaskID, Worker: reg.ID}}, time.Minute)
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claimed %v: %v", claimed, err)
+	}
+	held, bogus := claimed[0].Attempt, claimed[0].Attempt+1000
+	again, err := f.s.RegisterWorker(ctx, WorkerHello{ID: reg.ID, Token: reg.Token, Kind: "headless", Slots: 2,
+		Running: []int64{held, bogus}}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.ID != reg.ID {
+		t.Fatalf("reconnected as %s, want %s", again.ID, reg.ID)
+	}
+	if len(again.Lost) != 1 || again.Lost[0] != bogus {
+		t.Errorf("lost %v, want [%d]", again.Lost, bogus)
+	}
+	if len(again.Modules) != 1 || again.Modules[held] != f.module {
+		t.Errorf("modules %v, want %d: %s", again.Modules, held, f.module)
+	}
+}

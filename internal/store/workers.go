@@ -30,6 +30,8 @@ type Registration struct {
 	ID    string
 	Token string  // its reconnect token
 	Lost  []int64 // attempts it claimed to run that no longer hold their lease
+	// Modules has the module of each attempt it kept.
+	Modules map[int64]string
 	// Session identifies this connection; WorkerGone takes it so that the
 	// end of an old connection does not end a newer one.
 	Session int64
@@ -46,6 +48,7 @@ func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Du
 	}
 	var id, token string
 	var lost []int64
+	var modules map[int64]string
 	var session int64
 	err = s.tx(ctx, func(tx pgx.Tx) error {
 		id, token, lost = "", "", nil
@@ -80,17 +83,23 @@ func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Du
 		if len(h.Running) == 0 {
 			return nil
 		}
-		rows, err := tx.Query(ctx, `UPDATE attempts SET lease_until = now() + $3 * interval '1 millisecond'
-			WHERE id = ANY($1) AND worker_id = $2 AND state = 'running' RETURNING id`, h.Running, id, lease.Milliseconds())
+		rows, err := tx.Query(ctx, `UPDATE attempts a SET lease_until = now() + $3 * interval '1 millisecond'
+			FROM tasks t WHERE a.id = ANY($1) AND a.worker_id = $2 AND a.state = 'running' AND t.id = a.task_id
+			RETURNING a.id, t.module_id`, h.Running, id, lease.Milliseconds())
 		if err != nil {
 			return err
 		}
-		held, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
+		modules = map[int64]string{}
+		var a int64
+		var m string
+		if _, err := pgx.ForEachRow(rows, []any{&a, &m}, func() error {
+			modules[a] = m
+			return nil
+		}); err != nil {
 			return err
 		}
 		for _, a := range h.Running {
-			if !slices.Contains(held, a) {
+			if _, ok := modules[a]; !ok {
 				lost = append(lost, a)
 			}
 		}
@@ -99,7 +108,7 @@ func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Du
 	if err != nil {
 		return Registration{}, fmt.Errorf("register worker: %w", err)
 	}
-	return Registration{ID: id, Token: token, Lost: lost, Session: session}, nil
+	return Registration{ID: id, Token: token, Lost: lost, Modules: modules, Session: session}, nil
 }
 
 // UpdateDevice records a worker's latest device state.
