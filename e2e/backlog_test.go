@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/cyclepool/cyclepool/client"
 )
 
@@ -37,23 +35,12 @@ func TestStalledCommitsKeepTheWorkerConnected(t *testing.T) {
 	id := submit(t, p.client, workflow("backlog", tasks...))
 
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, p.db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
 	// Every completion counts its workflow down: it waits for this lock
 	// (taken once the workflow is written), claims do not. (Not a lock on
 	// task_outputs: an empty stdout is stored without a row, so the
 	// completions of no-op tasks write none.)
-	if _, err := tx.Exec(ctx, "LOCK TABLE workflows IN SHARE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockTable(t, p.db, "LOCK TABLE workflows IN SHARE MODE")
+	conn := tx.Conn()
 	succeeded := func() int {
 		var n int
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM attempts a JOIN tasks t ON t.id = a.task_id

@@ -123,18 +123,7 @@ func TestBadInputIsRefusedClearly(t *testing.T) {
 			})
 		}
 		// A garbage frame after a good hello closes that socket only.
-		c, _, err := websocket.Dial(ctx, wsURL, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.CloseNow()
-		hello, _, _ := protocol.Encode(&protocol.Frame{Type: protocol.TypeHello, Hello: &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1}})
-		if err := c.Write(ctx, websocket.MessageText, hello); err != nil {
-			t.Fatal(err)
-		}
-		if _, _, err := c.Read(ctx); err != nil {
-			t.Fatal(err)
-		}
+		c := helloSocket(t, p.srv.url)
 		_ = c.Write(ctx, websocket.MessageText, []byte(`{"t":"assign","assign":[{"attempt":1}]}`))
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()

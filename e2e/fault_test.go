@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/cyclepool/cyclepool/client"
 	"github.com/cyclepool/cyclepool/internal/pgtest"
@@ -528,20 +527,8 @@ func TestSilentWorkerIsDisconnected(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	p := newPlatform(t)
-	wsURL := "ws" + strings.TrimPrefix(p.srv.url, "http") + "/ws/worker"
-	c, _, err := websocket.Dial(ctx, wsURL, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.CloseNow()
-	hello, _, _ := protocol.Encode(&protocol.Frame{Type: protocol.TypeHello, Hello: &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1}})
-	if err := c.Write(ctx, websocket.MessageText, hello); err != nil {
-		t.Fatal(err)
-	}
 	start := time.Now()
-	if _, _, err := c.Read(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c := helloSocket(t, p.srv.url)
 	// A worker of the platform, which heartbeats, keeps its socket.
 	startWorker(t, "worker", 1, p.srv.url)
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -576,12 +563,7 @@ func TestSlowFrameIsNotSilence(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	p := newPlatform(t, "--lease", "4s") // silent after 10 s
-	wsURL := "ws" + strings.TrimPrefix(p.srv.url, "http") + "/ws/worker"
-	ws, _, err := websocket.Dial(ctx, wsURL, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ws.CloseNow()
+	ws := helloSocket(t, p.srv.url)
 	write := func(f *protocol.Frame) {
 		t.Helper()
 		data, bin, _ := protocol.Encode(f)
@@ -612,25 +594,11 @@ func TestSlowFrameIsNotSilence(t *testing.T) {
 			}
 		}
 	}
-	write(&protocol.Frame{Type: protocol.TypeHello, Hello: &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1}})
-	read(protocol.TypeWelcome, 10*time.Second)
 	counter := push(t, p.client, "counter")
 	submit(t, p.client, workflow("slow", task{"name": "c", "module": counter, "args": []string{"1", "1"}}))
 	as := read(protocol.TypeAssign, 30*time.Second).Assign[0]
 
-	conn, err := pgx.Connect(ctx, p.db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, "LOCK TABLE attempts IN EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockTable(t, p.db, "LOCK TABLE attempts IN EXCLUSIVE MODE")
 	write(&protocol.Frame{Type: protocol.TypeCheckpoint, Checkpoint: &protocol.Checkpoint{Attempt: as.Attempt, Seq: 1,
 		State: protocol.Blob{Data: []byte("state")}}})
 	time.Sleep(12 * time.Second) // the checkpoint's write waits for the lock

@@ -23,8 +23,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+	"github.com/jackc/pgx/v5"
+
 	"github.com/cyclepool/cyclepool/client"
 	"github.com/cyclepool/cyclepool/internal/pgtest"
+	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/taskbuild"
 )
 
@@ -336,4 +340,56 @@ func runCLI(t *testing.T, db string, args ...string) (string, error) {
 		return string(out) + stderr.String(), err
 	}
 	return string(out), nil
+}
+
+// helloSocket opens a worker socket to the server at url, written by hand
+// as a headless worker of one slot: it says hello and reads the welcome;
+// from then on it says only what the test writes. It closes when the test
+// ends.
+func helloSocket(t *testing.T, url string) *websocket.Conn {
+	t.Helper()
+	ctx := context.Background()
+	ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(url, "http")+"/ws/worker", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws.CloseNow() })
+	hello, _, _ := protocol.Encode(&protocol.Frame{Type: protocol.TypeHello, Hello: &protocol.Hello{Version: protocol.Version,
+		Kind: protocol.KindHeadless, Slots: 1}})
+	if err := ws.Write(ctx, websocket.MessageText, hello); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	typ, data, err := ws.Read(rctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f, err := protocol.Decode(data, typ == websocket.MessageBinary); err != nil || f.Type != protocol.TypeWelcome {
+		t.Fatalf("answer to hello: %v %q, want a welcome", err, data)
+	}
+	return ws
+}
+
+// lockTable runs lock (a LOCK TABLE statement) in a transaction of its own
+// on the database at db, and returns the transaction: the lock holds until
+// it rolls back, at the latest when the test ends. Its connection
+// (tx.Conn()) stays open until then.
+func lockTable(t *testing.T, db, lock string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, lock); err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }
