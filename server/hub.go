@@ -474,10 +474,8 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 		device: h.Device, connected: time.Now(),
 		record: store.WorkerRecord{ID: id, Kind: h.Kind, Slots: h.Slots},
 	}
-	for _, a := range h.Running {
-		if !containsInt(lost, a) {
-			c.running[a] = reg.Modules[a]
-		}
+	for a, m := range reg.Modules { // the attempts it kept
+		c.running[a] = m
 	}
 	c.free = c.slots - len(c.running)
 	c.heard.Store(time.Now().UnixNano())
@@ -496,15 +494,6 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 	}
 	c.log.Debug("worker connected", "slots", h.Slots, "resumed", len(c.running))
 	return c, nil
-}
-
-func containsInt(xs []int64, x int64) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
 }
 
 // readLoop handles the worker's frames until the socket closes. A worker

@@ -73,37 +73,38 @@ type fastParser struct{ *jsonscan.Scanner }
 // string is then reused rather than allocated again.
 type repeated struct{ module, priority string }
 
-// strAs is str, returning *last when the string equals it, else keeping
-// the new string in *last.
-func (p fastParser) strAs(last *string) (string, bool) {
+// ascii reads a string of printable ASCII without escapes, as the bytes
+// of the frame.
+func (p fastParser) ascii() ([]byte, bool) {
 	raw, escaped, ok := p.String()
 	if !ok || escaped {
-		return "", false
-	}
-	if string(raw) == *last {
-		return *last, true
+		return nil, false
 	}
 	for _, c := range raw {
 		if c >= 0x7f {
-			return "", false
+			return nil, false
 		}
 	}
-	*last = string(raw)
-	return *last, true
+	return raw, true
 }
 
 // str reads a string of printable ASCII without escapes.
 func (p fastParser) str() (string, bool) {
-	raw, escaped, ok := p.String()
-	if !ok || escaped {
+	raw, ok := p.ascii()
+	return string(raw), ok
+}
+
+// strAs is str, returning *last when the string equals it, else keeping
+// the new string in *last.
+func (p fastParser) strAs(last *string) (string, bool) {
+	raw, ok := p.ascii()
+	if !ok {
 		return "", false
 	}
-	for _, c := range raw {
-		if c >= 0x7f {
-			return "", false
-		}
+	if string(raw) != *last {
+		*last = string(raw)
 	}
-	return string(raw), true
+	return *last, true
 }
 
 func (p fastParser) int64() (int64, bool) {

@@ -30,7 +30,8 @@ type Registration struct {
 	ID    string
 	Token string  // its reconnect token
 	Lost  []int64 // attempts it claimed to run that no longer hold their lease
-	// Modules has the module of each attempt it kept.
+	// Modules has the module of each attempt it kept (those of Running
+	// not in Lost).
 	Modules map[int64]string
 	// Session identifies this connection; WorkerGone takes it so that the
 	// end of an old connection does not end a newer one.
@@ -51,7 +52,7 @@ func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Du
 	var modules map[int64]string
 	var session int64
 	err = s.tx(ctx, func(tx pgx.Tx) error {
-		id, token, lost = "", "", nil
+		id, token, lost, modules = "", "", nil, nil
 		if h.ID != "" && looksLikeUUID(h.ID) {
 			tag, err := tx.Exec(ctx, `UPDATE workers SET kind = $3, slots = $4, volunteer = $5, device = $6, replica = $7,
 				connected = true, connected_at = now(), last_seen = now() WHERE id = $1 AND token_hash = $2`,
