@@ -140,6 +140,7 @@ type pageStatus struct {
 	Connected     bool   `json:"connected"`
 	Done          int    `json:"done"`
 	Failed        int    `json:"failed"`
+	Cancelled     int    `json:"cancelled"`
 	Paused        bool   `json:"paused"`
 	PausedBecause string `json:"pausedBecause"`
 	CPUMs         int64  `json:"cpuMs"`

@@ -3,10 +3,12 @@
 package wasmworker
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -444,5 +446,92 @@ func TestWaitingForTheRunnerIsNotRunning(t *testing.T) {
 		case <-timeout:
 			t.Fatalf("%d of 4 results", n)
 		}
+	}
+}
+
+// lockedBuffer is a bytes.Buffer that loggers on several goroutines may
+// write to.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// Attempts the server cancels are counted as cancelled, not failed, and
+// the refusal of their reports (expected: the report only frees their
+// slots) is no warning; a refused result still is one. Attempt 101 is
+// cancelled while it runs, 102 while it waits for a slot.
+func TestCancelledAttemptsAreNotFailures(t *testing.T) {
+	refuse := func(of string, attempts ...int64) []*protocol.Frame {
+		ack := &protocol.Frame{Type: protocol.TypeAck}
+		for _, a := range attempts {
+			ack.Acks = append(ack.Acks, protocol.Ack{Attempt: a, Of: of, OK: false, Error: "the attempt no longer holds its lease"})
+		}
+		return []*protocol.Frame{ack}
+	}
+	url := fakeServer(t, time.Minute, []*protocol.Frame{assign(101, 102)}, func(f *protocol.Frame) []*protocol.Frame {
+		switch f.Type {
+		case protocol.TypeHeartbeat:
+			// The worker runs 101 (its one slot) and queues 102: cancel
+			// both, and send attempt 1, whose result is refused.
+			if len(f.Heartbeat.Running) == 2 {
+				return []*protocol.Frame{{Type: protocol.TypeCancel, Cancel: &protocol.Cancel{Attempts: []int64{101, 102},
+					Reason: "cancelled by the owner"}}, assign(1, 1)}
+			}
+		case protocol.TypeFail:
+			var as []int64
+			for _, fl := range f.Fails {
+				as = append(as, fl.Attempt)
+			}
+			return refuse(protocol.AckFail, as...)
+		case protocol.TypeResult:
+			return refuse(protocol.AckResult, f.Results[0].Attempt)
+		}
+		return nil
+	})
+	var logs lockedBuffer
+	w := New(Config{Servers: []string{url}, Slots: 1, Queue: 1, Kind: protocol.KindHeadless, Runner: runOrBlock,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.Run(ctx)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if !w.Stats().Connected {
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
+		if len(w.heartbeatSnapshot()) == 2 {
+			w.DeviceChanged() // a heartbeat now
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the worker did not take its two attempts")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for st := w.Stats(); st.Done+st.Failed+st.Cancelled < 3 || st.Pending > 0; st = w.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v: want three attempts ended and acknowledged", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	st := w.Stats()
+	if st.Done != 1 || st.Cancelled != 2 || st.Failed != 0 || st.Refused != 1 {
+		t.Errorf("stats %+v, want 1 done, 2 cancelled, 0 failed, 1 refused", st)
+	}
+	if got := strings.Count(logs.String(), "result refused"); got != 1 {
+		t.Errorf("%d warnings of a refused result, want 1 (attempt 1's):\n%s", got, logs.String())
 	}
 }

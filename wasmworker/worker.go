@@ -72,6 +72,7 @@ type Worker struct {
 	sessDone  chan struct{} // closed when the current connection ends
 	running   map[int64]*attempt
 	pending   map[int64]*protocol.Frame // outcomes not yet acknowledged
+	cancelled map[int64]struct{}        // the pending outcomes of attempts the server cancelled
 	outbox    []*protocol.Frame         // outcomes not yet sent on the current connection
 	outboxNew chan struct{}             // an outcome was put in outbox
 	modules   map[string][]byte
@@ -92,10 +93,15 @@ type Worker struct {
 
 // Stats counts what a worker did since it started.
 type Stats struct {
-	Done, Failed, Refused int
-	Pending               int // outcomes sent but not yet acknowledged
-	Connected             bool
-	Server                string
+	// Done and Failed count the attempts that ended on their own, with a
+	// result or a failure; Cancelled those the server stopped (their
+	// workflow or task was cancelled, or they lost their lease). Refused
+	// counts the reports the server refused other than those of cancelled
+	// attempts, whose refusal is expected.
+	Done, Failed, Cancelled, Refused int
+	Pending                          int // outcomes sent but not yet acknowledged
+	Connected                        bool
+	Server                           string
 }
 
 type outMsg struct {
@@ -104,12 +110,15 @@ type outMsg struct {
 }
 
 type attempt struct {
-	assign   *protocol.Assign
-	cancel   context.CancelFunc
-	started  time.Time // when the Runner started it (Host.Started); zero before (w.mu)
-	progress float64
-	seq      int
-	ckptAcks map[int]chan protocol.Ack // made at the first checkpoint
+	assign  *protocol.Assign
+	cancel  context.CancelFunc
+	started time.Time // when the Runner started it (Host.Started); zero before (w.mu)
+	// cancelled is set when the server cancels the attempt (w.mu): its
+	// report is then expected to be refused.
+	cancelled bool
+	progress  float64
+	seq       int
+	ckptAcks  map[int]chan protocol.Ack // made at the first checkpoint
 	// host and job are the attempt's Host and Job, held here rather than
 	// allocated apart.
 	host host
@@ -132,7 +141,8 @@ func New(cfg Config) *Worker {
 	}
 	cfg.MaxQueue = min(cfg.MaxQueue, protocol.QueueLimit(cfg.Slots))
 	return &Worker{cfg: cfg, log: cfg.Logger, id: cfg.ID, token: cfg.Token, running: map[int64]*attempt{}, pending: map[int64]*protocol.Frame{},
-		modules: map[string][]byte{}, connected: make(chan struct{}), slotSem: make(chan struct{}, cfg.Slots), hbNow: make(chan struct{}, 1),
+		cancelled: map[int64]struct{}{},
+		modules:   map[string][]byte{}, connected: make(chan struct{}), slotSem: make(chan struct{}, cfg.Slots), hbNow: make(chan struct{}, 1),
 		outboxNew: make(chan struct{}, 1), queue: cfg.Queue, attempts: newGoPool(cfg.Slots + max(cfg.Queue, cfg.MaxQueue))}
 }
 
@@ -334,10 +344,7 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	w.mu.Lock()
 	w.id, w.token = wel.WorkerID, wel.ReconnectToken
 	for _, id := range wel.Lost {
-		if a := w.running[id]; a != nil {
-			a.cancel()
-		}
-		delete(w.pending, id)
+		w.stopLocked(id)
 	}
 	w.out, w.sessDone = out, make(chan struct{})
 	w.stats.Connected, w.stats.Server = true, server
@@ -684,10 +691,7 @@ func (w *Worker) readLoop(ctx context.Context, ws conn, server string) error {
 		case protocol.TypeCancel:
 			w.mu.Lock()
 			for _, id := range f.Cancel.Attempts {
-				if a := w.running[id]; a != nil {
-					a.cancel()
-				}
-				delete(w.pending, id)
+				w.stopLocked(id)
 			}
 			w.mu.Unlock()
 		case protocol.TypeAck:
@@ -710,8 +714,15 @@ func (w *Worker) readLoop(ctx context.Context, ws conn, server string) error {
 						}
 						continue
 					}
+					_, cancelled := w.cancelled[ack.Attempt]
+					delete(w.cancelled, ack.Attempt)
 					delete(w.pending, ack.Attempt)
-					if !ack.OK {
+					switch {
+					case ack.OK:
+					case cancelled:
+						// The server stopped it: its report only freed its slot.
+						w.log.Debug("report of a cancelled attempt refused", "attempt", ack.Attempt, "why", ack.Error)
+					default:
 						w.stats.Refused++
 						w.log.Warn("result refused", "attempt", ack.Attempt, "why", ack.Error)
 					}
@@ -722,6 +733,18 @@ func (w *Worker) readLoop(ctx context.Context, ws conn, server string) error {
 			return fmt.Errorf("server error: %s", f.Error.Message)
 		}
 	}
+}
+
+// stopLocked stops an attempt the server no longer counts as held
+// (cancelled, or lost while the worker was away) and forgets its
+// unacknowledged outcome, if it has one. w.mu is held.
+func (w *Worker) stopLocked(id int64) {
+	if a := w.running[id]; a != nil {
+		a.cancelled = true
+		a.cancel()
+	}
+	delete(w.pending, id)
+	delete(w.cancelled, id)
 }
 
 // start runs one assigned attempt in its own goroutine (one kept from an
@@ -782,9 +805,13 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 				Attempt: as.Attempt, Reason: out.Reason, Message: out.Message, Log: protocol.Blob{Data: out.Log}, DurationMS: out.Duration.Milliseconds()}}}
 		}
 		delete(w.running, as.Attempt)
-		if out.Reason == "" {
+		switch {
+		case out.Reason == "":
 			w.stats.Done++
-		} else {
+		case a.cancelled && out.Reason == protocol.ReasonCancelled:
+			w.stats.Cancelled++
+			w.cancelled[as.Attempt] = struct{}{}
+		default:
 			w.stats.Failed++
 		}
 		announce := !stopped && w.adaptQueue(out.Duration, PayloadBytes(as))

@@ -215,7 +215,7 @@ func main() {
 		// The page keeps the identity for its next visit (one tab at a time:
 		// web/static/page.js).
 		id, token := w.Identity()
-		key := fmt.Sprint(id, st.Connected, st.Server, st.Done, st.Failed, st.Refused, shown, cpu.Milliseconds(), why,
+		key := fmt.Sprint(id, st.Connected, st.Server, st.Done, st.Failed, st.Cancelled, st.Refused, shown, cpu.Milliseconds(), why,
 			stringify.Invoke(counts).String(), stringify.Invoke(trace).String())
 		if key == last {
 			return
@@ -223,7 +223,7 @@ func main() {
 		last = key
 		self.Call("postMessage", map[string]any{
 			"type": "status", "since": since, "connected": st.Connected, "server": st.Server,
-			"done": st.Done, "failed": st.Failed, "refused": st.Refused, "running": list,
+			"done": st.Done, "failed": st.Failed, "cancelled": st.Cancelled, "refused": st.Refused, "running": list,
 			"cpuMs": cpu.Milliseconds(), "paused": why != "", "pausedBecause": why,
 			"identity": map[string]any{"id": id, "token": token},
 			"taskWorkers": map[string]any{"started": counts.Get("started"), "terminated": counts.Get("terminated"),
