@@ -6,12 +6,19 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -o /out/cyclepool ./cmd/cyclepool && sh tasks/build.sh /out/tasks
+# The volunteer page's browser worker is embedded in the binary: build it
+# first, as `make build` does (web/static/worker.wasm is not committed).
+RUN make web && CGO_ENABLED=0 go build -trimpath -o /out/cyclepool ./cmd/cyclepool && sh tasks/build.sh /out/tasks
 
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends postgresql ca-certificates && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/cyclepool /usr/local/bin/cyclepool
-COPY --from=build /out/tasks /opt/cyclepool/tasks
+# The example workflows name their modules bin/tasks/*.wasm, as in a
+# checkout: from /opt/cyclepool they can be submitted as they are, e.g.
+#   docker exec -w /opt/cyclepool -e CYCLEPOOL_SERVER=http://localhost:8080 \
+#     -e CYCLEPOOL_TOKEN=$(docker exec C cat /var/lib/cyclepool/owner.token) C \
+#     cyclepool submit examples/primes.json
+COPY --from=build /out/tasks /opt/cyclepool/bin/tasks
 COPY examples /opt/cyclepool/examples
 WORKDIR /var/lib/cyclepool
 EXPOSE 8080
