@@ -535,3 +535,85 @@ func TestCancelledAttemptsAreNotFailures(t *testing.T) {
 		t.Errorf("%d warnings of a refused result, want 1 (attempt 1's):\n%s", got, logs.String())
 	}
 }
+
+// echoServer welcomes every worker that connects with the given heartbeat
+// interval and lease, then reads its frames; it answers heartbeats that
+// ask (Echo) when answer is set, and otherwise says nothing at all, like
+// a server whose machine is gone. It counts connections, heartbeats and
+// echo requests.
+func echoServer(t *testing.T, heartbeat, lease time.Duration, answer bool) (url string, conns, beats, echoes *atomic.Int32) {
+	t.Helper()
+	conns, beats, echoes = new(atomic.Int32), new(atomic.Int32), new(atomic.Int32)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer ws.CloseNow()
+		ctx := r.Context()
+		if _, _, err := ws.Read(ctx); err != nil { // hello
+			return
+		}
+		conns.Add(1)
+		wel, _, _ := protocol.Encode(&protocol.Frame{Type: protocol.TypeWelcome, Welcome: &protocol.Welcome{WorkerID: "w",
+			HeartbeatMS: int(heartbeat.Milliseconds()), LeaseMS: int(lease.Milliseconds())}})
+		if ws.Write(ctx, websocket.MessageText, wel) != nil {
+			return
+		}
+		ack, _, _ := protocol.Encode(&protocol.Frame{Type: protocol.TypeAck, Acks: []protocol.Ack{{Of: protocol.AckHeartbeat, OK: true}}})
+		for {
+			typ, data, err := ws.Read(ctx)
+			if err != nil {
+				return
+			}
+			f, err := protocol.Decode(data, typ == websocket.MessageBinary)
+			if err != nil || f.Type != protocol.TypeHeartbeat {
+				continue
+			}
+			beats.Add(1)
+			if f.Heartbeat.Echo {
+				echoes.Add(1)
+				if answer && ws.Write(ctx, websocket.MessageText, ack) != nil {
+					return
+				}
+			}
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, conns, beats, echoes
+}
+
+// A worker leaves a server that sends nothing, however long the socket
+// stays open, and connects again; one that answers the heartbeats that ask
+// keeps its worker, which asks only after half a lease of silence.
+func TestSilentServerIsLeft(t *testing.T) {
+	const heartbeat, lease, silence = 50 * time.Millisecond, 400 * time.Millisecond, 600 * time.Millisecond
+	tests := []struct {
+		name      string
+		answer    bool
+		wantConns func(int32) bool
+	}{
+		{"answers", true, func(n int32) bool { return n == 1 }},
+		{"silent", false, func(n int32) bool { return n >= 3 }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			url, conns, beats, echoes := echoServer(t, heartbeat, lease, tc.answer)
+			w := New(Config{Servers: []string{url}, Slots: 1, Kind: protocol.KindHeadless, Runner: runOrBlock,
+				Silence: silence, Logger: slog.New(slog.DiscardHandler)})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go w.Run(ctx)
+			time.Sleep(5 * silence) // reconnections back off from 100 ms
+			if n := conns.Load(); !tc.wantConns(n) {
+				t.Errorf("%d connections in %v", n, 5*silence)
+			}
+			// Every heartbeat from half a lease of silence on asks; with
+			// answers, about one in (lease/2)/heartbeat does.
+			if b, e := beats.Load(), echoes.Load(); e == 0 || (tc.answer && e*2 > b) {
+				t.Errorf("%d of %d heartbeats asked for an answer", e, b)
+			}
+		})
+	}
+}
