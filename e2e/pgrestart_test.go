@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -16,7 +17,8 @@ import (
 
 // PostgreSQL itself restarts in the middle of a workflow: the server
 // reconnects (pool, LISTEN, batches sent again) and the workflow completes
-// with every task done exactly once.
+// with every task done exactly once. While PostgreSQL is down, /readyz
+// says so and /healthz does not.
 func TestPostgresRestartMidWorkflow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -45,11 +47,27 @@ func TestPostgresRestartMidWorkflow(t *testing.T) {
 	if err := pg.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Without its database the server is alive but not ready.
+	status := func(path string) int {
+		resp, err := http.Get(srv.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := status("/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz answered %d with PostgreSQL down, want 503", code)
+	}
+	if code := status("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz answered %d with PostgreSQL down, want 200", code)
+	}
 	time.Sleep(time.Second)
 	pg, err = pgembed.Start(ctx, pgembed.Config{Dir: dir, Port: port})
 	if err != nil {
 		t.Fatal(err)
 	}
+	eventually(t, 30*time.Second, "/readyz to answer 200 again", func() bool { return status("/readyz") == http.StatusOK })
 	st := wait(t, c, id, 2*time.Minute)
 	if st.State != client.WorkflowDone {
 		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
