@@ -1,6 +1,6 @@
 // Package wasmcheck validates uploaded task modules: valid WebAssembly, a
-// WASI command (exports _start), importing only from wasi_snapshot_preview1
-// and cyclepool, with the cyclepool functions' exact signatures.
+// WASI command (exports _start), importing only functions that exist in
+// wasi_snapshot_preview1 and cyclepool, with their exact signatures.
 package wasmcheck
 
 import (
@@ -11,6 +11,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 )
 
 // hostFuncs are the cyclepool host functions with their signatures.
@@ -34,11 +35,26 @@ func Check(ctx context.Context, wasm []byte) ([]string, error) {
 		return nil, fmt.Errorf("invalid WebAssembly: %w", err)
 	}
 	defer m.Close(ctx)
+	// WASI's functions as the workers' runtime offers them: a misspelt
+	// import or a wrong signature is refused here, not by every attempt.
+	wasi, err := wasi_snapshot_preview1.NewBuilder(rt).Compile(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("check module: compiling WASI: %w", err)
+	}
+	defer wasi.Close(ctx)
+	wasiFuncs := wasi.ExportedFunctions()
 	imports := []string{}
 	for _, f := range m.ImportedFunctions() {
 		mod, name, _ := f.Import()
 		switch mod {
 		case "wasi_snapshot_preview1":
+			def, ok := wasiFuncs[name]
+			if !ok {
+				return nil, fmt.Errorf("imports wasi_snapshot_preview1.%s, which WASI preview 1 does not have", name)
+			}
+			if !slices.Equal(def.ParamTypes(), f.ParamTypes()) || !slices.Equal(def.ResultTypes(), f.ResultTypes()) {
+				return nil, fmt.Errorf("imports wasi_snapshot_preview1.%s with the wrong signature", name)
+			}
 		case "cyclepool":
 			sig, ok := hostFuncs[name]
 			if !ok {
