@@ -191,12 +191,19 @@ func TestServerRestartMidWorkflow(t *testing.T) {
 
 // Two replicas share one database; killing one in the middle of a workflow
 // moves its worker to the other (in the order of --server), and the
-// workflow completes with every task done exactly once.
+// workflow completes with every task done exactly once. The killed replica
+// led the maintenance (the lease reaper): the survivor takes the lead over
+// once the leader row's TTL (3s here) runs out.
 func TestReplicaKilledMidWorkflow(t *testing.T) {
 	t.Parallel()
 	db := pgtest.URL(t)
-	r1 := startServer(t, "replica1", db, t.TempDir(), 0)
+	// Replica 2, the one killed, starts first and leads before replica 1
+	// starts.
 	r2 := startServer(t, "replica2", db, t.TempDir(), 0)
+	eventually(t, 10*time.Second, "replica 2 to lead the maintenance", func() bool {
+		return metric(t, r2.url, "cyclepool_maintenance_leader") == 1
+	})
+	r1 := startServer(t, "replica1", db, t.TempDir(), 0)
 	c := client.New(r1.url, r1.token)
 	startWorker(t, "workerA", 2, r1.url)
 	wb := startWorker(t, "workerB", 2, r2.url, r1.url)
@@ -232,7 +239,13 @@ func TestReplicaKilledMidWorkflow(t *testing.T) {
 		}
 		return false
 	})
+	if metric(t, r1.url, "cyclepool_maintenance_leader") != 0 {
+		t.Errorf("replica 1 leads the maintenance too, while replica 2 does")
+	}
 	r2.kill()
+	eventually(t, 15*time.Second, "replica 1 to take the maintenance lead over", func() bool {
+		return metric(t, r1.url, "cyclepool_maintenance_leader") == 1
+	})
 
 	st := wait(t, c, id, 2*time.Minute)
 	if st.State != client.WorkflowDone {
