@@ -18,7 +18,8 @@ import (
 // PostgreSQL itself restarts in the middle of a workflow: the server
 // reconnects (pool, LISTEN, batches sent again) and the workflow completes
 // with every task done exactly once. While PostgreSQL is down, /readyz
-// says so and /healthz does not.
+// says so and /healthz does not, and the replica stops leading the
+// maintenance.
 func TestPostgresRestartMidWorkflow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -62,7 +63,10 @@ func TestPostgresRestartMidWorkflow(t *testing.T) {
 	if code := status("/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz answered %d with PostgreSQL down, want 200", code)
 	}
-	time.Sleep(time.Second)
+	// Unable to renew its lead, the replica stops leading the maintenance.
+	eventually(t, 10*time.Second, "the replica to stop leading", func() bool {
+		return metric(t, srv.url, "cyclepool_maintenance_leader") == 0
+	})
 	pg, err = pgembed.Start(ctx, pgembed.Config{Dir: dir, Port: port})
 	if err != nil {
 		t.Fatal(err)

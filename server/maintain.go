@@ -113,7 +113,12 @@ func (s *Server) maintain(ctx context.Context) {
 				if ctx.Err() == nil {
 					s.log.Warn("leader election", "err", err)
 				}
+				// Unsure of the lead, this replica stops leading, and says so.
+				if leading {
+					s.log.Info("maintenance leadership changed", "leading", false)
+				}
 				leading = false
+				s.metrics.leader.Set(0)
 				continue
 			}
 			if lead != leading {
