@@ -569,40 +569,6 @@ func TestSilentWorkerIsDisconnected(t *testing.T) {
 	}
 }
 
-// The server answers a heartbeat that asks (echo) with an ack of kind
-// heartbeat, and one that does not ask with nothing: a worker tells a
-// quiet server from a vanished one by the answer (docs/PROTOCOL.md).
-func TestServerAnswersAnEcho(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	p := newPlatform(t)
-	ws := helloSocket(t, p.srv.url)
-	for _, echo := range []bool{false, true} {
-		hb, _, _ := protocol.Encode(&protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: &protocol.Heartbeat{Free: 1, Echo: echo}})
-		if err := ws.Write(ctx, websocket.MessageText, hb); err != nil {
-			t.Fatal(err)
-		}
-		rctx, cancel := context.WithTimeout(ctx, time.Second)
-		typ, data, err := ws.Read(rctx)
-		cancel()
-		if !echo {
-			if err == nil {
-				t.Fatalf("a heartbeat that did not ask was answered: %q", data)
-			}
-			// The Read's context ended: the socket is done for; a new one.
-			ws = helloSocket(t, p.srv.url)
-			continue
-		}
-		if err != nil {
-			t.Fatalf("no answer to a heartbeat that asked: %v", err)
-		}
-		f, err := protocol.Decode(data, typ == websocket.MessageBinary)
-		if err != nil || f.Type != protocol.TypeAck || len(f.Acks) != 1 || f.Acks[0].Of != protocol.AckHeartbeat || !f.Acks[0].OK {
-			t.Fatalf("answer to an echo: %v %q, want an ack of a heartbeat", err, data)
-		}
-	}
-}
-
 // A frame whose handling waits for the database (here a checkpoint, while
 // a lock stalls its write for longer than the idle limit) is not silence:
 // the worker keeps its socket and gets its ack once the write is done.

@@ -547,10 +547,6 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 	switch f.Type {
 	case protocol.TypeHeartbeat:
 		hb := f.Heartbeat
-		if hb.Echo {
-			// First: the worker wants to know that this server still hears it.
-			c.enqueue(&protocol.Frame{Type: protocol.TypeAck, Acks: []protocol.Ack{{Of: protocol.AckHeartbeat, OK: true}}})
-		}
 		s.hub.mu.Lock()
 		c.addSample(deviceSample(time.Now(), hb.Device), s.cfg.Heartbeat)
 		if hb.Device != nil {

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
@@ -60,10 +59,6 @@ type Config struct {
 	// without a queue (Queue 0) never gathers: the slot an outcome freed
 	// would idle until the server hears of it.
 	Gather time.Duration
-	// Silence is how long the server may send nothing before the worker
-	// leaves it and connects again (heartbeatLoop); 0 means two lease
-	// periods, at least 10 s.
-	Silence time.Duration
 }
 
 // Worker connects to a server and runs the attempts it is given.
@@ -85,7 +80,6 @@ type Worker struct {
 	stats     Stats
 	slotSem   chan struct{} // one token per slot
 	hbNow     chan struct{} // asks for a heartbeat before the next tick
-	heard     atomic.Int64  // when the current connection last read a frame (Unix ns)
 	queue     int           // the queue asked for (Config.Queue until it adapts)
 	recent    recentRuns    // of the attempts that ended, for the queue
 	announced time.Time     // when a change of queue last asked for a heartbeat
@@ -373,11 +367,8 @@ func (w *Worker) session(ctx context.Context, server string) error {
 		w.mu.Unlock()
 	}()
 	errc := make(chan error, 4)
-	w.heard.Store(time.Now().UnixNano())
 	go func() { errc <- w.writeLoop(sctx, ws, out) }()
-	go func() {
-		errc <- w.heartbeatLoop(sctx, time.Duration(wel.HeartbeatMS)*time.Millisecond, time.Duration(wel.LeaseMS)*time.Millisecond)
-	}()
+	go func() { errc <- w.heartbeatLoop(sctx, time.Duration(wel.HeartbeatMS)*time.Millisecond) }()
 	go func() { errc <- w.readLoop(sctx, ws, server) }()
 	go func() { errc <- w.outcomeLoop(sctx) }()
 	// Outcomes not yet acknowledged go out again, once the writer runs
@@ -593,23 +584,9 @@ func mergeOutcomes(fs []*protocol.Frame) []*protocol.Frame {
 	return out
 }
 
-// heartbeatLoop sends a heartbeat every interval, and when asked to
-// (hbNow). It also watches the server: a server that has sent nothing for
-// half a lease is asked to answer (Heartbeat.Echo), and one silent for
-// silenceLimit(lease) ends the session, so that the worker connects again,
-// to another server if it has one. Without that, a worker whose server
-// vanished without closing the socket (its machine or its network gone)
-// would wait for TCP to give up, a quarter of an hour on Linux.
-func (w *Worker) heartbeatLoop(ctx context.Context, every, lease time.Duration) error {
+func (w *Worker) heartbeatLoop(ctx context.Context, every time.Duration) error {
 	if every <= 0 {
 		every = 3 * time.Second
-	}
-	if lease <= 0 {
-		lease = 5 * every
-	}
-	limit := w.cfg.Silence
-	if limit <= 0 {
-		limit = silenceLimit(lease)
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -620,12 +597,8 @@ func (w *Worker) heartbeatLoop(ctx context.Context, every, lease time.Duration) 
 		case <-t.C:
 		case <-w.hbNow:
 		}
-		silent := time.Since(time.Unix(0, w.heard.Load()))
-		if silent > limit {
-			return fmt.Errorf("the server has sent nothing for %v", silent.Round(time.Second))
-		}
 		dev := w.cfg.Device()
-		hb := &protocol.Heartbeat{Device: &dev, Echo: silent >= lease/2}
+		hb := &protocol.Heartbeat{Device: &dev}
 		w.mu.Lock()
 		// Paused as late as possible: a heartbeat built before HandBack
 		// must not follow its paused one and unpause the worker.
@@ -641,13 +614,6 @@ func (w *Worker) heartbeatLoop(ctx context.Context, every, lease time.Duration) 
 		w.send(&protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: hb})
 	}
 }
-
-// silenceLimit is how long a worker waits for a frame from its server
-// before it leaves it: two lease periods, at least 10 s, as the server
-// waits for its workers (docs/PROTOCOL.md). The server answers within a
-// heartbeat interval a heartbeat that asks (from half a lease on), so
-// only a server that is gone, or stalled that long, reaches it.
-func silenceLimit(lease time.Duration) time.Duration { return max(2*lease, 10*time.Second) }
 
 // heartbeatRunning lists the attempts a heartbeat renews (w.mu held): the
 // running and queued ones, then those whose outcome awaits its ack, the
@@ -713,7 +679,6 @@ func (w *Worker) readLoop(ctx context.Context, ws conn, server string) error {
 		if err != nil {
 			return fmt.Errorf("read: %w", err)
 		}
-		w.heard.Store(time.Now().UnixNano())
 		f, err := protocol.Decode(data, bin)
 		if err != nil {
 			return fmt.Errorf("bad frame from server: %w", err)

@@ -150,11 +150,6 @@ type Heartbeat struct {
 	// QueueLimit(slots)): a worker may queue more attempts ahead of
 	// time when they turn out short and small, and fewer when long.
 	Queue *int `json:"queue,omitempty"`
-	// Echo asks the server to answer this heartbeat (an ack of
-	// AckHeartbeat): a worker that has heard nothing from its server for
-	// a while learns that the server is still there. A server that stays
-	// silent is left for another (docs/PROTOCOL.md).
-	Echo bool `json:"echo,omitempty"`
 }
 
 // MaxQueuePerSlot and MaxQueue bound a worker's queue (Hello.Queue,
@@ -218,12 +213,10 @@ const (
 	AckCheckpoint = "checkpoint"
 	AckResult     = "result"
 	AckFail       = "fail"
-	AckHeartbeat  = "heartbeat" // answers a heartbeat with Echo set; Attempt is 0
 )
 
 // Ack answers a checkpoint, result or fail after it is committed, or refuses
-// it (OK false) when the attempt no longer holds its lease. It also
-// answers a heartbeat that asks for it (Heartbeat.Echo).
+// it (OK false) when the attempt no longer holds its lease.
 type Ack struct {
 	Attempt int64  `json:"attempt"`
 	Of      string `json:"of"`
