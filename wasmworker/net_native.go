@@ -6,8 +6,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/coder/websocket"
 )
@@ -15,10 +17,43 @@ import (
 // wsConn adapts a github.com/coder/websocket connection to conn.
 type wsConn struct{ *websocket.Conn }
 
-// dial opens a WebSocket to url, without compression (frames are small
-// and mostly unique; compression costs more CPU than it saves).
+// Bounds the kernel keeps on a worker's socket, so that a server whose
+// machine or network is gone without closing the socket is left, and the
+// worker connects again (to another server if it has several), in well
+// under a minute rather than when TCP gives up, a quarter of an hour on
+// Linux. Heartbeats go every few seconds, so a dead peer shows as data left
+// unacknowledged: connUserTimeout bounds that (TCP_USER_TIMEOUT, on Linux);
+// the keepalive probes cover a connection with nothing to send. Unlike a
+// bound on the server's frames, neither trips while the server is slow (its
+// kernel still acknowledges) or while a large frame is on its way.
+const (
+	connUserTimeout    = 45 * time.Second
+	connKeepAliveIdle  = 15 * time.Second
+	connKeepAliveEvery = 5 * time.Second
+	connKeepAliveCount = 4
+)
+
+// dialer is the worker's TCP dialer, with the bounds above.
+func dialer() *net.Dialer {
+	return &net.Dialer{
+		Timeout: 10 * time.Second,
+		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: connKeepAliveIdle, Interval: connKeepAliveEvery,
+			Count: connKeepAliveCount},
+		Control: setUserTimeout,
+	}
+}
+
+// dialOptions are the options of the worker's WebSocket: its own dialer,
+// and no compression (frames are small and mostly unique; compression
+// costs more CPU than it saves).
+func dialOptions() *websocket.DialOptions {
+	tr := &http.Transport{Proxy: http.ProxyFromEnvironment, DialContext: dialer().DialContext, TLSHandshakeTimeout: 10 * time.Second}
+	return &websocket.DialOptions{HTTPClient: &http.Client{Transport: tr}, CompressionMode: websocket.CompressionDisabled}
+}
+
+// dial opens a WebSocket to url.
 func dial(ctx context.Context, url string) (conn, error) {
-	ws, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled})
+	ws, _, err := websocket.Dial(ctx, url, dialOptions())
 	if err != nil {
 		return nil, err
 	}
