@@ -471,7 +471,8 @@ func (b *lockedBuffer) String() string {
 // Attempts the server cancels are counted as cancelled, not failed, and
 // the refusal of their reports (expected: the report only frees their
 // slots) is no warning; a refused result still is one. Attempt 101 is
-// cancelled while it runs, 102 while it waits for a slot.
+// cancelled while it runs, 102 while it waits for a slot, and 2 just after
+// its result went out (the cancel crosses it); the result of 1 is refused.
 func TestCancelledAttemptsAreNotFailures(t *testing.T) {
 	refuse := func(of string, attempts ...int64) []*protocol.Frame {
 		ack := &protocol.Frame{Type: protocol.TypeAck}
@@ -487,7 +488,7 @@ func TestCancelledAttemptsAreNotFailures(t *testing.T) {
 			// both, and send attempt 1, whose result is refused.
 			if len(f.Heartbeat.Running) == 2 {
 				return []*protocol.Frame{{Type: protocol.TypeCancel, Cancel: &protocol.Cancel{Attempts: []int64{101, 102},
-					Reason: "cancelled by the owner"}}, assign(1, 1)}
+					Reason: "cancelled by the owner"}}, assign(1, 2)}
 			}
 		case protocol.TypeFail:
 			var as []int64
@@ -496,7 +497,16 @@ func TestCancelledAttemptsAreNotFailures(t *testing.T) {
 			}
 			return refuse(protocol.AckFail, as...)
 		case protocol.TypeResult:
-			return refuse(protocol.AckResult, f.Results[0].Attempt)
+			var out []*protocol.Frame
+			for _, r := range f.Results {
+				if r.Attempt == 2 {
+					// Its cancel crossed its result: the refusal is expected.
+					out = append(out, &protocol.Frame{Type: protocol.TypeCancel, Cancel: &protocol.Cancel{Attempts: []int64{2},
+						Reason: "cancelled by the owner"}})
+				}
+				out = append(out, refuse(protocol.AckResult, r.Attempt)...)
+			}
+			return out
 		}
 		return nil
 	})
@@ -521,15 +531,21 @@ func TestCancelledAttemptsAreNotFailures(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	for st := w.Stats(); st.Done+st.Failed+st.Cancelled < 3 || st.Pending > 0; st = w.Stats() {
+	for st := w.Stats(); st.Done+st.Failed+st.Cancelled < 4 || st.Pending > 0; st = w.Stats() {
 		if time.Now().After(deadline) {
-			t.Fatalf("stats %+v: want three attempts ended and acknowledged", st)
+			t.Fatalf("stats %+v: want four attempts ended and acknowledged", st)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	st := w.Stats()
-	if st.Done != 1 || st.Cancelled != 2 || st.Failed != 0 || st.Refused != 1 {
-		t.Errorf("stats %+v, want 1 done, 2 cancelled, 0 failed, 1 refused", st)
+	if st.Done != 2 || st.Cancelled != 2 || st.Failed != 0 || st.Refused != 1 {
+		t.Errorf("stats %+v, want 2 done, 2 cancelled, 0 failed, 1 refused", st)
+	}
+	w.mu.Lock()
+	left := len(w.cancelled)
+	w.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d cancelled outcomes still remembered after their acks", left)
 	}
 	if got := strings.Count(logs.String(), "result refused"); got != 1 {
 		t.Errorf("%d warnings of a refused result, want 1 (attempt 1's):\n%s", got, logs.String())

@@ -344,7 +344,7 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	w.mu.Lock()
 	w.id, w.token = wel.WorkerID, wel.ReconnectToken
 	for _, id := range wel.Lost {
-		w.stopLocked(id)
+		w.forgetLocked(id)
 	}
 	w.out, w.sessDone = out, make(chan struct{})
 	w.stats.Connected, w.stats.Server = true, server
@@ -691,7 +691,7 @@ func (w *Worker) readLoop(ctx context.Context, ws conn, server string) error {
 		case protocol.TypeCancel:
 			w.mu.Lock()
 			for _, id := range f.Cancel.Attempts {
-				w.stopLocked(id)
+				w.cancelLocked(id)
 			}
 			w.mu.Unlock()
 		case protocol.TypeAck:
@@ -735,10 +735,24 @@ func (w *Worker) readLoop(ctx context.Context, ws conn, server string) error {
 	}
 }
 
-// stopLocked stops an attempt the server no longer counts as held
-// (cancelled, or lost while the worker was away) and forgets its
-// unacknowledged outcome, if it has one. w.mu is held.
-func (w *Worker) stopLocked(id int64) {
+// cancelLocked stops an attempt the server cancelled. Its outcome, if it
+// ended on its own meanwhile and the report is on its way, is still
+// acknowledged (refused, the attempt being over): that refusal is
+// expected. w.mu is held.
+func (w *Worker) cancelLocked(id int64) {
+	if a := w.running[id]; a != nil {
+		a.cancelled = true
+		a.cancel()
+	}
+	if _, ok := w.pending[id]; ok {
+		w.cancelled[id] = struct{}{}
+	}
+}
+
+// forgetLocked stops an attempt the server says was lost while the worker
+// was away, and forgets its unacknowledged outcome: it is not sent again.
+// w.mu is held.
+func (w *Worker) forgetLocked(id int64) {
 	if a := w.running[id]; a != nil {
 		a.cancelled = true
 		a.cancel()
@@ -786,7 +800,7 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		stopped := actx.Err() != nil
 		w.mu.Lock()
 		switch {
-		case w.handBack != "" && stopped && (out == nil || out.Reason == protocol.ReasonCancelled):
+		case w.handBack != "" && stopped && !a.cancelled && (out == nil || out.Reason == protocol.ReasonCancelled):
 			// Stopped by HandBack (or never started): the task goes back.
 			// An attempt that ended on its own (a result, or a failure of
 			// its own, such as a trap) reports that instead.
