@@ -108,7 +108,11 @@ func (s *Server) maintain(ctx context.Context) {
 		case <-t.C:
 		}
 		if time.Since(lastElect) >= ttl/3 {
-			lead, err := s.store.TryLead(ctx, name, s.cfg.Replica, ttl)
+			// Bounded: a connection that hangs must not keep a replica
+			// leading (and saying so) past its TTL.
+			ectx, cancel := context.WithTimeout(ctx, ttl/3)
+			lead, err := s.store.TryLead(ectx, name, s.cfg.Replica, ttl)
+			cancel()
 			if err != nil {
 				if ctx.Err() == nil {
 					s.log.Warn("leader election", "err", err)
