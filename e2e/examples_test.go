@@ -4,13 +4,11 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"image"
 	"image/png"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -147,23 +145,6 @@ func TestExamplesOnTheEmbeddedDatabase(t *testing.T) {
 			t.Errorf("workflow %s (%s) is not listed done after a restart:\n%s", ex, id, list)
 		}
 	}
-}
-
-// runIn runs a cyclepool command in dir with env added, and returns its
-// standard output (with its standard error when it fails).
-func runIn(dir string, env []string, timeout time.Duration, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), env...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return string(out) + stderr.String(), err
-	}
-	return string(out), nil
 }
 
 // exampleTask is what these checks read of a task of an example.

@@ -331,8 +331,18 @@ func workflow(name string, tasks ...task) map[string]any {
 // its standard output.
 func runCLI(t *testing.T, db string, args ...string) (string, error) {
 	t.Helper()
-	cmd := exec.Command(binary, args...)
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+db)
+	return runIn("", []string{"DATABASE_URL=" + db}, 5*time.Minute, args...)
+}
+
+// runIn runs a cyclepool command in dir (the test's own when empty) with
+// env added, for at most timeout, and returns its standard output (with
+// its standard error when it fails).
+func runIn(dir string, env []string, timeout time.Duration, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cyclepool/cyclepool/internal/pgtest"
 	"github.com/cyclepool/cyclepool/internal/store"
+	"github.com/cyclepool/cyclepool/internal/wasmtest"
 )
 
 // minimalModule is the smallest task module: a WASI command whose _start
@@ -33,29 +34,15 @@ var minimalModule = []byte{
 // to exactly size bytes, filled with fill: a valid module of any size.
 func paddedModule(t *testing.T, size int, fill byte) []byte {
 	t.Helper()
-	uleb := func(n int) []byte {
-		var b []byte
-		for {
-			c := byte(n & 0x7f)
-			n >>= 7
-			if n != 0 {
-				c |= 0x80
-			}
-			b = append(b, c)
-			if n == 0 {
-				return b
-			}
-		}
-	}
 	const name = "pad"
 	for lebLen := 1; lebLen <= 5; lebLen++ {
 		content := size - len(minimalModule) - 1 - lebLen // section id, size, content
-		if content < 1+len(name) || len(uleb(content)) != lebLen {
+		if content < 1+len(name) || len(wasmtest.ULEB(content)) != lebLen {
 			continue
 		}
 		m := append([]byte(nil), minimalModule...)
 		m = append(m, 0x00) // custom section
-		m = append(m, uleb(content)...)
+		m = append(m, wasmtest.ULEB(content)...)
 		m = append(m, byte(len(name)))
 		m = append(m, name...)
 		m = append(m, bytes.Repeat([]byte{fill}, content-1-len(name))...)

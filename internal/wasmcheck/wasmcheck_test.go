@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cyclepool/cyclepool/internal/taskbuild"
+	"github.com/cyclepool/cyclepool/internal/wasmtest"
 )
 
 // WebAssembly value types, as encoded in a function type.
@@ -25,36 +26,6 @@ type imp struct {
 	memory          bool
 }
 
-// leb encodes n as an unsigned LEB128.
-func leb(n int) []byte {
-	var b []byte
-	for {
-		c := byte(n & 0x7f)
-		n >>= 7
-		if n != 0 {
-			c |= 0x80
-		}
-		b = append(b, c)
-		if n == 0 {
-			return b
-		}
-	}
-}
-
-func name(s string) []byte { return append(leb(len(s)), s...) }
-
-func vec(items ...[]byte) []byte {
-	b := leb(len(items))
-	for _, it := range items {
-		b = append(b, it...)
-	}
-	return b
-}
-
-func section(id byte, content []byte) []byte {
-	return append(append([]byte{id}, leb(len(content))...), content...)
-}
-
 // build encodes a module that imports imps, defines one function of type
 // () -> () whose body is empty, and exports that function under each of
 // exports.
@@ -63,31 +34,31 @@ func build(imps []imp, exports ...string) []byte {
 	var imports [][]byte
 	funcImports := 0
 	for _, im := range imps {
-		entry := append(name(im.mod), name(im.name)...)
+		entry := append(wasmtest.Name(im.mod), wasmtest.Name(im.name)...)
 		if im.memory {
 			entry = append(entry, 0x02, 0x00, 0x01) // memory, limits: min 1, no max
 		} else {
-			types = append(types, append(append([]byte{0x60}, vec(bytesOf(im.params)...)...), vec(bytesOf(im.results)...)...))
+			types = append(types, append(append([]byte{0x60}, wasmtest.Vec(bytesOf(im.params)...)...), wasmtest.Vec(bytesOf(im.results)...)...))
 			entry = append(entry, 0x00)
-			entry = append(entry, leb(len(types)-1)...)
+			entry = append(entry, wasmtest.ULEB(len(types)-1)...)
 			funcImports++
 		}
 		imports = append(imports, entry)
 	}
-	m := []byte("\x00asm\x01\x00\x00\x00")
-	m = append(m, section(1, vec(types...))...)
+	m := wasmtest.Module()
+	m = append(m, wasmtest.Section(1, wasmtest.Vec(types...))...)
 	if len(imports) > 0 {
-		m = append(m, section(2, vec(imports...))...)
+		m = append(m, wasmtest.Section(2, wasmtest.Vec(imports...))...)
 	}
-	m = append(m, section(3, vec([]byte{0}))...) // one function of type 0
+	m = append(m, wasmtest.Section(3, wasmtest.Vec([]byte{0}))...) // one function of type 0
 	if len(exports) > 0 {
 		var es [][]byte
 		for _, e := range exports {
-			es = append(es, append(append(name(e), 0x00), leb(funcImports)...))
+			es = append(es, append(append(wasmtest.Name(e), 0x00), wasmtest.ULEB(funcImports)...))
 		}
-		m = append(m, section(7, vec(es...))...)
+		m = append(m, wasmtest.Section(7, wasmtest.Vec(es...))...)
 	}
-	m = append(m, section(10, vec([]byte{0x02, 0x00, 0x0b}))...) // body: size 2, no locals, end
+	m = append(m, wasmtest.Section(10, wasmtest.Vec(wasmtest.Body(nil)))...) // an empty body
 	return m
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/taskbuild"
+	"github.com/cyclepool/cyclepool/internal/wasmtest"
 	"github.com/cyclepool/cyclepool/wasmworker"
 )
 
@@ -101,7 +102,7 @@ func BenchmarkNoop(b *testing.B) {
 // (module (memory (export "memory") 1) (func (export "_start"))).
 func BenchmarkNoopAttempt(b *testing.B) {
 	benchmarkModes(b, func(b *testing.B, r *Runner) {
-		benchmarkAttempts(b, r, rawJob(noopModule()))
+		benchmarkAttempts(b, r, rawJob(wasmtest.Noop()))
 	})
 }
 
@@ -114,7 +115,7 @@ func BenchmarkNoopAttemptConcurrent(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer r.Close(context.Background())
-	j := rawJob(noopModule())
+	j := rawJob(wasmtest.Noop())
 	ctx := context.Background()
 	for range 100 {
 		if o := r.Run(ctx, j); o.Reason != "" {

@@ -1,7 +1,6 @@
 package headless
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/taskbuild"
+	"github.com/cyclepool/cyclepool/internal/wasmtest"
 	"github.com/cyclepool/cyclepool/wasmworker"
 )
 
@@ -255,12 +255,12 @@ func testRunsSayWhenTheyStart(t *testing.T, r *Runner) {
 
 func testTrap(t *testing.T, r *Runner) {
 	// A module whose _start executes unreachable.
-	mod := wasmModule(
-		section(1, vec([]byte{0x60, 0, 0})),           // type: () -> ()
-		section(3, vec([]byte{0})),                    // one function of type 0
-		section(5, vec([]byte{0, 1})),                 // memory, min 1 page
-		section(7, vec(append(name("_start"), 0, 0))), // export func 0
-		section(10, vec(body([]byte{0x00}))),          // unreachable
+	mod := wasmtest.Module(
+		wasmtest.Section(1, wasmtest.Vec([]byte{0x60, 0, 0})),                    // type: () -> ()
+		wasmtest.Section(3, wasmtest.Vec([]byte{0})),                             // one function of type 0
+		wasmtest.Section(5, wasmtest.Vec([]byte{0, 1})),                          // memory, min 1 page
+		wasmtest.Section(7, wasmtest.Vec(append(wasmtest.Name("_start"), 0, 0))), // export func 0
+		wasmtest.Section(10, wasmtest.Vec(wasmtest.Body([]byte{0x00}))),          // unreachable
 	)
 	o := r.Run(context.Background(), rawJob(mod))
 	if o.Reason != protocol.ReasonTrap {
@@ -279,7 +279,7 @@ func testModuleErrors(t *testing.T, r *Runner) {
 	mismatch := *good
 	mismatch.ModuleID = "sha256:" + strings.Repeat("0", 64)
 	invalid := rawJob([]byte("\x00asm\x01\x00\x00\x00garbage"))
-	noStart := rawJob(wasmModule())
+	noStart := rawJob(wasmtest.Module())
 	fetchErr := rawJob(nil)
 	fetchErr.Fetch = func(context.Context) ([]byte, error) { return nil, errors.New("404") }
 	badID := *good
@@ -469,54 +469,6 @@ func rawJob(b []byte) *wasmworker.Job {
 	}
 }
 
-// noopModule is the smallest task: (module (memory (export "memory") 1)
-// (func (export "_start"))).
-func noopModule() []byte {
-	return wasmModule(
-		section(1, vec([]byte{0x60, 0, 0})), // type: () -> ()
-		section(3, vec([]byte{0})),          // one function of type 0
-		section(5, vec([]byte{0, 1})),       // memory, min 1 page
-		section(7, vec(append(name("memory"), 2, 0), append(name("_start"), 0, 0))),
-		section(10, vec(body(nil))),
-	)
-}
-
-// Minimal wasm binary encoding for hand-made test modules.
-
-func wasmModule(sections ...[]byte) []byte {
-	return bytes.Join(append([][]byte{[]byte("\x00asm\x01\x00\x00\x00")}, sections...), nil)
-}
-
-func uleb(n int) []byte {
-	var b []byte
-	for {
-		c := byte(n & 0x7f)
-		n >>= 7
-		if n != 0 {
-			c |= 0x80
-		}
-		b = append(b, c)
-		if n == 0 {
-			return b
-		}
-	}
-}
-
-func section(id byte, content []byte) []byte {
-	return append(append([]byte{id}, uleb(len(content))...), content...)
-}
-
-func vec(items ...[]byte) []byte {
-	return append(uleb(len(items)), bytes.Join(items, nil)...)
-}
-
-func name(s string) []byte { return append(uleb(len(s)), s...) }
-
-func body(code []byte) []byte {
-	b := append([]byte{0}, append(code, 0x0b)...) // no locals, code, end
-	return append(uleb(len(b)), b...)
-}
-
 func TestCloseStopsRuns(t *testing.T) {
 	r, err := New(context.Background(), Config{CacheDir: cacheDir()})
 	if err != nil {
@@ -551,7 +503,7 @@ func TestTouchedDirs(t *testing.T) {
 		touched[a.job.ModuleID] = [2]bool{a.touched.in, a.touched.out}
 	}
 	defer func() { testAttemptEnded = nil }()
-	noop := rawJob(noopModule())
+	noop := rawJob(wasmtest.Noop())
 	echo, _ := job(t, "echo", protocol.Assign{Args: []string{"x"}})
 	for _, j := range []*wasmworker.Job{noop, echo} {
 		if o := r.Run(context.Background(), j); o.Reason != "" {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/wasmtest"
 	"github.com/cyclepool/cyclepool/wasmworker"
 )
 
@@ -20,7 +21,7 @@ func pipelined(t *testing.T, wait time.Duration, warm *wasmworker.Job) *Runner {
 	t.Helper()
 	r := isolated(t, Config{})
 	r.pool.pipe = pipelining{depth: 4, minBusy: 1, short: time.Hour, wait: wait}
-	for _, j := range []*wasmworker.Job{rawJob(noopModule()), warm} {
+	for _, j := range []*wasmworker.Job{rawJob(wasmtest.Noop()), warm} {
 		if o := r.Run(context.Background(), j); o.Reason != "" {
 			t.Fatalf("warm-up: %s: %s", o.Reason, o.Message)
 		}
@@ -63,7 +64,7 @@ func runNoops(t *testing.T, r *Runner, ctx context.Context, n int) chan *wasmwor
 	f0, _ := counts(r)
 	outs := make(chan *wasmworker.Outcome, n)
 	for range n {
-		go func() { outs <- r.Run(ctx, rawJob(noopModule())) }()
+		go func() { outs <- r.Run(ctx, rawJob(wasmtest.Noop())) }()
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {

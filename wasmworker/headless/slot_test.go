@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/wasmtest"
 	"github.com/cyclepool/cyclepool/wasmworker"
 )
 
@@ -170,7 +171,7 @@ func TestIsolatedCloseEndsAModuleFetch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j := rawJob(noopModule())
+	j := rawJob(wasmtest.Noop())
 	fetching := make(chan struct{})
 	j.Fetch = func(ctx context.Context) ([]byte, error) {
 		close(fetching)
@@ -218,7 +219,7 @@ func TestIsolatedSlotKilledFromOutside(t *testing.T) {
 
 func TestIsolatedConcurrentNoops(t *testing.T) {
 	r := isolated(t, Config{})
-	j := rawJob(noopModule())
+	j := rawJob(wasmtest.Noop())
 	const goroutines, each = 8, 50
 	var wg sync.WaitGroup
 	errs := make(chan string, goroutines*each)
@@ -245,7 +246,7 @@ func TestIsolatedConcurrentNoops(t *testing.T) {
 
 func TestIsolatedIdleSlotExits(t *testing.T) {
 	r := isolated(t, Config{IdleTimeout: 100 * time.Millisecond})
-	if o := r.Run(context.Background(), rawJob(noopModule())); o.Reason != "" {
+	if o := r.Run(context.Background(), rawJob(wasmtest.Noop())); o.Reason != "" {
 		t.Fatalf("%s: %s", o.Reason, o.Message)
 	}
 	pids := r.pool.pids()
@@ -297,7 +298,7 @@ func TestIsolatedCloseLeavesNothing(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.Run(context.Background(), rawJob(noopModule()))
+			r.Run(context.Background(), rawJob(wasmtest.Noop()))
 		}()
 	}
 	wg.Wait()
@@ -341,7 +342,7 @@ func TestIsolatedInTimesAfterListing(t *testing.T) {
 	if o := r.Run(context.Background(), j); o.Reason != "" {
 		t.Fatalf("%s: %s", o.Reason, o.Message)
 	}
-	if o := r.Run(context.Background(), rawJob(noopModule())); o.Reason != "" {
+	if o := r.Run(context.Background(), rawJob(wasmtest.Noop())); o.Reason != "" {
 		t.Fatalf("%s: %s", o.Reason, o.Message)
 	}
 	ins, err := filepath.Glob(filepath.Join(r.pool.baseDir, "slot-*", "cyclepool-attempt-*", "in"))

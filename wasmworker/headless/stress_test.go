@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/wasmtest"
 	"github.com/cyclepool/cyclepool/wasmworker"
 )
 
@@ -31,7 +32,7 @@ func TestPipelinedStressEveryRunEnds(t *testing.T) {
 				var j *wasmworker.Job
 				switch rng.IntN(3) {
 				case 0:
-					j = rawJob(noopModule())
+					j = rawJob(wasmtest.Noop())
 				case 1:
 					j, _ = job(t, "spin", protocol.Assign{Args: []string{"30000"}})
 				default:
