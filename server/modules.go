@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"sync"
@@ -87,7 +88,7 @@ func (s *Server) handleModule(w http.ResponseWriter, r *http.Request) {
 func (s *Server) handlePushModule(w http.ResponseWriter, r *http.Request, owner store.Owner) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxModuleBytes)+1))
 	if err != nil || len(body) > s.cfg.MaxModuleBytes {
-		writeError(w, http.StatusRequestEntityTooLarge, "module is larger than the %d MiB limit", s.cfg.MaxModuleBytes>>20)
+		writeError(w, http.StatusRequestEntityTooLarge, "module is larger than the %s limit", byteSize(int64(s.cfg.MaxModuleBytes)))
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), moduleCheckTimeout)
@@ -109,4 +110,13 @@ func (s *Server) handlePushModule(w http.ResponseWriter, r *http.Request, owner 
 		status = http.StatusCreated
 	}
 	writeJSON(w, status, m)
+}
+
+// byteSize writes a size limit as people read it: in MiB when it is a whole
+// number of them, in bytes otherwise.
+func byteSize(n int64) string {
+	if n >= 1<<20 && n%(1<<20) == 0 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d bytes", n)
 }

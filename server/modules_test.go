@@ -229,3 +229,19 @@ func TestModuleDownload(t *testing.T) {
 		t.Errorf("a 404 is marked immutable (Cache-Control %q): the module may be pushed later", cc)
 	}
 }
+
+func TestByteSize(t *testing.T) {
+	for _, tc := range []struct {
+		n    int64
+		want string
+	}{
+		{64 << 20, "64 MiB"},
+		{1 << 20, "1 MiB"},
+		{3 << 19, "1572864 bytes"},
+		{1000, "1000 bytes"},
+	} {
+		if got := byteSize(tc.n); got != tc.want {
+			t.Errorf("byteSize(%d) = %q, want %q", tc.n, got, tc.want)
+		}
+	}
+}
