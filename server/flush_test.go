@@ -66,18 +66,28 @@ type fixture struct {
 	worker store.Registration
 }
 
-func newFixture(t *testing.T) *fixture {
+// openStore opens a store on a fresh database, closed when the test ends,
+// and returns it with the database's URL and the token of an owner.
+func openStore(t *testing.T) (st *store.Store, url, token string) {
 	t.Helper()
 	ctx := context.Background()
-	st, err := store.Open(ctx, pgtest.URL(t))
+	url = pgtest.URL(t)
+	st, err := store.Open(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(st.Close)
-	tok, err := st.CreateOwner(ctx, "owner")
+	token, err = st.CreateOwner(ctx, "owner")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return st, url, token
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	st, _, tok := openStore(t)
 	owner, err := st.OwnerByToken(ctx, tok)
 	if err != nil {
 		t.Fatal(err)

@@ -15,8 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/cyclepool/cyclepool/internal/pgtest"
-	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/internal/wasmtest"
 )
 
@@ -66,16 +64,7 @@ type moduleServer struct {
 func newModuleServer(t *testing.T, cfg Config) *moduleServer {
 	t.Helper()
 	ctx := context.Background()
-	url := pgtest.URL(t)
-	st, err := store.Open(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	tok, err := st.CreateOwner(ctx, "owner")
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, url, tok := openStore(t)
 	db, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
