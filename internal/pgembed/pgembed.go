@@ -16,6 +16,12 @@
 // initdb and postgres run as the "postgres" user (or "nobody"), which is made
 // the owner of Dir/data and Dir/run.
 //
+// A Cluster supervises its server: when the postmaster exits without
+// having been told to (a crash, the OOM killer's SIGKILL), the Cluster
+// starts it again on the same directory and port, with PostgreSQL's own
+// crash recovery replaying the WAL, retrying with exponential back-off until
+// it runs (see supervise). Stop and Crash end the supervision first.
+//
 // It runs on Linux and macOS (sys_linux.go, sys_darwin.go); elsewhere Start
 // returns an error that names --database-url. On Linux the server is told
 // to shut down when this process dies; on macOS a server orphaned by a
@@ -79,23 +85,55 @@ type Config struct {
 	Settings []string
 }
 
-// Cluster is a running PostgreSQL server.
+// Cluster is a running PostgreSQL server, restarted by the Cluster when it
+// exits on its own, until Stop or Crash.
 type Cluster struct {
 	dir, dataDir, sockDir string
 	bin                   string
 	settings              []string
 	port                  int
 	password              string
+	cred                  *credential
+	startTimeout          time.Duration
 	log                   *slog.Logger
 	lock                  *os.File
-	logFile               *os.File
-	cmd                   *exec.Cmd
-	exited                chan struct{} // closed when the postmaster exits
-	waitErr               error
+
+	mu       sync.Mutex
+	pm       *postmaster // the current postmaster, or the last one
+	restarts int         // postmasters started by supervise
+
+	// cancelSupervision ends supervise, which closes supervised when it
+	// returns. Both are set once by Start, before the Cluster is shared.
+	cancelSupervision context.CancelFunc
+	supervised        chan struct{}
+	stopped           chan struct{} // closed when Stop or Crash has finished
 
 	stopOnce sync.Once
 	stopErr  error
 }
+
+// postmaster is one run of the postgres server process.
+type postmaster struct {
+	cmd      *exec.Cmd
+	started  time.Time
+	logStart int64         // its first byte in the server log
+	exited   chan struct{} // closed when it has exited and been reaped
+	err      error         // cmd.Wait's result, set before exited closes
+}
+
+// Supervision timings: the first restart waits minRestartDelay after the
+// exit, and every attempt doubles the wait before the next one up to
+// maxRestartDelay, whether the attempt failed or the server it started soon
+// died again; a postmaster that stayed up for stableAfter starts the
+// sequence again from minRestartDelay when it dies. A restart waits at least
+// minRestartTimeout for the server to accept connections, as crash
+// recovery may have much WAL to replay.
+const (
+	minRestartDelay   = 100 * time.Millisecond
+	maxRestartDelay   = 10 * time.Second
+	stableAfter       = time.Minute
+	minRestartTimeout = 10 * time.Minute
+)
 
 // URL returns the postgres:// URL of the database "cyclepool" over TCP.
 func (c *Cluster) URL() string { return c.URLFor(Database) }
@@ -144,7 +182,8 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgembed: %w", err)
 	}
-	c := &Cluster{dir: dir, dataDir: filepath.Join(dir, "data"), sockDir: filepath.Join(dir, "run"), log: log, settings: cfg.Settings}
+	c := &Cluster{dir: dir, dataDir: filepath.Join(dir, "data"), sockDir: filepath.Join(dir, "run"), log: log, settings: cfg.Settings,
+		stopped: make(chan struct{})}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("pgembed: create %s: %w", dir, err)
 	}
@@ -162,6 +201,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.cred = cred
 	if err := prepareDirs(c, cred, log); err != nil {
 		return nil, err
 	}
@@ -195,9 +235,9 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		return nil, err
 	}
 
-	timeout := cfg.StartTimeout
-	if timeout == 0 {
-		timeout = 60 * time.Second
+	c.startTimeout = cfg.StartTimeout
+	if c.startTimeout == 0 {
+		c.startTimeout = 60 * time.Second
 	}
 	// A picked port may be taken between the check and the bind: retry.
 	// So may the shared memory of a server that was killed (a crash, or
@@ -208,8 +248,10 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		if c.port, err = pickPort(cfg.Port, dir); err != nil {
 			return nil, err
 		}
-		err = c.startServer(ctx, cred, timeout)
+		var pm *postmaster
+		pm, err = c.startServer(ctx, c.startTimeout)
 		if err == nil {
+			c.pm = pm
 			break
 		}
 		switch {
@@ -232,9 +274,118 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		return nil, err
 	}
 	_ = os.WriteFile(filepath.Join(dir, "port"), []byte(strconv.Itoa(c.port)+"\n"), 0o600)
-	log.Info("PostgreSQL started", "dir", dir, "port", c.port, "pid", c.cmd.Process.Pid)
+	log.Info("PostgreSQL started", "dir", dir, "port", c.port, "pid", c.pid())
+	// Supervision outlives ctx, which only bounds the start: it ends with
+	// Stop or Crash.
+	sctx, cancel := context.WithCancel(context.Background())
+	c.cancelSupervision, c.supervised = cancel, make(chan struct{})
+	go c.supervise(sctx)
 	ok = true
 	return c, nil
+}
+
+// current returns the current postmaster (the last one started).
+func (c *Cluster) current() *postmaster {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pm
+}
+
+// pid returns the process id of the current postmaster.
+func (c *Cluster) pid() int { return c.current().cmd.Process.Pid }
+
+// Restarts returns how many times the Cluster has started its server again
+// after it exited on its own (crashed or was killed) and the new server
+// accepted connections. A restart that needed several attempts counts once.
+func (c *Cluster) Restarts() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.restarts
+}
+
+// supervise restarts the postmaster whenever it exits, until ctx ends
+// (Stop and Crash cancel it, and wait for it to return, before they touch
+// the postmaster). A restart reuses the directory, port and settings;
+// PostgreSQL's crash recovery replays the WAL. The other processes of a
+// killed postmaster may still hold its shared memory for a moment, and
+// PostgreSQL then refuses to start ("pre-existing shared memory block is
+// still in use"): like every other failure, that is retried with
+// exponential back-off, for as long as it takes.
+func (c *Cluster) supervise(ctx context.Context) {
+	defer close(c.supervised)
+	delay := minRestartDelay
+	for {
+		pm := c.current()
+		select {
+		case <-ctx.Done():
+			return
+		case <-pm.exited:
+		}
+		up := time.Since(pm.started)
+		c.log.Warn("embedded PostgreSQL exited; restarting",
+			"status", exitStatus(pm.err), "pid", pm.cmd.Process.Pid, "up", up.Round(time.Millisecond),
+			"log", c.LogPath(), "log_tail", c.logTail(pm.logStart, 10))
+		if up >= stableAfter {
+			delay = minRestartDelay
+		}
+		down := time.Now()
+		for attempt := 1; ; attempt++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(delay):
+			}
+			delay = min(2*delay, maxRestartDelay)
+			next, err := c.restart(ctx)
+			if ctx.Err() != nil {
+				if err == nil { // started as Stop came: Stop stops it
+					c.mu.Lock()
+					c.pm = next
+					c.mu.Unlock()
+				}
+				return
+			}
+			if err == nil {
+				c.mu.Lock()
+				c.pm = next
+				c.restarts++
+				n := c.restarts
+				c.mu.Unlock()
+				c.log.Info("embedded PostgreSQL restarted and accepts connections",
+					"pid", next.cmd.Process.Pid, "port", c.port, "attempts", attempt,
+					"down", time.Since(down).Round(time.Millisecond), "restarts", n)
+				break
+			}
+			c.log.Warn("embedded PostgreSQL did not restart; retrying",
+				"attempt", attempt, "retry_in", delay, "err", err)
+		}
+	}
+}
+
+// restart starts a postmaster again after the last one exited.
+func (c *Cluster) restart(ctx context.Context) (*postmaster, error) {
+	if err := c.clearStalePid(); err != nil {
+		return nil, err
+	}
+	return c.startServer(ctx, max(c.startTimeout, minRestartTimeout))
+}
+
+// stopSupervision ends supervise and waits for it to return: after it, the
+// current postmaster is the last one.
+func (c *Cluster) stopSupervision() {
+	if c.cancelSupervision == nil {
+		return // Start failed before supervising
+	}
+	c.cancelSupervision()
+	<-c.supervised
+}
+
+// exitStatus describes how a postmaster ended, from cmd.Wait's result.
+func exitStatus(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
 }
 
 func (c *Cluster) acquireLock() error {
@@ -555,15 +706,16 @@ func portFree(p int) bool {
 }
 
 // startServer runs postgres as a child process and waits until it accepts
-// connections.
-func (c *Cluster) startServer(ctx context.Context, cred *credential, timeout time.Duration) error {
+// connections. The server log is closed in this process when the server
+// exits.
+func (c *Cluster) startServer(ctx context.Context, timeout time.Duration) (*postmaster, error) {
 	logPath := c.LogPath()
 	if fi, err := os.Stat(logPath); err == nil && fi.Size() > 64<<20 {
 		_ = os.Rename(logPath, logPath+".1")
 	}
 	lf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
-		return fmt.Errorf("pgembed: %w", err)
+		return nil, fmt.Errorf("pgembed: %w", err)
 	}
 	logStart, _ := lf.Seek(0, io.SeekEnd)
 	cmd := exec.Command(filepath.Join(c.bin, "postgres"), "-D", c.dataDir,
@@ -575,23 +727,23 @@ func (c *Cluster) startServer(ctx context.Context, cred *credential, timeout tim
 		cmd.Args = append(cmd.Args, "-c", set)
 	}
 	cmd.Dir = c.dataDir
-	cmd.Env = env(cred)
+	cmd.Env = env(c.cred)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	// Pdeathsig: if this process dies, the server gets a fast shutdown.
-	cmd.SysProcAttr = cred.attr()
+	cmd.SysProcAttr = c.cred.attr()
 	if err := cmd.Start(); err != nil {
 		lf.Close()
-		return fmt.Errorf("pgembed: start postgres: %w", err)
+		return nil, fmt.Errorf("pgembed: start postgres: %w", err)
 	}
-	c.cmd, c.logFile = cmd, lf
-	c.exited = make(chan struct{})
+	pm := &postmaster{cmd: cmd, started: time.Now(), logStart: logStart, exited: make(chan struct{})}
 	go func() {
-		c.waitErr = cmd.Wait()
-		close(c.exited)
+		pm.err = cmd.Wait()
+		lf.Close()
+		close(pm.exited)
 	}()
 
 	failed := func(why string) error {
-		return fmt.Errorf("pgembed: PostgreSQL %s; log %s ends:\n%s", why, logPath, c.logTail(logStart))
+		return fmt.Errorf("pgembed: PostgreSQL %s; log %s ends:\n%s", why, logPath, c.logTail(logStart, 30))
 	}
 	deadline := time.Now().Add(timeout)
 	for {
@@ -600,37 +752,37 @@ func (c *Cluster) startServer(ctx context.Context, cred *credential, timeout tim
 		cancel()
 		if err == nil {
 			conn.Close(ctx)
-			return nil
+			return pm, nil
 		}
 		select {
-		case <-c.exited:
-			c.logFile.Close()
-			return failed(fmt.Sprintf("exited at start (%v)", c.waitErr))
+		case <-pm.exited:
+			return nil, failed(fmt.Sprintf("exited at start (%v)", pm.err))
 		case <-ctx.Done():
-			c.kill()
-			return failed("start cancelled: " + ctx.Err().Error())
+			pm.kill()
+			return nil, failed("start cancelled: " + ctx.Err().Error())
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			c.kill()
-			return failed(fmt.Sprintf("did not accept connections within %s (last error: %v)", timeout, err))
+			pm.kill()
+			return nil, failed(fmt.Sprintf("did not accept connections within %s (last error: %v)", timeout, err))
 		}
 	}
 }
 
-func (c *Cluster) kill() {
-	_ = c.cmd.Process.Signal(syscall.SIGQUIT)
+// kill stops the postmaster immediately (SIGQUIT, then SIGKILL) and waits
+// for it to exit.
+func (pm *postmaster) kill() {
+	_ = pm.cmd.Process.Signal(syscall.SIGQUIT)
 	select {
-	case <-c.exited:
+	case <-pm.exited:
 	case <-time.After(5 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.exited
+		_ = pm.cmd.Process.Kill()
+		<-pm.exited
 	}
-	c.logFile.Close()
 }
 
-// logTail returns the last lines the server wrote since offset.
-func (c *Cluster) logTail(offset int64) string {
+// logTail returns the last lines (at most n) the server wrote since offset.
+func (c *Cluster) logTail(offset int64, n int) string {
 	f, err := os.Open(c.LogPath())
 	if err != nil {
 		return "(no log: " + err.Error() + ")"
@@ -640,7 +792,7 @@ func (c *Cluster) logTail(offset int64) string {
 		return ""
 	}
 	b, _ := io.ReadAll(io.LimitReader(f, 1<<20))
-	return string(tail(b, 30))
+	return string(tail(b, n))
 }
 
 func tail(b []byte, lines int) []byte {
@@ -681,34 +833,45 @@ func (c *Cluster) setup(ctx context.Context) error {
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
-// Stop shuts the server down (fast shutdown: open transactions are rolled
-// back, committed data is on disk) and releases the cluster. If ctx ends
-// first, the server is stopped immediately (crash recovery at next start).
-// Stop may be called more than once.
+// Stop ends the supervision (no restart happens during or after Stop, and a
+// restart in progress is abandoned), shuts the server down (fast shutdown:
+// open transactions are rolled back, committed data is on disk) and
+// releases the cluster. If ctx ends first, the server is stopped
+// immediately (crash recovery at next start). Stop may be called more than
+// once.
 func (c *Cluster) Stop(ctx context.Context) error {
 	c.stopOnce.Do(func() {
+		defer close(c.stopped)
 		defer c.lock.Close()
-		defer c.logFile.Close()
-		_ = c.cmd.Process.Signal(syscall.SIGINT)
+		c.stopSupervision()
+		pm := c.current()
 		select {
-		case <-c.exited:
+		case <-pm.exited:
+			// It had exited on its own and was waiting for a restart.
+			c.log.Info("PostgreSQL stopped (it had exited and was not restarted)", "dir", c.dir, "status", exitStatus(pm.err))
+			return
+		default:
+		}
+		_ = pm.cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case <-pm.exited:
 		case <-ctx.Done():
 			c.log.Warn("PostgreSQL fast shutdown did not finish in time; stopping immediately")
-			_ = c.cmd.Process.Signal(syscall.SIGQUIT)
+			_ = pm.cmd.Process.Signal(syscall.SIGQUIT)
 			select {
-			case <-c.exited:
+			case <-pm.exited:
 			case <-time.After(10 * time.Second):
-				_ = c.cmd.Process.Kill()
-				<-c.exited
+				_ = pm.cmd.Process.Kill()
+				<-pm.exited
 			}
 			c.stopErr = fmt.Errorf("pgembed: stop: %w", ctx.Err())
 			return
 		}
 		var ee *exec.ExitError
-		if c.waitErr != nil && !errors.As(c.waitErr, &ee) {
-			c.stopErr = fmt.Errorf("pgembed: stop: %w", c.waitErr)
+		if pm.err != nil && !errors.As(pm.err, &ee) {
+			c.stopErr = fmt.Errorf("pgembed: stop: %w", pm.err)
 		} else if ee != nil && ee.ExitCode() != 0 {
-			c.stopErr = fmt.Errorf("pgembed: postgres exited with %v", c.waitErr)
+			c.stopErr = fmt.Errorf("pgembed: postgres exited with %v", pm.err)
 		}
 		c.log.Info("PostgreSQL stopped", "dir", c.dir)
 	})
@@ -718,17 +881,22 @@ func (c *Cluster) Stop(ctx context.Context) error {
 // Crash stops the server the way a crash would, for tests: an immediate
 // shutdown (SIGQUIT) without a checkpoint, so the next start runs crash
 // recovery and transactions committed asynchronously whose WAL was not yet
-// flushed are lost. It releases the cluster like Stop.
+// flushed are lost. Like Stop, it ends the supervision first, and releases
+// the cluster.
 func (c *Cluster) Crash() {
 	c.stopOnce.Do(func() {
+		defer close(c.stopped)
 		defer c.lock.Close()
-		c.kill()
+		c.stopSupervision()
+		c.current().kill()
 		c.stopErr = errors.New("pgembed: crashed on purpose")
 	})
 }
 
-// Done is closed when the server process exits, for whatever reason.
-func (c *Cluster) Done() <-chan struct{} { return c.exited }
+// Done is closed once Stop or Crash has stopped the server for good. A
+// server that exits on its own is restarted (see Restarts) and does not
+// close Done.
+func (c *Cluster) Done() <-chan struct{} { return c.stopped }
 
 var versionRe = regexp.MustCompile(`\(PostgreSQL\) (\d+)(?:\.(\d+))?`)
 

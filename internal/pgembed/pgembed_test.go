@@ -145,7 +145,7 @@ func TestRunsAsUnprivilegedUserWhenRoot(t *testing.T) {
 	if uid := fi.Sys().(*syscall.Stat_t).Uid; uid != cred.uid {
 		t.Errorf("data dir owned by %d, want %d", uid, cred.uid)
 	}
-	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.cmd.Process.Pid))
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.pid()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,10 +171,12 @@ func TestRecoverAfterCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Close(ctx)
-	_ = c.cmd.Process.Kill()
-	<-c.Done()
-	c.lock.Close() // as if this process had died too
-	c.logFile.Close()
+	// As if this process had died too: no supervision, the lock released.
+	c.stopSupervision()
+	pm := c.current()
+	_ = pm.cmd.Process.Kill()
+	<-pm.exited
+	c.lock.Close()
 	if _, err := os.Stat(filepath.Join(dir, "data", "postmaster.pid")); err != nil {
 		t.Fatalf("expected a stale postmaster.pid: %v", err)
 	}
