@@ -412,6 +412,12 @@ type fakeWorker struct {
 // dialFake connects a fake headless worker with one slot and reads welcome.
 func dialFake(t *testing.T, server string) *fakeWorker {
 	t.Helper()
+	return dialFakeHello(t, server, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1})
+}
+
+// dialFakeHello connects a fake worker that says hello and reads welcome.
+func dialFakeHello(t *testing.T, server string, hello *protocol.Hello) *fakeWorker {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	u := "ws://" + strings.TrimPrefix(server, "http://") + "/ws/worker"
@@ -424,8 +430,7 @@ func dialFake(t *testing.T, server string) *fakeWorker {
 	t.Cleanup(func() { ws.CloseNow() })
 	ws.SetReadLimit(protocol.DefaultMaxFrameBytes)
 	f := &fakeWorker{ws: ws, ctx: ctx, frames: make(chan *protocol.Frame, 64)}
-	f.send(t, &protocol.Frame{Type: protocol.TypeHello, Hello: &protocol.Hello{
-		Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1}})
+	f.send(t, &protocol.Frame{Type: protocol.TypeHello, Hello: hello})
 	go func() {
 		defer close(f.frames)
 		for {

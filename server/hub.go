@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -278,12 +279,28 @@ func (h *hub) add(c *conn) {
 	}
 }
 
-func (h *hub) remove(c *conn) {
+// remove forgets c, the worker's connection that ended. Unless the worker
+// has a newer connection to this replica already, it returns the attempts
+// c held that cannot have started: a worker runs at most threads attempts
+// at once, the oldest it holds (attempt ids grow in the order of
+// assignment, and a worker starts its queued attempts in that order), so
+// the others waited in its queue.
+func (h *hub) remove(c *conn) (unstarted []int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.conns[c.id] == c {
-		h.dropLocked(c)
+	if h.conns[c.id] != c {
+		return nil
 	}
+	h.dropLocked(c)
+	if len(c.running) <= c.threads {
+		return nil
+	}
+	held := make([]int64, 0, len(c.running))
+	for a := range c.running {
+		held = append(held, a)
+	}
+	slices.Sort(held)
+	return held[c.threads:]
 }
 
 func (h *hub) dropLocked(c *conn) {
@@ -358,7 +375,7 @@ func (s *Server) serveWorker(ctx context.Context, cancel context.CancelFunc, ws 
 	s.hub.add(c)
 	go s.refreshRecords(ctx, []string{c.id})
 	defer func() {
-		s.hub.remove(c)
+		unstarted := s.hub.remove(c)
 		c.qmu.Lock()
 		close(c.done)
 		c.qmu.Unlock()
@@ -367,8 +384,18 @@ func (s *Server) serveWorker(ctx context.Context, cancel context.CancelFunc, ws 
 		}
 		gctx, gcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer gcancel()
-		if err := s.store.WorkerGone(gctx, c.id, c.session); err != nil {
+		// The attempts it held in its queue go back at once, at their
+		// tasks' places and charged to nobody: there is no lease to wait
+		// out for work that never started. Those it may have been running
+		// keep their leases, for the worker to come back with their
+		// results in time.
+		returned, err := s.store.WorkerGone(gctx, c.id, c.session, unstarted)
+		if err != nil {
 			s.log.Warn("record worker gone", "worker", c.id, "err", err)
+		}
+		if returned > 0 {
+			c.log.Info("worker left; the attempts in its queue went back", "attempts", returned)
+			s.wake()
 		}
 	}()
 	s.wakeSlots()
@@ -418,6 +445,18 @@ func knownReason(r string) bool {
 		return true
 	}
 	return false
+}
+
+// failEnding is how an attempt a worker reports failed ended, by the
+// reason the worker gives: whom it charges is store.Ending's to say.
+func failEnding(reason string) store.Ending {
+	switch reason {
+	case protocol.ReasonWorker:
+		return store.EndHandedBack
+	case protocol.ReasonCancelled:
+		return store.EndCancelled
+	}
+	return store.EndTaskError
 }
 
 // greet reads hello, registers the worker and sends welcome.
@@ -608,6 +647,7 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 		if m, held := s.hub.holds(c, cp.Attempt); held {
 			start := time.Now()
 			ok, err = s.store.SaveCheckpoint(ctx, cp.Attempt, c.id, cp.State.Data, s.cfg.Lease)
+			s.health.observe("save a checkpoint", err)
 			if m != "" && ok && err == nil {
 				s.rt.observeCheckpoint(m, time.Since(start))
 			}
@@ -641,8 +681,7 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 				return fmt.Errorf("unknown failure reason %q", fl.Reason)
 			}
 			comps[i] = store.Completion{Attempt: fl.Attempt, Worker: c.id, Log: fl.Log.Data,
-				Reason: fl.Reason, Message: truncate(fl.Message, 2000),
-				Uncounted: fl.Reason == protocol.ReasonWorker || fl.Reason == protocol.ReasonCancelled}
+				Reason: fl.Reason, Message: truncate(fl.Message, 2000), End: failEnding(fl.Reason)}
 		}
 		return s.finish(ctx, c, comps, protocol.AckFail)
 	default:

@@ -113,6 +113,10 @@ func (s *Server) maintain(ctx context.Context) {
 			ectx, cancel := context.WithTimeout(ctx, ttl/3)
 			lead, err := s.store.TryLead(ectx, name, s.cfg.Replica, ttl)
 			cancel()
+			// Every replica writes here every few seconds, leader or
+			// not: it is how a replica whose writes failed notices they
+			// work again, when nothing else writes.
+			s.health.observe("leader election", err)
 			if err != nil {
 				if ctx.Err() == nil {
 					s.log.Warn("leader election", "err", err)
@@ -134,22 +138,7 @@ func (s *Server) maintain(ctx context.Context) {
 		if !leading {
 			continue
 		}
-		for {
-			n, err := s.store.ExpireLeases(ctx, 1000)
-			if err != nil {
-				if ctx.Err() == nil {
-					s.log.Error("expire leases", "err", err)
-				}
-				break
-			}
-			if n > 0 {
-				s.log.Info("leases expired", "attempts", n)
-				s.metrics.leaseExpiries.Add(float64(n))
-			}
-			if n < 1000 {
-				break
-			}
-		}
+		s.sweepLeases(ctx)
 		if time.Since(lastForget) > 30*time.Second {
 			lastForget = time.Now()
 			if err := s.store.ForgetReplicaWorkers(ctx, time.Minute); err != nil && ctx.Err() == nil {
@@ -162,6 +151,41 @@ func (s *Server) maintain(ctx context.Context) {
 			if err := s.store.PruneActivity(ctx); err != nil && ctx.Err() == nil {
 				s.log.Warn("prune activity", "err", err)
 			}
+		}
+	}
+}
+
+// sweepLeases runs the lease reaper until it has no more lapsed leases to
+// end. It leaves leases alone while this replica's writes fail, or failed
+// within a lease: a heartbeat's renewal may have been among the writes
+// that failed, and the worker is not at fault. The first sweep after such
+// a pause (or after any gap in the sweeps, whichever replica made them)
+// renews every running attempt's lease instead (store.Sweep.Gap).
+func (s *Server) sweepLeases(ctx context.Context) {
+	if s.health.faultWithin(s.cfg.Lease) {
+		return
+	}
+	sw := store.Sweep{Limit: 1000, Gap: max(s.cfg.Lease/3, 2*time.Second), Lease: s.cfg.Lease}
+	for {
+		res, err := s.store.SweepLeases(ctx, sw)
+		s.health.observe("expire leases", err)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Error("expire leases", "err", err)
+			}
+			return
+		}
+		if res.Renewed > 0 {
+			s.log.Info("leases renewed after a gap in the lease reaper's sweeps: no worker is charged for it",
+				"attempts", res.Renewed, "gap", res.Since.Round(time.Millisecond))
+			s.metrics.leaseGraces.Inc()
+		}
+		if res.Expired > 0 {
+			s.log.Info("leases expired", "attempts", res.Expired)
+			s.metrics.leaseExpiries.Add(float64(res.Expired))
+		}
+		if res.Expired < sw.Limit {
+			return
 		}
 	}
 }

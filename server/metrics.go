@@ -18,6 +18,7 @@ type metrics struct {
 	completions    *prometheus.CounterVec
 	checkpoints    prometheus.Counter
 	leaseExpiries  prometheus.Counter
+	leaseGraces    prometheus.Counter
 	workerConnects *prometheus.CounterVec
 	badFrames      prometheus.Counter
 	leader         prometheus.Gauge
@@ -38,6 +39,8 @@ func newMetrics(s *Server) *metrics {
 			Name: "cyclepool_checkpoints_total", Help: "Checkpoints saved."}),
 		leaseExpiries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cyclepool_lease_expiries_total", Help: "Attempts lost because their lease lapsed (counted by the maintenance leader)."}),
+		leaseGraces: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cyclepool_lease_graces_total", Help: "Sweeps of the lease reaper that came after a gap (no replica could sweep: the database could not write, every replica was down, the leader changed) and renewed every running attempt's lease instead of expiring any (counted by the maintenance leader)."}),
 		workerConnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cyclepool_worker_connections_total", Help: "Worker connections accepted, by kind."}, []string{"kind"}),
 		badFrames: prometheus.NewCounter(prometheus.CounterOpts{
@@ -54,8 +57,8 @@ func newMetrics(s *Server) *metrics {
 	for _, outcome := range []string{"run", "submission", "skipped"} {
 		m.rounds.WithLabelValues(outcome) // every outcome shows, 0 until it happens
 	}
-	m.reg.MustRegister(m.dispatched, m.rounds, m.completions, m.checkpoints, m.leaseExpiries, m.workerConnects, m.badFrames,
-		m.leader, m.batchSize, m.batchSeconds,
+	m.reg.MustRegister(m.dispatched, m.rounds, m.completions, m.checkpoints, m.leaseExpiries, m.leaseGraces, m.workerConnects, m.badFrames,
+		m.leader, m.batchSize, m.batchSeconds, s.health.writable, s.health.faults,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{s: s,
 			tasks:       prometheus.NewDesc("cyclepool_tasks", "Unfinished tasks over all workflows, by state (from the database).", []string{"state"}, nil),

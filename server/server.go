@@ -123,6 +123,9 @@ type Server struct {
 
 	rt   *runtimes
 	ends *finishWaiters // requests waiting for workflows to end
+
+	// health says whether this replica can write to the database.
+	health *writeHealth
 }
 
 type renewal struct {
@@ -149,6 +152,7 @@ func New(st *store.Store, cfg Config) *Server {
 	}
 	s.readyLeft.Store(true) // until the dispatcher's first round
 	s.ctx, s.stop = context.WithCancel(context.Background())
+	s.health = newWriteHealth(s.log, max(2*time.Second, cfg.Heartbeat), s.wake)
 	s.metrics = newMetrics(s)
 	s.renewals = newBatcher(4096, 2000, 1, s.flushRenewals)
 	// One completion flusher: two waited for each other anyway on the
@@ -231,6 +235,12 @@ func (s *Server) dispatch(ctx context.Context) {
 			s.tasksWake.Store(false)
 			s.cands.drop() // the poll reads the queue anew
 		}
+		if failing, _ := s.health.state(); failing {
+			// Claims would fail too: the round waits for the database
+			// to write again (writeHealth wakes the dispatcher then).
+			left = true
+			continue
+		}
 		s.readyLeft.Store(true) // until this round has claimed what it could
 		for races := 0; ctx.Err() == nil; {
 			slots := s.hub.reserve(1000)
@@ -241,6 +251,7 @@ func (s *Server) dispatch(ctx context.Context) {
 			s.metrics.rounds.WithLabelValues("run").Inc()
 			widen := s.widen
 			n, planned, more, err := s.assign(ctx, slots)
+			s.health.observe("claim", err)
 			left = more
 			if err != nil {
 				left = true
@@ -501,11 +512,11 @@ func (s *Server) deliver(ctx context.Context, claimed []store.Claimed, err error
 		reserved[cl.Worker] = reserved[cl.Worker][1:]
 		switch {
 		case err != nil: // the claim committed but its inputs could not be read
-			end(cl, c, store.Completion{Reason: protocol.ReasonWorker, Message: "the server could not read the task's inputs", Uncounted: true})
+			end(cl, c, store.Completion{Reason: protocol.ReasonWorker, Message: "the server could not read the task's inputs", End: store.EndServerFault})
 		case cl.Missing != "":
-			end(cl, c, store.Completion{Reason: "input", Message: cl.Missing, Permanent: true})
+			end(cl, c, store.Completion{Reason: "input", Message: cl.Missing, End: store.EndTaskFinal})
 		case assignSize(cl) > s.cfg.MaxFrameBytes:
-			end(cl, c, store.Completion{Reason: "input", Permanent: true, Message: fmt.Sprintf(
+			end(cl, c, store.Completion{Reason: "input", End: store.EndTaskFinal, Message: fmt.Sprintf(
 				"inputs, stdin and checkpoint take %d MiB, more than the %d MiB one assignment can carry", assignSize(cl)>>20, s.cfg.MaxFrameBytes>>20)})
 		default:
 			byConn[c] = append(byConn[c], toAssign(cl))
@@ -520,7 +531,7 @@ func (s *Server) deliver(ctx context.Context, claimed []store.Claimed, err error
 			// at once, without using up an attempt.
 			for i := range as {
 				undeliverable = append(undeliverable, store.Completion{Attempt: as[i].Attempt, Worker: c.id, Reason: protocol.ReasonWorker,
-					Message: "the worker disconnected before the task reached it", Uncounted: true})
+					Message: "the worker disconnected before the task reached it", End: store.EndUnstarted})
 			}
 			continue
 		}
@@ -605,6 +616,7 @@ func (s *Server) flushRenewals(ctx context.Context, batch []renewal) {
 	start := time.Now()
 	lost, err := s.store.Renew(ctx, slices.Clone(rs), s.cfg.Lease)
 	s.metrics.observeBatch("renew", len(batch), start)
+	s.health.observe("renew leases", err)
 	if err != nil {
 		s.log.Error("renew leases", "err", err)
 		return
@@ -633,6 +645,7 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 	start := time.Now()
 	accepted, finished, err := s.store.CompleteFinished(ctx, cs)
 	s.metrics.observeBatch("complete", len(batch), start)
+	s.health.observe("commit results", err)
 	acks := map[*conn][]protocol.Ack{}
 	for i, b := range batch {
 		ack := protocol.Ack{Attempt: b.comp.Attempt, Of: b.of}
@@ -711,6 +724,10 @@ func (s *Server) Handler() http.Handler {
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
+	if failing, cause := s.health.state(); failing {
+		http.Error(w, "database cannot write: "+cause, http.StatusServiceUnavailable)
+		return
+	}
 	if err := s.store.Ping(ctx); err != nil {
 		http.Error(w, "database unavailable: "+err.Error(), http.StatusServiceUnavailable)
 		return

@@ -30,13 +30,10 @@ type Completion struct {
 	Log     []byte
 	Reason  string // when not OK: a protocol reason code
 	Message string
-	// Permanent marks a failure that another attempt cannot fix (an input
-	// that does not exist): the task fails at once.
-	Permanent bool
-	// Uncounted marks a failure that is not the task's fault (the volunteer
-	// paused, the worker shut down): the task is queued again without using
-	// up one of its attempts.
-	Uncounted bool
+	// End says how a failure (not OK) ended, and so whom it charges
+	// (Ending.Charges): EndTaskError, the zero value, uses up one of the
+	// task's attempts.
+	End Ending
 	// Duration is the run time the worker reported for a success. The run
 	// time averages take it, or the time since the attempt was created
 	// when that is shorter: the latter also counts the attempt's wait in
@@ -95,8 +92,11 @@ func (s *Store) CompleteFinished(ctx context.Context, cs []Completion) (accepted
 	if acc == nil {
 		acc = make([]bool, len(batch))
 	}
-	if err != nil && !retryable(err) && len(batch) > 1 && ctx.Err() == nil {
+	if err != nil && !retryable(err) && !ServerFault(err) && ctx.Err() == nil {
 		// Find the culprit: commit the items not committed yet one by one.
+		// Not when PostgreSQL itself failed (its disk is full, it is down or
+		// read-only): that is no item's fault, and every item waits for
+		// another try (the caller asks the workers to send them again).
 		err = nil
 		for j := range batch {
 			if acc[j] {
@@ -104,7 +104,7 @@ func (s *Store) CompleteFinished(ctx context.Context, cs []Completion) (accepted
 			}
 			one, fin, oneErr := s.completeBatch(ctx, batch[j:j+1])
 			if oneErr != nil {
-				if retryable(oneErr) || ctx.Err() != nil {
+				if retryable(oneErr) || ServerFault(oneErr) || ctx.Err() != nil {
 					err = oneErr
 					break
 				}
@@ -460,7 +460,7 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 			done = append(done, t)
 			outTask, outName, outData = appendStored(outTask, outName, outData, t, cs[i].Outputs)
 		} else {
-			ends = append(ends, attemptEnd{task: t, reason: cs[i].reason(), uncounted: cs[i].Uncounted, permanent: cs[i].Permanent})
+			ends = append(ends, attemptEnd{task: t, reason: cs[i].reason(), end: cs[i].End})
 		}
 	}
 	if len(vres) > 0 {
@@ -639,10 +639,9 @@ func (c *Completion) reason() string {
 
 // attemptEnd is an attempt that ended without a result.
 type attemptEnd struct {
-	task      int64
-	reason    string
-	uncounted bool
-	permanent bool
+	task   int64
+	reason string
+	end    Ending
 }
 
 // querier is what settleEnds needs of a connection in a transaction.
@@ -651,23 +650,34 @@ type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// requeueSQL ends the tasks $1 of attempts that ended without a result
-// ($2 reason, $3 not counted, $5 permanent; $4 the interactive head start
-// in ms): queued again, or failed after their last attempt. The tasks are
-// found by id: the state test is written with COLLATE "C" (see doneCTEs),
-// or with the statistics of a table analyzed while few tasks were active
-// PostgreSQL read every active task for each batch.
-const requeueSQL = `UPDATE tasks t SET updated_at = now(),
-		attempts = CASE WHEN u.uncounted THEN t.attempts - 1 ELSE t.attempts END,
-		pending = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts) THEN 0 ELSE t.pending + 1 END,
-		state = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts) THEN 'failed' ELSE 'ready' END,
-		sort_key = now() - CASE WHEN t.priority = 'interactive' THEN $4 * interval '1 millisecond' ELSE interval '0' END,
-		finished_at = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts) THEN now() END,
-		error = CASE WHEN (u.permanent OR NOT u.uncounted AND t.attempts >= t.max_attempts)
-			THEN format('failed after %s attempts; last: %s', t.attempts, u.reason) ELSE u.reason END
-	FROM unnest($1::bigint[], $2::text[], $3::bool[], $5::bool[]) AS u(id, reason, uncounted, permanent)
+// requeueSQL moves on the tasks $1 of attempts that ended without a
+// result ($2 reason; $3, $4, $5 and $6 the Charge of each end: attempt,
+// lost, final and keeps place; $7 the interactive head start in ms): each
+// is queued again, or fails when the end was final or used up the last of
+// its attempts (max_attempts) or of its losses (max_lost). An end that
+// keeps the task's place leaves sort_key, the time it first became ready,
+// as it was. The tasks are found by id: the state test is written with
+// COLLATE "C" (see doneCTEs), or with the statistics of a table analyzed
+// while few tasks were active PostgreSQL read every active task for each
+// batch.
+var requeueSQL = strings.NewReplacer(
+	"{exhausted}", `(u.counts AND t.attempts >= t.max_attempts)`,
+	"{lostall}", `(u.lost AND t.lost + 1 >= t.max_lost)`,
+).Replace(`UPDATE tasks t SET updated_at = now(),
+		attempts = CASE WHEN u.counts THEN t.attempts ELSE t.attempts - 1 END,
+		lost = CASE WHEN u.lost THEN t.lost + 1 ELSE t.lost END,
+		pending = CASE WHEN (u.final OR {exhausted} OR {lostall}) THEN 0 ELSE t.pending + 1 END,
+		state = CASE WHEN (u.final OR {exhausted} OR {lostall}) THEN 'failed' ELSE 'ready' END,
+		sort_key = CASE WHEN u.keep THEN coalesce(t.sort_key, now())
+			ELSE now() - CASE WHEN t.priority = 'interactive' THEN $7 * interval '1 millisecond' ELSE interval '0' END END,
+		finished_at = CASE WHEN (u.final OR {exhausted} OR {lostall}) THEN now() END,
+		error = CASE
+			WHEN u.final OR {exhausted} THEN format('failed after %s attempts; last: %s', t.attempts, u.reason)
+			WHEN {lostall} THEN format('stopped: the workers running it vanished %s times (max_lost); last: %s', t.lost + 1, u.reason)
+			ELSE u.reason END
+	FROM unnest($1::bigint[], $2::text[], $3::bool[], $4::bool[], $5::bool[], $6::bool[]) AS u(id, reason, counts, lost, final, keep)
 	WHERE t.id = u.id AND t.state COLLATE "C" IN ('running', 'ready')
-	RETURNING t.id, t.workflow_id::text, t.state`
+	RETURNING t.id, t.workflow_id::text, t.state`)
 
 // settleEnds moves tasks on after attempts ended without a result: each is
 // queued again, or failed after its last attempt; failed tasks fail their
@@ -689,12 +699,15 @@ func (s *Store) settleEnds(ctx context.Context, tx querier, ends []attemptEnd) e
 		slices.SortFunc(ends, func(a, b attemptEnd) int { return int(a.task - b.task) })
 		ids := make([]int64, len(ends))
 		reasons := make([]string, len(ends))
-		uncounted := make([]bool, len(ends))
-		permanent := make([]bool, len(ends))
+		counts := make([]bool, len(ends))
+		lost := make([]bool, len(ends))
+		final := make([]bool, len(ends))
+		keep := make([]bool, len(ends))
 		for i, e := range ends {
-			ids[i], reasons[i], uncounted[i], permanent[i] = e.task, e.reason, e.uncounted, e.permanent
+			c := e.end.Charges()
+			ids[i], reasons[i], counts[i], lost[i], final[i], keep[i] = e.task, e.reason, c.Attempt, c.Lost, c.Final, c.KeepsPlace
 		}
-		rows, err := tx.Query(ctx, requeueSQL, ids, reasons, uncounted, s.interactiveHeadStart.Milliseconds(), permanent)
+		rows, err := tx.Query(ctx, requeueSQL, ids, reasons, counts, lost, final, keep, s.interactiveHeadStart.Milliseconds())
 		if err != nil {
 			return fmt.Errorf("requeue tasks: %w", err)
 		}

@@ -206,7 +206,7 @@ func TestWorkerTasksAndActivity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := f.s.WorkerGone(ctx, w2, reg.Session); err != nil {
+	if _, err := f.s.WorkerGone(ctx, w2, reg.Session, nil); err != nil {
 		t.Fatal(err)
 	}
 	if wt, err := f.s.WorkerTasks(ctx, f.owner); err != nil || len(wt) != 1 {
@@ -222,13 +222,13 @@ func TestWorkerTasksAndActivity(t *testing.T) {
 	if err != nil || again.ID != old.ID || again.Session == old.Session {
 		t.Fatalf("reconnect: %+v, %v; want the same id in a new session", again, err)
 	}
-	if err := f.s.WorkerGone(ctx, old.ID, old.Session); err != nil {
+	if _, err := f.s.WorkerGone(ctx, old.ID, old.Session, nil); err != nil {
 		t.Fatal(err)
 	}
 	if wt, err := f.s.WorkerTasks(ctx, f.owner); err != nil || len(wt) != 2 {
 		t.Errorf("after the old connection of a reconnected worker ended: %d connected workers (%v), want 2", len(wt), err)
 	}
-	if err := f.s.WorkerGone(ctx, old.ID, again.Session); err != nil {
+	if _, err := f.s.WorkerGone(ctx, old.ID, again.Session, nil); err != nil {
 		t.Fatal(err)
 	}
 	act, err := f.s.Activity(ctx, 60)
@@ -300,7 +300,7 @@ func TestPruneWorkers(t *testing.T) {
 	}
 	gone := func(reg Registration, ago time.Duration) {
 		t.Helper()
-		if err := f.s.WorkerGone(ctx, reg.ID, reg.Session); err != nil {
+		if _, err := f.s.WorkerGone(ctx, reg.ID, reg.Session, nil); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := f.s.pool.Exec(ctx, `UPDATE workers SET last_seen = now() - $2 * interval '1 second' WHERE id = $1`,

@@ -191,7 +191,7 @@ func TestCompletionReadsRowsInProportionToItsBatch(t *testing.T) {
 		args []any
 	}{
 		{"insertOutputsSQL", insertOutputsSQL, []any{taskIDs, names, data}},
-		{"requeueSQL", requeueSQL, []any{taskIDs, reasons, make([]bool, batch), int64(0), make([]bool, batch)}},
+		{"requeueSQL", requeueSQL, []any{taskIDs, reasons, make([]bool, batch), make([]bool, batch), make([]bool, batch), make([]bool, batch), int64(0)}},
 		{"completeFastSQL", completeFastSQL, []any{attemptIDs, workers, data, attemptIDs, names, data, int64(0), ChannelReady}},
 		{"completeAttemptsSQL", completeAttemptsSQL, []any{attemptIDs, workers, make([]bool, batch), data, reasons}},
 	} {

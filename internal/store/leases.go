@@ -85,14 +85,61 @@ func (s *Store) SaveCheckpoint(ctx context.Context, attempt int64, worker string
 	return saved, nil
 }
 
-// ExpireLeases ends running attempts whose lease has lapsed as lost and
-// queues their tasks again (from their latest checkpoint), or fails them
-// after their last attempt. It handles at most limit attempts per call and
+// ExpireLeases ends running attempts whose lease has lapsed as lost (the
+// worker vanished: EndVanished) and queues their tasks again (from their
+// latest checkpoint, at their place in the queue), or fails them after
+// their last allowed loss. It handles at most limit attempts per call and
 // returns how many it ended.
 func (s *Store) ExpireLeases(ctx context.Context, limit int) (int, error) {
-	n := 0
+	r, err := s.SweepLeases(ctx, Sweep{Limit: limit})
+	return r.Expired, err
+}
+
+// Sweep configures one pass of the lease reaper (SweepLeases).
+type Sweep struct {
+	// Limit bounds the attempts one pass ends.
+	Limit int
+	// Gap, when not 0, is how long after the previous pass (of any
+	// replica) a pass may come before the leases are no longer trusted:
+	// such a pass gives every running attempt a lease of Lease from now
+	// instead of expiring any. A gap means that no replica could sweep
+	// (the database could not be written, every replica was down, the
+	// leader changed), and leases lapsed meanwhile say nothing of the
+	// workers, who may have heartbeated all along into a server that
+	// could not record it.
+	Gap, Lease time.Duration
+}
+
+// SweepResult says what a pass of the lease reaper did.
+type SweepResult struct {
+	Expired int   // attempts ended as lost
+	Renewed int64 // attempts given a fresh lease after a gap
+	// Since is the time since the previous pass; zero when there was none.
+	Since time.Duration
+}
+
+// SweepLeases is one pass of the lease reaper: ExpireLeases, or after a
+// gap (Sweep.Gap) a renewal of every running attempt's lease.
+func (s *Store) SweepLeases(ctx context.Context, sw Sweep) (SweepResult, error) {
+	var res SweepResult
 	err := s.tx(ctx, func(tx pgx.Tx) error {
+		res = SweepResult{}
 		if _, err := tx.Exec(ctx, hotPathSettingsSQL); err != nil {
+			return err
+		}
+		var sinceMS *float64
+		if err := tx.QueryRow(ctx, `WITH prev AS (SELECT at FROM lease_sweeps WHERE id = 1 FOR UPDATE),
+				upd AS (INSERT INTO lease_sweeps (id, at) VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = now())
+			SELECT extract(epoch FROM now() - at) * 1000 FROM prev`).Scan(&sinceMS); err != nil && err != pgx.ErrNoRows {
+			return err
+		}
+		if sinceMS != nil {
+			res.Since = time.Duration(*sinceMS * float64(time.Millisecond))
+		}
+		if sw.Gap > 0 && res.Since > sw.Gap {
+			tag, err := tx.Exec(ctx, `UPDATE attempts a SET lease_until = greatest(a.lease_until, now() + $1 * interval '1 millisecond')
+				FROM running_attempts r WHERE a.id = r.attempt_id AND a.state = 'running'`, sw.Lease.Milliseconds())
+			res.Renewed = tag.RowsAffected()
 			return err
 		}
 		// running_attempts lists the attempts that may still run; those
@@ -103,18 +150,18 @@ func (s *Store) ExpireLeases(ctx context.Context, limit int) (int, error) {
 			return err
 		}
 		rows, err := tx.Query(ctx, `UPDATE attempts a SET state = 'lost', ended_at = now(),
-				reason = 'lost: no heartbeat from worker ' || a.worker_id::text || ' before the lease expired'
+				reason = 'lost: worker ' || left(a.worker_id::text, 8) || ' stopped answering while running it (no heartbeat before its lease expired)'
 			WHERE a.id IN (SELECT x.id FROM running_attempts r JOIN attempts x ON x.id = r.attempt_id
 				WHERE x.state = 'running' AND x.lease_until < now()
 				ORDER BY x.id LIMIT $1 FOR UPDATE OF x SKIP LOCKED)
-			RETURNING a.task_id, a.reason, a.worker_id::text`, limit)
+			RETURNING a.task_id, a.reason, a.worker_id::text`, sw.Limit)
 		if err != nil {
 			return err
 		}
 		var ends []attemptEnd
 		lostBy := map[string]int{}
 		for rows.Next() {
-			var e attemptEnd
+			e := attemptEnd{end: EndVanished}
 			var w string
 			if err := rows.Scan(&e.task, &e.reason, &w); err != nil {
 				rows.Close()
@@ -127,29 +174,38 @@ func (s *Store) ExpireLeases(ctx context.Context, limit int) (int, error) {
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		n = len(ends)
-		if n == 0 {
+		res.Expired = len(ends)
+		if len(ends) == 0 {
 			return nil
 		}
-		ws := make([]string, 0, len(lostBy))
-		for w := range lostBy {
-			ws = append(ws, w)
-		}
-		slices.Sort(ws)
-		counts := make([]int32, len(ws))
-		for i, w := range ws {
-			counts[i] = int32(lostBy[w])
-		}
-		if _, err := tx.Exec(ctx, `UPDATE workers w SET tasks_lost = w.tasks_lost + c.n
-			FROM unnest($1::uuid[], $2::int[]) AS c(id, n) WHERE w.id = c.id`, ws, counts); err != nil {
+		if err := chargeWorkers(ctx, tx, lostBy); err != nil {
 			return err
 		}
 		return s.settleEnds(ctx, tx, ends)
 	})
 	if err != nil {
-		return 0, fmt.Errorf("expire leases: %w", err)
+		return SweepResult{}, fmt.Errorf("expire leases: %w", err)
 	}
-	return n, nil
+	return res, nil
+}
+
+// chargeWorkers counts lost attempts (n per worker) against the workers'
+// standing (EndVanished's Charge.Worker).
+func chargeWorkers(ctx context.Context, tx pgx.Tx, lostBy map[string]int) error {
+	ws := make([]string, 0, len(lostBy))
+	for w := range lostBy {
+		ws = append(ws, w)
+	}
+	slices.Sort(ws)
+	counts := make([]int32, len(ws))
+	for i, w := range ws {
+		counts[i] = int32(lostBy[w])
+	}
+	if _, err := tx.Exec(ctx, `UPDATE workers w SET tasks_lost = w.tasks_lost + c.n
+		FROM unnest($1::uuid[], $2::int[]) AS c(id, n) WHERE w.id = c.id`, ws, counts); err != nil {
+		return fmt.Errorf("count lost attempts against their workers: %w", err)
+	}
+	return nil
 }
 
 // TryLead makes holder the leader called name until now+ttl if nobody else

@@ -116,7 +116,7 @@ func TestSiblingReplicasCancelled(t *testing.T) {
 		}},
 		{name: "task failed", state: StateFailed, stopped: 2, finish: func(t *testing.T, f *verifyFixture, a, _ Claimed) {
 			if _, err := f.s.Complete(context.Background(), []Completion{{Attempt: a.Attempt, Worker: a.Worker, Reason: "input",
-				Message: "missing", Permanent: true}}); err != nil {
+				Message: "missing", End: EndTaskFinal}}); err != nil {
 				t.Fatal(err)
 			}
 		}},

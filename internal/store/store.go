@@ -105,8 +105,16 @@ const attemptIDGap = 1_000_000
 // back, in one transaction whose commit is flushed (the insert gives it a
 // transaction id), before the connection is used. Connections that find the row
 // missing together wait for the first one's insert and do not jump again.
+//
+// The row is read first: a database that cannot write (read-only, or its
+// disk full) still serves reads on new connections, which the API needs.
 func (s *Store) guardAttemptIDs(ctx context.Context, c *pgx.Conn) error {
-	_, err := c.Exec(ctx, `WITH g AS (INSERT INTO attempt_id_guard VALUES (1) ON CONFLICT DO NOTHING RETURNING 1)
+	var guarded bool
+	err := c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM attempt_id_guard)`).Scan(&guarded)
+	if err == nil && guarded {
+		return nil
+	}
+	_, err = c.Exec(ctx, `WITH g AS (INSERT INTO attempt_id_guard VALUES (1) ON CONFLICT DO NOTHING RETURNING 1)
 		SELECT setval('attempts_id_seq', last_value + $1) FROM attempts_id_seq, g`, attemptIDGap)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {

@@ -225,7 +225,7 @@ func TestFailuresEndTheWorkflow(t *testing.T) {
 	cs := f.claim(t, 2, time.Minute)
 	byName := claimedByName(cs)
 	if _, err := f.s.Complete(ctx, []Completion{
-		{Attempt: byName["a"].Attempt, Worker: f.worker, Reason: "worker", Message: "paused", Uncounted: true},
+		{Attempt: byName["a"].Attempt, Worker: f.worker, Reason: "worker", Message: "paused", End: EndHandedBack},
 		ok(byName["d"], "D"),
 	}); err != nil {
 		t.Fatal(err)

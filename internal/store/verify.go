@@ -361,7 +361,7 @@ func (s *Store) verify(ctx context.Context, tx querier, rs []replicaResult) (don
 			}
 		case o.fail != "":
 			finished = append(finished, t.id)
-			ends = append(ends, attemptEnd{task: t.id, reason: o.fail, permanent: true})
+			ends = append(ends, attemptEnd{task: t.id, reason: o.fail, end: EndTaskFinal})
 		case o.more > 0:
 			moreT, moreN = append(moreT, t.id), append(moreN, int32(o.more))
 		}

@@ -127,17 +127,40 @@ func (s *Store) UpdateDevice(ctx context.Context, id string, device any) error {
 // WorkerGone records that a worker's connection (session, from
 // RegisterWorker) closed. The worker stays connected if it has a newer
 // connection already (it reconnected, to this replica or another, before
-// the old socket was noticed gone). Its attempts keep their leases until
-// they lapse, so that a worker that reconnects in time can still deliver.
-func (s *Store) WorkerGone(ctx context.Context, id string, session int64) error {
-	if _, err := s.pool.Exec(ctx, `WITH ended AS (
-			UPDATE worker_sessions SET disconnected_at = now() WHERE id = $2 AND disconnected_at IS NULL)
-		UPDATE workers SET connected = false, last_seen = now() WHERE id = $1
-			AND NOT EXISTS (SELECT 1 FROM worker_sessions WHERE worker_id = $1 AND disconnected_at IS NULL AND id <> $2)`,
-		id, session); err != nil {
-		return fmt.Errorf("disconnect worker %s: %w", id, err)
+// the old socket was noticed gone). Its running attempts keep their leases
+// until they lapse, so that a worker that reconnects in time can still
+// deliver; the attempts of unstarted, which it held in its queue, end at
+// once unless it is still connected (EndUnstarted: charged to nobody). It
+// returns how many of those ended.
+func (s *Store) WorkerGone(ctx context.Context, id string, session int64, unstarted []int64) (int, error) {
+	var gone bool
+	if err := s.pool.QueryRow(ctx, `WITH ended AS (
+			UPDATE worker_sessions SET disconnected_at = now() WHERE id = $2 AND disconnected_at IS NULL),
+		upd AS (UPDATE workers SET connected = false, last_seen = now() WHERE id = $1
+			AND NOT EXISTS (SELECT 1 FROM worker_sessions WHERE worker_id = $1 AND disconnected_at IS NULL AND id <> $2)
+			RETURNING id)
+		SELECT EXISTS (SELECT 1 FROM upd)`, id, session).Scan(&gone); err != nil {
+		return 0, fmt.Errorf("disconnect worker %s: %w", id, err)
 	}
-	return nil
+	if !gone || len(unstarted) == 0 {
+		return 0, nil
+	}
+	ends := make([]Completion, len(unstarted))
+	for i, a := range unstarted {
+		ends[i] = Completion{Attempt: a, Worker: id, Reason: "worker", End: EndUnstarted,
+			Message: "the worker left before it started the task; queued again"}
+	}
+	acc, err := s.Complete(ctx, ends)
+	if err != nil {
+		return 0, fmt.Errorf("return the queued attempts of worker %s: %w", id, err)
+	}
+	n := 0
+	for _, ok := range acc {
+		if ok {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // ForgetReplicaWorkers marks workers of replicas that stopped answering as

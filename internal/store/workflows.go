@@ -249,7 +249,7 @@ func (s *Store) recoverSubmission(ctx context.Context, uid pgtype.UUID) (string,
 			return "", fmt.Errorf("look for a submission: %w", err)
 		}
 		if attempt != nil {
-			ends = append(ends, Completion{Attempt: *attempt, Worker: *worker, Reason: "worker", Uncounted: true,
+			ends = append(ends, Completion{Attempt: *attempt, Worker: *worker, Reason: "worker", End: EndUnstarted,
 				Message: "the server lost the answer of the submission that claimed it: never sent"})
 		}
 	}

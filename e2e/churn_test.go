@@ -1,0 +1,297 @@
+//go:build unix
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cyclepool/cyclepool/client"
+	"github.com/cyclepool/cyclepool/internal/pgtest"
+	"github.com/cyclepool/cyclepool/internal/protocol"
+)
+
+// churnSteps is the step count (of 100 ms) of churn task i.
+func churnSteps(i int) int { return 10 + i%5 }
+
+// A soak of volunteers coming and going: a worker is SIGKILLed and
+// replaced every 2 s, and the server is SIGKILLed and restarted once,
+// while a steady worker computes too. Every task has max_attempts 1, so an
+// attempt charged to a task for a worker's vanishing would fail the
+// workflow. It finishes with every output correct, every task charged
+// exactly the one attempt that succeeded, and the steady worker charged
+// no loss.
+func TestChurnCostsNoTaskItsAttempts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.URL(t)
+	data := t.TempDir()
+	port := freePort(t)
+	srv := startServer(t, "server", db, data, port)
+	c := client.New(srv.url, srv.token)
+	steady := startWorker(t, "steady", 1, srv.url)
+	counter := push(t, c, "counter")
+	const n = 48
+	var tasks []task
+	for i := range n {
+		tasks = append(tasks, task{"name": fmt.Sprintf("c%02d", i), "module": counter,
+			"args": []string{strconv.Itoa(churnSteps(i)), "100"}, "checkpoint_interval": "1s", "max_attempts": 1})
+	}
+	id := submit(t, c, workflow("churn", tasks...))
+
+	finished := func() bool {
+		st, err := c.Status(ctx, id)
+		return err == nil && st.State != client.WorkflowRunning
+	}
+	restarted := false
+	for round := 0; !finished(); round++ {
+		if round > 60 {
+			t.Fatal("the workflow did not finish within 60 rounds of churn")
+		}
+		w := startWorker(t, fmt.Sprintf("churn%d", round), 2, srv.url)
+		time.Sleep(2 * time.Second)
+		w.kill()
+		if st, err := c.Status(ctx, id); err == nil && !restarted && st.Counts.Done >= n/3 {
+			srv.kill()
+			time.Sleep(500 * time.Millisecond)
+			srv = startServer(t, "server2", db, data, port)
+			c = client.New(srv.url, srv.token)
+			restarted = true
+		}
+	}
+	if !restarted {
+		t.Fatal("the workflow finished before the server was restarted: the soak is too short to say anything")
+	}
+	st := wait(t, c, id, time.Minute)
+	if st.State != client.WorkflowDone {
+		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
+	}
+	lostOrReturned := 0
+	for i := range n {
+		name := fmt.Sprintf("c%02d", i)
+		tk := st.Task(name)
+		if tk.Attempts != 1 {
+			t.Errorf("task %s was charged %d attempts, want the 1 that succeeded", name, tk.Attempts)
+		}
+		as := attempts(t, c, id, name)
+		if k := countState(as, "succeeded"); k != 1 {
+			t.Errorf("task %s: %d succeeded attempts, want 1: %+v", name, k, as)
+		}
+		lostOrReturned += len(as) - 1
+		out := output(t, c, id, name, "stdout")
+		if !regexp.MustCompile(fmt.Sprintf(`^counted %d from \d+\n$`, churnSteps(i))).MatchString(out) {
+			t.Errorf("task %s stdout = %q", name, out)
+		}
+	}
+	if lostOrReturned == 0 {
+		t.Error("no attempt was lost or returned: the churn did not reach a running task")
+	}
+	t.Logf("%d attempts lost or returned over %d tasks", lostOrReturned, n)
+	// The steady worker never vanished: it keeps its standing.
+	steadyID := workerID(t, steady)
+	pg, err := pgx.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close(ctx)
+	var lost int
+	if err := pg.QueryRow(ctx, `SELECT tasks_lost FROM workers WHERE id = $1`, steadyID).Scan(&lost); err != nil {
+		t.Fatal(err)
+	}
+	if lost != 0 {
+		t.Errorf("the steady worker was charged %d losses", lost)
+	}
+}
+
+// workerID is the id a headless worker process logged when it connected.
+func workerID(t *testing.T, p *proc) string {
+	t.Helper()
+	m, ok := p.out.waitFor(regexp.MustCompile(`msg=connected .*worker=([0-9a-f-]{36})`), time.Second)
+	if !ok {
+		t.Fatalf("%s logged no worker id:\n%s", p.name, p.out)
+	}
+	return m
+}
+
+// When the database refuses writes for a while (here it turns read-only,
+// as a standby or a volume remounted read-only would), no task loses an
+// attempt and the worker no standing: results wait at the worker, dispatch
+// pauses, /readyz says why it is not ready, and once writes work again the
+// workflow finishes on the worker it had, every task in one attempt.
+func TestDatabaseRefusingWritesChargesNobody(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newPlatform(t)
+	w := startWorker(t, "worker", 2, p.srv.url)
+	counter := push(t, p.client, "counter")
+	const n = 8
+	var tasks []task
+	for i := range n {
+		tasks = append(tasks, task{"name": fmt.Sprintf("c%02d", i), "module": counter,
+			"args": []string{strconv.Itoa(churnSteps(i)), "100"}, "checkpoint_interval": "1s", "max_attempts": 1})
+	}
+	id := submit(t, p.client, workflow("readonly", tasks...))
+	eventually(t, 60*time.Second, "a task done and two running", func() bool {
+		st, err := p.client.Status(ctx, id)
+		return err == nil && st.Counts.Done >= 1 && st.Counts.Running >= 2
+	})
+
+	admin, err := pgx.Connect(ctx, p.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	// New sessions of this database are read-only; the server's present
+	// ones are ended, so that its pool opens new ones.
+	setReadOnly := func(on bool) {
+		t.Helper()
+		q := `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I RESET default_transaction_read_only', current_database()); END $$`
+		if on {
+			q = `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_read_only = on', current_database()); END $$`
+		}
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid()`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setReadOnly(true)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), `SELECT 1`) })
+	// Three leases (2 s each) without a write: every lease lapses.
+	sawNotReady, sawMetric := "", false
+	for end := time.Now().Add(6 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if code, body := get(t, p.srv.url+"/readyz"); code == http.StatusServiceUnavailable && strings.Contains(body, "cannot write") {
+			sawNotReady = body
+		}
+		if _, body := get(t, p.srv.url+"/metrics"); strings.Contains(body, "cyclepool_database_writable 0") {
+			sawMetric = true
+		}
+	}
+	setReadOnly(false)
+	if sawNotReady == "" {
+		t.Error("/readyz never said the database cannot write")
+	} else if !strings.Contains(sawNotReady, "read-only") {
+		t.Errorf("/readyz does not name the cause: %q", sawNotReady)
+	}
+	if !sawMetric {
+		t.Error("cyclepool_database_writable never said 0")
+	}
+	st := wait(t, p.client, id, 90*time.Second)
+	if st.State != client.WorkflowDone {
+		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
+	}
+	for i := range n {
+		name := fmt.Sprintf("c%02d", i)
+		as := attempts(t, p.client, id, name)
+		if len(as) != 1 || as[0].State != "succeeded" || st.Task(name).Attempts != 1 {
+			t.Errorf("task %s: %d attempts charged, attempts %+v, want the one that succeeded", name, st.Task(name).Attempts, as)
+		}
+		out := output(t, p.client, id, name, "stdout")
+		if !regexp.MustCompile(fmt.Sprintf(`^counted %d from \d+\n$`, churnSteps(i))).MatchString(out) {
+			t.Errorf("task %s stdout = %q", name, out)
+		}
+	}
+	var lost int
+	if err := admin.QueryRow(ctx, `SELECT tasks_lost FROM workers WHERE id = $1`, workerID(t, w)).Scan(&lost); err != nil {
+		t.Fatal(err)
+	}
+	if lost != 0 {
+		t.Errorf("the worker was charged %d losses", lost)
+	}
+	for _, re := range []string{`the database cannot write`, `the database writes again`} {
+		if _, ok := p.srv.out.waitFor(regexp.MustCompile(re), time.Second); !ok {
+			t.Errorf("the server did not log %q", re)
+		}
+	}
+	if code, body := get(t, p.srv.url+"/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz after the outage: %d %s", code, body)
+	}
+}
+
+// get fetches url and returns its status code and body.
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	buf := make([]byte, 64<<10)
+	for {
+		k, err := resp.Body.Read(buf)
+		b.Write(buf[:k])
+		if err != nil {
+			break
+		}
+	}
+	return resp.StatusCode, b.String()
+}
+
+// A worker that leaves gives back at once the attempts waiting in its
+// queue: they run elsewhere long before their leases (a minute here) could
+// lapse, charged to nobody, while the attempt it may have been running
+// keeps its lease for the worker to come back.
+func TestQueuedAttemptsReturnWhenTheWorkerLeaves(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t, "--lease", "60s")
+	echo := push(t, p.client, "echo")
+	f := dialFakeQueue(t, p.srv.url, 3)
+	var tasks []task
+	for i := range 4 {
+		tasks = append(tasks, task{"name": fmt.Sprintf("t%d", i), "module": echo, "max_attempts": 1,
+			"stdin": map[string]any{"data": fmt.Sprintf("hello %d\n", i)}})
+	}
+	id := submit(t, p.client, workflow("queued", tasks...))
+	var held []protocol.Assign
+	for len(held) < 4 {
+		held = append(held, f.next(t, protocol.TypeAssign, 30*time.Second).Assign...)
+	}
+	f.ws.CloseNow()
+	startWorker(t, "worker", 1, p.srv.url)
+	// The oldest attempt may have been running: it waits for its lease.
+	// The three queued ones are done by the new worker, well before.
+	eventually(t, 30*time.Second, "three tasks done", func() bool {
+		st, err := p.client.Status(context.Background(), id)
+		return err == nil && st.Counts.Done == 3
+	})
+	st, err := p.client.Status(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldest := held[0].Attempt
+	for _, a := range held[1:] {
+		oldest = min(oldest, a.Attempt)
+	}
+	for _, a := range held {
+		name := strings.TrimPrefix(a.Task, id+"/")
+		as := attempts(t, p.client, id, name)
+		if a.Attempt == oldest {
+			if st.Task(name).State != client.TaskRunning || len(as) != 1 || as[0].State != "running" {
+				t.Errorf("the oldest attempt's task %s: %s, attempts %+v; want still held by the worker that left", name, st.Task(name).State, as)
+			}
+			continue
+		}
+		if st.Task(name).State != client.TaskDone || st.Task(name).Attempts != 1 || len(as) != 2 ||
+			!strings.Contains(as[0].Reason, "left before it started") {
+			t.Errorf("queued task %s: %s, %d attempts charged, attempts %+v; want done, charged only the one that succeeded",
+				name, st.Task(name).State, st.Task(name).Attempts, as)
+		}
+	}
+}
+
+// dialFakeQueue is dialFake for a worker with one slot and a queue.
+func dialFakeQueue(t *testing.T, server string, queue int) *fakeWorker {
+	t.Helper()
+	return dialFakeHello(t, server, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1, Queue: queue})
+}

@@ -1,0 +1,104 @@
+package store
+
+// Ending is a way an attempt ends. Each says whom it charges (Charges):
+// this is the one place where the platform decides whose fault an end is.
+// docs/WORKFLOW.md ("Attempts and whom they charge") has the same table
+// for owners.
+type Ending uint8
+
+// The ways an attempt ends.
+const (
+	// EndTaskError: the task failed on its own (a non-zero exit, a trap,
+	// a limit exceeded, a module that does not load). The task's.
+	EndTaskError Ending = iota
+	// EndResult: the attempt delivered a result.
+	EndResult
+	// EndTaskFinal: the task cannot succeed however often it runs (an
+	// input that does not exist, replicas that cannot agree): it fails at
+	// once.
+	EndTaskFinal
+	// EndCancelled: the owner cancelled the task or workflow, or another
+	// replica of the task failed it. Nobody's.
+	EndCancelled
+	// EndHandedBack: the worker stopped the attempt and said so (the
+	// volunteer paused, the worker shuts down). Nobody's.
+	EndHandedBack
+	// EndUnstarted: the attempt never started: its worker left while it
+	// waited in the worker's queue, or before the assignment reached it.
+	// Nobody's.
+	EndUnstarted
+	// EndVanished: the worker stopped answering while the attempt may have
+	// been running (its lease lapsed). The worker's: it loses standing,
+	// and the task counts one loss towards its separate, generous bound
+	// (max_lost), never towards max_attempts.
+	EndVanished
+	// EndServerFault: the server could not do its part (the database could
+	// not read or write). Nobody's.
+	EndServerFault
+	// EndSuperseded: re-verification reset the task; its earlier attempts
+	// no longer count. Nobody's.
+	EndSuperseded
+)
+
+// Charge is what an end costs, and whom.
+type Charge struct {
+	// Attempt uses up one of the task's max_attempts.
+	Attempt bool
+	// Final fails the task at once.
+	Final bool
+	// Lost counts one loss towards the task's max_lost.
+	Lost bool
+	// Worker counts against the worker's standing (workers.tasks_lost).
+	Worker bool
+	// KeepsPlace queues the task again at its original place in the
+	// ready queue (it has waited, and may have checkpoints), rather than
+	// behind the tasks that became ready since.
+	KeepsPlace bool
+}
+
+// Charges returns whom an end charges.
+func (e Ending) Charges() Charge {
+	switch e {
+	case EndTaskError:
+		return Charge{Attempt: true}
+	case EndTaskFinal:
+		return Charge{Attempt: true, Final: true}
+	case EndVanished:
+		return Charge{Lost: true, Worker: true, KeepsPlace: true}
+	case EndHandedBack, EndUnstarted, EndServerFault:
+		return Charge{KeepsPlace: true}
+	default: // EndResult, EndCancelled, EndSuperseded
+		return Charge{}
+	}
+}
+
+// String names an end as docs/WORKFLOW.md does.
+func (e Ending) String() string {
+	switch e {
+	case EndTaskError:
+		return "task error"
+	case EndResult:
+		return "result"
+	case EndTaskFinal:
+		return "task cannot succeed"
+	case EndCancelled:
+		return "cancelled"
+	case EndHandedBack:
+		return "handed back"
+	case EndUnstarted:
+		return "never started"
+	case EndVanished:
+		return "worker vanished"
+	case EndServerFault:
+		return "server fault"
+	case EndSuperseded:
+		return "superseded"
+	}
+	return "unknown"
+}
+
+// DefaultMaxLost is the bound on a task's losses (EndVanished) that a task
+// gets unless its workflow says otherwise (tasks.max_lost): generous,
+// since losing a volunteer is the normal case, yet finite, so that a task
+// that brings down every worker that runs it (a tab that crashes) stops.
+const DefaultMaxLost = 10

@@ -1,0 +1,265 @@
+package store
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// taskCounts reads what a task has been charged.
+func (f *fixture) taskCounts(t *testing.T, id, name string) (state string, attempts, lost int, errText string) {
+	t.Helper()
+	if err := f.s.pool.QueryRow(context.Background(), `SELECT state, attempts, lost, error FROM tasks WHERE workflow_id = $1 AND name = $2`,
+		id, name).Scan(&state, &attempts, &lost, &errText); err != nil {
+		t.Fatal(err)
+	}
+	return state, attempts, lost, errText
+}
+
+// tasksLost reads the losses counted against a worker's standing.
+func (f *fixture) tasksLost(t *testing.T, worker string) int {
+	t.Helper()
+	var n int
+	if err := f.s.pool.QueryRow(context.Background(), `SELECT tasks_lost FROM workers WHERE id = $1`, worker).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// expire makes an attempt's lease lapse and sweeps.
+func (f *fixture) expire(t *testing.T, c Claimed) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := f.s.pool.Exec(ctx, `UPDATE attempts SET lease_until = now() - interval '1 second' WHERE id = $1`, c.Attempt); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.s.ExpireLeases(ctx, 100); err != nil || n != 1 {
+		t.Fatalf("expired %d: %v", n, err)
+	}
+}
+
+// Each way an attempt ends charges whom Ending.Charges says, and nobody
+// else: the task's attempts, its losses, the worker's standing, and the
+// task's place in the queue.
+func TestEachEndingChargesWhomItSays(t *testing.T) {
+	ctx := context.Background()
+	type want struct {
+		state    string
+		attempts int // counted towards max_attempts
+		lost     int
+		workerLo int
+		first    bool // the task is first in the queue again, ahead of one that became ready after it
+	}
+	fail := func(e Ending) func(*fixture, *testing.T, Claimed) {
+		return func(f *fixture, t *testing.T, c Claimed) {
+			if acc, err := f.s.Complete(ctx, []Completion{{Attempt: c.Attempt, Worker: c.Worker, Reason: "r", End: e}}); err != nil || !acc[0] {
+				t.Fatalf("complete: %v %v", acc, err)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		end  func(*fixture, *testing.T, Claimed)
+		want want
+	}{
+		{"task error", fail(EndTaskError), want{"ready", 1, 0, 0, false}},
+		{"task cannot succeed", fail(EndTaskFinal), want{"failed", 1, 0, 0, false}},
+		{"handed back", fail(EndHandedBack), want{"ready", 0, 0, 0, true}},
+		{"never started", fail(EndUnstarted), want{"ready", 0, 0, 0, true}},
+		{"server fault", fail(EndServerFault), want{"ready", 0, 0, 0, true}},
+		{"worker vanished", func(f *fixture, t *testing.T, c Claimed) { f.expire(t, c) }, want{"ready", 0, 1, 1, true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			id := f.submit(t, "batch", f.task("a"))
+			c := f.claim(t, 1, time.Minute)[0]
+			later := f.submit(t, "batch", f.task("b")) // ready after a
+			tc.end(f, t, c)
+			state, attempts, lost, _ := f.taskCounts(t, id, "a")
+			if state != tc.want.state || attempts != tc.want.attempts || lost != tc.want.lost {
+				t.Errorf("task is %s with %d attempts and %d losses counted, want %s, %d and %d",
+					state, attempts, lost, tc.want.state, tc.want.attempts, tc.want.lost)
+			}
+			if n := f.tasksLost(t, f.worker); n != tc.want.workerLo {
+				t.Errorf("worker charged %d losses, want %d", n, tc.want.workerLo)
+			}
+			if state != "ready" {
+				return
+			}
+			cands, err := f.s.Candidates(ctx, 10)
+			if err != nil || len(cands) != 2 {
+				t.Fatalf("candidates %+v, %v", cands, err)
+			}
+			if first := cands[0].WorkflowID == id; first != tc.want.first {
+				t.Errorf("task a first in the queue: %v, want %v (b is %s)", first, tc.want.first, later)
+			}
+		})
+	}
+}
+
+// A task whose workers keep vanishing is never failed by max_attempts (1
+// here), only by the separate bound max_lost, with a message that says so.
+func TestLostWorkersUseMaxLostNotMaxAttempts(t *testing.T) {
+	f := newFixture(t)
+	one := f.task("a")
+	one.MaxAttempts = 1
+	id := f.submit(t, "batch", one)
+	for i := 1; i <= DefaultMaxLost; i++ {
+		c := f.claim(t, 1, time.Minute)
+		if len(c) != 1 {
+			t.Fatalf("loss %d: the task was not queued again", i)
+		}
+		f.expire(t, c[0])
+		state, attempts, lost, errText := f.taskCounts(t, id, "a")
+		if lost != i || attempts != 0 {
+			t.Fatalf("after %d losses: %d attempts and %d losses counted", i, attempts, lost)
+		}
+		if i < DefaultMaxLost && state != "ready" {
+			t.Fatalf("after %d losses the task is %s (%s)", i, state, errText)
+		}
+		if i == DefaultMaxLost && (state != "failed" || !strings.Contains(errText, "vanished 10 times (max_lost)")) {
+			t.Fatalf("after %d losses the task is %s: %q", i, state, errText)
+		}
+	}
+	if n := f.tasksLost(t, f.worker); n != DefaultMaxLost {
+		t.Errorf("worker charged %d losses, want %d", n, DefaultMaxLost)
+	}
+}
+
+// A sweep that comes long after the previous one renews the running leases
+// instead of expiring them: they lapsed while no replica could sweep.
+func TestSweepAfterAGapRenewsLeases(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	id := f.submit(t, "batch", f.task("a"))
+	f.claim(t, 1, time.Minute)
+	sw := Sweep{Limit: 100, Gap: time.Minute, Lease: time.Minute}
+	if _, err := f.s.SweepLeases(ctx, sw); err != nil { // the sweep before the gap
+		t.Fatal(err)
+	}
+	for _, q := range []string{`UPDATE attempts SET lease_until = now() - interval '1 second'`, `UPDATE lease_sweeps SET at = now() - interval '2 minutes'`} {
+		if _, err := f.s.pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := f.s.SweepLeases(ctx, sw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Expired != 0 || res.Renewed != 1 || res.Since < 2*time.Minute {
+		t.Fatalf("sweep after a gap: %+v, want 1 lease renewed and none expired", res)
+	}
+	if state, attempts, lost, _ := f.taskCounts(t, id, "a"); state != "running" || attempts != 1 || lost != 0 {
+		t.Fatalf("task is %s with %d attempts and %d losses", state, attempts, lost)
+	}
+	// The next sweep comes without a gap: leases that lapse now expire.
+	if _, err := f.s.pool.Exec(ctx, `UPDATE attempts SET lease_until = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := f.s.SweepLeases(ctx, sw); err != nil || res.Expired != 1 {
+		t.Fatalf("sweep without a gap: %+v, %v", res, err)
+	}
+}
+
+// A worker that leaves gives back at once the attempts it held in its
+// queue, charged to nobody; not while it has a newer connection.
+func TestWorkerGoneReturnsItsQueuedAttempts(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	id := f.submit(t, "batch", f.task("a"), f.task("b"), f.task("c"))
+	reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.worker = reg.ID
+	cs := claimedByName(f.claim(t, 3, time.Minute))
+	// A newer connection holds them: nothing goes back.
+	newer, err := f.s.RegisterWorker(ctx, WorkerHello{ID: f.worker, Token: reg.Token, Kind: "headless", Slots: 1}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.s.WorkerGone(ctx, f.worker, reg.Session, []int64{cs["b"].Attempt, cs["c"].Attempt}); err != nil || n != 0 {
+		t.Fatalf("an old connection's end returned %d attempts (%v) while a newer one holds them", n, err)
+	}
+	if n, err := f.s.WorkerGone(ctx, f.worker, newer.Session, []int64{cs["b"].Attempt, cs["c"].Attempt}); err != nil || n != 2 {
+		t.Fatalf("returned %d attempts: %v", n, err)
+	}
+	for name, want := range map[string]string{"a": "running", "b": "ready", "c": "ready"} {
+		state, attempts, lost, _ := f.taskCounts(t, id, name)
+		if state != want || lost != 0 || (want == "ready" && attempts != 0) {
+			t.Errorf("task %s is %s with %d attempts and %d losses", name, state, attempts, lost)
+		}
+	}
+	if n := f.tasksLost(t, f.worker); n != 0 {
+		t.Errorf("worker charged %d losses", n)
+	}
+}
+
+// When PostgreSQL cannot write (here a disk that is full for the outputs'
+// table), a batch of results is neither refused nor charged: the error
+// says it is the server's fault, and the same results are accepted once
+// the disk has room.
+func TestResultsWaitOutAFullDisk(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	id := f.submit(t, "batch", f.task("a"), f.task("b"), f.task("c"))
+	cs := f.claim(t, 3, time.Minute)
+	if _, err := f.s.pool.Exec(ctx, `CREATE FUNCTION disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'could not extend file "base/1/2": No space left on device' USING ERRCODE = 'disk_full'; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.s.pool.Exec(ctx, `CREATE TRIGGER disk_full BEFORE INSERT ON task_outputs FOR EACH ROW EXECUTE FUNCTION disk_full()`); err != nil {
+		t.Fatal(err)
+	}
+	comps := []Completion{ok(cs[0], "A"), ok(cs[1], "B"), ok(cs[2], "C")}
+	for _, batch := range [][]Completion{comps, comps[:1]} {
+		acc, err := f.s.Complete(ctx, batch)
+		if err == nil || !ServerFault(err) {
+			t.Fatalf("%d results on a full disk: error %v, want a server fault", len(batch), err)
+		}
+		for i, a := range acc {
+			if a {
+				t.Errorf("result %d accepted on a full disk", i)
+			}
+		}
+	}
+	if _, err := f.s.pool.Exec(ctx, `DROP TRIGGER disk_full ON task_outputs`); err != nil {
+		t.Fatal(err)
+	}
+	acc, err := f.s.Complete(ctx, comps)
+	if err != nil || !acc[0] || !acc[1] || !acc[2] {
+		t.Fatalf("results after the disk has room: %v %v", acc, err)
+	}
+	for _, name := range []string{"a", "b", "c"} {
+		if state, attempts, _, _ := f.taskCounts(t, id, name); state != "done" || attempts != 1 {
+			t.Errorf("task %s is %s after %d attempts", name, state, attempts)
+		}
+	}
+}
+
+// ServerFault tells the database's own failures from the items'.
+func TestServerFault(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	for _, tc := range []struct {
+		sql   string
+		fault bool
+	}{
+		{`DO $$ BEGIN RAISE EXCEPTION 'full' USING ERRCODE = 'disk_full'; END $$`, true},
+		{`DO $$ BEGIN RAISE EXCEPTION 'ro' USING ERRCODE = 'read_only_sql_transaction'; END $$`, true},
+		{`DO $$ BEGIN RAISE EXCEPTION 'io' USING ERRCODE = 'io_error'; END $$`, true},
+		{`DO $$ BEGIN RAISE EXCEPTION 'down' USING ERRCODE = 'admin_shutdown'; END $$`, true},
+		{`SELECT 1/0`, false},
+		{`SELECT '\x00'::text::int`, false},
+		{`DO $$ BEGIN RAISE EXCEPTION 'oom' USING ERRCODE = 'out_of_memory'; END $$`, false},
+	} {
+		_, err := f.s.pool.Exec(ctx, tc.sql)
+		if err == nil || ServerFault(err) != tc.fault {
+			t.Errorf("%s: error %v, server fault %v, want %v", tc.sql, err, ServerFault(err), tc.fault)
+		}
+	}
+	if ServerFault(context.Canceled) || !ServerFault(context.DeadlineExceeded) {
+		t.Error("a cancelled context is nobody's fault; a deadline waiting for PostgreSQL is")
+	}
+}
