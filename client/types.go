@@ -157,9 +157,14 @@ type Status struct {
 	// SuggestedParallelism is the number of workers that keeps the
 	// efficiency at 80% or more for the run times seen so far. Nil when
 	// Efficiency is.
-	SuggestedParallelism *int   `json:"suggested_parallelism,omitempty"`
-	Counts               Counts `json:"counts"`
-	Tasks                []Task `json:"tasks,omitempty"`
+	SuggestedParallelism *int `json:"suggested_parallelism,omitempty"`
+	// Notice is what the server says of itself that holds the workflow
+	// up, such as "the server cannot store results now (…): finished
+	// results wait at the workers, and nothing is charged to your tasks";
+	// empty when all is well.
+	Notice string `json:"notice,omitempty"`
+	Counts Counts `json:"counts"`
+	Tasks  []Task `json:"tasks,omitempty"`
 }
 
 // Finished reports whether the workflow has reached a final state

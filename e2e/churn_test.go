@@ -168,8 +168,11 @@ func TestDatabaseRefusingWritesChargesNobody(t *testing.T) {
 	setReadOnly(true)
 	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), `SELECT 1`) })
 	// Three leases (2 s each) without a write: every lease lapses.
-	sawNotReady, sawMetric := "", false
+	sawNotReady, sawMetric, sawNotice := "", false, false
 	for end := time.Now().Add(6 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if st, err := p.client.Status(ctx, id); err == nil && strings.Contains(st.Notice, "cannot store results") {
+			sawNotice = true
+		}
 		if code, body := get(t, p.srv.url+"/readyz"); code == http.StatusServiceUnavailable && strings.Contains(body, "cannot write") {
 			sawNotReady = body
 		}
@@ -185,6 +188,9 @@ func TestDatabaseRefusingWritesChargesNobody(t *testing.T) {
 	}
 	if !sawMetric {
 		t.Error("cyclepool_database_writable never said 0")
+	}
+	if !sawNotice {
+		t.Error("the workflow's status never told its owner that the server cannot store results")
 	}
 	st := wait(t, p.client, id, 90*time.Second)
 	if st.State != client.WorkflowDone {

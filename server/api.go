@@ -274,6 +274,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request, owner stor
 		return
 	}
 	st.Efficiency, st.SuggestedParallelism = efficiency(spans)
+	st.Notice = s.notice()
 	writeJSON(w, http.StatusOK, st)
 }
 

@@ -75,7 +75,11 @@ func (d dashboardBackend) CheckWorkflow(ctx context.Context, owner store.Owner, 
 
 // Status is the workflow's status, as GET /api/v1/workflows/{id} shows it.
 func (d dashboardBackend) Status(ctx context.Context, owner store.Owner, id string) (*store.WorkflowStatus, error) {
-	return d.s.store.Status(ctx, owner.ID, id)
+	st, err := d.s.store.Status(ctx, owner.ID, id)
+	if st != nil {
+		st.Notice = d.s.notice()
+	}
+	return st, err
 }
 
 // List is the owner's workflows, as GET /api/v1/workflows lists them.

@@ -89,7 +89,17 @@ func (h *writeHealth) observe(what string, err error) {
 	}
 }
 
-// failing reports whether writes fail now, and why.
+// notice is what owners are told while writes fail ("" while they work):
+// why their workflows do not move, and that it costs them nothing.
+func (s *Server) notice() string {
+	if failing, cause := s.health.state(); failing {
+		return "the server cannot store results now (" + cause + "): finished results wait at the workers " +
+			"and are stored once it can, and nothing is charged to your tasks"
+	}
+	return ""
+}
+
+// state reports whether writes fail now, and why.
 func (h *writeHealth) state() (failing bool, cause string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -512,7 +512,7 @@ func (s *Server) deliver(ctx context.Context, claimed []store.Claimed, err error
 		reserved[cl.Worker] = reserved[cl.Worker][1:]
 		switch {
 		case err != nil: // the claim committed but its inputs could not be read
-			end(cl, c, store.Completion{Reason: protocol.ReasonWorker, Message: "the server could not read the task's inputs", End: store.EndServerFault})
+			end(cl, c, store.Completion{Reason: protocol.ReasonWorker, Message: "the server could not read the task's inputs; retried", End: store.EndServerFault})
 		case cl.Missing != "":
 			end(cl, c, store.Completion{Reason: "input", Message: cl.Missing, End: store.EndTaskFinal})
 		case assignSize(cl) > s.cfg.MaxFrameBytes:
@@ -531,7 +531,7 @@ func (s *Server) deliver(ctx context.Context, claimed []store.Claimed, err error
 			// at once, without using up an attempt.
 			for i := range as {
 				undeliverable = append(undeliverable, store.Completion{Attempt: as[i].Attempt, Worker: c.id, Reason: protocol.ReasonWorker,
-					Message: "the worker disconnected before the task reached it", End: store.EndUnstarted})
+					Message: "the worker disconnected before the task reached it; queued again", End: store.EndUnstarted})
 			}
 			continue
 		}

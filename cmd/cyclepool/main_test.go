@@ -119,6 +119,22 @@ func TestRenderStatusTable(t *testing.T) {
 	}
 }
 
+// The server's notice (its database cannot store results) comes under the
+// counts, cut to the width like every line.
+func TestRenderStatusShowsTheServersNotice(t *testing.T) {
+	st := exampleStatus()
+	st.Notice = "the server cannot store results now (disk full): finished results wait at the workers"
+	lines := renderStatus(st, 60, 0, now)
+	if len(lines) < 3 || !strings.HasPrefix(lines[2], "note: the server cannot store results now") {
+		t.Fatalf("third line %q, want the notice", lines[2])
+	}
+	for _, l := range lines {
+		if n := len([]rune(l)); n > 60 {
+			t.Errorf("line of %d columns: %q", n, l)
+		}
+	}
+}
+
 func TestRenderStatusFitsHeight(t *testing.T) {
 	st := &client.Status{ID: "w", Name: "big", State: "running", CreatedAt: t0}
 	for i := range 50 {

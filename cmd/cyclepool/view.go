@@ -163,6 +163,9 @@ func renderStatus(st *client.Status, width, height int, now time.Time) []string 
 	if l := schedText(st); l != "" {
 		lines = append(lines, fit(l, width))
 	}
+	if st.Notice != "" {
+		lines = append(lines, fit("note: "+st.Notice, width))
+	}
 	if len(st.Tasks) == 0 {
 		return lines
 	}

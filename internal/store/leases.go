@@ -150,7 +150,8 @@ func (s *Store) SweepLeases(ctx context.Context, sw Sweep) (SweepResult, error) 
 			return err
 		}
 		rows, err := tx.Query(ctx, `UPDATE attempts a SET state = 'lost', ended_at = now(),
-				reason = 'lost: worker ' || left(a.worker_id::text, 8) || ' stopped answering while running it (no heartbeat before its lease expired)'
+				reason = 'lost: worker ' || left(a.worker_id::text, 8) || ' vanished while running it (no heartbeat before its lease expired); '
+					|| 'retried, not counted as a failed attempt'
 			WHERE a.id IN (SELECT x.id FROM running_attempts r JOIN attempts x ON x.id = r.attempt_id
 				WHERE x.state = 'running' AND x.lease_until < now()
 				ORDER BY x.id LIMIT $1 FOR UPDATE OF x SKIP LOCKED)

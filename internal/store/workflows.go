@@ -581,10 +581,15 @@ type WorkflowStatus struct {
 	// Efficiency and SuggestedParallelism are Heymann et al.'s resource
 	// efficiency and worker count for >= 80% efficiency (status of one
 	// workflow only; null until an attempt succeeded).
-	Efficiency           *float64     `json:"efficiency,omitempty"`
-	SuggestedParallelism *int         `json:"suggested_parallelism,omitempty"`
-	Counts               *Counts      `json:"counts,omitempty"`
-	Tasks                []TaskStatus `json:"tasks,omitempty"`
+	Efficiency           *float64 `json:"efficiency,omitempty"`
+	SuggestedParallelism *int     `json:"suggested_parallelism,omitempty"`
+	// Notice is what the server has to say of itself that holds the
+	// workflow up (status of one workflow only): its database cannot
+	// store results now, say. Set by the server, not read from the
+	// database.
+	Notice string       `json:"notice,omitempty"`
+	Counts *Counts      `json:"counts,omitempty"`
+	Tasks  []TaskStatus `json:"tasks,omitempty"`
 }
 
 // ownedWorkflow reads a workflow's summary, or ErrNotFound when it does not

@@ -56,9 +56,12 @@ type WorkflowData struct {
 	Created                       string
 	CreatedUnixMS, FinishedUnixMS int64
 	Makespan                      string
-	Totals                        Totals
-	Tasks                         []TaskRow // the rows shown
-	Graph                         Graph
+	// Notice is the server's word on what holds the workflow up (its
+	// database cannot store results, say); empty when all is well.
+	Notice string
+	Totals Totals
+	Tasks  []TaskRow // the rows shown
+	Graph  Graph
 	// TasksJSON is every task as [name, state, node], for the page's
 	// script to keep the totals and the graph right (the table shows at
 	// most taskPageSize rows).
@@ -110,7 +113,7 @@ func (h *handler) workflowPage(p *pageCtx) {
 		h.serverError(p, "read the workflow's graph", err)
 		return
 	}
-	d := WorkflowData{ID: st.ID, Name: st.Name, Priority: st.Priority, State: st.State,
+	d := WorkflowData{ID: st.ID, Name: st.Name, Priority: st.Priority, State: st.State, Notice: st.Notice,
 		Created: st.CreatedAt.Local().Format("2006-01-02 15:04:05"), CreatedUnixMS: st.CreatedAt.UnixMilli()}
 	end := time.Now()
 	if st.FinishedAt != nil {
