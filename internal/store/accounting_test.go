@@ -263,3 +263,34 @@ func TestServerFault(t *testing.T) {
 		t.Error("a cancelled context is nobody's fault; a deadline waiting for PostgreSQL is")
 	}
 }
+
+// When a worker's leases lapse (it went silent: its socket did not close),
+// only its slots oldest attempts may have run: they are lost, charged to
+// the worker and one loss to their tasks; the others waited in its queue
+// and go back charged to nobody.
+func TestLapsedQueuedAttemptsChargeNobody(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	id := f.submit(t, "batch", f.task("a"), f.task("b"), f.task("c"))
+	reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.worker = reg.ID
+	f.claim(t, 3, time.Minute)
+	if _, err := f.s.pool.Exec(ctx, `UPDATE attempts SET lease_until = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.s.ExpireLeases(ctx, 100); err != nil || n != 3 {
+		t.Fatalf("expired %d: %v", n, err)
+	}
+	for name, lost := range map[string]int{"a": 1, "b": 0, "c": 0} {
+		state, attempts, l, errText := f.taskCounts(t, id, name)
+		if state != "ready" || attempts != 0 || l != lost {
+			t.Errorf("task %s is %s with %d attempts and %d losses (%q), want ready, 0 and %d", name, state, attempts, l, errText, lost)
+		}
+	}
+	if n := f.tasksLost(t, f.worker); n != 1 {
+		t.Errorf("worker charged %d losses, want 1", n)
+	}
+}

@@ -149,27 +149,26 @@ func (s *Store) SweepLeases(ctx context.Context, sw Sweep) (SweepResult, error) 
 			WHERE NOT EXISTS (SELECT 1 FROM attempts a WHERE a.id = r.attempt_id AND a.state = 'running')`); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, `UPDATE attempts a SET state = 'lost', ended_at = now(),
-				reason = 'lost: worker ' || left(a.worker_id::text, 8) || ' vanished while running it (no heartbeat before its lease expired); '
-					|| 'retried, not counted as a failed attempt'
-			WHERE a.id IN (SELECT x.id FROM running_attempts r JOIN attempts x ON x.id = r.attempt_id
-				WHERE x.state = 'running' AND x.lease_until < now()
-				ORDER BY x.id LIMIT $1 FOR UPDATE OF x SKIP LOCKED)
-			RETURNING a.task_id, a.reason, a.worker_id::text`, sw.Limit)
+		rows, err := tx.Query(ctx, expireSQL, sw.Limit)
 		if err != nil {
 			return err
 		}
 		var ends []attemptEnd
 		lostBy := map[string]int{}
 		for rows.Next() {
-			e := attemptEnd{end: EndVanished}
+			var e attemptEnd
 			var w string
-			if err := rows.Scan(&e.task, &e.reason, &w); err != nil {
+			var mayHaveRun bool
+			if err := rows.Scan(&e.task, &e.reason, &w, &mayHaveRun); err != nil {
 				rows.Close()
 				return err
 			}
+			e.end = EndUnstarted
+			if mayHaveRun {
+				e.end = EndVanished
+				lostBy[w]++
+			}
 			ends = append(ends, e)
-			lostBy[w]++
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -178,6 +177,9 @@ func (s *Store) SweepLeases(ctx context.Context, sw Sweep) (SweepResult, error) 
 		res.Expired = len(ends)
 		if len(ends) == 0 {
 			return nil
+		}
+		if len(lostBy) == 0 {
+			return s.settleEnds(ctx, tx, ends)
 		}
 		if err := chargeWorkers(ctx, tx, lostBy); err != nil {
 			return err
@@ -189,6 +191,34 @@ func (s *Store) SweepLeases(ctx context.Context, sw Sweep) (SweepResult, error) 
 	}
 	return res, nil
 }
+
+// expireSQL ends up to $1 running attempts whose lease lapsed, and returns
+// each one's task, reason, worker, and whether it may have run. A worker
+// runs at most its slots attempts at once, the oldest it holds (attempt
+// ids grow in the order of assignment, and a worker starts its queued
+// attempts in that order): its attempts beyond its slots oldest running
+// ones waited in its queue and never started (EndUnstarted), the others
+// may have run (EndVanished). A worker whose record is gone may have run
+// any of them.
+const expireSQL = `WITH exp AS (
+	SELECT x.id, x.worker_id FROM running_attempts r JOIN attempts x ON x.id = r.attempt_id
+	WHERE x.state = 'running' AND x.lease_until < now()
+	ORDER BY x.id LIMIT $1 FOR UPDATE OF x SKIP LOCKED
+), held AS (
+	SELECT a.id, row_number() OVER (PARTITION BY a.worker_id ORDER BY a.id) AS k
+	FROM running_attempts r JOIN attempts a ON a.id = r.attempt_id
+	WHERE a.state = 'running' AND a.worker_id IN (SELECT DISTINCT worker_id FROM exp)
+), judged AS (
+	SELECT exp.id, coalesce(held.k <= w.slots, true) AS may_have_run
+	FROM exp LEFT JOIN held ON held.id = exp.id LEFT JOIN workers w ON w.id = exp.worker_id
+)
+UPDATE attempts a SET state = 'lost', ended_at = now(),
+	reason = CASE WHEN j.may_have_run
+		THEN 'lost: worker ' || left(a.worker_id::text, 8) || ' vanished while running it (no heartbeat before its lease expired); '
+			|| 'retried, not counted as a failed attempt'
+		ELSE 'worker ' || left(a.worker_id::text, 8) || ' vanished before it started the task; queued again' END
+FROM judged j WHERE a.id = j.id
+RETURNING a.task_id, a.reason, a.worker_id::text, j.may_have_run`
 
 // chargeWorkers counts lost attempts (n per worker) against the workers'
 // standing (EndVanished's Charge.Worker).
