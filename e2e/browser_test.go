@@ -321,8 +321,14 @@ func TestBrowserTabClosedResumesFromCheckpoint(t *testing.T) {
 	if !strings.HasPrefix(out, "counted 40 from ") || strings.HasPrefix(out, "counted 40 from 0\n") {
 		t.Fatalf("stdout %q: want a resumed count", out)
 	}
-	if st.Tasks[0].Attempts != 2 {
-		t.Errorf("attempts = %d, want 2 (browser, then headless)", st.Tasks[0].Attempts)
+	// The closed tab's attempt is lost, charged to that worker, not to the
+	// task: the task was charged only the attempt that succeeded.
+	as, err := p.client.Attempts(ctx, id, "count")
+	if err != nil || len(as) != 2 || as[0].State != "lost" || as[1].State != "succeeded" {
+		t.Errorf("attempts %+v (%v), want 2 (lost in the browser, then succeeded headless)", as, err)
+	}
+	if st.Tasks[0].Attempts != 1 {
+		t.Errorf("the task was charged %d attempts, want 1: a closed tab is not the task's failure", st.Tasks[0].Attempts)
 	}
 	t.Logf("headless worker: %s", strings.TrimSpace(out))
 }

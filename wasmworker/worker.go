@@ -72,6 +72,7 @@ type Worker struct {
 	sessDone  chan struct{} // closed when the current connection ends
 	running   map[int64]*attempt
 	pending   map[int64]*protocol.Frame // outcomes not yet acknowledged
+	retries   map[int64]int             // times the server asked for a pending outcome again (ack.Retry)
 	cancelled map[int64]struct{}        // the pending outcomes of attempts the server cancelled
 	outbox    []*protocol.Frame         // outcomes not yet sent on the current connection
 	outboxNew chan struct{}             // an outcome was put in outbox
@@ -141,7 +142,7 @@ func New(cfg Config) *Worker {
 	}
 	cfg.MaxQueue = min(cfg.MaxQueue, protocol.QueueLimit(cfg.Slots))
 	return &Worker{cfg: cfg, log: cfg.Logger, id: cfg.ID, token: cfg.Token, running: map[int64]*attempt{}, pending: map[int64]*protocol.Frame{},
-		cancelled: map[int64]struct{}{},
+		cancelled: map[int64]struct{}{}, retries: map[int64]int{},
 		modules:   map[string][]byte{}, connected: make(chan struct{}), slotSem: make(chan struct{}, cfg.Slots), hbNow: make(chan struct{}, 1),
 		outboxNew: make(chan struct{}, 1), queue: cfg.Queue, attempts: newGoPool(cfg.Slots + max(cfg.Queue, cfg.MaxQueue))}
 }
@@ -709,14 +710,20 @@ func (w *Worker) readLoop(ctx context.Context, ws conn, server string) error {
 					}
 				case protocol.AckResult, protocol.AckFail:
 					if ack.Retry {
+						// The server could not store it (its database is
+						// down, read-only or full): send it again, less
+						// often the longer that lasts.
 						if f := w.pending[ack.Attempt]; f != nil {
-							time.AfterFunc(time.Second, func() { w.send(f) })
+							n := w.retries[ack.Attempt]
+							w.retries[ack.Attempt] = n + 1
+							time.AfterFunc(retryDelay(n), func() { w.send(f) })
 						}
 						continue
 					}
 					_, cancelled := w.cancelled[ack.Attempt]
 					delete(w.cancelled, ack.Attempt)
 					delete(w.pending, ack.Attempt)
+					delete(w.retries, ack.Attempt)
 					switch {
 					case ack.OK:
 					case cancelled:
@@ -733,6 +740,14 @@ func (w *Worker) readLoop(ctx context.Context, ws conn, server string) error {
 			return fmt.Errorf("server error: %s", f.Error.Message)
 		}
 	}
+}
+
+// retryDelay is how long an outcome waits before it goes again after the
+// server asked for it n+1 times (ack.Retry): 1 s, doubling up to 10 s.
+// An outcome may be large (tens of MiB); sent every second through an
+// outage of minutes it would cost the server that much every second.
+func retryDelay(n int) time.Duration {
+	return min(time.Second<<min(n, 4), 10*time.Second)
 }
 
 // cancelLocked stops an attempt the server cancelled. Its outcome, if it
@@ -759,6 +774,7 @@ func (w *Worker) forgetLocked(id int64) {
 	}
 	delete(w.pending, id)
 	delete(w.cancelled, id)
+	delete(w.retries, id)
 }
 
 // start runs one assigned attempt in its own goroutine (one kept from an
