@@ -89,6 +89,16 @@ func (h *writeHealth) observe(what string, err error) {
 	}
 }
 
+// level is the level to log a failed write at: debug for a server fault
+// while writes are known to fail (the outage's one error line said it
+// already), error otherwise.
+func (h *writeHealth) level(err error) slog.Level {
+	if failing, _ := h.state(); failing && store.ServerFault(err) {
+		return slog.LevelDebug
+	}
+	return slog.LevelError
+}
+
 // notice is what owners are told while writes fail ("" while they work):
 // why their workflows do not move, and that it costs them nothing.
 func (s *Server) notice() string {

@@ -655,7 +655,7 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 		switch {
 		case err != nil:
 			ack.Error, ack.Retry = "checkpoint not saved: server error", true
-			c.log.Error("save checkpoint", "attempt", cp.Attempt, "err", err)
+			c.log.Log(ctx, s.health.level(err), "save checkpoint", "attempt", cp.Attempt, "err", err)
 		case !ok:
 			ack.Error = "attempt no longer holds its lease"
 		default:

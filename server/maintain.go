@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -119,7 +120,7 @@ func (s *Server) maintain(ctx context.Context) {
 			s.health.observe("leader election", err)
 			if err != nil {
 				if ctx.Err() == nil {
-					s.log.Warn("leader election", "err", err)
+					s.log.Log(ctx, min(s.health.level(err), slog.LevelWarn), "leader election", "err", err)
 				}
 				// Unsure of the lead, this replica stops leading, and says so.
 				if leading {
@@ -171,7 +172,7 @@ func (s *Server) sweepLeases(ctx context.Context) {
 		s.health.observe("expire leases", err)
 		if err != nil {
 			if ctx.Err() == nil {
-				s.log.Error("expire leases", "err", err)
+				s.log.Log(ctx, s.health.level(err), "expire leases", "err", err)
 			}
 			return
 		}

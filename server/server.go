@@ -256,7 +256,7 @@ func (s *Server) dispatch(ctx context.Context) {
 			if err != nil {
 				left = true
 				if ctx.Err() == nil {
-					s.log.Error("dispatch", "err", err)
+					s.log.Log(ctx, s.health.level(err), "dispatch", "err", err)
 				}
 				break
 			}
@@ -618,7 +618,7 @@ func (s *Server) flushRenewals(ctx context.Context, batch []renewal) {
 	s.metrics.observeBatch("renew", len(batch), start)
 	s.health.observe("renew leases", err)
 	if err != nil {
-		s.log.Error("renew leases", "err", err)
+		s.log.Log(ctx, s.health.level(err), "renew leases", "err", err)
 		return
 	}
 	by := map[*conn][]int64{}
@@ -672,7 +672,7 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 		acks[b.c] = append(acks[b.c], ack)
 	}
 	if err != nil {
-		s.log.Error("complete attempts", "n", len(batch), "err", err)
+		s.log.Log(ctx, s.health.level(err), "complete attempts", "n", len(batch), "err", err)
 	}
 	for c, as := range acks {
 		c.enqueue(&protocol.Frame{Type: protocol.TypeAck, Acks: as})
