@@ -284,7 +284,7 @@ func (h *hub) add(c *conn) {
 // c held that cannot have started: a worker runs at most threads attempts
 // at once, the oldest it holds (attempt ids grow in the order of
 // assignment, and a worker starts its queued attempts in that order), so
-// the others waited in its queue.
+// the others waited in its queue (docs/RATIONALE.md).
 func (h *hub) remove(c *conn) (unstarted []int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -3,7 +3,7 @@ package store
 // Ending is a way an attempt ends. Each says whom it charges (Charges):
 // this is the one place where the platform decides whose fault an end is.
 // docs/WORKFLOW.md ("Attempts and whom they charge") has the same table
-// for owners.
+// for owners, docs/RATIONALE.md the reasons.
 type Ending uint8
 
 // The ways an attempt ends.

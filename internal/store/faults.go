@@ -14,7 +14,7 @@ import (
 // volume remounted read-only) or shutting down. Work refused this way must
 // be tried again later and charged to nobody; an error about the data (a
 // value PostgreSQL cannot store) is the item's own. A cancelled context is
-// neither: the caller gave up.
+// neither: the caller gave up. docs/RATIONALE.md says why these classes.
 func ServerFault(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) {
 		return false

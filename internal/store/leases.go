@@ -106,7 +106,7 @@ type Sweep struct {
 	// (the database could not be written, every replica was down, the
 	// leader changed), and leases lapsed meanwhile say nothing of the
 	// workers, who may have heartbeated all along into a server that
-	// could not record it.
+	// could not record it (docs/RATIONALE.md).
 	Gap, Lease time.Duration
 }
 
