@@ -17,6 +17,7 @@ import (
 	"github.com/cyclepool/cyclepool/client"
 	"github.com/cyclepool/cyclepool/internal/pgtest"
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/taskbuild"
 )
 
 // churnSteps is the step count (of 100 ms) of churn task i.
@@ -179,6 +180,12 @@ func TestDatabaseRefusingWritesChargesNobody(t *testing.T) {
 		if _, body := get(t, p.srv.url+"/metrics"); strings.Contains(body, "cyclepool_database_writable 0") {
 			sawMetric = true
 		}
+	}
+	// An owner's upload meanwhile is told to come back later, not that
+	// the server broke.
+	if _, err := p.client.PushModule(ctx, taskbuild.Bytes(t, "noop")); err == nil || !strings.Contains(err.Error(), "503") ||
+		!strings.Contains(err.Error(), "try again later") {
+		t.Errorf("a module pushed while the database is read-only: %v, want 503 try again later", err)
 	}
 	setReadOnly(false)
 	if sawNotReady == "" {

@@ -87,7 +87,18 @@ func writeError(w http.ResponseWriter, status int, format string, args ...any) {
 	writeJSON(w, status, apiError{Error: fmt.Sprintf(format, args...)})
 }
 
+// serverError answers a request the server could not serve: 503 with
+// Retry-After when the database could not do it for a reason of its own
+// (down, read-only, its disk full: try again later), 500 otherwise.
 func (s *Server) serverError(w http.ResponseWriter, what string, err error) {
+	if store.ServerFault(err) {
+		s.health.observe(what, err)
+		s.log.Log(context.Background(), s.health.level(err), what, "err", err)
+		w.Header().Set("Retry-After", "10")
+		writeError(w, http.StatusServiceUnavailable, "the server cannot %s now: its database is unavailable or cannot store anything (%s); try again later",
+			what, store.FaultCause(err))
+		return
+	}
 	s.log.Error(what, "err", err)
 	writeError(w, http.StatusInternalServerError, "server error while trying to %s", what)
 }

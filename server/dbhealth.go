@@ -19,25 +19,42 @@ import (
 // that could not be committed meanwhile wait at their workers, which send
 // them again (ack.Retry). The replica counts as writing again once no
 // write has failed for settle while others succeeded.
+//
+// A disk that is nearly full lets some writes through (those that fit in
+// pages PostgreSQL has already) and not others, and workers send refused
+// results again less and less often: writes that fail again soon after the
+// replica said they work make it wait twice as long before it says so
+// again, up to maxSettle, so that its log and /readyz do not flap.
 type writeHealth struct {
 	log    *slog.Logger
-	settle time.Duration
+	settle time.Duration // the shortest wait
 
 	mu        sync.Mutex
 	failing   bool
 	since     time.Time // when the writes began to fail
 	lastFault time.Time
 	cause     string
+	wait      time.Duration // the wait now: settle, longer after flaps
+	back      time.Time     // when writes last came back
 
 	writable prometheus.Gauge
 	faults   *prometheus.CounterVec
 	// recovered is called (outside the lock) when writes work again.
 	recovered func()
+	now       func() time.Time // time.Now; tests set their own clock
 }
+
+// flapWindow is how soon after writes came back a failure counts as a flap
+// (and lengthens the wait), and how long writes must work for the wait to
+// go back to settle; maxSettle bounds the wait.
+const (
+	flapWindow = time.Minute
+	maxSettle  = 30 * time.Second
+)
 
 func newWriteHealth(log *slog.Logger, settle time.Duration, recovered func()) *writeHealth {
 	h := &writeHealth{
-		log: log, settle: settle, recovered: recovered,
+		log: log, settle: settle, wait: settle, recovered: recovered, now: time.Now,
 		writable: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cyclepool_database_writable",
 			Help: "1 while this replica's writes to PostgreSQL succeed; 0 while they fail for the database's own reason (disk full, read-only, down): dispatch and the lease reaper pause, results wait at the workers."}),
@@ -53,7 +70,7 @@ func newWriteHealth(log *slog.Logger, settle time.Duration, recovered func()) *w
 // are not the database's fault (a refused item, a cancelled context) say
 // nothing of its health.
 func (h *writeHealth) observe(what string, err error) {
-	now := time.Now()
+	now := h.now()
 	if err != nil {
 		if !store.ServerFault(err) {
 			return
@@ -64,6 +81,9 @@ func (h *writeHealth) observe(what string, err error) {
 		was := h.failing
 		if !was {
 			h.failing, h.since = true, now
+			if !h.back.IsZero() && now.Sub(h.back) < flapWindow {
+				h.wait = min(2*h.wait, maxSettle)
+			}
 		}
 		h.mu.Unlock()
 		if !was {
@@ -74,10 +94,13 @@ func (h *writeHealth) observe(what string, err error) {
 		return
 	}
 	h.mu.Lock()
-	back := h.failing && now.Sub(h.lastFault) >= h.settle
+	back := h.failing && now.Sub(h.lastFault) >= h.wait
 	var outage time.Duration
 	if back {
-		h.failing, outage = false, now.Sub(h.since)
+		h.failing, outage, h.back = false, now.Sub(h.since), now
+	}
+	if !h.failing && now.Sub(h.lastFault) > flapWindow {
+		h.wait = h.settle
 	}
 	h.mu.Unlock()
 	if back {
@@ -122,5 +145,5 @@ func (h *writeHealth) state() (failing bool, cause string) {
 func (h *writeHealth) faultWithin(d time.Duration) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return !h.lastFault.IsZero() && time.Since(h.lastFault) < d
+	return !h.lastFault.IsZero() && h.now().Sub(h.lastFault) < d
 }
