@@ -286,7 +286,7 @@ func (a *attempt) instantiate(ctx context.Context, cfg wazero.ModuleConfig) (ins
 			inst, err = nil, fmt.Errorf("memory allocation refused: %v", p)
 		}
 	}()
-	return a.e.rt.InstantiateModule(ctx, a.mod.mod, cfg)
+	return a.mod.rt.InstantiateModule(ctx, a.mod.mod, cfg)
 }
 
 // stopped returns the outcome of a module stopped from outside (cancel, a

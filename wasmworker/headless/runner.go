@@ -18,6 +18,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"strings"
 	"sync"
@@ -106,9 +107,14 @@ type engine struct {
 	close   context.CancelFunc
 	running sync.WaitGroup
 
-	mu      sync.Mutex
-	modules map[string]*compiled // by module id
-	closed  bool
+	mu                    sync.Mutex
+	modules               map[string]*compiled // by module id
+	closed                bool
+	rtClosesOnContextDone bool // how rt was made, for memRT
+	// memRT compiles, in memory only, the modules that the compilation
+	// cache could not write to disk (the worker's disk is full): made on
+	// first need (memoryRuntime).
+	memRT wazero.Runtime
 }
 
 // compiled is a module compiled, or being compiled, by one caller while
@@ -116,6 +122,7 @@ type engine struct {
 type compiled struct {
 	done chan struct{}
 	mod  wazero.CompiledModule
+	rt   wazero.Runtime // the runtime that compiled mod, which instantiates it
 	err  error
 }
 
@@ -169,7 +176,7 @@ func newEngine(ctx context.Context, cacheDir string, log *slog.Logger, tmpDir st
 		cache.Close(ctx)
 		return nil, err
 	}
-	e := &engine{log: log, cache: cache, rt: rt, tmpDir: tmpDir, modules: map[string]*compiled{}}
+	e := &engine{log: log, cache: cache, rt: rt, tmpDir: tmpDir, modules: map[string]*compiled{}, rtClosesOnContextDone: closeOnContextDone}
 	e.closing, e.close = context.WithCancel(context.Background())
 	return e, nil
 }
@@ -231,7 +238,28 @@ func (e *engine) closeAll(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("headless: attempts still running: %w", ctx.Err())
 	}
+	e.mu.Lock()
+	memRT := e.memRT
+	e.mu.Unlock()
+	if memRT != nil {
+		_ = memRT.Close(ctx)
+	}
 	return errors.Join(e.rt.Close(ctx), e.cache.Close(ctx))
+}
+
+// memoryRuntime returns the runtime that compiles modules without the disk
+// cache, made on first use.
+func (e *engine) memoryRuntime(ctx context.Context) (wazero.Runtime, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.memRT == nil {
+		rt, err := newRuntime(ctx, wazero.NewCompilationCache(), e.rtClosesOnContextDone)
+		if err != nil {
+			return nil, err
+		}
+		e.memRT = rt
+	}
+	return e.memRT, nil
 }
 
 // moduleError marks errors that make the attempt fail with ReasonModule.
@@ -314,6 +342,21 @@ func (e *engine) fetchAndCompile(ctx context.Context, job *wasmworker.Job, c *co
 	fetched := time.Now()
 
 	c.mod, err = e.rt.CompileModule(ctx, b)
+	c.rt = e.rt
+	var pathErr *fs.PathError
+	if err != nil && ctx.Err() == nil && errors.As(err, &pathErr) {
+		// The compilation cache could not write the compiled module to
+		// disk (the worker's disk is full, or its cache directory is
+		// read-only): the worker's trouble, not the module's. Compiled in
+		// memory instead, the task runs all the same.
+		e.log.Warn("the compilation cache cannot write to disk; compiling in memory", "module", job.ModuleID, "err", err)
+		rt, rerr := e.memoryRuntime(ctx)
+		if rerr != nil {
+			return fmt.Errorf("compiling module %s in memory: %w", job.ModuleID, rerr)
+		}
+		c.mod, err = rt.CompileModule(ctx, b)
+		c.rt = rt
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
