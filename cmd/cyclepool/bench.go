@@ -24,7 +24,8 @@ func runBench(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Queue, "queue", 64, "tasks each worker accepts ahead of time")
 	fs.IntVar(&cfg.BrowserTasks, "browser-tasks", 10000, "no-op tasks in the browser throughput run")
 	fs.StringVar(&cfg.Chromium, "chromium", bench.DefaultChromium, "the Chromium the browser part drives")
-	only := fs.String("only", "", "comma-separated parts to run: single, dispatch, conns, wasm, browser")
+	fs.IntVar(&cfg.ChurnTasks, "churn-tasks", 0, "counter tasks (about 1 s each) in the churn soak (default: 32 per CPU)")
+	only := fs.String("only", "", "comma-separated parts to run: single, dispatch, churn, conns, wasm, browser")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}

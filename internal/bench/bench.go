@@ -46,7 +46,10 @@ type Config struct {
 	Slots   int       // worker slots per worker process (default 16)
 	Workers int       // worker processes (default 2)
 	Queue   int       // attempts each worker accepts ahead of time
-	Only    []string  // run only these parts: single, dispatch, conns, wasm, browser
+	Only    []string  // run only these parts: single, dispatch, churn, conns, wasm, browser
+	// ChurnTasks is the number of counter tasks in the churn soak
+	// (default 32 per CPU).
+	ChurnTasks int
 	// BrowserTasks is the number of no-op tasks in the browser throughput
 	// run (default 10,000); Chromium is the browser (default DefaultChromium).
 	BrowserTasks int
@@ -94,6 +97,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.BrowserTasks <= 0 {
 		cfg.BrowserTasks = 10000
 	}
+	if cfg.ChurnTasks <= 0 {
+		cfg.ChurnTasks = 32 * runtime.NumCPU()
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
@@ -118,7 +124,7 @@ func Run(ctx context.Context, cfg Config) error {
 			b.printf("wasm_vs_native: error: %v", err)
 		}
 	}
-	if !want("single") && !want("dispatch") && !want("conns") && !want("browser") {
+	if !want("single") && !want("dispatch") && !want("churn") && !want("conns") && !want("browser") {
 		return nil
 	}
 	// The embedded default, durable as in production.
@@ -165,6 +171,14 @@ func Run(ctx context.Context, cfg Config) error {
 	if want("dispatch") {
 		if err := b.dispatch(ctx); err != nil {
 			b.printf("dispatch_tasks_per_s: error: %v", err)
+		}
+	}
+	if want("churn") {
+		for _, w := range b.workers { // the churn part starts its own
+			w.stop()
+		}
+		if err := b.churn(ctx); err != nil {
+			b.printf("churn: error: %v", err)
 		}
 	}
 	if want("conns") {
@@ -223,6 +237,19 @@ func (p *process) stop() {
 		_ = p.cmd.Process.Kill()
 		<-p.done
 	}
+}
+
+// kill ends the process with SIGKILL, as a volunteer's machine that
+// vanishes would (the worker's slot processes die with it), and waits for
+// it to exit.
+func (p *process) kill() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
 }
 
 func (b *bench) spawn(args []string, lines func(string)) (*process, error) {
@@ -289,8 +316,15 @@ func (b *bench) startServer(ctx context.Context, db string) error {
 }
 
 func (b *bench) startWorker(ctx context.Context, name string, slots int) (*process, error) {
-	args := []string{"worker", "--server", b.url, "--slots", strconv.Itoa(slots), "--queue", strconv.Itoa(b.cfg.Queue),
-		"--cache-dir", filepath.Join(b.tmp, "cache"), "--log-level", "warn"}
+	return b.startWorkerArgs(name, "--slots", strconv.Itoa(slots), "--queue", strconv.Itoa(b.cfg.Queue))
+}
+
+// startWorkerArgs starts a headless worker process of the server with
+// these flags besides the server, the shared module cache and the log
+// level.
+func (b *bench) startWorkerArgs(name string, flags ...string) (*process, error) {
+	args := append([]string{"worker", "--server", b.url, "--cache-dir", filepath.Join(b.tmp, "cache"), "--log-level", "warn"},
+		flags...)
 	if addr := os.Getenv("CYCLEPOOL_BENCH_WORKER_PPROF"); addr != "" {
 		// host:port of the first worker's profiler; the next workers take
 		// the next ports.
