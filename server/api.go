@@ -95,8 +95,7 @@ func (s *Server) serverError(w http.ResponseWriter, what string, err error) {
 		s.health.observe(what, err)
 		s.log.Log(context.Background(), s.health.level(err), what, "err", err)
 		w.Header().Set("Retry-After", "10")
-		writeError(w, http.StatusServiceUnavailable, "the server cannot %s now: its database is unavailable or cannot store anything (%s); try again later",
-			what, store.FaultCause(err))
+		writeError(w, http.StatusServiceUnavailable, "the server cannot %s now (%s); try again later", what, store.FaultSummary(err))
 		return
 	}
 	s.log.Error(what, "err", err)

@@ -33,7 +33,9 @@ type writeHealth struct {
 	failing   bool
 	since     time.Time // when the writes began to fail
 	lastFault time.Time
-	cause     string
+	cause     string        // the database's own words, for the log
+	code      string        // the SQLSTATE of cause (store.FaultCode)
+	summary   string        // plain words, for owners and /readyz
 	wait      time.Duration // the wait now: settle, longer after flaps
 	back      time.Time     // when writes last came back
 
@@ -75,9 +77,11 @@ func (h *writeHealth) observe(what string, err error) {
 		if !store.ServerFault(err) {
 			return
 		}
-		h.faults.WithLabelValues(store.FaultCode(err)).Inc()
+		code := store.FaultCode(err)
+		h.faults.WithLabelValues(code).Inc()
 		h.mu.Lock()
-		h.lastFault, h.cause = now, store.FaultCause(err)
+		changed := h.failing && code != h.code
+		h.lastFault, h.cause, h.code, h.summary = now, store.FaultCause(err), code, store.FaultSummary(err)
 		was := h.failing
 		if !was {
 			h.failing, h.since = true, now
@@ -86,10 +90,13 @@ func (h *writeHealth) observe(what string, err error) {
 			}
 		}
 		h.mu.Unlock()
-		if !was {
+		switch {
+		case !was:
 			h.writable.Set(0)
 			h.log.Error("the database cannot write: dispatch and the lease reaper pause, results wait at the workers",
 				"cause", store.FaultCause(err), "during", what)
+		case changed:
+			h.log.Warn("the database still cannot write, for another reason", "cause", store.FaultCause(err), "during", what)
 		}
 		return
 	}
@@ -125,18 +132,19 @@ func (h *writeHealth) level(err error) slog.Level {
 // notice is what owners are told while writes fail ("" while they work):
 // why their workflows do not move, and that it costs them nothing.
 func (s *Server) notice() string {
-	if failing, cause := s.health.state(); failing {
-		return "the server cannot store results now (" + cause + "): finished results wait at the workers " +
+	if failing, why := s.health.state(); failing {
+		return "the server cannot store results now (" + why + "): finished results wait at the workers " +
 			"and are stored once it can, and nothing is charged to your tasks"
 	}
 	return ""
 }
 
-// state reports whether writes fail now, and why.
-func (h *writeHealth) state() (failing bool, cause string) {
+// state reports whether writes fail now, and why in plain words
+// (store.FaultSummary).
+func (h *writeHealth) state() (failing bool, why string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.failing, h.cause
+	return h.failing, h.summary
 }
 
 // faultWithin reports whether a write failed within d before now: the

@@ -724,12 +724,16 @@ func (s *Server) Handler() http.Handler {
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	if failing, cause := s.health.state(); failing {
-		http.Error(w, "database cannot write: "+cause, http.StatusServiceUnavailable)
+	// Anyone may read /readyz: it says why in plain words, never the
+	// database's own message (its user, name, address, paths), which the
+	// log has.
+	if failing, why := s.health.state(); failing {
+		http.Error(w, "not ready: the database cannot write: "+why, http.StatusServiceUnavailable)
 		return
 	}
 	if err := s.store.Ping(ctx); err != nil {
-		http.Error(w, "database unavailable: "+err.Error(), http.StatusServiceUnavailable)
+		s.log.Debug("readiness: database ping failed", "err", err)
+		http.Error(w, "not ready: "+store.FaultSummary(err), http.StatusServiceUnavailable)
 		return
 	}
 	_, _ = w.Write([]byte("ready\n"))

@@ -2,9 +2,13 @@ package store
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // taskCounts reads what a task has been charged.
@@ -292,5 +296,27 @@ func TestLapsedQueuedAttemptsChargeNobody(t *testing.T) {
 	}
 	if n := f.tasksLost(t, f.worker); n != 1 {
 		t.Errorf("worker charged %d losses, want 1", n)
+	}
+}
+
+// FaultSummary says what went wrong in plain words, never the database's
+// own message.
+func TestFaultSummary(t *testing.T) {
+	for _, tc := range []struct {
+		code, want string
+	}{
+		{"53100", "the server's storage is full"},
+		{"25006", "the database is read-only"},
+		{"57P01", "the database is shutting down or starting up"},
+		{"53300", "the database is out of resources"},
+		{"08006", "the database is unavailable"},
+	} {
+		err := fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: tc.code, Message: `could not extend file "base/1/2" for user cyclepool at 10.0.0.1`})
+		if got := FaultSummary(err); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.code, got, tc.want)
+		}
+	}
+	if got := FaultSummary(errors.New("dial tcp 10.0.0.1:5432: connection refused")); got != "the database does not answer" {
+		t.Errorf("no answer: %q", got)
 	}
 }

@@ -47,6 +47,27 @@ func FaultCause(err error) string {
 	return err.Error()
 }
 
+// FaultSummary says in a few plain words what a server fault is, for
+// owners and for /readyz, which anyone may read: nothing of the database's
+// own message (paths, names, addresses).
+func FaultSummary(err error) string {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return "the database does not answer"
+	}
+	switch {
+	case pgErr.Code == "53100":
+		return "the server's storage is full"
+	case pgErr.Code == "25006":
+		return "the database is read-only"
+	case strings.HasPrefix(pgErr.Code, "57"):
+		return "the database is shutting down or starting up"
+	case strings.HasPrefix(pgErr.Code, "53"):
+		return "the database is out of resources"
+	}
+	return "the database is unavailable"
+}
+
 // FaultCode is the SQLSTATE of a server fault, or "connection" when
 // PostgreSQL gave no answer.
 func FaultCode(err error) string {
