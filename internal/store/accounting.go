@@ -72,6 +72,17 @@ func (e Ending) Charges() Charge {
 	}
 }
 
+// attemptState is the state an attempt that ended this way without a
+// result is recorded in: lost when its worker went away (whether or not it
+// had started it), failed otherwise.
+func (e Ending) attemptState() string {
+	switch e {
+	case EndVanished, EndUnstarted:
+		return "lost"
+	}
+	return "failed"
+}
+
 // String names an end as docs/WORKFLOW.md does.
 func (e Ending) String() string {
 	switch e {

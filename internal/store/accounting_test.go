@@ -195,6 +195,15 @@ func TestWorkerGoneReturnsItsQueuedAttempts(t *testing.T) {
 			t.Errorf("task %s is %s with %d attempts and %d losses", name, state, attempts, lost)
 		}
 	}
+	// The attempts themselves say the worker went away: lost, not failed.
+	var states []string
+	if err := f.s.pool.QueryRow(ctx, `SELECT array_agg(state ORDER BY id) FROM attempts WHERE id = ANY($1)`,
+		[]int64{cs["b"].Attempt, cs["c"].Attempt}).Scan(&states); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(states, ",") != "lost,lost" {
+		t.Errorf("returned attempts are %v, want lost", states)
+	}
 	if n := f.tasksLost(t, f.worker); n != 0 {
 		t.Errorf("worker charged %d losses", n)
 	}

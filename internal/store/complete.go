@@ -344,6 +344,7 @@ func (s *Store) completeGeneral(ctx context.Context, cs []Completion) ([]bool, e
 	ids := make([]int64, len(cs))
 	workers := make([]string, len(cs))
 	oks := make([]bool, len(cs))
+	states := make([]string, len(cs))
 	logs := make([][]byte, len(cs))
 	reasons := make([]string, len(cs))
 	for j, i := range order {
@@ -351,13 +352,16 @@ func (s *Store) completeGeneral(ctx context.Context, cs []Completion) ([]bool, e
 		ids[j], workers[j], oks[j], logs[j] = c.Attempt, c.Worker, c.OK, c.Log
 		if !c.OK {
 			reasons[j] = c.reason()
+			states[j] = c.End.attemptState()
+		} else {
+			states[j] = "succeeded"
 		}
 	}
 	accepted := make([]bool, len(cs))
 	var err error
 	for try := 0; ; try++ {
 		clear(accepted)
-		err = s.completeOnce(ctx, cs, accepted, ids, workers, oks, logs, reasons)
+		err = s.completeOnce(ctx, cs, accepted, ids, workers, oks, logs, reasons, states)
 		if err == nil || try >= 5 || !retryable(err) {
 			break
 		}
@@ -374,7 +378,7 @@ func (s *Store) completeGeneral(ctx context.Context, cs []Completion) ([]bool, e
 // with the fenced attempt update, then the outputs, the task and workflow
 // updates and COMMIT, each pipelined as a pgx batch.
 func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bool,
-	ids []int64, workers []string, oks []bool, logs [][]byte, reasons []string) (err error) {
+	ids []int64, workers []string, oks []bool, logs [][]byte, reasons, states []string) (err error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -390,7 +394,7 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	}()
 	b := &pgx.Batch{}
 	queueBegin(b, false)
-	b.Queue(completeAttemptsSQL, ids, uuidParams(workers), oks, logs, reasons)
+	b.Queue(completeAttemptsSQL, ids, uuidParams(workers), oks, logs, reasons, states)
 	br := conn.SendBatch(ctx, b)
 	if err := execBegin(br); err != nil {
 		br.Close()
@@ -518,8 +522,8 @@ const insertOutputsSQL = `INSERT INTO task_outputs (task_id, name, data)
 
 // completeAttemptsSQL ends the running attempts $1 (sorted, distinct) of
 // workers $2 (fencing: an attempt no longer running on its worker is left
-// alone) with success $3, log $4 and reason $5, and returns each ended
-// attempt's task.
+// alone) with success $3, log $4, reason $5 and state $6, and returns each
+// ended attempt's task.
 //
 // The arrays are unnested once and each attempt found by a probe of
 // attempts_pkey (TestCompletionReadsRowsInProportionToItsBatch checks the
@@ -530,9 +534,8 @@ const insertOutputsSQL = `INSERT INTO task_outputs (task_id, name, data)
 // column, so it is a HOT update
 // (migrations/00012_attempts_done_in_place.sql).
 const completeAttemptsSQL = `UPDATE attempts a SET
-		state = CASE WHEN u.ok THEN 'succeeded' ELSE 'failed' END,
-		ended_at = now(), log = u.log, reason = u.reason
-	FROM unnest($1::bigint[], $2::uuid[], $3::bool[], $4::bytea[], $5::text[]) AS u(id, w, ok, log, reason), tasks t
+		state = u.state, ended_at = now(), log = u.log, reason = u.reason
+	FROM unnest($1::bigint[], $2::uuid[], $3::bool[], $4::bytea[], $5::text[], $6::text[]) AS u(id, w, ok, log, reason, state), tasks t
 	WHERE a.id = u.id AND a.worker_id = u.w AND a.state = 'running' AND t.id = a.task_id
 	RETURNING a.id, a.task_id, t.max_replicas > 1, u.ok, t.module_id, t.name,
 		(extract(epoch FROM now() - a.started_at) * 1000)::bigint`

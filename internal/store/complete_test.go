@@ -207,9 +207,10 @@ func TestCompletionUpdatesInPlace(t *testing.T) {
 		}
 		slices.SortFunc(cs, func(a, b Claimed) int { return int(a.Attempt - b.Attempt) })
 		attempts, workers, oks, logs, reasons := make([]int64, n), make([]string, n), make([]bool, n), make([][]byte, n), make([]string, n)
+		states := make([]string, n)
 		ids := make([]int64, n)
 		for i, c := range cs {
-			attempts[i], workers[i], oks[i], logs[i] = c.Attempt, c.Worker, true, []byte{}
+			attempts[i], workers[i], oks[i], logs[i], states[i] = c.Attempt, c.Worker, true, []byte{}, "succeeded"
 			ids[i] = c.TaskID
 		}
 		slices.Sort(ids)
@@ -234,7 +235,7 @@ func TestCompletionUpdatesInPlace(t *testing.T) {
 			table, sql string
 			args       []any
 		}{
-			{"attempts", completeAttemptsSQL, []any{attempts, workers, oks, logs, reasons}},
+			{"attempts", completeAttemptsSQL, []any{attempts, workers, oks, logs, reasons, states}},
 			{"tasks", doneSQL, []any{ids, int64(0), "cyclepool_test"}},
 		} {
 			updated0, hot0 := counts(step.table)

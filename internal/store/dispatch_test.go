@@ -176,10 +176,11 @@ func TestCompletionReadsRowsInProportionToItsBatch(t *testing.T) {
 	const batch = 80
 	claimed := f.claim(t, 2000, time.Minute)
 	var taskIDs, attemptIDs []int64
-	var workers, reasons, names []string
+	var workers, reasons, states, names []string
 	for _, c := range claimed[:batch] {
 		taskIDs, attemptIDs = append(taskIDs, c.TaskID), append(attemptIDs, c.Attempt)
 		workers, reasons, names = append(workers, f.worker), append(reasons, "worker"), append(names, "stdout")
+		states = append(states, "failed")
 	}
 	data := make([][]byte, batch)
 	for i := range data {
@@ -193,7 +194,7 @@ func TestCompletionReadsRowsInProportionToItsBatch(t *testing.T) {
 		{"insertOutputsSQL", insertOutputsSQL, []any{taskIDs, names, data}},
 		{"requeueSQL", requeueSQL, []any{taskIDs, reasons, make([]bool, batch), make([]bool, batch), make([]bool, batch), make([]bool, batch), int64(0)}},
 		{"completeFastSQL", completeFastSQL, []any{attemptIDs, workers, data, attemptIDs, names, data, int64(0), ChannelReady}},
-		{"completeAttemptsSQL", completeAttemptsSQL, []any{attemptIDs, workers, make([]bool, batch), data, reasons}},
+		{"completeAttemptsSQL", completeAttemptsSQL, []any{attemptIDs, workers, make([]bool, batch), data, reasons, states}},
 	} {
 		// As the store runs them: prepared, after queueBegin's settings
 		// (a generic plan), several times. Each run is rolled back.
