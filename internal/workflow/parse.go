@@ -294,6 +294,16 @@ func (s *Spec) buildTask(i int, tj *taskJSON) error {
 	if msg := checkModule(tj.Module); msg != "" {
 		return fail("module", msg)
 	}
+	for j, a := range tj.Args {
+		// argv strings are C strings: a NUL would end one early (and
+		// PostgreSQL's text cannot hold it).
+		if strings.IndexByte(a, 0) >= 0 {
+			return fail("args", fmt.Sprintf("argument %d contains a NUL character, which a program's arguments cannot hold", j))
+		}
+		if !utf8.ValidString(a) {
+			return fail("args", fmt.Sprintf("argument %d is not valid UTF-8", j))
+		}
+	}
 	t := &s.Tasks[i]
 	t.Name, t.Module = tj.Name, tj.Module
 	t.Args = append([]string(nil), tj.Args...)

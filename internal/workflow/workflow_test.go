@@ -221,6 +221,7 @@ func TestRefusals(t *testing.T) {
 		{"timeout big", task(`, "timeout": "25h"`), "t", "timeout", "out of range"},
 		{"timeout zero", task(`, "timeout": "0s"`), "t", "timeout", "out of range"},
 		{"attempts zero", task(`, "max_attempts": 0`), "t", "max_attempts", "out of range (1 to 100)"},
+		{"NUL in args", task(`, "args": ["ok", "a\u0000b"]`), "t", "args", "argument 1 contains a NUL character"},
 		{"attempts big", task(`, "max_attempts": 101`), "t", "max_attempts", "out of range (1 to 100)"},
 		{"memory big", task(`, "limits": {"memory_mib": 4097}`), "t", "limits.memory_mib", "out of range"},
 		{"memory zero", task(`, "limits": {"memory_mib": 0}`), "t", "limits.memory_mib", "out of range"},
