@@ -50,7 +50,10 @@ type Config struct {
 	// Fairness is the fairness strategy of the dispatcher (default none);
 	// deadlock prevention switches it off for a task that waited too long.
 	Fairness sched.Strategy
-	Logger   *slog.Logger
+	// FrameAncestors lists the sites that may embed the volunteer page in
+	// a frame (CSP frame-ancestors; default 'none': none may).
+	FrameAncestors string
+	Logger         *slog.Logger
 }
 
 // randomHex returns n random bytes in hex.
@@ -713,7 +716,7 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /metrics", s.metrics.handler())
 	s.routeAPI(mux, s.authed)
 	// The volunteer page and its assets (package web).
-	volunteer := web.Handler()
+	volunteer := web.Handler(s.cfg.FrameAncestors)
 	mux.Handle("GET /{$}", volunteer)
 	mux.Handle("GET /static/", volunteer)
 	// The owners' dashboard (package web/app, server/dashboard.go).

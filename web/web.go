@@ -18,6 +18,7 @@ import (
 	"embed"
 	"io/fs"
 	"net/http"
+	"strings"
 
 	"github.com/cyclepool/cyclepool/internal/assets"
 )
@@ -39,11 +40,23 @@ func loadAssets() *assets.Set {
 }
 
 // Handler serves the volunteer page at / and the assets under /static/.
-func Handler() http.Handler {
+//
+// frameAncestors is the CSP frame-ancestors source list of the page: which
+// sites may embed it in a frame ("'none'" when empty). Embedding lets any
+// site run a volunteer page, started or not, under its own content: only
+// an operator may allow it, for the project's own site.
+func Handler(frameAncestors string) http.Handler {
+	if frameAncestors == "" {
+		frameAncestors = "'none'"
+	}
 	a := loadAssets()
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		isolate(w)
+		w.Header().Set("Content-Security-Policy", "frame-ancestors "+frameAncestors)
+		if frameAncestors == "'none'" {
+			w.Header().Set("X-Frame-Options", "DENY") // for browsers without CSP level 2
+		}
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-cache")
 		_ = Page(pageData(a)).Render(r.Context(), w)
@@ -53,6 +66,20 @@ func Handler() http.Handler {
 		a.Serve(w, r, r.PathValue("name"))
 	})
 	return mux
+}
+
+// CheckFrameAncestors reports what is wrong with a frame-ancestors source
+// list for Handler ("" when nothing): space-separated sources such as
+// 'self', 'none' or https://project.example, without the characters that
+// would end the header's directive.
+func CheckFrameAncestors(s string) string {
+	if strings.ContainsAny(s, ";,\r\n\"") {
+		return "frame-ancestors: sources are separated by spaces and hold no ; , quote or line break"
+	}
+	if strings.TrimSpace(s) == "" {
+		return "frame-ancestors: empty: give 'none' to forbid embedding"
+	}
+	return ""
 }
 
 // isolate makes the page cross-origin isolated (SharedArrayBuffer).

@@ -24,7 +24,7 @@ func get(t *testing.T, h http.Handler, path string, header ...string) *http.Resp
 // The page names its assets by content hash; those are cached forever, the
 // page itself is revalidated, and everything is cross-origin isolated.
 func TestPageAndHashedAssets(t *testing.T) {
-	h := Handler()
+	h := Handler("")
 	resp := get(t, h, "/")
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 200 || !strings.Contains(string(body), "How much to give") {
@@ -58,7 +58,7 @@ func TestPageAndHashedAssets(t *testing.T) {
 }
 
 func TestAssetsGzipped(t *testing.T) {
-	h := Handler()
+	h := Handler("")
 	resp := get(t, h, "/static/task.js", "Accept-Encoding", "gzip")
 	if resp.Header.Get("Content-Encoding") != "gzip" {
 		t.Fatalf("not gzipped: %v", resp.Header)
@@ -70,5 +70,33 @@ func TestAssetsGzipped(t *testing.T) {
 	b, _ := io.ReadAll(zr)
 	if !strings.Contains(string(b), "wasi_snapshot_preview1") {
 		t.Fatalf("gzipped body is not task.js")
+	}
+}
+
+// No site may frame the volunteer page (and start it) unless the operator
+// names it; the names cannot end the header's directive.
+func TestFrameAncestors(t *testing.T) {
+	for _, tc := range []struct {
+		configured, csp, xfo string
+	}{
+		{"", "frame-ancestors 'none'", "DENY"},
+		{"'none'", "frame-ancestors 'none'", "DENY"},
+		{"'self' https://project.example", "frame-ancestors 'self' https://project.example", ""},
+	} {
+		resp := get(t, Handler(tc.configured), "/")
+		if got := resp.Header.Get("Content-Security-Policy"); got != tc.csp {
+			t.Errorf("%q: Content-Security-Policy %q, want %q", tc.configured, got, tc.csp)
+		}
+		if got := resp.Header.Get("X-Frame-Options"); got != tc.xfo {
+			t.Errorf("%q: X-Frame-Options %q, want %q", tc.configured, got, tc.xfo)
+		}
+	}
+	for _, bad := range []string{"", " ", "https://a.example; script-src *", "https://a.example,https://b.example", "x\nSet-Cookie: a=b"} {
+		if CheckFrameAncestors(bad) == "" {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	if msg := CheckFrameAncestors("'self' https://project.example"); msg != "" {
+		t.Errorf("a good list refused: %s", msg)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/cyclepool/cyclepool/server"
 	"github.com/cyclepool/cyclepool/wasmworker"
 	"github.com/cyclepool/cyclepool/wasmworker/headless"
+	"github.com/cyclepool/cyclepool/web"
 )
 
 // serveProcs is the GOMAXPROCS of a server process: flag when set, else
@@ -53,6 +54,7 @@ func runServe(ctx context.Context, args []string) error {
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	pprofAddr := fs.String("pprof", "", "serve Go's profiler on this address (e.g. 127.0.0.1:6060)")
 	fairness := fs.String("fairness", "none", "fairness strategy: none, not-best, worst, worse-than-average, worse-than-majority or equal-or-worse-than-majority")
+	frameAncestors := fs.String("frame-ancestors", "'none'", "sites that may embed the volunteer page in a frame, as a CSP frame-ancestors source list (e.g. \"'self' https://project.example\")")
 	nprocs := fs.Int("procs", 0, "CPUs running the server's code at once (GOMAXPROCS); default: GOMAXPROCS if set, else half the CPUs with the embedded PostgreSQL, all of them with --database-url")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
@@ -61,6 +63,9 @@ func runServe(ctx context.Context, args []string) error {
 	strategy, err := sched.ParseStrategy(*fairness)
 	if err != nil {
 		return err
+	}
+	if msg := web.CheckFrameAncestors(*frameAncestors); msg != "" {
+		return fmt.Errorf("--%s", msg)
 	}
 	log := newLogger(*logLevel)
 	servePprof(*pprofAddr, log)
@@ -91,7 +96,7 @@ func runServe(ctx context.Context, args []string) error {
 		host, _ := os.Hostname()
 		*replica = fmt.Sprintf("%s:%d", host, ln.Addr().(*net.TCPAddr).Port)
 	}
-	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Poll: *poll, Fairness: strategy, WorkerRetention: *retention, Logger: log})
+	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Poll: *poll, Fairness: strategy, WorkerRetention: *retention, FrameAncestors: *frameAncestors, Logger: log})
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	// The server outlives ctx (SIGINT, SIGTERM) by the local worker's
 	// hand-back, which it commits (see below).
