@@ -5,6 +5,7 @@ package wasmcheck
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -22,12 +23,37 @@ var hostFuncs = map[string][2][]api.ValueType{
 	"restore":        {{api.ValueTypeI32, api.ValueTypeI32}, {api.ValueTypeI32}},
 }
 
+// MaxConcurrent bounds the checks that compile at once in a process: with
+// the bounds of Scan one compile takes up to about 1 GiB, and this keeps
+// uploads arriving together from multiplying that.
+const MaxConcurrent = 2
+
+// turns holds a token for each check compiling.
+var turns = make(chan struct{}, MaxConcurrent)
+
+// ErrBusy is returned, wrapped, by a check whose context ended while it
+// waited for a turn to compile (MaxConcurrent others were compiling).
+var ErrBusy = errors.New("too many modules are being checked at once; try again shortly")
+
 // Check validates a module and returns its imports as "module.name",
 // sorted. The error says what is wrong in words a task author understands.
+// It first scans the module's bytes (Scan), refusing one that declares more
+// than its bounds; then it waits for one of MaxConcurrent turns and
+// compiles the module.
 func Check(ctx context.Context, wasm []byte) ([]string, error) {
-	if len(wasm) < 8 || string(wasm[:4]) != "\x00asm" {
-		return nil, fmt.Errorf("not a WebAssembly module: it does not start with the \\0asm magic number")
+	if _, err := Scan(wasm); err != nil {
+		return nil, err
 	}
+	select {
+	case turns <- struct{}{}:
+	default:
+		select {
+		case turns <- struct{}{}:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (%v)", ErrBusy, context.Cause(ctx))
+		}
+	}
+	defer func() { <-turns }()
 	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigInterpreter())
 	defer rt.Close(ctx)
 	m, err := rt.CompileModule(ctx, wasm)
