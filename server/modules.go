@@ -94,6 +94,13 @@ func (s *Server) handlePushModule(w http.ResponseWriter, r *http.Request, owner 
 	ctx, cancel := context.WithTimeout(r.Context(), moduleCheckTimeout)
 	defer cancel()
 	imports, err := wasmcheck.Check(ctx, body)
+	if errors.Is(err, wasmcheck.ErrBusy) && r.Context().Err() == nil {
+		// Checks compile one or two at a time (they take memory): this one
+		// waited its whole time for a turn.
+		w.Header().Set("Retry-After", "10")
+		writeError(w, http.StatusServiceUnavailable, "module not checked: %v", err)
+		return
+	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "module refused: %v", err)
 		return
