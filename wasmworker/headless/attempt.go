@@ -39,6 +39,7 @@ type attempt struct {
 	mem      *memoryLimit
 	stdout   *cappedWriter
 	stderr   *cappedWriter
+	out      outCount // what the task wrote under /out, counted as it writes
 	clock    deterministicClock
 	ckptMu   sync.Mutex
 	lastCkpt time.Time // start of the attempt or last saved checkpoint
@@ -155,6 +156,8 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 	a.stderr = &cappedWriter{limit: a.limits.LogBytes, onFull: func() {
 		stop(&limitError{protocol.ReasonLog, fmt.Sprintf("log limit of %d bytes exceeded (stderr)", a.limits.LogBytes)})
 	}}
+	a.out = outCount{dir: filepath.Join(a.dir, "out"), limit: a.limits.OutputBytes, stdout: a.stdout.size,
+		stop: func(le *limitError) { stop(le) }}
 	if a.e.slot != nil {
 		a.stderr.tee = a.e.slot.sendLog // so that a killed slot's log is not lost
 	}
@@ -175,7 +178,7 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 		a.touched = &sc.touched
 		cfg = sc.base
 	} else {
-		cfg = moduleConfig(a.dir, a.touched, &a.stdin, a.stdout, a.stderr,
+		cfg = moduleConfig(a.dir, a.touched, func() *outCount { return &a.out }, &a.stdin, a.stdout, a.stderr,
 			a.clock.walltime, a.clock.nanotime, a.clock.nanosleep, &a.clock.rand)
 	}
 	cfg = cfg.WithArgs(append([]string{argv0}, as.Args...)...)
@@ -219,13 +222,14 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 }
 
 // moduleConfig is the configuration of a module that runs in dir (with in/
-// and out/), records its use of them in t and reads and writes the given
+// and out/), records its use of them in t, counts its writes to out/ in
+// out's (see outCount) and reads and writes the given
 // stdio, clocks and random source: everything but argv.
-func moduleConfig(dir string, t *touched, stdin io.Reader, stdout, stderr io.Writer,
+func moduleConfig(dir string, t *touched, out func() *outCount, stdin io.Reader, stdout, stderr io.Writer,
 	walltime sys.Walltime, nanotime sys.Nanotime, nanosleep sys.Nanosleep, rand io.Reader) wazero.ModuleConfig {
 	fsc := wazero.NewFSConfig().(experimentalsysfs.FSConfig).
 		WithSysFSMount(touchFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(dir, "in"))}, &t.in}, "/in").(experimentalsysfs.FSConfig).
-		WithSysFSMount(noLinkFS{touchFS{experimentalsysfs.DirFS(filepath.Join(dir, "out")), &t.out}}, "/out")
+		WithSysFSMount(noLinkFS{touchFS{countFS{experimentalsysfs.DirFS(filepath.Join(dir, "out")), out}, &t.out}}, "/out")
 	return wazero.NewModuleConfig().
 		WithName("").
 		WithStartFunctions(). // _start is called by run, to tell instantiation from running
@@ -254,7 +258,7 @@ type slotModuleConfig struct {
 
 func newSlotModuleConfig(dir string) *slotModuleConfig {
 	sc := &slotModuleConfig{dir: dir}
-	sc.base = moduleConfig(dir, &sc.touched, curStdin{sc}, curStdout{sc}, curStderr{sc},
+	sc.base = moduleConfig(dir, &sc.touched, func() *outCount { return &sc.cur.out }, curStdin{sc}, curStdout{sc}, curStderr{sc},
 		func() (int64, int32) { return sc.cur.clock.walltime() },
 		func() int64 { return sc.cur.clock.nanotime() },
 		func(ns int64) { sc.cur.clock.nanosleep(ns) },
@@ -274,6 +278,13 @@ func (r curStdin) Read(p []byte) (int, error)   { return r.sc.cur.stdin.Read(p) 
 func (w curStdout) Write(p []byte) (int, error) { return w.sc.cur.stdout.Write(p) }
 func (w curStderr) Write(p []byte) (int, error) { return w.sc.cur.stderr.Write(p) }
 func (r curRand) Read(p []byte) (int, error)    { return r.sc.cur.clock.rand.Read(p) }
+
+// size returns the number of bytes captured.
+func (w *cappedWriter) size() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return int64(len(w.buf))
+}
 
 // instantiate instantiates the module, turning a panic of wazero's memory
 // set-up (our allocator refuses the module's declared minimum) into an error.

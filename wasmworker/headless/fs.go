@@ -1,7 +1,9 @@
 package headless
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -296,4 +298,231 @@ func (f touchFS) Utimens(path string, atim, mtim int64) experimentalsys.Errno {
 // Symlink implements experimentalsys.FS by refusing.
 func (noLinkFS) Symlink(oldPath, linkName string) experimentalsys.Errno {
 	return experimentalsys.EPERM
+}
+
+// MaxOutEntries bounds the files and directories a task may make under
+// /out: each output's name travels in the header of the result frame,
+// which is bounded (protocol.MaxHeaderBytes), and each entry costs the
+// worker memory when /out is a tmpfs.
+const MaxOutEntries = 1000
+
+// errOutFull is the panic that ends a module that broke its output limit
+// through /out (see cappedWriter: the panic ends the host call at once).
+var errOutFull = errors.New("output limit exceeded under /out")
+
+// outCount keeps an attempt's /out within its limits as the task writes:
+// at most limit bytes (stdout included) and MaxOutEntries files and
+// directories. A write, truncation, creation or link that would cross a
+// limit is not done: the attempt is stopped with limit_output at once
+// (stop, then a panic that ends the host call), so that /out never holds
+// much more than the limit, where it used to be measured only once the
+// task had exited (a task with a limit of 1 MiB wrote 3,000 MiB to
+// /dev/shm first).
+//
+// bytes and entries never count less than /out holds: every operation
+// that can add to it adds at least what it adds, and nothing is taken
+// off when the task truncates or removes (cheap and safe). When a count
+// would pass its limit, it is first made exact by walking /out (recount),
+// so that a task that rewrites or removes files is not stopped for bytes
+// it no longer holds. The module calls into one goroutine at a time: no
+// locking.
+type outCount struct {
+	dir     string            // the host directory of /out
+	limit   int64             // bytes, stdout included
+	stdout  func() int64      // bytes written to stdout so far
+	stop    func(*limitError) // stops the attempt with that cause
+	bytes   int64
+	entries int
+}
+
+// room reports whether growth more bytes fit.
+func (c *outCount) room(growth int64) bool {
+	return c.bytes+growth+c.stdout() <= c.limit
+}
+
+// grow accounts for a write of n bytes to f at off (-1: f's position) or,
+// when trunc, for truncating f to n bytes, before it happens; it stops the
+// attempt when that would cross the limit.
+func (c *outCount) grow(f experimentalsys.File, name string, n, off int64, trunc bool) {
+	if !trunc && c.room(n) {
+		c.bytes += n // at most what the write adds
+		return
+	}
+	// Near the limit (or a truncation): what this one adds, exactly.
+	growth := n
+	if st, errno := f.Stat(); errno == 0 {
+		end := off + n
+		switch {
+		case trunc:
+			end = n
+		case off >= 0:
+		case f.IsAppend():
+			end = st.Size + n
+		default:
+			if pos, errno := f.Seek(0, io.SeekCurrent); errno == 0 {
+				end = pos + n
+			} else {
+				end = st.Size + n
+			}
+		}
+		growth = max(end-st.Size, 0)
+	}
+	if !c.room(growth) {
+		c.recount()
+		if !c.room(growth) {
+			c.exceed(fmt.Sprintf("output limit of %d bytes exceeded: stdout and files under /out would add up to more (writing /out/%s)",
+				c.limit, name))
+		}
+	}
+	c.bytes += growth
+}
+
+// create accounts for a new entry at name before it is made (exists
+// reports whether something is there already, in which case nothing is
+// made); it stops the attempt when that would cross MaxOutEntries.
+func (c *outCount) create(name string, exists func() bool) {
+	if c.entries < MaxOutEntries {
+		c.entries++ // at most what the creation adds
+		return
+	}
+	if exists() {
+		return
+	}
+	c.recount()
+	if c.entries >= MaxOutEntries {
+		c.exceed(fmt.Sprintf("output limit of %d files and directories under /out exceeded (creating /out/%s)",
+			MaxOutEntries, name))
+	}
+	c.entries++
+}
+
+// recount sets the counts to what /out holds. On an error it keeps them:
+// they stay above the truth.
+func (c *outCount) recount() {
+	var n int
+	var total int64
+	err := filepath.WalkDir(c.dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p == c.dir {
+			return nil
+		}
+		n++
+		if d.Type().IsRegular() {
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			total += info.Size()
+		}
+		return nil
+	})
+	if err == nil {
+		c.entries, c.bytes = n, total
+	}
+}
+
+// exceed stops the attempt with limit_output and ends the host call.
+func (c *outCount) exceed(msg string) {
+	c.stop(&limitError{protocol.ReasonOutput, msg})
+	panic(errOutFull)
+}
+
+// countFS is the /out file system of an attempt, which counts what the task
+// writes (see outCount); cur returns the attempt's counts.
+type countFS struct {
+	experimentalsys.FS
+	cur func() *outCount
+}
+
+func (f countFS) OpenFile(path string, flag experimentalsys.Oflag, perm fs.FileMode) (experimentalsys.File, experimentalsys.Errno) {
+	if flag&experimentalsys.O_CREAT != 0 {
+		f.cur().create(path, func() bool {
+			_, errno := f.FS.Lstat(path)
+			return errno == 0
+		})
+	}
+	file, errno := f.FS.OpenFile(path, flag, perm)
+	if errno != 0 || flag&(experimentalsys.O_RDWR|experimentalsys.O_WRONLY) == 0 {
+		return file, errno
+	}
+	return &countFile{File: file, fs: f, name: path}, 0
+}
+
+func (f countFS) Mkdir(path string, perm fs.FileMode) experimentalsys.Errno {
+	f.cur().create(path, func() bool {
+		_, errno := f.FS.Lstat(path)
+		return errno == 0
+	})
+	return f.FS.Mkdir(path, perm)
+}
+
+// Link implements experimentalsys.FS: a second name of a file is a second
+// output of its size.
+func (f countFS) Link(oldPath, newPath string) experimentalsys.Errno {
+	st, errno := f.FS.Lstat(oldPath)
+	if errno != 0 {
+		return errno
+	}
+	c := f.cur()
+	c.create(newPath, func() bool {
+		_, errno := f.FS.Lstat(newPath)
+		return errno == 0
+	})
+	if !c.room(st.Size) {
+		c.recount()
+		if !c.room(st.Size) {
+			c.exceed(fmt.Sprintf("output limit of %d bytes exceeded: stdout and files under /out would add up to more (linking /out/%s)",
+				c.limit, newPath))
+		}
+	}
+	c.bytes += st.Size
+	return f.FS.Link(oldPath, newPath)
+}
+
+// countFile is a file opened for writing under /out.
+type countFile struct {
+	experimentalsys.File
+	fs   countFS
+	name string
+}
+
+func (f *countFile) Write(buf []byte) (int, experimentalsys.Errno) {
+	f.fs.cur().grow(f.File, f.name, int64(len(buf)), -1, false)
+	return f.File.Write(buf)
+}
+
+func (f *countFile) Pwrite(buf []byte, off int64) (int, experimentalsys.Errno) {
+	f.fs.cur().grow(f.File, f.name, int64(len(buf)), off, false)
+	return f.File.Pwrite(buf, off)
+}
+
+func (f *countFile) Truncate(size int64) experimentalsys.Errno {
+	f.fs.cur().grow(f.File, f.name, size, 0, true)
+	return f.File.Truncate(size)
+}
+
+// IsNonblock, SetNonblock and Poll make a countFile the PollableFile its
+// file is (an os file), for fd_fdstat_set_flags and poll_oneoff.
+
+func (f *countFile) IsNonblock() bool {
+	if pf, ok := f.File.(experimentalsys.PollableFile); ok {
+		return pf.IsNonblock()
+	}
+	return false
+}
+
+func (f *countFile) SetNonblock(enable bool) experimentalsys.Errno {
+	if pf, ok := f.File.(experimentalsys.PollableFile); ok {
+		return pf.SetNonblock(enable)
+	}
+	return experimentalsys.ENOSYS
+}
+
+func (f *countFile) Poll(flag experimentalsys.Pflag, timeoutMillis int32) (bool, experimentalsys.Errno) {
+	if pf, ok := f.File.(experimentalsys.PollableFile); ok {
+		return pf.Poll(flag, timeoutMillis)
+	}
+	return false, experimentalsys.ENOSYS
 }

@@ -1,0 +1,134 @@
+package headless
+
+import (
+	"context"
+	"io/fs"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/wasmworker"
+)
+
+// lastCount is the number at the end of the last line of an outfill log
+// ("wrote 65536", "created 12"): how far the task got.
+func lastCount(t *testing.T, o *wasmworker.Outcome) int64 {
+	t.Helper()
+	line := lastLine(o.Log)
+	n, err := strconv.ParseInt(line[strings.LastIndexByte(line, ' ')+1:], 10, 64)
+	if err != nil {
+		t.Fatalf("last log line %q: %v", line, err)
+	}
+	return n
+}
+
+// dirSize adds up the sizes of the regular files under dir and counts its
+// entries.
+func dirSize(dir string) (bytes int64, entries int) {
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return nil
+		}
+		entries++
+		if info, err := d.Info(); err == nil && d.Type().IsRegular() {
+			bytes += info.Size()
+		}
+		return nil
+	})
+	return bytes, entries
+}
+
+// watchOut records, for in-process attempts of module id, what their /out
+// held when they ended.
+func watchOut(t *testing.T, id string) (get func() (bytes int64, entries int, seen bool)) {
+	var mu sync.Mutex
+	var b int64
+	var n int
+	var seen bool
+	testAttemptEnded = func(a *attempt) {
+		if a.job.ModuleID != id {
+			return
+		}
+		bb, nn := dirSize(filepath.Join(a.dir, "out"))
+		mu.Lock()
+		defer mu.Unlock()
+		b, n, seen = bb, nn, true
+	}
+	t.Cleanup(func() { testAttemptEnded = nil })
+	return func() (int64, int, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		return b, n, seen
+	}
+}
+
+// A task that writes far more to /out than its output limit is stopped
+// when it crosses the limit, with limit_output: its write that would cross
+// it is never done, so /out never holds more than the limit. (It used to
+// write all it wanted, 3,000 MiB into /dev/shm against a limit of 1 MiB,
+// and fail only once it had exited.)
+func TestOutWritesStopAtTheLimit(t *testing.T) {
+	eachMode(t, func(t *testing.T, r *Runner) {
+		const limit = 1 << 20
+		j, _ := job(t, "outfill", protocol.Assign{Args: []string{"bytes", strconv.Itoa(256 << 20)},
+			Limits: protocol.Limits{OutputBytes: limit}})
+		get := watchOut(t, j.ModuleID)
+		o := r.Run(context.Background(), j)
+		if o.Reason != protocol.ReasonOutput {
+			t.Fatalf("Reason %q (%s), want %s", o.Reason, o.Message, protocol.ReasonOutput)
+		}
+		if want := "output limit of 1048576 bytes"; !strings.Contains(o.Message, want) || !strings.Contains(o.Message, "/out/big") {
+			t.Errorf("Message %q does not name the limit (%q) and the file", o.Message, want)
+		}
+		if n := lastCount(t, o); n > limit {
+			t.Errorf("the task wrote %d bytes to /out before it was stopped, over the limit of %d", n, limit)
+		}
+		if b, _, seen := get(); seen && b > limit {
+			t.Errorf("/out held %d bytes when the attempt ended, over the limit of %d", b, limit)
+		}
+	})
+}
+
+// A task that writes the same file again and again holds only its last
+// version: bytes it no longer holds do not count against its limit.
+func TestOutRewritesAreNotCountedTwice(t *testing.T) {
+	eachMode(t, func(t *testing.T, r *Runner) {
+		j, _ := job(t, "outfill", protocol.Assign{Args: []string{"rewrite", "100"},
+			Limits: protocol.Limits{OutputBytes: 1 << 20}})
+		o := r.Run(context.Background(), j)
+		if o.Reason != "" {
+			t.Fatalf("Reason %q (%s), want success", o.Reason, o.Message)
+		}
+		if m := outputs(o); len(m["again"]) != 64<<10 {
+			t.Errorf("/out/again has %d bytes, want %d", len(m["again"]), 64<<10)
+		}
+	})
+}
+
+// A task that makes 60,000 files under /out is stopped at MaxOutEntries,
+// with limit_output naming that limit. (Their names once made a result
+// header of 5.4 MB, over the 1 MiB a frame's header may take: the server
+// closed the socket, the worker reconnected and sent it again, and the task
+// stayed running until cancelled.)
+func TestOutFilesStopAtTheLimit(t *testing.T) {
+	eachMode(t, func(t *testing.T, r *Runner) {
+		j, _ := job(t, "outfill", protocol.Assign{Args: []string{"files", "60000"}})
+		get := watchOut(t, j.ModuleID)
+		o := r.Run(context.Background(), j)
+		if o.Reason != protocol.ReasonOutput {
+			t.Fatalf("Reason %q (%s), want %s", o.Reason, o.Message, protocol.ReasonOutput)
+		}
+		if want := "output limit of 1000 files and directories"; !strings.Contains(o.Message, want) {
+			t.Errorf("Message %q does not name the limit (%q)", o.Message, want)
+		}
+		if n := lastCount(t, o); n > MaxOutEntries {
+			t.Errorf("the task made %d files under /out, over the limit of %d", n, MaxOutEntries)
+		}
+		if _, n, seen := get(); seen && n > MaxOutEntries {
+			t.Errorf("/out held %d entries when the attempt ended, over the limit of %d", n, MaxOutEntries)
+		}
+	})
+}
