@@ -38,6 +38,11 @@ const (
 	// EndSuperseded: re-verification reset the task; its earlier attempts
 	// no longer count. Nobody's.
 	EndSuperseded
+	// EndRefused: the worker reported a result that breaks the task's
+	// rules (an output or log over the task's limits, an output name the
+	// workflow could not name), which an honest worker never sends. The
+	// worker's: it counts as an invalid result against its reputation.
+	EndRefused
 )
 
 // Charge is what an end costs, and whom.
@@ -48,7 +53,9 @@ type Charge struct {
 	Final bool
 	// Lost counts one loss towards the task's max_lost.
 	Lost bool
-	// Worker counts against the worker's standing (workers.tasks_lost).
+	// Worker counts against the worker's standing: a loss
+	// (workers.tasks_lost) when it vanished, an invalid result
+	// (workers.results_invalid) when its result was refused.
 	Worker bool
 	// KeepsPlace queues the task again at its original place in the
 	// ready queue (it has waited, and may have checkpoints), rather than
@@ -67,6 +74,8 @@ func (e Ending) Charges() Charge {
 		return Charge{Lost: true, Worker: true, KeepsPlace: true}
 	case EndHandedBack, EndUnstarted, EndServerFault:
 		return Charge{KeepsPlace: true}
+	case EndRefused:
+		return Charge{Worker: true, KeepsPlace: true}
 	default: // EndResult, EndCancelled, EndSuperseded
 		return Charge{}
 	}
@@ -104,6 +113,8 @@ func (e Ending) String() string {
 		return "server fault"
 	case EndSuperseded:
 		return "superseded"
+	case EndRefused:
+		return "result refused"
 	}
 	return "unknown"
 }

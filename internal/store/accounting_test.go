@@ -329,3 +329,130 @@ func TestFaultSummary(t *testing.T) {
 		t.Errorf("no answer: %q", got)
 	}
 }
+
+// A result that breaks its task's rules is refused, whatever a worker
+// claims: outputs or a log over the task's limits, an output name the
+// workflow could not name. Its attempt ends charged to the worker (an
+// invalid result), the task goes back to the queue, nothing it carried is
+// stored; a failure's log is cut to the task's limit, and the log of one
+// charged to nobody to a few KiB.
+func TestResultsBreakingTheTasksRulesAreRefused(t *testing.T) {
+	ctx := context.Background()
+	big := func(n int) []byte { return make([]byte, n) }
+	for _, tc := range []struct {
+		name    string
+		comp    func(c Claimed) Completion
+		refused string // substring of Refused; "" when the result is kept
+		state   string // the task's state after
+		logLen  int    // the attempt's log kept
+	}{
+		{"outputs over the limit", func(c Claimed) Completion {
+			return Completion{Attempt: c.Attempt, Worker: c.Worker, OK: true,
+				Outputs: []Output{{Name: "stdout", Data: big(600 << 10)}, {Name: "big", Data: big(600 << 10)}}}
+		}, "outputs of 1228800 bytes (at most 1048576)", "ready", 0},
+		{"log over the limit", func(c Claimed) Completion {
+			return Completion{Attempt: c.Attempt, Worker: c.Worker, OK: true, Outputs: []Output{{Name: "stdout"}}, Log: big(2 << 10)}
+		}, "a log of 2048 bytes (at most 1024)", "ready", 0},
+		{"an output name that climbs out", func(c Claimed) Completion {
+			return Completion{Attempt: c.Attempt, Worker: c.Worker, OK: true, Outputs: []Output{{Name: "../../pwned", Data: []byte("x")}}}
+		}, "must be a clean relative path", "ready", 0},
+		{"an absolute output name", func(c Claimed) Completion {
+			return Completion{Attempt: c.Attempt, Worker: c.Worker, OK: true, Outputs: []Output{{Name: "/etc/abs", Data: []byte("x")}}}
+		}, "must be a clean relative path", "ready", 0},
+		{"a result within the limits", func(c Claimed) Completion {
+			return Completion{Attempt: c.Attempt, Worker: c.Worker, OK: true, Outputs: []Output{{Name: "stdout", Data: big(1 << 20)}}, Log: big(1 << 10)}
+		}, "", "done", 1 << 10},
+		{"a failure's long log", func(c Claimed) Completion {
+			return Completion{Attempt: c.Attempt, Worker: c.Worker, Reason: "exit", Log: big(8 << 20)}
+		}, "", "ready", 1 << 10},
+		{"a hand-back's long log", func(c Claimed) Completion {
+			return Completion{Attempt: c.Attempt, Worker: c.Worker, Reason: "worker", End: EndHandedBack, Log: big(8 << 20)}
+		}, "", "ready", 1 << 10},
+	} {
+		for _, crowd := range []int{1, fastBatch + 2} { // the one-round-trip path, and the general one
+			t.Run(fmt.Sprintf("%s/%d", tc.name, crowd), func(t *testing.T) {
+				f := newFixture(t)
+				var tasks []NewTask
+				for i := range crowd {
+					tasks = append(tasks, f.task(fmt.Sprintf("t%02d", i)))
+				}
+				id := f.submit(t, "batch", tasks...)
+				cs := f.claim(t, crowd, time.Minute)
+				byName := claimedByName(cs)
+				var batch []Completion
+				for _, c := range cs {
+					if c.Name == "t00" {
+						batch = append(batch, tc.comp(c))
+					} else {
+						batch = append(batch, ok(c, "fine"))
+					}
+				}
+				acc, err := f.s.Complete(ctx, batch)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, c := range batch {
+					if !acc[i] {
+						t.Errorf("item %d not committed", i)
+					}
+					if c.Attempt == byName["t00"].Attempt && !strings.Contains(c.Refused, tc.refused) || tc.refused == "" && c.Refused != "" {
+						t.Errorf("refused %q, want %q", c.Refused, tc.refused)
+					}
+				}
+				state, attempts, lost, errText := f.taskCounts(t, id, "t00")
+				if state != tc.state || lost != 0 {
+					t.Errorf("task is %s (%q) with %d losses, want %s", state, errText, lost, tc.state)
+				}
+				var outputs, logLen, invalid int
+				if err := f.s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM task_outputs o JOIN tasks t ON t.id = o.task_id
+						WHERE t.workflow_id = $1 AND t.name = 't00'),
+					(SELECT coalesce(octet_length(log), 0) FROM attempts WHERE id = $2),
+					(SELECT results_invalid FROM workers WHERE id = $3)`, id, byName["t00"].Attempt, f.worker).Scan(&outputs, &logLen, &invalid); err != nil {
+					t.Fatal(err)
+				}
+				if tc.refused != "" && (outputs != 0 || invalid != 1 || attempts != 0) {
+					t.Errorf("refused, yet %d outputs stored, %d invalid results charged to the worker, %d attempts to the task", outputs, invalid, attempts)
+				}
+				if want := min(tc.logLen, uncountedLogBytesIf(tc.name)); logLen != want {
+					t.Errorf("log of %d bytes kept, want %d", logLen, want)
+				}
+			})
+		}
+	}
+}
+
+// uncountedLogBytesIf is the log a test case of
+// TestResultsBreakingTheTasksRulesAreRefused keeps at most.
+func uncountedLogBytesIf(name string) int {
+	if strings.Contains(name, "hand-back") {
+		return uncountedLogBytes
+	}
+	return 1 << 30
+}
+
+// A checkpoint larger than its task's memory limit is refused with an error
+// that says so, and not stored; the attempt keeps its lease.
+func TestCheckpointOverTheMemoryLimitIsRefused(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	id := f.submit(t, "batch", f.task("a")) // 16 pages: 1 MiB
+	c := f.claim(t, 1, time.Minute)[0]
+	saved, err := f.s.SaveCheckpoint(ctx, c.Attempt, c.Worker, make([]byte, 1<<20+1), time.Minute)
+	var refused *RefusedError
+	if saved || !errors.As(err, &refused) || !strings.Contains(refused.Why, "larger than the task's memory limit of 1048576 bytes") {
+		t.Fatalf("a checkpoint over the limit: saved %v, error %v", saved, err)
+	}
+	if ServerFault(err) {
+		t.Error("a refused checkpoint is taken for a server fault (it would be sent again)")
+	}
+	if saved, err := f.s.SaveCheckpoint(ctx, c.Attempt, c.Worker, make([]byte, 1<<20), time.Minute); !saved || err != nil {
+		t.Fatalf("a checkpoint at the limit: saved %v, error %v", saved, err)
+	}
+	var seq, size int
+	if err := f.s.pool.QueryRow(ctx, `SELECT checkpoint_seq, octet_length(checkpoint) FROM tasks WHERE workflow_id = $1`, id).Scan(&seq, &size); err != nil {
+		t.Fatal(err)
+	}
+	if seq != 1 || size != 1<<20 {
+		t.Errorf("checkpoints saved %d, the latest of %d bytes; want 1 of 1048576", seq, size)
+	}
+}

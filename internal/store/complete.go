@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/cyclepool/cyclepool/internal/workflow"
 )
 
 // Output is one named output of a finished attempt.
@@ -34,6 +36,11 @@ type Completion struct {
 	// (Ending.Charges): EndTaskError, the zero value, uses up one of the
 	// task's attempts.
 	End Ending
+	// Refused is set by Complete when it refused a result that breaks its
+	// task's rules (an output name the workflow could not name, outputs or
+	// a log over the task's limits), saying which: the attempt ended
+	// (EndRefused, charged to the worker) and the task was queued again.
+	Refused string
 	// Duration is the run time the worker reported for a success. The run
 	// time averages take it, or the time since the attempt was created
 	// when that is shorter: the latter also counts the attempt's wait in
@@ -78,8 +85,17 @@ func (s *Store) CompleteFinished(ctx context.Context, cs []Completion) (accepted
 	seen := make(map[int64]bool, len(cs))
 	for i := range cs {
 		sanitize(&cs[i])
-		if seen[cs[i].Attempt] || !validOutputs(cs[i].Outputs) {
+		if seen[cs[i].Attempt] {
 			continue
+		}
+		if msg := badOutputs(cs[i].Outputs); cs[i].OK && msg != "" {
+			refuse(&cs[i], msg)
+		}
+		if !cs[i].OK && !cs[i].End.Charges().Attempt && len(cs[i].Log) > uncountedLogBytes {
+			// Logs of ends charged to nobody are kept short: a worker
+			// could otherwise hand back the same task again and again,
+			// each time with a log of megabytes.
+			cs[i].Log = cs[i].Log[:uncountedLogBytes]
 		}
 		seen[cs[i].Attempt] = true
 		keep = append(keep, i)
@@ -115,7 +131,7 @@ func (s *Store) CompleteFinished(ctx context.Context, cs []Completion) (accepted
 		}
 	}
 	for j, i := range keep {
-		accepted[i] = acc[j]
+		accepted[i], cs[i].Refused = acc[j], batch[j].Refused
 	}
 	return accepted, finished, err
 }
@@ -187,16 +203,45 @@ func appendStored(keys []int64, names []string, datas [][]byte, key int64, os []
 	return keys, names, datas
 }
 
-// validOutputs accepts distinct output names that are valid UTF-8 without NUL.
-func validOutputs(os []Output) bool {
+// badOutputs says what is wrong with a result's outputs ("" when
+// nothing): distinct names, valid UTF-8, each one the workflow file could
+// name (workflow.CheckOutputName: a clean relative path).
+func badOutputs(os []Output) string {
 	names := make(map[string]bool, len(os))
 	for _, o := range os {
-		if o.Name == "" || names[o.Name] || !utf8.ValidString(o.Name) || strings.ContainsRune(o.Name, 0) {
-			return false
+		if !utf8.ValidString(o.Name) {
+			return fmt.Sprintf("output name %q is not valid UTF-8", o.Name)
+		}
+		if msg := workflow.CheckOutputName(o.Name); msg != "" {
+			return msg
+		}
+		if names[o.Name] {
+			return fmt.Sprintf("output %q appears twice", o.Name)
 		}
 		names[o.Name] = true
 	}
-	return true
+	return ""
+}
+
+// refuse turns a result that breaks its task's rules into the end of its
+// attempt (EndRefused), keeping none of what it carried.
+func refuse(c *Completion, why string) {
+	c.Refused = why
+	c.OK, c.End, c.Reason, c.Message, c.Outputs, c.Log = false, EndRefused, "refused", why, nil, nil
+}
+
+// uncountedLogBytes bounds the log kept for an attempt that ended charged
+// to nobody (Ending.Charges).
+const uncountedLogBytes = 4 << 10
+
+// outputBytes is the size of a result's outputs, which the task's
+// output_bytes bounds.
+func outputBytes(os []Output) int64 {
+	var n int64
+	for _, o := range os {
+		n += int64(len(o.Data))
+	}
+	return n
 }
 
 // completeBatch is Complete for a batch of distinct attempts. A small
@@ -224,12 +269,13 @@ func (s *Store) completeBatch(ctx context.Context, cs []Completion) (accepted []
 	if len(rest) == 0 {
 		return accepted, finished, nil
 	}
-	acc, err := s.completeGeneral(ctx, pick(cs, rest))
+	general := pick(cs, rest)
+	acc, err := s.completeGeneral(ctx, general)
 	if err != nil {
 		return accepted, finished, err // the rest are false: not committed
 	}
 	for j, i := range rest {
-		accepted[i] = acc[j]
+		accepted[i], cs[i].Refused = acc[j], general[j].Refused
 	}
 	return accepted, finished, nil
 }
@@ -261,17 +307,18 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 	ids := make([]int64, len(cs))
 	workers := make([]string, len(cs))
 	logs := make([][]byte, len(cs))
+	sizes := make([]int64, len(cs))
 	var outAttempt []int64
 	var outName []string
 	var outData [][]byte
 	for j, i := range order {
 		c := &cs[i]
-		ids[j], workers[j], logs[j] = c.Attempt, c.Worker, c.Log
+		ids[j], workers[j], logs[j], sizes[j] = c.Attempt, c.Worker, c.Log, outputBytes(c.Outputs)
 		outAttempt, outName, outData = appendStored(outAttempt, outName, outData, c.Attempt, c.Outputs)
 	}
 	b := &pgx.Batch{}
 	queueBegin(b, false)
-	b.Queue(completeFastSQL, ids, uuidParams(workers), logs, outAttempt, outName, outData, s.interactiveHeadStart.Milliseconds(), ChannelReady)
+	b.Queue(completeFastSQL, ids, uuidParams(workers), logs, outAttempt, outName, outData, s.interactiveHeadStart.Milliseconds(), ChannelReady, sizes)
 	b.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, b)
 	type row struct {
@@ -345,11 +392,12 @@ func (s *Store) completeGeneral(ctx context.Context, cs []Completion) ([]bool, e
 	workers := make([]string, len(cs))
 	oks := make([]bool, len(cs))
 	states := make([]string, len(cs))
+	sizes := make([]int64, len(cs))
 	logs := make([][]byte, len(cs))
 	reasons := make([]string, len(cs))
 	for j, i := range order {
 		c := &cs[i]
-		ids[j], workers[j], oks[j], logs[j] = c.Attempt, c.Worker, c.OK, c.Log
+		ids[j], workers[j], oks[j], logs[j], sizes[j] = c.Attempt, c.Worker, c.OK, c.Log, outputBytes(c.Outputs)
 		if !c.OK {
 			reasons[j] = c.reason()
 			states[j] = c.End.attemptState()
@@ -361,7 +409,7 @@ func (s *Store) completeGeneral(ctx context.Context, cs []Completion) ([]bool, e
 	var err error
 	for try := 0; ; try++ {
 		clear(accepted)
-		err = s.completeOnce(ctx, cs, accepted, ids, workers, oks, logs, reasons, states)
+		err = s.completeOnce(ctx, cs, accepted, ids, workers, oks, logs, reasons, states, sizes)
 		if err == nil || try >= 5 || !retryable(err) {
 			break
 		}
@@ -378,7 +426,7 @@ func (s *Store) completeGeneral(ctx context.Context, cs []Completion) ([]bool, e
 // with the fenced attempt update, then the outputs, the task and workflow
 // updates and COMMIT, each pipelined as a pgx batch.
 func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bool,
-	ids []int64, workers []string, oks []bool, logs [][]byte, reasons, states []string) (err error) {
+	ids []int64, workers []string, oks []bool, logs [][]byte, reasons, states []string, sizes []int64) (err error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -394,7 +442,7 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	}()
 	b := &pgx.Batch{}
 	queueBegin(b, false)
-	b.Queue(completeAttemptsSQL, ids, uuidParams(workers), oks, logs, reasons, states)
+	b.Queue(completeAttemptsSQL, ids, uuidParams(workers), oks, logs, reasons, states, sizes)
 	br := conn.SendBatch(ctx, b)
 	if err := execBegin(br); err != nil {
 		br.Close()
@@ -422,14 +470,23 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	var module pgtype.DriverBytes
 	var name string
 	var ms int64
+	var over bool
+	var why string
+	var refused map[int64]string // attempts whose result broke its task's limits, and why
 	in := interned{}
 	for rows.Next() {
-		if err := rows.Scan(&a, &t, &rep, &ok, &module, &name, &ms); err != nil {
+		if err := rows.Scan(&a, &t, &rep, &ok, &module, &name, &ms, &over, &why); err != nil {
 			rows.Close()
 			br.Close()
 			return err
 		}
 		taskOf[a] = t
+		if over {
+			if refused == nil {
+				refused = map[int64]string{}
+			}
+			refused[a] = why
+		}
 		if rep {
 			replicated[a] = true
 		}
@@ -452,12 +509,22 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	var outData [][]byte
 	var ends []attemptEnd
 	var vres []replicaResult
+	invalid := map[string]int{} // workers whose results were refused
 	for i := range cs {
 		t, ok := taskOf[cs[i].Attempt]
 		if !ok {
 			continue
 		}
 		accepted[i] = true
+		if why, bad := refused[cs[i].Attempt]; bad {
+			cs[i].Refused = why
+			ends = append(ends, attemptEnd{task: t, reason: why, end: EndRefused})
+			invalid[cs[i].Worker]++
+			continue
+		}
+		if !cs[i].OK && cs[i].End == EndRefused {
+			invalid[cs[i].Worker]++
+		}
 		if cs[i].OK && replicated[cs[i].Attempt] {
 			vres = append(vres, replicaResult{attempt: cs[i].Attempt, task: t, worker: cs[i].Worker, outputs: cs[i].Outputs})
 		} else if cs[i].OK {
@@ -478,6 +545,11 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	}
 	if len(ends) > 0 {
 		if err := s.settleEnds(ctx, conn, ends); err != nil {
+			return err
+		}
+	}
+	if len(invalid) > 0 {
+		if err := chargeInvalid(ctx, conn, invalid); err != nil {
 			return err
 		}
 	}
@@ -523,7 +595,9 @@ const insertOutputsSQL = `INSERT INTO task_outputs (task_id, name, data)
 // completeAttemptsSQL ends the running attempts $1 (sorted, distinct) of
 // workers $2 (fencing: an attempt no longer running on its worker is left
 // alone) with success $3, log $4, reason $5 and state $6, and returns each
-// ended attempt's task.
+// ended attempt's task. A success whose outputs ($7: bytes in all) or log
+// break the task's limits is refused instead (over, with the reason), and
+// a failure's log is cut to the task's limit.
 //
 // The arrays are unnested once and each attempt found by a probe of
 // attempts_pkey (TestCompletionReadsRowsInProportionToItsBatch checks the
@@ -534,11 +608,15 @@ const insertOutputsSQL = `INSERT INTO task_outputs (task_id, name, data)
 // column, so it is a HOT update
 // (migrations/00012_attempts_done_in_place.sql).
 const completeAttemptsSQL = `UPDATE attempts a SET
-		state = u.state, ended_at = now(), log = u.log, reason = u.reason
-	FROM unnest($1::bigint[], $2::uuid[], $3::bool[], $4::bytea[], $5::text[], $6::text[]) AS u(id, w, ok, log, reason, state), tasks t
+		state = CASE WHEN o.over THEN 'failed' ELSE u.state END, ended_at = now(),
+		log = CASE WHEN o.over THEN NULL WHEN u.ok THEN u.log ELSE substring(u.log FROM 1 FOR t.log_bytes::int) END,
+		reason = CASE WHEN o.over THEN format('refused: the result breaks the task''s limits: outputs of %s bytes (at most %s), a log of %s bytes (at most %s)',
+			u.size, t.output_bytes, coalesce(octet_length(u.log), 0), t.log_bytes) ELSE u.reason END
+	FROM unnest($1::bigint[], $2::uuid[], $3::bool[], $4::bytea[], $5::text[], $6::text[], $7::bigint[]) AS u(id, w, ok, log, reason, state, size),
+		tasks t, LATERAL (SELECT u.ok AND (u.size > t.output_bytes OR coalesce(octet_length(u.log), 0) > t.log_bytes) AS over) o
 	WHERE a.id = u.id AND a.worker_id = u.w AND a.state = 'running' AND t.id = a.task_id
-	RETURNING a.id, a.task_id, t.max_replicas > 1, u.ok, t.module_id, t.name,
-		(extract(epoch FROM now() - a.started_at) * 1000)::bigint`
+	RETURNING a.id, a.task_id, t.max_replicas > 1, u.ok AND NOT o.over, t.module_id, t.name,
+		(extract(epoch FROM now() - a.started_at) * 1000)::bigint, o.over, a.reason`
 
 // doneSQL marks tasks done ($1), releases the dependents whose last
 // upstream task this was, counts the workflows down (finishing those with no
@@ -550,11 +628,13 @@ SELECT ready.n, (SELECT count(*) FROM wf),
 FROM ready`
 
 // completeFastSQL ends the running attempts $1 (sorted, distinct) of
-// workers $2 (fencing, as completeAttemptsSQL) as successes with logs $3,
+// workers $2 (fencing, as completeAttemptsSQL) as successes with logs $3
+// when their outputs ($9: bytes in all) and logs fit the task's limits,
 // stores their outputs ($4 attempt, $5 name, $6 data; only for tasks still
 // running: a cancelled task keeps no outputs) and marks their tasks done as
 // doneSQL does ($7 head start, $8 channel), in one statement. Attempts of
-// replicated tasks are left running and come back with replicated set;
+// replicated tasks, and results that do not fit (completeGeneral refuses
+// them), are left running and come back with replicated set;
 // the others that come back were accepted, with their task's module and
 // name and the time since the claim (ms), the count of notifications sent
 // (the column only makes the notification happen: evaluated with the first
@@ -563,24 +643,25 @@ FROM ready`
 // attempt's task was marked done (not when it was cancelled meanwhile).
 // The workflows' update (wf) runs whether read or not, as every
 // data-modifying WITH.
-var completeFastSQL = `WITH acc AS (
+var completeFastSQL = strings.ReplaceAll(`WITH acc AS (
 	UPDATE attempts a SET state = 'succeeded', ended_at = now(), log = ($3::bytea[])[array_position($1::bigint[], a.id)], reason = ''
 	FROM tasks t
 	WHERE a.id = ANY($1) AND a.worker_id = ($2::uuid[])[array_position($1::bigint[], a.id)] AND a.state = 'running'
-		AND t.id = a.task_id AND t.max_replicas = 1
+		AND t.id = a.task_id AND t.max_replicas = 1 AND {fits}
 	RETURNING a.id, a.task_id, t.module_id, t.name, (extract(epoch FROM now() - a.started_at) * 1000)::bigint AS ms
 ), outs AS (
 	INSERT INTO task_outputs (task_id, name, data)
 	SELECT acc.task_id, o.name, o.data FROM unnest($4::bigint[], $5::text[], $6::bytea[]) AS o(attempt, name, data)
 	JOIN acc ON acc.id = o.attempt JOIN tasks t ON t.id = acc.task_id WHERE t.state COLLATE "C" = 'running'
-), ` + doneCTEs("IN (SELECT task_id FROM acc)", "$7") + `
+), `+doneCTEs("IN (SELECT task_id FROM acc)", "$7")+`
 SELECT acc.id, false, acc.module_id, acc.name, acc.ms, (SELECT count(*) FROM (SELECT pg_notify($8, '') FROM ready r WHERE r.n > 0) x),
 	(SELECT array_agg(wf.id::text) FROM wf WHERE wf.state <> 'running'), acc.task_id IN (SELECT id FROM done)
 FROM acc
 UNION ALL
 SELECT a.id, true, '', '', 0, 0, NULL, false FROM attempts a JOIN tasks t ON t.id = a.task_id
 WHERE a.id = ANY($1) AND a.worker_id = ($2::uuid[])[array_position($1::bigint[], a.id)] AND a.state = 'running'
-	AND t.max_replicas > 1`
+	AND (t.max_replicas > 1 OR NOT {fits})`, "{fits}", `(($9::bigint[])[array_position($1::bigint[], a.id)] <= t.output_bytes
+		AND coalesce(octet_length(($3::bytea[])[array_position($1::bigint[], a.id)]), 0) <= t.log_bytes)`)
 
 // doneCTEs are the common table expressions of doneSQL: done marks the
 // tasks whose id is ids (an SQL condition on id) done, d and rel release
@@ -624,6 +705,26 @@ const doneCTEsTemplate = `done AS (
 ), ready AS (
 	SELECT count(*) AS n FROM rel WHERE ready
 )`
+
+// chargeInvalid counts refused results (n per worker) against the workers'
+// reputation (EndRefused's Charge.Worker): invalid results, as those that
+// lost a quorum, which also end a worker's streak of valid ones.
+func chargeInvalid(ctx context.Context, tx querier, n map[string]int) error {
+	ws := make([]string, 0, len(n))
+	for w := range n {
+		ws = append(ws, w)
+	}
+	slices.Sort(ws)
+	counts := make([]int32, len(ws))
+	for i, w := range ws {
+		counts[i] = int32(n[w])
+	}
+	if _, err := tx.Exec(ctx, `UPDATE workers w SET results_invalid = w.results_invalid + c.n, valid_streak = 0
+		FROM unnest($1::uuid[], $2::int[]) AS c(id, n) WHERE w.id = c.id`, ws, counts); err != nil {
+		return fmt.Errorf("count refused results against their workers: %w", err)
+	}
+	return nil
+}
 
 // retryable reports whether a transaction failed for a reason another try
 // can fix: a deadlock or a serialization failure.

@@ -235,7 +235,7 @@ func TestCompletionUpdatesInPlace(t *testing.T) {
 			table, sql string
 			args       []any
 		}{
-			{"attempts", completeAttemptsSQL, []any{attempts, workers, oks, logs, reasons, states}},
+			{"attempts", completeAttemptsSQL, []any{attempts, workers, oks, logs, reasons, states, make([]int64, n)}},
 			{"tasks", doneSQL, []any{ids, int64(0), "cyclepool_test"}},
 		} {
 			updated0, hot0 := counts(step.table)

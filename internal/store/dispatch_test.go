@@ -193,8 +193,8 @@ func TestCompletionReadsRowsInProportionToItsBatch(t *testing.T) {
 	}{
 		{"insertOutputsSQL", insertOutputsSQL, []any{taskIDs, names, data}},
 		{"requeueSQL", requeueSQL, []any{taskIDs, reasons, make([]bool, batch), make([]bool, batch), make([]bool, batch), make([]bool, batch), int64(0)}},
-		{"completeFastSQL", completeFastSQL, []any{attemptIDs, workers, data, attemptIDs, names, data, int64(0), ChannelReady}},
-		{"completeAttemptsSQL", completeAttemptsSQL, []any{attemptIDs, workers, make([]bool, batch), data, reasons, states}},
+		{"completeFastSQL", completeFastSQL, []any{attemptIDs, workers, data, attemptIDs, names, data, int64(0), ChannelReady, make([]int64, batch)}},
+		{"completeAttemptsSQL", completeAttemptsSQL, []any{attemptIDs, workers, make([]bool, batch), data, reasons, states, make([]int64, batch)}},
 	} {
 		// As the store runs them: prepared, after queueBegin's settings
 		// (a generic plan), several times. Each run is rolled back.

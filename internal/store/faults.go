@@ -16,7 +16,8 @@ import (
 // value PostgreSQL cannot store) is the item's own. A cancelled context is
 // neither: the caller gave up. docs/RATIONALE.md says why these classes.
 func ServerFault(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) {
+	var refused *RefusedError
+	if err == nil || errors.Is(err, context.Canceled) || errors.As(err, &refused) {
 		return false
 	}
 	var pgErr *pgconn.PgError

@@ -60,19 +60,26 @@ func (s *Store) Renew(ctx context.Context, rs []Renewal, lease time.Duration) (l
 
 // SaveCheckpoint stores state as the latest checkpoint of the task of
 // attempt, if the attempt still runs on worker, and renews its lease. It
-// returns false when the attempt no longer holds its lease.
+// returns false when the attempt no longer holds its lease. A checkpoint
+// larger than the task's memory limit (its state is what the task held in
+// memory) is refused with a *RefusedError that says so, and not stored.
 func (s *Store) SaveCheckpoint(ctx context.Context, attempt int64, worker string, state []byte, lease time.Duration) (bool, error) {
 	var saved bool
+	var limit int64
 	err := s.tx(ctx, func(tx pgx.Tx) error {
+		saved, limit = false, 0
 		var task int64
-		err := tx.QueryRow(ctx, `UPDATE attempts SET lease_until = now() + $3 * interval '1 millisecond'
-			WHERE id = $1 AND worker_id = $2 AND state = 'running' RETURNING task_id`, attempt, worker, lease.Milliseconds()).Scan(&task)
+		err := tx.QueryRow(ctx, `UPDATE attempts a SET lease_until = now() + $3 * interval '1 millisecond' FROM tasks t
+			WHERE a.id = $1 AND a.worker_id = $2 AND a.state = 'running' AND t.id = a.task_id
+			RETURNING a.task_id, t.memory_pages::bigint * 65536`, attempt, worker, lease.Milliseconds()).Scan(&task, &limit)
 		if err == pgx.ErrNoRows {
-			saved = false
 			return nil
 		}
 		if err != nil {
 			return err
+		}
+		if int64(len(state)) > limit {
+			return nil // refused below; the lease renewal commits
 		}
 		_, err = tx.Exec(ctx, `UPDATE tasks SET checkpoint = $2, checkpoint_seq = checkpoint_seq + 1, checkpoint_at = now(), updated_at = now()
 			WHERE id = $1`, task, state)
@@ -82,8 +89,17 @@ func (s *Store) SaveCheckpoint(ctx context.Context, attempt int64, worker string
 	if err != nil {
 		return false, fmt.Errorf("save checkpoint of attempt %d: %w", attempt, err)
 	}
+	if !saved && limit > 0 && int64(len(state)) > limit {
+		return false, &RefusedError{Why: fmt.Sprintf("a checkpoint of %d bytes is larger than the task's memory limit of %d bytes", len(state), limit)}
+	}
 	return saved, nil
 }
+
+// RefusedError is what a worker sent that breaks its task's rules, refused
+// for good: sending it again cannot help.
+type RefusedError struct{ Why string }
+
+func (e *RefusedError) Error() string { return "refused: " + e.Why }
 
 // ExpireLeases ends running attempts whose lease has lapsed as lost (the
 // worker vanished: EndVanished) and queues their tasks again (from their

@@ -306,7 +306,8 @@ func BenchmarkClaimComplete(b *testing.B) {
 
 // A worker may send anything: a batch holding a repeated attempt, repeated
 // output names or text PostgreSQL cannot store refuses those items alone and
-// commits the others.
+// commits the others. The result with repeated output names ends its
+// attempt as refused (the task queued again), saying why.
 func TestBadCompletionsAreRefusedAlone(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
@@ -324,13 +325,16 @@ func TestBadCompletionsAreRefusedAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []bool{true, false, false, true, true}; fmt.Sprint(acc) != fmt.Sprint(want) {
+	if want := []bool{true, false, true, true, true}; fmt.Sprint(acc) != fmt.Sprint(want) {
 		t.Fatalf("accepted = %v, want %v", acc, want)
+	}
+	if !strings.Contains(batch[2].Refused, `output "x" appears twice`) {
+		t.Errorf("b's result refused with %q", batch[2].Refused)
 	}
 	if out, _ := f.s.Output(ctx, f.owner, id, "a", "stdout"); string(out) != "A" {
 		t.Errorf("a's output = %q", out)
 	}
-	if st := f.states(t, id); st["b"] != "running" || st["c"] != "ready" || st["d"] != "done" {
+	if st := f.states(t, id); st["b"] != "ready" || st["c"] != "ready" || st["d"] != "done" {
 		t.Errorf("states after the batch: %v", st)
 	}
 }
