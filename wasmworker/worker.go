@@ -2,6 +2,8 @@ package wasmworker
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -90,6 +92,9 @@ type Worker struct {
 	lastEnd       time.Time // when an attempt last ended (adaptQueue)
 	attempts      *goPool   // the goroutines that run attempts
 	handBack      string    // why the worker hands its attempts back (HandBack); "" until it does
+	// maxFrame bounds a frame the worker sends: the server's
+	// welcome.max_frame_bytes, protocol.DefaultMaxFrameBytes until then.
+	maxFrame int
 }
 
 // Stats counts what a worker did since it started.
@@ -144,7 +149,8 @@ func New(cfg Config) *Worker {
 	return &Worker{cfg: cfg, log: cfg.Logger, id: cfg.ID, token: cfg.Token, running: map[int64]*attempt{}, pending: map[int64]*protocol.Frame{},
 		cancelled: map[int64]struct{}{}, retries: map[int64]int{},
 		modules: map[string][]byte{}, connected: make(chan struct{}), slotSem: make(chan struct{}, cfg.Slots), hbNow: make(chan struct{}, 1),
-		outboxNew: make(chan struct{}, 1), queue: cfg.Queue, attempts: newGoPool(cfg.Slots + max(cfg.Queue, cfg.MaxQueue))}
+		outboxNew: make(chan struct{}, 1), queue: cfg.Queue, attempts: newGoPool(cfg.Slots + max(cfg.Queue, cfg.MaxQueue)),
+		maxFrame: protocol.DefaultMaxFrameBytes}
 }
 
 // Stats returns a snapshot of the worker's counters.
@@ -344,6 +350,10 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	out := make(chan outMsg, 256)
 	w.mu.Lock()
 	w.id, w.token = wel.WorkerID, wel.ReconnectToken
+	w.maxFrame = protocol.DefaultMaxFrameBytes
+	if wel.MaxFrameBytes > 0 {
+		w.maxFrame = wel.MaxFrameBytes
+	}
 	for _, id := range wel.Lost {
 		w.forgetLocked(id)
 	}
@@ -682,6 +692,9 @@ func (w *Worker) readLoop(ctx context.Context, ws conn, server string) error {
 		}
 		f, err := protocol.Decode(data, bin)
 		if err != nil {
+			if w.oversizedAssign(ctx, data, bin, server) {
+				continue
+			}
 			return fmt.Errorf("bad frame from server: %w", err)
 		}
 		switch f.Type {
@@ -814,6 +827,11 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		// Stopped (by HandBack, the server's cancel or a lost lease), not
 		// ended on its own: its run time says nothing of the tasks.
 		stopped := actx.Err() != nil
+		if out != nil && out.Reason == "" {
+			if msg := w.resultTooBig(as.Attempt, out); msg != "" {
+				out = &Outcome{Reason: protocol.ReasonOutput, Message: msg, Log: out.Log, Duration: out.Duration}
+			}
+		}
 		w.mu.Lock()
 		switch {
 		case w.handBack != "" && stopped && !a.cancelled && (out == nil || out.Reason == protocol.ReasonCancelled):
@@ -899,11 +917,19 @@ func (h *host) Checkpoint(ctx context.Context, state []byte) error {
 	}()
 	f := &protocol.Frame{Type: protocol.TypeCheckpoint, Checkpoint: &protocol.Checkpoint{Attempt: h.a.assign.Attempt, Seq: seq, State: protocol.Blob{Data: state}}}
 	for {
-		// Wait for a connection and send; if that connection ends before
-		// the ack arrives, or the server asks for a retry, send again.
+		// A checkpoint larger than a frame may carry is refused here, at
+		// once: sent, it would make the server close the connection, and
+		// the worker would send it again after every reconnection (a task
+		// checkpointing 100 MiB made its worker reconnect 17 times in a
+		// minute). Looked at before each sending: the bound is that of the
+		// server connected to.
 		w.mu.Lock()
-		connected, sessDone := w.connected, w.sessDone
+		connected, sessDone, maxFrame := w.connected, w.sessDone, w.maxFrame
 		w.mu.Unlock()
+		if most := maxFrame - checkpointFrameOverhead; len(state) > most {
+			return fmt.Errorf("checkpoint refused: its %d bytes are more than the %d bytes a frame may carry (the server's max_frame_bytes is %d)",
+				len(state), max(most, 0), maxFrame)
+		}
 		select {
 		case <-connected:
 		case <-ctx.Done():
@@ -911,7 +937,11 @@ func (h *host) Checkpoint(ctx context.Context, state []byte) error {
 		}
 		w.mu.Lock()
 		sessDone = w.sessDone
+		maxFrame = w.maxFrame
 		w.mu.Unlock()
+		if most := maxFrame - checkpointFrameOverhead; len(state) > most {
+			continue // connected to a server with a smaller bound: refused above
+		}
 		if !w.send(f) {
 			select {
 			case <-time.After(100 * time.Millisecond):
@@ -937,4 +967,134 @@ func (h *host) Checkpoint(ctx context.Context, state []byte) error {
 			return fmt.Errorf("checkpoint not acknowledged: %w", ctx.Err())
 		}
 	}
+}
+
+// checkpointFrameOverhead is more than what a checkpoint frame holds besides
+// the state: its length prefix and header.
+const checkpointFrameOverhead = 1024
+
+// resultTooBig says why the result out of attempt cannot travel in a frame
+// ("" when it can): its header (the names of its outputs) is over
+// protocol.MaxHeaderBytes, or the whole frame over the bound the server
+// announced. Sent anyway, it would make the server close the connection,
+// and the worker would send it again after every reconnection, renewing
+// its lease each time: the task stayed running until cancelled. It fails
+// instead, with limit_output. Outcomes well within both bounds (nearly
+// all) are not encoded to find out.
+func (w *Worker) resultTooBig(attempt int64, out *Outcome) string {
+	w.mu.Lock()
+	maxFrame := w.maxFrame
+	w.mu.Unlock()
+	f := &protocol.Frame{Type: protocol.TypeResult, Results: []protocol.Result{{
+		Attempt: attempt, Outputs: out.Outputs, Log: protocol.Blob{Data: out.Log}, DurationMS: out.Duration.Milliseconds()}}}
+	data, header := outcomeSizes(f)
+	if header <= protocol.MaxHeaderBytes && 4+header+data <= maxFrame {
+		return ""
+	}
+	enc, bin, err := protocol.Encode(f)
+	if err != nil {
+		return fmt.Sprintf("the result cannot be encoded: %v", err)
+	}
+	hdr := len(enc)
+	if bin {
+		hdr = int(binary.BigEndian.Uint32(enc))
+	}
+	switch {
+	case hdr > protocol.MaxHeaderBytes:
+		return fmt.Sprintf("output limit exceeded: the result's frame header takes %d bytes (the names of its %d outputs), more than the %d bytes a frame header may take",
+			hdr, len(out.Outputs), protocol.MaxHeaderBytes)
+	case len(enc) > maxFrame:
+		return fmt.Sprintf("output limit exceeded: the result takes %d bytes (outputs and log), more than the %d bytes a frame may carry (the server's max_frame_bytes)",
+			len(enc), maxFrame)
+	}
+	return ""
+}
+
+// oversizedAssign handles an assign frame that protocol.Decode refused
+// because its header is over protocol.MaxHeaderBytes (an assignment's
+// arguments, say, add up to more), and reports whether it did. Its
+// attempts that fit a header of their own run; those that do not fail at
+// once with a message that says so. (Such a frame used to end the
+// connection: the worker reconnected, the server assigned the task again,
+// to this worker or another, until its attempts were lost.) Anything else
+// wrong with the frame is not handled: the connection ends, as before.
+func (w *Worker) oversizedAssign(ctx context.Context, data []byte, bin bool, server string) bool {
+	hdr, payload := data, []byte(nil)
+	if bin {
+		if len(data) < 4 {
+			return false
+		}
+		n := binary.BigEndian.Uint32(data)
+		if int64(n) > int64(len(data)-4) {
+			return false
+		}
+		hdr, payload = data[4:4+n], data[4+n:]
+	}
+	if len(hdr) <= protocol.MaxHeaderBytes {
+		return false
+	}
+	var raw struct {
+		Type   string            `json:"t"`
+		Assign []json.RawMessage `json:"assign"`
+	}
+	var f protocol.Frame
+	if json.Unmarshal(hdr, &raw) != nil || raw.Type != protocol.TypeAssign || len(raw.Assign) == 0 ||
+		json.Unmarshal(hdr, &f) != nil || len(f.Assign) != len(raw.Assign) {
+		return false
+	}
+	// The payload, as protocol.Decode lays it out.
+	off := 0
+	take := func(b *protocol.Blob) bool {
+		if b.Size < 0 || b.Size > len(payload)-off {
+			return false
+		}
+		b.Data = payload[off : off+b.Size : off+b.Size]
+		off += b.Size
+		return true
+	}
+	for i := range f.Assign {
+		a := &f.Assign[i]
+		if !take(&a.Stdin) {
+			return false
+		}
+		for j := range a.Inputs {
+			if !take(&a.Inputs[j]) {
+				return false
+			}
+		}
+		if !take(&a.Restore) {
+			return false
+		}
+	}
+	if off != len(payload) {
+		return false
+	}
+	const frameHeader = 64 // {"t":"assign","assign":[...]} and the length prefix
+	for i := range f.Assign {
+		a := &f.Assign[i]
+		if n := len(raw.Assign[i]) + frameHeader; n > protocol.MaxHeaderBytes {
+			w.log.Warn("assignment over the header limit", "attempt", a.Attempt, "task", a.Task, "header_bytes", n)
+			w.failAssign(a, protocol.ReasonModule, fmt.Sprintf(
+				"the assignment cannot be delivered: its frame header takes %d bytes (its %d arguments and the names of its %d inputs), more than the %d bytes a frame header may take",
+				n, len(a.Args), len(a.Inputs), protocol.MaxHeaderBytes))
+			continue
+		}
+		w.start(ctx, a, server)
+	}
+	return true
+}
+
+// failAssign reports an assigned attempt failed without running it.
+func (w *Worker) failAssign(as *protocol.Assign, reason, msg string) {
+	f := &protocol.Frame{Type: protocol.TypeFail, Fails: []protocol.Fail{{Attempt: as.Attempt, Reason: reason, Message: msg}}}
+	w.mu.Lock()
+	if _, dup := w.running[as.Attempt]; dup {
+		w.mu.Unlock()
+		return
+	}
+	w.stats.Failed++
+	w.pending[as.Attempt] = f
+	w.outbox = append(w.outbox, f)
+	w.mu.Unlock()
+	w.wakeOutcomes()
 }
