@@ -67,6 +67,10 @@ func (b *batcher[T]) run(ctx context.Context) {
 				fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 				b.flush(fctx, batch)
 				cancel()
+				// The slice is reused: drop the items' references, or a
+				// flushed batch's payloads (up to max frames' worth)
+				// stay reachable until overwritten.
+				clear(batch)
 			}
 		}()
 	}
