@@ -24,7 +24,7 @@ import (
 func churnSteps(i int) int { return 10 + i%5 }
 
 // A soak of volunteers coming and going: a worker is SIGKILLed and
-// replaced every 2 s, and the server is SIGKILLed and restarted once,
+// replaced every 3 s, and the server is SIGKILLed and restarted once,
 // while a steady worker computes too. Every task has max_attempts 1, so an
 // attempt charged to a task for a worker's vanishing would fail the
 // workflow. It finishes with every output correct, every task charged
@@ -58,7 +58,7 @@ func TestChurnCostsNoTaskItsAttempts(t *testing.T) {
 			t.Fatal("the workflow did not finish within 60 rounds of churn")
 		}
 		w := startWorker(t, fmt.Sprintf("churn%d", round), 2, srv.url)
-		time.Sleep(2 * time.Second)
+		time.Sleep(3 * time.Second)
 		w.kill()
 		if st, err := c.Status(ctx, id); err == nil && !restarted && st.Counts.Done >= n/3 {
 			srv.kill()

@@ -30,7 +30,11 @@ const (
 	// EndVanished: the worker stopped answering while the attempt may have
 	// been running (its lease lapsed). The worker's: it loses standing,
 	// and the task counts one loss towards its separate, generous bound
-	// (max_lost), never towards max_attempts.
+	// (max_lost), never towards max_attempts; not even that when the
+	// attempt saved a checkpoint first (it moved its task on: workers
+	// that come and go finish a checkpointing task however often they
+	// go, while a task that brings its workers down before its first
+	// checkpoint, or again and again at the same point, is stopped).
 	EndVanished
 	// EndServerFault: the server could not do its part (the database could
 	// not read or write). Nobody's.
@@ -51,7 +55,8 @@ type Charge struct {
 	Attempt bool
 	// Final fails the task at once.
 	Final bool
-	// Lost counts one loss towards the task's max_lost.
+	// Lost counts one loss towards the task's max_lost, unless the
+	// attempt saved a checkpoint.
 	Lost bool
 	// Worker counts against the worker's standing: a loss
 	// (workers.tasks_lost) when it vanished, an invalid result

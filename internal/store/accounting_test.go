@@ -456,3 +456,31 @@ func TestCheckpointOverTheMemoryLimitIsRefused(t *testing.T) {
 		t.Errorf("checkpoints saved %d, the latest of %d bytes; want 1 of 1048576", seq, size)
 	}
 }
+
+// A loss whose attempt saved a checkpoint first does not count towards
+// max_lost: the task moved on, however often its workers go. The worker is
+// charged all the same.
+func TestLossAfterACheckpointIsNotCounted(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	id := f.submit(t, "batch", f.task("a"))
+	for i := 1; i <= DefaultMaxLost+2; i++ {
+		c := f.claim(t, 1, time.Minute)
+		if len(c) != 1 {
+			t.Fatalf("loss %d: the task was not queued again", i)
+		}
+		if saved, err := f.s.SaveCheckpoint(ctx, c[0].Attempt, c[0].Worker, []byte{byte(i)}, time.Minute); !saved || err != nil {
+			t.Fatalf("checkpoint: %v %v", saved, err)
+		}
+		f.expire(t, c[0])
+	}
+	// Then one that saved nothing counts.
+	f.expire(t, f.claim(t, 1, time.Minute)[0])
+	state, attempts, lost, errText := f.taskCounts(t, id, "a")
+	if state != "ready" || attempts != 0 || lost != 1 {
+		t.Errorf("task is %s (%q) with %d attempts and %d losses, want ready, 0 and 1", state, errText, attempts, lost)
+	}
+	if n := f.tasksLost(t, f.worker); n != DefaultMaxLost+3 {
+		t.Errorf("worker charged %d losses, want %d", n, DefaultMaxLost+3)
+	}
+}

@@ -746,6 +746,9 @@ type attemptEnd struct {
 	task   int64
 	reason string
 	end    Ending
+	// progressed says the attempt saved a checkpoint: a loss that moved
+	// its task on does not count towards max_lost (Charge.Lost).
+	progressed bool
 }
 
 // querier is what settleEnds needs of a connection in a transaction.
@@ -809,7 +812,7 @@ func (s *Store) settleEnds(ctx context.Context, tx querier, ends []attemptEnd) e
 		keep := make([]bool, len(ends))
 		for i, e := range ends {
 			c := e.end.Charges()
-			ids[i], reasons[i], counts[i], lost[i], final[i], keep[i] = e.task, e.reason, c.Attempt, c.Lost, c.Final, c.KeepsPlace
+			ids[i], reasons[i], counts[i], lost[i], final[i], keep[i] = e.task, e.reason, c.Attempt, c.Lost && !e.progressed, c.Final, c.KeepsPlace
 		}
 		rows, err := tx.Query(ctx, requeueSQL, ids, reasons, counts, lost, final, keep, s.interactiveHeadStart.Milliseconds())
 		if err != nil {

@@ -175,7 +175,7 @@ func (s *Store) SweepLeases(ctx context.Context, sw Sweep) (SweepResult, error) 
 			var e attemptEnd
 			var w string
 			var mayHaveRun bool
-			if err := rows.Scan(&e.task, &e.reason, &w, &mayHaveRun); err != nil {
+			if err := rows.Scan(&e.task, &e.reason, &w, &mayHaveRun, &e.progressed); err != nil {
 				rows.Close()
 				return err
 			}
@@ -215,7 +215,7 @@ func (s *Store) SweepLeases(ctx context.Context, sw Sweep) (SweepResult, error) 
 // attempts in that order): its attempts beyond its slots oldest running
 // ones waited in its queue and never started (EndUnstarted), the others
 // may have run (EndVanished). A worker whose record is gone may have run
-// any of them.
+// any of them. The last column says whether the attempt saved a checkpoint.
 const expireSQL = `WITH exp AS (
 	SELECT x.id, x.worker_id FROM running_attempts r JOIN attempts x ON x.id = r.attempt_id
 	WHERE x.state = 'running' AND x.lease_until < now()
@@ -234,7 +234,9 @@ UPDATE attempts a SET state = 'lost', ended_at = now(),
 			|| 'retried, not counted as a failed attempt'
 		ELSE 'worker ' || left(a.worker_id::text, 8) || ' vanished before it started the task; queued again' END
 FROM judged j WHERE a.id = j.id
-RETURNING a.task_id, a.reason, a.worker_id::text, j.may_have_run`
+RETURNING a.task_id, a.reason, a.worker_id::text, j.may_have_run,
+	-- The attempt saved a checkpoint: it moved its task on before it was lost.
+	(SELECT t.checkpoint_seq > a.restored_seq FROM tasks t WHERE t.id = a.task_id)`
 
 // chargeWorkers counts lost attempts (n per worker) against the workers'
 // standing (EndVanished's Charge.Worker).
