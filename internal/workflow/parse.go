@@ -304,6 +304,9 @@ func (s *Spec) buildTask(i int, tj *taskJSON) error {
 			return fail("args", fmt.Sprintf("argument %d is not valid UTF-8", j))
 		}
 	}
+	if msg := checkAssignHeader(tj.Args, tj.Inputs); msg != "" {
+		return fail("args", msg)
+	}
 	t := &s.Tasks[i]
 	t.Name, t.Module = tj.Name, tj.Module
 	t.Args = append([]string(nil), tj.Args...)
