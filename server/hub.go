@@ -3,9 +3,11 @@ package server
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
@@ -57,6 +59,11 @@ type conn struct {
 	// running has the module of each attempt the worker holds, for the
 	// checkpoints' cost.
 	running map[int64]string
+	// outcomes has the attempts whose outcome (result or fail) arrived on
+	// this connection and left running (their slots are free again) but
+	// whose commit has not been settled: under way, or failed with an ack
+	// that said retry (see fenceOutcome for the rule).
+	outcomes map[int64]*outcome
 	// samples is the device history from heartbeats, for the stability
 	// class; record the worker's database record (reputation, attempts,
 	// losses), refreshed now and then; tasksDone the results accepted
@@ -66,6 +73,12 @@ type conn struct {
 	tasksDone int
 	device    protocol.Device
 	connected time.Time
+
+	// inflight bounds the payload bytes of this worker's frames that the
+	// server holds (read, waiting for their commit); hold is the frame the
+	// read loop is handling (read loop only).
+	inflight byteBudget
+	hold     *payloadHold
 }
 
 type outFrame struct {
@@ -144,6 +157,103 @@ type hub struct {
 	// it gets no more work: a little over two heartbeat intervals, well
 	// within a lease.
 	silent time.Duration
+	// payload bounds the payload bytes of all workers' frames held on
+	// this replica (see payloadLimits).
+	payload byteBudget
+}
+
+// Bounds on what a worker's frames may make the server hold.
+//
+// A result, fail or checkpoint frame's payload is read only once the
+// frame is known to carry something the connection holds (fencing), and
+// only within two budgets of bytes held until its commit is settled: one
+// per connection and one for the replica. A frame that does not fit waits,
+// unread, until commits release enough (back-pressure on that socket, as
+// TCP's): the server never buffers outcomes beyond them.
+const (
+	// connPayloadBytes bounds the payload bytes held for one connection
+	// (at least one frame of max_frame_bytes).
+	connPayloadBytes = 96 << 20
+	// replicaPayloadBytes bounds those held for all connections together
+	// (at least one connection's).
+	replicaPayloadBytes = 256 << 20
+)
+
+// payloadLimits are the bounds of the per-connection and per-replica
+// payload budgets.
+func (s *Server) payloadLimits() (conn, replica int64) {
+	conn = max(connPayloadBytes, int64(s.cfg.MaxFrameBytes))
+	return conn, max(replicaPayloadBytes, conn)
+}
+
+// byteBudget counts bytes held against a limit.
+type byteBudget struct {
+	mu    sync.Mutex
+	used  int64
+	freed chan struct{} // closed when bytes are released
+}
+
+// acquire takes n bytes, waiting while they would take the bytes held over
+// limit (a budget holding nothing always gives them: one frame never
+// waits forever).
+func (b *byteBudget) acquire(ctx context.Context, n, limit int64) error {
+	for {
+		b.mu.Lock()
+		if b.used == 0 || b.used+n <= limit {
+			b.used += n
+			b.mu.Unlock()
+			return nil
+		}
+		if b.freed == nil {
+			b.freed = make(chan struct{})
+		}
+		freed := b.freed
+		b.mu.Unlock()
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (b *byteBudget) release(n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.used -= n
+	if b.freed != nil {
+		close(b.freed)
+		b.freed = nil
+	}
+}
+
+func (b *byteBudget) held() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used
+}
+
+// payloadHold is the bytes of one frame held in budgets: by the read loop
+// while it handles the frame, and by each of the frame's outcomes until its
+// commit is settled. The last to let go releases them.
+type payloadHold struct {
+	n       int64
+	refs    atomic.Int32
+	budgets []*byteBudget
+}
+
+func (p *payloadHold) ref() {
+	if p != nil {
+		p.refs.Add(1)
+	}
+}
+
+func (p *payloadHold) done() {
+	if p != nil && p.refs.Add(-1) == 0 {
+		for _, b := range p.budgets {
+			b.release(p.n)
+		}
+	}
 }
 
 func newHub(silent time.Duration) *hub {
@@ -246,6 +356,84 @@ func (h *hub) finished(c *conn, attempt int64) bool {
 	delete(h.attempts, attempt)
 	c.free++
 	return true
+}
+
+// outcome is an attempt whose outcome arrived on its connection and awaits
+// its commit's verdict.
+type outcome struct {
+	retry bool         // its commit failed: the worker was told to send it again
+	hold  *payloadHold // the payload bytes of the frame that carried it
+}
+
+// The fencing rule for outcomes (result, fail). A connection's word counts
+// only for the attempts it holds: an outcome for any other attempt is
+// refused in memory, before its payload is read, buffered or sent to the
+// database ("refused: this connection does not hold attempt N", no retry).
+// A connection holds
+//   - the attempts in c.running: assigned to it (hub.started), or listed in
+//     its hello's running and kept by the server (greet, reg.Modules);
+//   - the attempts in c.outcomes marked retry: their outcome arrived (which
+//     freed their slots and took them out of c.running) but its commit
+//     failed and the ack asked the worker to send it again.
+// An outcome being committed is not held: a second one for it is refused
+// (an honest worker sends an outcome again only once told to retry). A
+// reconnected worker re-sends its unacknowledged outcomes on its new
+// connection, whose c.running has every attempt the server kept for it.
+
+// mayReport reports whether c may report the outcome of attempt (the rule
+// above), without changing anything.
+func (h *hub) mayReport(c *conn, attempt int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := c.running[attempt]; ok {
+		return true
+	}
+	o := c.outcomes[attempt]
+	return o != nil && o.retry
+}
+
+// takeOutcome applies the rule above to an outcome of attempt that arrived
+// on c: when c holds the attempt, the outcome is accepted (its commit under
+// way, holding hold until settled) and the attempt's slot, if it still had
+// one, freed. It reports whether the outcome is accepted and whether a slot
+// was freed.
+func (h *hub) takeOutcome(c *conn, attempt int64, hold *payloadHold) (ok, freed bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, running := c.running[attempt]; running {
+		delete(c.running, attempt)
+		delete(h.attempts, attempt)
+		c.free++
+		freed = true
+	} else if o := c.outcomes[attempt]; o == nil || !o.retry {
+		return false, false
+	}
+	if c.outcomes == nil {
+		c.outcomes = map[int64]*outcome{}
+	}
+	hold.ref()
+	c.outcomes[attempt] = &outcome{hold: hold}
+	return true, freed
+}
+
+// settleOutcome records the verdict on the commit of an outcome of attempt
+// from c: retry keeps the attempt for the worker to send it again; otherwise
+// (committed or refused) c is done with it. Either way the outcome's payload
+// bytes are no longer held.
+func (h *hub) settleOutcome(c *conn, attempt int64, retry bool) {
+	h.mu.Lock()
+	o := c.outcomes[attempt]
+	if o != nil {
+		if retry {
+			c.outcomes[attempt] = &outcome{retry: true}
+		} else {
+			delete(c.outcomes, attempt)
+		}
+	}
+	h.mu.Unlock()
+	if o != nil {
+		o.hold.done()
+	}
 }
 
 // cancel sends cancel frames for those attempts that run on this replica.
@@ -556,10 +744,20 @@ func (s *Server) readLoop(ctx context.Context, c *conn) error {
 	defer context.AfterFunc(ctx, func() { c.ws.CloseNow() })()
 	for {
 		timer.Reset(idle)
-		typ, data, err := c.ws.Read(context.Background())
+		f, fenced, hold, err := s.readFrame(ctx, c, func(wait bool) {
+			if wait {
+				timer.Stop()
+			} else {
+				timer.Reset(idle)
+			}
+		})
 		timer.Stop()
 		if err != nil {
+			var perr protocolError
 			switch {
+			case errors.As(err, &perr):
+				s.metrics.badFrames.Inc()
+				return err
 			case ctx.Err() != nil:
 				return ctx.Err()
 			case silent.Load():
@@ -570,16 +768,210 @@ func (s *Server) readLoop(ctx context.Context, c *conn) error {
 		if s.hub.heardFrom(c) {
 			s.wakeSlots() // silent until now: it may have free slots
 		}
-		f, err := protocol.Decode(data, typ == websocket.MessageBinary)
+		if fenced {
+			err = s.refuseAll(c, f)
+		} else {
+			c.hold = hold
+			err = s.handleFrame(ctx, c, f)
+			c.hold = nil
+			hold.done()
+		}
 		if err != nil {
 			s.metrics.badFrames.Inc()
 			return protocolError{err}
 		}
-		if err := s.handleFrame(ctx, c, f); err != nil {
-			s.metrics.badFrames.Inc()
-			return protocolError{err}
+	}
+}
+
+// readFrame reads the worker's next frame. A frame with payload is read in
+// two steps: its header first, then, only when the header concerns an
+// attempt this connection holds, its payload, within the payload budgets
+// (the connection's and the replica's: see payloadLimits) and held in them
+// (hold) until the read loop and the frame's outcomes let go. The payload
+// of a result, fail or checkpoint for nothing the connection holds is
+// skipped without being kept (fenced: the frame's header only, every item
+// to be refused). pause(true) is called before waiting for the budgets,
+// pause(false) after. A frame that breaks the protocol is a protocolError.
+func (s *Server) readFrame(ctx context.Context, c *conn, pause func(bool)) (f *protocol.Frame, fenced bool, hold *payloadHold, err error) {
+	typ, r, err := c.ws.Reader(context.Background())
+	if err != nil {
+		return nil, false, nil, err
+	}
+	if typ == websocket.MessageText {
+		data, err := io.ReadAll(io.LimitReader(r, protocol.MaxHeaderBytes+1))
+		if err != nil {
+			return nil, false, nil, err
+		}
+		if len(data) > protocol.MaxHeaderBytes {
+			return nil, false, nil, protocolError{fmt.Errorf("decode frame: text message over the %d-byte header limit", protocol.MaxHeaderBytes)}
+		}
+		f, err := protocol.Decode(data, false)
+		if err != nil {
+			return nil, false, nil, protocolError{err}
+		}
+		return f, false, nil, nil
+	}
+	short := func(err error, what string) error {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return protocolError{errors.New("decode frame: binary message shorter than its " + what)}
+		}
+		return err
+	}
+	var prefix [4]byte
+	if _, err := io.ReadFull(r, prefix[:]); err != nil {
+		return nil, false, nil, short(err, "length prefix")
+	}
+	n := binary.BigEndian.Uint32(prefix[:])
+	if n > protocol.MaxHeaderBytes {
+		return nil, false, nil, protocolError{fmt.Errorf("decode frame: header length %d over the %d-byte limit", n, protocol.MaxHeaderBytes)}
+	}
+	hdr := make([]byte, 4+int(n), 4+int(n))
+	copy(hdr, prefix[:])
+	if _, err := io.ReadFull(r, hdr[4:]); err != nil {
+		return nil, false, nil, short(err, "header")
+	}
+	var head protocol.Frame
+	if err := json.Unmarshal(hdr[4:], &head); err != nil {
+		return nil, false, nil, protocolError{fmt.Errorf("decode frame: %w", err)}
+	}
+	size, err := payloadSize(&head, s.cfg.MaxFrameBytes-len(hdr))
+	if err != nil {
+		return nil, false, nil, protocolError{fmt.Errorf("decode %q frame: %w", head.Type, err)}
+	}
+	if size == 0 {
+		f, err := protocol.Decode(hdr, true)
+		if err != nil {
+			return nil, false, nil, protocolError{err}
+		}
+		return f, false, nil, nil
+	}
+	switch head.Type {
+	case protocol.TypeResult, protocol.TypeFail, protocol.TypeCheckpoint:
+	default:
+		return nil, false, nil, protocolError{fmt.Errorf("a worker may not send %q frames with payload", head.Type)}
+	}
+	if !s.holdsAny(c, &head) {
+		m, err := io.Copy(io.Discard, r)
+		if err != nil {
+			return nil, false, nil, err
+		}
+		if m != int64(size) {
+			return nil, false, nil, protocolError{fmt.Errorf("decode %q frame: %d payload bytes, its header says %d", head.Type, m, size)}
+		}
+		return &head, true, nil, nil
+	}
+	total := int64(len(hdr) + size)
+	connLimit, replicaLimit := s.payloadLimits()
+	pause(true)
+	if err := c.inflight.acquire(ctx, total, connLimit); err != nil {
+		return nil, false, nil, err
+	}
+	if err := s.hub.payload.acquire(ctx, total, replicaLimit); err != nil {
+		c.inflight.release(total)
+		return nil, false, nil, err
+	}
+	pause(false)
+	hold = &payloadHold{n: total, budgets: []*byteBudget{&c.inflight, &s.hub.payload}}
+	hold.refs.Store(1)
+	defer func() {
+		if err != nil {
+			hold.done()
+			hold = nil
+		}
+	}()
+	data := make([]byte, total)
+	copy(data, hdr)
+	if _, err := io.ReadFull(r, data[len(hdr):]); err != nil {
+		return nil, false, nil, short(err, "payload")
+	}
+	var more [1]byte
+	if _, err := io.ReadFull(r, more[:]); err == nil {
+		return nil, false, nil, protocolError{fmt.Errorf("decode %q frame: payload bytes left over", head.Type)}
+	} else if !errors.Is(err, io.EOF) {
+		return nil, false, nil, err
+	}
+	f, err = protocol.Decode(data, true)
+	if err != nil {
+		return nil, false, nil, protocolError{err}
+	}
+	return f, false, hold, nil
+}
+
+// payloadSize adds up the sizes of the blobs in f's header, an error when
+// one is negative or they come to more than limit.
+func payloadSize(f *protocol.Frame, limit int) (int, error) {
+	var bs []protocol.Blob
+	for _, a := range f.Assign {
+		bs = append(append(append(bs, a.Stdin), a.Inputs...), a.Restore)
+	}
+	if f.Checkpoint != nil {
+		bs = append(bs, f.Checkpoint.State)
+	}
+	for _, r := range f.Results {
+		bs = append(append(bs, r.Outputs...), r.Log)
+	}
+	for _, fl := range f.Fails {
+		bs = append(bs, fl.Log)
+	}
+	total := 0
+	for _, b := range bs {
+		if b.Size < 0 || b.Size > limit-total {
+			return 0, fmt.Errorf("blob %q of %d bytes: the frame would be over its limit of %d bytes", b.Name, b.Size, limit)
+		}
+		total += b.Size
+	}
+	return total, nil
+}
+
+// holdsAny reports whether the outcome or checkpoint frame f concerns an
+// attempt c holds (the fencing rule: see mayReport).
+func (s *Server) holdsAny(c *conn, f *protocol.Frame) bool {
+	if f.Checkpoint != nil {
+		_, ok := s.hub.holds(c, f.Checkpoint.Attempt)
+		return ok
+	}
+	for _, r := range f.Results {
+		if s.hub.mayReport(c, r.Attempt) {
+			return true
 		}
 	}
+	for _, fl := range f.Fails {
+		if s.hub.mayReport(c, fl.Attempt) {
+			return true
+		}
+	}
+	return false
+}
+
+// notHeld is the error of an ack refusing a report for an attempt the
+// connection does not hold.
+func notHeld(attempt int64) string {
+	return fmt.Sprintf("refused: this connection does not hold attempt %d", attempt)
+}
+
+// refuseAll refuses every item of f, a result, fail or checkpoint frame
+// whose payload was skipped (readFrame: fenced).
+func (s *Server) refuseAll(c *conn, f *protocol.Frame) error {
+	var acks []protocol.Ack
+	switch f.Type {
+	case protocol.TypeCheckpoint:
+		acks = append(acks, protocol.Ack{Attempt: f.Checkpoint.Attempt, Of: protocol.AckCheckpoint, Seq: f.Checkpoint.Seq,
+			Error: notHeld(f.Checkpoint.Attempt)})
+	case protocol.TypeResult:
+		for _, r := range f.Results {
+			acks = append(acks, protocol.Ack{Attempt: r.Attempt, Of: protocol.AckResult, Error: notHeld(r.Attempt)})
+		}
+	case protocol.TypeFail:
+		for _, fl := range f.Fails {
+			if !knownReason(fl.Reason) {
+				return fmt.Errorf("unknown failure reason %q", fl.Reason)
+			}
+			acks = append(acks, protocol.Ack{Attempt: fl.Attempt, Of: protocol.AckFail, Error: notHeld(fl.Attempt)})
+		}
+	}
+	s.metrics.completions.WithLabelValues("refused").Add(float64(len(acks)))
+	c.enqueue(&protocol.Frame{Type: protocol.TypeAck, Acks: acks})
+	return nil
 }
 
 func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) error {
@@ -644,7 +1036,8 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 		ack := protocol.Ack{Attempt: cp.Attempt, Of: protocol.AckCheckpoint, Seq: cp.Seq}
 		ok := false
 		var err error
-		if m, held := s.hub.holds(c, cp.Attempt); held {
+		m, held := s.hub.holds(c, cp.Attempt)
+		if held {
 			start := time.Now()
 			ok, err = s.store.SaveCheckpoint(ctx, cp.Attempt, c.id, cp.State.Data, s.cfg.Lease)
 			s.health.observe("save a checkpoint", err)
@@ -653,6 +1046,8 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 			}
 		}
 		switch {
+		case !held:
+			ack.Error = notHeld(cp.Attempt)
 		case err != nil:
 			ack.Error, ack.Retry = "checkpoint not saved: server error", true
 			c.log.Log(ctx, s.health.level(err), "save checkpoint", "attempt", cp.Attempt, "err", err)
@@ -692,15 +1087,34 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 
 // finish frees the attempts' slots and queues their completions, those of
 // one frame together in one batch; the acks go out once it is committed.
+// An outcome for an attempt the connection does not hold (the rule above
+// mayReport) is refused at once, in memory: it never reaches the batcher
+// or the database.
 func (s *Server) finish(ctx context.Context, c *conn, comps []store.Completion, of string) error {
-	items := make([]completion, len(comps))
+	items := make([]completion, 0, len(comps))
+	var refused []protocol.Ack
 	freed := false
-	for i, comp := range comps {
-		freed = s.hub.finished(c, comp.Attempt) || freed
-		items[i] = completion{c: c, comp: comp, of: of}
+	for _, comp := range comps {
+		ok, fr := s.hub.takeOutcome(c, comp.Attempt, c.hold)
+		if !ok {
+			refused = append(refused, protocol.Ack{Attempt: comp.Attempt, Of: of, Error: notHeld(comp.Attempt)})
+			continue
+		}
+		freed = freed || fr
+		items = append(items, completion{c: c, comp: comp, of: of})
+	}
+	if len(refused) > 0 {
+		s.metrics.completions.WithLabelValues("refused").Add(float64(len(refused)))
+		c.enqueue(&protocol.Frame{Type: protocol.TypeAck, Acks: refused})
 	}
 	if freed {
 		s.wakeSlots()
 	}
-	return s.completions.submitAll(ctx, items)
+	if err := s.completions.submitAll(ctx, items); err != nil {
+		for _, it := range items {
+			s.hub.settleOutcome(c, it.comp.Attempt, false)
+		}
+		return err
+	}
+	return nil
 }

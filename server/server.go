@@ -672,8 +672,12 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 			ack.Error = "refused: the attempt no longer holds its lease"
 			s.metrics.completions.WithLabelValues("refused").Inc()
 		}
+		// Before the ack goes: a worker told to retry may send the
+		// outcome again at once. This also lets go of its payload bytes.
+		s.hub.settleOutcome(b.c, b.comp.Attempt, ack.Retry)
 		acks[b.c] = append(acks[b.c], ack)
 	}
+	clear(cs) // the payloads go with the batch (the batcher clears its own)
 	if err != nil {
 		s.log.Log(ctx, s.health.level(err), "complete attempts", "n", len(batch), "err", err)
 	}

@@ -1,0 +1,163 @@
+//go:build unix
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cyclepool/cyclepool/client"
+	"github.com/cyclepool/cyclepool/internal/protocol"
+)
+
+// peakRSS returns the peak resident set size (VmHWM) of process pid, in
+// bytes, and its current one (VmRSS).
+func peakRSS(t *testing.T, pid int) (peak, now int64) {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok || (k != "VmHWM" && k != "VmRSS") {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			t.Fatalf("%s: %q: %v", k, v, err)
+		}
+		if k == "VmHWM" {
+			peak = n << 10
+		} else {
+			now = n << 10
+		}
+	}
+	if peak == 0 || now == 0 {
+		t.Fatalf("no VmHWM/VmRSS in /proc/%d/status", pid)
+	}
+	return peak, now
+}
+
+// queryInt runs a query returning one integer on the database at db.
+func queryInt(t *testing.T, db, q string, args ...any) int64 {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int64
+	if err := conn.QueryRow(ctx, q, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+// Results for attempts a worker never held are refused at once, in memory:
+// their payload is neither kept nor sent to the database. Hostile workers
+// (paused, so that they are given nothing) send results of 60 MiB in a
+// loop, for made-up attempt ids and for guessed ones (attempt ids are
+// sequential) while an honest worker runs an honest workflow. The honest
+// workflow ends with its output; every hostile result is refused with the
+// fencing error; nothing of theirs is stored; and the server's memory stays
+// bounded (issue 21, attack 3: 470 MiB to 4.2 GiB before).
+func TestResultsForAttemptsNotHeldAreRefusedInMemory(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	echo := push(t, p.client, "echo")
+	startWorker(t, "honest", 1, p.srv.url)
+	const (
+		hostile = 3
+		rounds  = 12
+		size    = 60 << 20
+	)
+	payload := make([]byte, size)
+	for i := range payload {
+		payload[i] = byte(i)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, hostile*rounds)
+	for h := range hostile {
+		fake := dialFakeHello(t, p.srv.url, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1,
+			Device: protocol.Device{Paused: true}})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range rounds {
+				attempt := int64(1 + i) // guessed: the honest worker's are among the first
+				if i%2 == 1 {
+					attempt = 1_000_000_000 + int64(h*rounds+i) // made up
+				}
+				fake.send(t, &protocol.Frame{Type: protocol.TypeResult, Results: []protocol.Result{{
+					Attempt: attempt, Outputs: []protocol.Blob{{Name: "stdout", Data: payload}},
+					Log: protocol.Blob{Data: []byte("hostile\n")}, DurationMS: 1}}})
+				ack := fake.ack(t, attempt, protocol.AckResult, 60*time.Second)
+				want := fmt.Sprintf("refused: this connection does not hold attempt %d", attempt)
+				if ack.OK || ack.Retry || ack.Error != want {
+					errs <- fmt.Errorf("hostile result for attempt %d: ack %+v, want refused with %q", attempt, ack, want)
+				}
+			}
+		}()
+	}
+
+	// Meanwhile an honest workflow runs, to its right output.
+	var ids []string
+	for i := range 3 {
+		in := fmt.Sprintf("honest %d\n", i)
+		id := submit(t, p.client, map[string]any{"name": "honest", "priority": "interactive", "tasks": []task{
+			{"name": "t", "module": echo, "stdin": map[string]any{"data": in}}}})
+		st := wait(t, p.client, id, 120*time.Second)
+		if st.State != client.WorkflowDone {
+			t.Fatalf("honest workflow %d ended %s: %+v", i, st.State, st.Tasks)
+		}
+		if got := output(t, p.client, id, "t", "stdout"); got != in {
+			t.Fatalf("honest workflow %d: stdout %q, want %q", i, got, in)
+		}
+		ids = append(ids, id)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+
+	// Nothing of the hostile results was stored: the only outputs are the
+	// honest ones, every attempt succeeded once, on the honest worker.
+	if n := queryInt(t, p.db, `SELECT count(DISTINCT task_id) FROM task_outputs`); n != int64(len(ids)) {
+		t.Errorf("outputs of %d tasks stored, want %d (the honest ones)", n, len(ids))
+	}
+	if n := queryInt(t, p.db, `SELECT coalesce(max(length(data)), 0) FROM task_outputs`); n > 100 {
+		t.Errorf("a task output of %d bytes was stored", n)
+	}
+	if n := queryInt(t, p.db, `SELECT count(*) FROM attempts WHERE state <> 'succeeded'`); n != 0 {
+		t.Errorf("%d attempts did not succeed", n)
+	}
+	if n := queryInt(t, p.db, `SELECT count(DISTINCT worker_id) FROM attempts`); n != 1 {
+		t.Errorf("attempts ran on %d workers, want 1 (the honest one)", n)
+	}
+	for _, id := range ids {
+		if as := attempts(t, p.client, id, "t"); len(as) != 1 || as[0].State != "succeeded" {
+			t.Errorf("workflow %s: attempts %+v, want one succeeded", id, as)
+		}
+	}
+
+	peak, now := peakRSS(t, p.srv.cmd.Process.Pid)
+	t.Logf("server memory after %d hostile results of %d MiB: peak %d MiB, now %d MiB",
+		hostile*rounds, size>>20, peak>>20, now>>20)
+	if peak > 300<<20 {
+		t.Errorf("the server's peak memory was %d MiB, want under 300 MiB", peak>>20)
+	}
+}
