@@ -5,6 +5,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cyclepool/cyclepool/client"
@@ -157,6 +159,127 @@ func TestResultsForAttemptsNotHeldAreRefusedInMemory(t *testing.T) {
 	peak, now := peakRSS(t, p.srv.cmd.Process.Pid)
 	t.Logf("server memory after %d hostile results of %d MiB: peak %d MiB, now %d MiB",
 		hostile*rounds, size>>20, peak>>20, now>>20)
+	if peak > 300<<20 {
+		t.Errorf("the server's peak memory was %d MiB, want under 300 MiB", peak>>20)
+	}
+}
+
+// A flood of hellos with huge device strings neither grows the database
+// nor the server's memory: a hello over 64 KiB is refused with an error
+// frame saying so, and strings in one that fits are cut to their bounds,
+// enumerated values to their allowed ones; so are a heartbeat's (issue 21,
+// attack 5: +248 MB of workers table in 22 s before).
+func TestHelloFloodIsBounded(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	tableSize := func() int64 {
+		return queryInt(t, p.db, `SELECT pg_total_relation_size('workers')`)
+	}
+	before := tableSize()
+
+	huge := strings.Repeat("Mozilla/5.0 ", 900_000/12) // 900 KB
+	hello, err := json.Marshal(&protocol.Frame{Type: protocol.TypeHello, Hello: &protocol.Hello{
+		Version: protocol.Version, Kind: protocol.KindBrowser, Slots: 1, Device: protocol.Device{UserAgent: huge}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := "ws://" + strings.TrimPrefix(p.srv.url, "http://") + "/ws/worker"
+	const flood = 150
+	var wg sync.WaitGroup
+	errs := make(chan error, flood)
+	sem := make(chan struct{}, 30)
+	for range flood {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			ws, _, err := websocket.Dial(ctx, u, nil)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer ws.CloseNow()
+			// The server may answer before the whole hello is sent.
+			go ws.Write(ctx, websocket.MessageText, hello)
+			typ, data, err := ws.Read(ctx)
+			if err != nil {
+				errs <- fmt.Errorf("read the answer to a huge hello: %v", err)
+				return
+			}
+			fr, err := protocol.Decode(data, typ == websocket.MessageBinary)
+			if err != nil || fr.Type != protocol.TypeError || !strings.Contains(fr.Error.Message, "hello refused") {
+				errs <- fmt.Errorf("a huge hello was answered with %s (%v), want an error saying it was refused", data, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	n := 0
+	for err := range errs {
+		if n++; n <= 5 {
+			t.Error(err)
+		}
+	}
+
+	// A hello that fits, with strings over their bounds: kept, cut.
+	long := strings.Repeat("x", 12_000) // four of them fit in the 64 KiB of a hello
+	fake := dialFakeHello(t, p.srv.url, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindBrowser, Slots: 1,
+		Device: protocol.Device{UserAgent: long, Connection: long, PausedBecause: long, Charging: long, Online: "maybe",
+			Visibility: "visible", Paused: true}})
+	id := fake.welcome.WorkerID
+	device := func() map[string]any {
+		t.Helper()
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, p.db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		var d map[string]any
+		if err := conn.QueryRow(ctx, `SELECT device FROM workers WHERE id = $1`, id).Scan(&d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	d := device()
+	if ua, _ := d["user_agent"].(string); len(ua) != 512 {
+		t.Errorf("user agent of %d bytes stored, want it cut to 512", len(ua))
+	}
+	if c, _ := d["connection"].(string); len(c) > 32 {
+		t.Errorf("connection of %d bytes stored", len(c))
+	}
+	if c, _ := d["paused_because"].(string); len(c) > 200 {
+		t.Errorf("paused_because of %d bytes stored", len(c))
+	}
+	if d["charging"] != protocol.Unknown || d["online"] != protocol.Unknown || d["visibility"] != "visible" {
+		t.Errorf("device enums stored as charging %.20q, online %q, visibility %q; want unknown, unknown, visible",
+			d["charging"], d["online"], d["visibility"])
+	}
+
+	// A heartbeat's device is held to the same bounds.
+	fake.send(t, &protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: &protocol.Heartbeat{Device: &protocol.Device{
+		UserAgent: strings.Repeat("y", 500_000), Charging: "yes", SaveData: strings.Repeat("z", 1000), Paused: true}}})
+	eventually(t, 20*time.Second, "the heartbeat's device to be stored", func() bool {
+		d = device()
+		return d["charging"] == "yes"
+	})
+	if ua, _ := d["user_agent"].(string); ua != strings.Repeat("y", 512) {
+		t.Errorf("heartbeat user agent of %d bytes stored, want it cut to 512", len(ua))
+	}
+	if d["save_data"] != protocol.Unknown {
+		t.Errorf("heartbeat save_data stored as %.20q, want unknown", d["save_data"])
+	}
+
+	after := tableSize()
+	peak, now := peakRSS(t, p.srv.cmd.Process.Pid)
+	t.Logf("workers table %d kB before, %d kB after %d huge hellos; server memory peak %d MiB, now %d MiB",
+		before>>10, after>>10, flood, peak>>10>>10, now>>20)
+	if after-before > 1<<20 {
+		t.Errorf("the workers table grew by %d kB, want under 1 MiB", (after-before)>>10)
+	}
 	if peak > 300<<20 {
 		t.Errorf("the server's peak memory was %d MiB, want under 300 MiB", peak>>20)
 	}

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -177,6 +178,10 @@ const (
 	// replicaPayloadBytes bounds those held for all connections together
 	// (at least one connection's).
 	replicaPayloadBytes = 256 << 20
+	// helloMaxBytes bounds the hello frame: it is read before anything is
+	// known of the worker, and its running list (at most 1,280 attempts)
+	// fits with room to spare.
+	helloMaxBytes = 64 << 10
 )
 
 // payloadLimits are the bounds of the per-connection and per-replica
@@ -624,6 +629,47 @@ func truncate(s string, n int) string {
 	return s[:n]
 }
 
+// Bounds of the device strings a worker reports (hello, heartbeat), which
+// the database keeps with the worker's record.
+const (
+	maxUserAgent     = 512
+	maxConnection    = 32
+	maxPausedBecause = 200
+)
+
+// cleanDevice returns d within the bounds of docs/PROTOCOL.md: free-form
+// strings truncated, each enumerated one either one of its values (or
+// absent) or "unknown", numbers out of their range unknown.
+func cleanDevice(d protocol.Device) protocol.Device {
+	enum := func(v string, allowed ...string) string {
+		if v == "" || slices.Contains(allowed, v) {
+			return v
+		}
+		return protocol.Unknown
+	}
+	d.Charging = enum(d.Charging, "yes", "no", protocol.Unknown)
+	d.SaveData = enum(d.SaveData, "yes", "no", protocol.Unknown)
+	d.Online = enum(d.Online, "yes", "no", protocol.Unknown)
+	d.Visibility = enum(d.Visibility, "visible", "hidden", protocol.Unknown)
+	d.UserAgent = strings.ToValidUTF8(truncate(d.UserAgent, maxUserAgent), "")
+	d.Connection = strings.ToValidUTF8(truncate(d.Connection, maxConnection), "")
+	d.PausedBecause = strings.ToValidUTF8(truncate(d.PausedBecause, maxPausedBecause), "")
+	within := func(p *float64, hi float64) *float64 {
+		if p == nil || !(*p >= 0 && *p <= hi) {
+			return nil
+		}
+		return p
+	}
+	d.Battery = within(d.Battery, 1)
+	d.DownlinkMbps = within(d.DownlinkMbps, 1e6)
+	d.RTTMillis = within(d.RTTMillis, 1e7)
+	d.MemoryGiB = within(d.MemoryGiB, 1<<20)
+	if d.Cores < 0 || d.Cores > 1<<16 {
+		d.Cores = 0
+	}
+	return d
+}
+
 // knownReason reports whether r is one of the failure reasons of the
 // protocol (docs/PROTOCOL.md).
 func knownReason(r string) bool {
@@ -651,9 +697,18 @@ func failEnding(reason string) store.Ending {
 func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request) (*conn, error) {
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	typ, data, err := ws.Read(rctx)
+	// hello is read under a small limit of its own: it comes before
+	// anything is known of the worker.
+	typ, hr, err := ws.Reader(rctx)
 	if err != nil {
 		return nil, fmt.Errorf("read hello: %w", err)
+	}
+	data, err := io.ReadAll(io.LimitReader(hr, helloMaxBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read hello: %w", err)
+	}
+	if len(data) > helloMaxBytes {
+		return nil, fmt.Errorf("hello refused: over %d bytes", helloMaxBytes)
 	}
 	f, err := protocol.Decode(data, typ == websocket.MessageBinary)
 	if err != nil {
@@ -663,6 +718,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 		return nil, fmt.Errorf("first frame must be hello, got %q", f.Type)
 	}
 	h := f.Hello
+	h.Device = cleanDevice(h.Device)
 	switch {
 	case h.Version != protocol.Version:
 		return nil, fmt.Errorf("protocol version %d is not supported (server speaks %d)", h.Version, protocol.Version)
@@ -978,6 +1034,10 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 	switch f.Type {
 	case protocol.TypeHeartbeat:
 		hb := f.Heartbeat
+		if hb.Device != nil {
+			d := cleanDevice(*hb.Device)
+			hb.Device = &d
+		}
 		s.hub.mu.Lock()
 		c.addSample(deviceSample(time.Now(), hb.Device), s.cfg.Heartbeat)
 		if hb.Device != nil {
