@@ -329,6 +329,7 @@ func (p *slotPool) attempt(ctx context.Context, c *slotProc, t *ticket, job *was
 	defer stopKill()
 	var log []byte
 	memMsg := ""
+	loading := false // the slot process is compiling the module
 	l := effectiveLimits(job.Assign.Limits)
 	wall := time.Duration(l.WallMS) * time.Millisecond
 
@@ -347,6 +348,16 @@ func (p *slotPool) attempt(ctx context.Context, c *slotProc, t *ticket, job *was
 			o = failOutcome(protocol.ReasonWorker, "the runner is closing")
 		case memMsg != "":
 			o = failOutcome(protocol.ReasonMemory, "%s", memMsg)
+		case c.outOfAddressSpace():
+			// Not the kernel's or the machine's doing: the process passed
+			// the address-space limit it set itself for this module.
+			if loading {
+				o = failOutcome(protocol.ReasonMemory, "memory limit exceeded: compiling the module took more than the %d MiB of address space a slot process allows for it",
+					compileRoom>>20)
+			} else {
+				o = failOutcome(protocol.ReasonMemory, "memory limit exceeded: the attempt took more than the %d MiB of address space a slot process allows for a memory limit of %d pages (three times the limit and %d MiB); memory outside the linear memory, such as a table's entries, counts too",
+					runRoom(l.MemoryPages)>>20, effectiveMemoryPages(l.MemoryPages), runOverhead>>20)
+			}
 		case wallExpired.Load():
 			o = failOutcome(protocol.ReasonWallTime, "wall time limit of %v exceeded", wall)
 		case !started:
@@ -369,6 +380,7 @@ func (p *slotPool) attempt(ctx context.Context, c *slotProc, t *ticket, job *was
 		}
 	} else {
 		if !c.hasModule(p, job.ModuleID) {
+			loading = true
 			if c.send(&slotRequest{Kind: reqLoad, ModuleID: job.ModuleID, Module: mod}) != nil {
 				return ended()
 			}
@@ -376,6 +388,7 @@ func (p *slotPool) attempt(ctx context.Context, c *slotProc, t *ticket, job *was
 			if !ok {
 				return ended()
 			}
+			loading = false
 			if m.Kind != repLoaded {
 				p.log.Error("slot process: unexpected reply to load", "kind", m.Kind)
 				c.kill()
@@ -1198,6 +1211,13 @@ func (c *slotProc) describeExit(killed bool) string {
 		msg += "; stderr: " + lastLines(tail, 3)
 	}
 	return msg
+}
+
+// outOfAddressSpace reports whether c, exited, ran out of the address
+// space it limited itself to (limitAddressSpace): the Go runtime, refused
+// address space, ends the process with "fatal error: out of memory".
+func (c *slotProc) outOfAddressSpace() bool {
+	return addressSpaceLimited && strings.Contains(string(c.stderr.bytes()), "fatal error: out of memory")
 }
 
 // describeExitWait is describeExit once c has exited.

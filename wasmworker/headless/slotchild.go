@@ -216,13 +216,43 @@ func (c *slotChild) send(m *slotReply) {
 func (c *slotChild) load(ctx context.Context, e *engine, m *slotRequest) {
 	b := m.Module
 	job := &wasmworker.Job{ModuleID: m.ModuleID, Fetch: func(context.Context) ([]byte, error) { return b, nil }}
+	limitAddressSpace(compileRoom)
 	_, err := e.compile(ctx, job)
+	unlimitAddressSpace()
 	r := &slotReply{Kind: repLoaded}
 	if err != nil {
 		var me *moduleError
 		r.Err, r.ModuleErr = err.Error(), errors.As(err, &me)
 	}
 	c.send(r)
+}
+
+// The room in address space a slot process has to compile a module, and to
+// run an attempt (see limitAddressSpace). Measured here, a slot process
+// takes some 1.5 GiB of address space at start, and an attempt that grows
+// its linear memory to a limit of 256 MiB adds about 530 MiB: the memory is
+// a Go slice, and each growth copies it, the old one freed only at the next
+// collection. An attempt gets three times its memory limit and 512 MiB for
+// the rest (its instance, tables, WASI, buffers); a compile 4 GiB, some
+// times what compiling the largest module wasmcheck accepts takes.
+const (
+	compileRoom = 4 << 30
+	runOverhead = 512 << 20
+)
+
+// runRoom is the address space an attempt with a memory limit of pages
+// may add (0: the default).
+func runRoom(pages uint32) uint64 {
+	return 3*uint64(effectiveMemoryPages(pages))*65536 + runOverhead
+}
+
+// effectiveMemoryPages is the memory limit of an attempt whose limits say
+// pages (as newAttempt applies it).
+func effectiveMemoryPages(pages uint32) uint32 {
+	if pages == 0 {
+		pages = DefaultMemoryPages
+	}
+	return min(pages, maxMemoryPages)
 }
 
 // run runs one attempt and then empties the attempt directory.
@@ -234,8 +264,14 @@ func (c *slotChild) run(ctx context.Context, e *engine, m *slotRequest) {
 	if m.Host {
 		job.Host = c
 	}
+	var pages uint32
+	if m.Assign != nil {
+		pages = m.Assign.Limits.MemoryPages
+	}
+	limitAddressSpace(runRoom(pages))
 	start := time.Now()
 	o := e.run(ctx, job)
+	unlimitAddressSpace()
 	c.send(&slotReply{Kind: repDone, Outputs: o.Outputs, Reason: o.Reason, Message: o.Message, Took: time.Since(start)})
 	c.tidy()
 }
