@@ -355,8 +355,8 @@ func (p *slotPool) attempt(ctx context.Context, c *slotProc, t *ticket, job *was
 				o = failOutcome(protocol.ReasonMemory, "memory limit exceeded: compiling the module took more than the %d MiB of address space a slot process allows for it",
 					compileRoom>>20)
 			} else {
-				o = failOutcome(protocol.ReasonMemory, "memory limit exceeded: the attempt took more than the %d MiB of address space a slot process allows for a memory limit of %d pages (three times the limit and %d MiB); memory outside the linear memory, such as a table's entries, counts too",
-					runRoom(l.MemoryPages)>>20, effectiveMemoryPages(l.MemoryPages), runOverhead>>20)
+				o = failOutcome(protocol.ReasonMemory, "memory limit exceeded: the attempt took more than the %d MiB of address space a slot process allows for a memory limit of %d pages (three times the memory and output limits, and %d MiB); memory outside the linear memory, such as a table's entries, counts too",
+					runRoom(l)>>20, effectiveMemoryPages(l.MemoryPages), runOverhead>>20)
 			}
 		case wallExpired.Load():
 			o = failOutcome(protocol.ReasonWallTime, "wall time limit of %v exceeded", wall)

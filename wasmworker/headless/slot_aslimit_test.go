@@ -43,14 +43,15 @@ func tableGrower(n int64) []byte {
 }
 
 // A slot process limits its address space while it runs an attempt, to
-// three times the attempt's memory limit and 512 MiB more than it had: a
+// three times the attempt's memory and output limits and 512 MiB more than
+// it had: a
 // module growing a table by 200 million entries (1.6 GiB, which the linear
 // memory's limit does not see) ends with limit_memory, which names the
 // bound, not at its wall time; a table grown within the bound is fine; and
 // the worker goes on with a new slot process.
 func TestIsolatedAddressSpaceLimit(t *testing.T) {
 	r := isolated(t, Config{})
-	limits := protocol.Limits{MemoryPages: 16, WallMS: (10 * time.Minute).Milliseconds()}
+	limits := protocol.Limits{MemoryPages: 16, OutputBytes: 1 << 20, WallMS: (10 * time.Minute).Milliseconds()}
 	for _, tc := range []struct {
 		name    string
 		grow    int64
@@ -58,7 +59,7 @@ func TestIsolatedAddressSpaceLimit(t *testing.T) {
 		message string
 	}{
 		{name: "table of 200 million entries", grow: 200_000_000, reason: protocol.ReasonMemory,
-			message: "memory limit exceeded: the attempt took more than the 515 MiB of address space a slot process allows for a memory limit of 16 pages"},
+			message: "memory limit exceeded: the attempt took more than the 518 MiB of address space a slot process allows for a memory limit of 16 pages"},
 		{name: "table of a million entries", grow: 1_000_000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/wasmworker"
 )
 
@@ -232,18 +233,23 @@ func (c *slotChild) load(ctx context.Context, e *engine, m *slotRequest) {
 // takes some 1.5 GiB of address space at start, and an attempt that grows
 // its linear memory to a limit of 256 MiB adds about 530 MiB: the memory is
 // a Go slice, and each growth copies it, the old one freed only at the next
-// collection. An attempt gets three times its memory limit and 512 MiB for
-// the rest (its instance, tables, WASI, buffers); a compile 4 GiB, some
-// times what compiling the largest module wasmcheck accepts takes.
+// collection. An attempt gets three times its memory limit, three times
+// its output limit (stdout is kept in Go memory as it grows, and the
+// outputs are read into memory to be sent) and 512 MiB for the rest (its
+// instance, tables, WASI, checkpoints); a compile gets 4 GiB, some times
+// what compiling the largest module wasmcheck accepts takes.
 const (
 	compileRoom = 4 << 30
 	runOverhead = 512 << 20
 )
 
-// runRoom is the address space an attempt with a memory limit of pages
-// may add (0: the default).
-func runRoom(pages uint32) uint64 {
-	return 3*uint64(effectiveMemoryPages(pages))*65536 + runOverhead
+// runRoom is the address space an attempt with limits l may add.
+func runRoom(l protocol.Limits) uint64 {
+	out := l.OutputBytes
+	if out <= 0 {
+		out = DefaultOutputBytes
+	}
+	return 3*uint64(effectiveMemoryPages(l.MemoryPages))*65536 + 3*uint64(out) + runOverhead
 }
 
 // effectiveMemoryPages is the memory limit of an attempt whose limits say
@@ -264,11 +270,11 @@ func (c *slotChild) run(ctx context.Context, e *engine, m *slotRequest) {
 	if m.Host {
 		job.Host = c
 	}
-	var pages uint32
+	var l protocol.Limits
 	if m.Assign != nil {
-		pages = m.Assign.Limits.MemoryPages
+		l = m.Assign.Limits
 	}
-	limitAddressSpace(runRoom(pages))
+	limitAddressSpace(runRoom(l))
 	start := time.Now()
 	o := e.run(ctx, job)
 	unlimitAddressSpace()
