@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -482,5 +483,43 @@ func TestLossAfterACheckpointIsNotCounted(t *testing.T) {
 	}
 	if n := f.tasksLost(t, f.worker); n != DefaultMaxLost+3 {
 		t.Errorf("worker charged %d losses, want %d", n, DefaultMaxLost+3)
+	}
+}
+
+// A task reading a big output under many names is given Missing (one
+// assignment could not carry its inputs) without the store loading those
+// bytes even once.
+func TestHugeInputsAreNotLoaded(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	up := f.task("up")
+	up.OutputBytes = 64 << 20
+	var inputs []NewInput
+	for _, n := range []string{"a", "b", "c"} {
+		inputs = append(inputs, NewInput{Name: n, From: 0, Output: "big"})
+	}
+	f.submit(t, "batch", up, f.task("down", inputs...))
+	c := f.claim(t, 1, time.Minute)[0]
+	if acc, err := f.s.Complete(ctx, []Completion{{Attempt: c.Attempt, Worker: c.Worker, OK: true,
+		Outputs: []Output{{Name: "stdout"}, {Name: "big", Data: make([]byte, 40<<20)}}}}); err != nil || !acc[0] {
+		t.Fatalf("complete up: %v %v", acc, err)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	down := f.claim(t, 1, time.Minute)
+	runtime.ReadMemStats(&after)
+	if len(down) != 1 || !strings.Contains(down[0].Missing, "inputs take 120 MiB, more than the 80 MiB one assignment can carry") {
+		missing := ""
+		if len(down) == 1 {
+			missing = down[0].Missing
+		}
+		t.Fatalf("claimed %d attempts, missing %q", len(down), missing) // not the inputs: 120 MiB
+	}
+	if len(down[0].Inputs) != 0 {
+		t.Errorf("%d inputs loaded", len(down[0].Inputs))
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16<<20 {
+		t.Errorf("claiming it allocated %d MiB: the inputs were read", alloc>>20)
 	}
 }

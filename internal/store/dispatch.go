@@ -42,8 +42,19 @@ type Input struct {
 	Data []byte
 }
 
+// MaxAssignInputBytes bounds the inputs (files and stdin from upstream
+// tasks) of one claimed attempt that the store loads: an attempt whose
+// inputs take more is given Missing instead (one assignment could not
+// carry them), and none of their bytes are read. It is the worker
+// protocol's default frame limit (protocol.DefaultMaxFrameBytes).
+const MaxAssignInputBytes = 80 << 20
+
 // loadInputs fills in the input files of claimed tasks. Outputs never change
-// once written, so this needs no transaction.
+// once written, so this needs no transaction. The sizes come first, from
+// the values' headers (octet_length reads no TOAST data): a task whose
+// inputs add up to more than MaxAssignInputBytes gets Missing, and its
+// inputs' bytes are never read, so that an owner's workflow reading a big
+// output under many names cannot make the server load it many times over.
 func (s *Store) loadInputs(ctx context.Context, cs []Claimed) error {
 	var ids []int64
 	byTask := make(map[int64]*Claimed, len(cs))
@@ -56,10 +67,15 @@ func (s *Store) loadInputs(ctx context.Context, cs []Claimed) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := s.pool.Query(ctx, `SELECT ti.task_id, ti.name, ti.output, up.name, up.state, o.data
-		FROM task_inputs ti JOIN tasks up ON up.id = ti.from_task
-		LEFT JOIN task_outputs o ON o.task_id = ti.from_task AND o.name = ti.output
-		WHERE ti.task_id = ANY($1) ORDER BY ti.task_id, ti.name`, ids)
+	rows, err := s.pool.Query(ctx, `SELECT x.task_id, x.name, x.output, x.upstream, x.state,
+			CASE WHEN x.total <= $2 THEN o.data END, x.total
+		FROM (SELECT ti.task_id, ti.name, ti.output, ti.from_task, up.name AS upstream, up.state,
+				sum(coalesce(octet_length(o.data), 0)) OVER (PARTITION BY ti.task_id) AS total
+			FROM task_inputs ti JOIN tasks up ON up.id = ti.from_task
+			LEFT JOIN task_outputs o ON o.task_id = ti.from_task AND o.name = ti.output
+			WHERE ti.task_id = ANY($1)) x
+		LEFT JOIN task_outputs o ON o.task_id = x.from_task AND o.name = x.output
+		ORDER BY x.task_id, x.name`, ids, MaxAssignInputBytes)
 	if err != nil {
 		return fmt.Errorf("load inputs: %w", err)
 	}
@@ -68,8 +84,16 @@ func (s *Store) loadInputs(ctx context.Context, cs []Claimed) error {
 		var id int64
 		var name, output, upstream, state string
 		var data []byte
-		if err := rows.Scan(&id, &name, &output, &upstream, &state, &data); err != nil {
+		var total int64
+		if err := rows.Scan(&id, &name, &output, &upstream, &state, &data, &total); err != nil {
 			return fmt.Errorf("load inputs: %w", err)
+		}
+		if total > MaxAssignInputBytes {
+			if c := byTask[id]; c.Missing == "" {
+				c.Missing = fmt.Sprintf("inputs take %d MiB, more than the %d MiB one assignment can carry", total>>20, MaxAssignInputBytes>>20)
+				c.Inputs, c.Stdin = nil, nil
+			}
+			continue
 		}
 		if data == nil && output == Stdout && state == StateDone {
 			data = []byte{} // an empty stdout has no row (implied)
