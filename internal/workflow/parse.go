@@ -201,6 +201,11 @@ func checkInputName(n string) string {
 	return ""
 }
 
+// CheckOutputName says what is wrong with an output name ("" when
+// nothing): the rule the workflow file's "output" fields follow, which the
+// server also applies to the outputs a worker reports.
+func CheckOutputName(o string) string { return checkOutputName(o) }
+
 func checkOutputName(o string) string {
 	switch {
 	case o == "":
