@@ -45,10 +45,16 @@ const (
 	// maxTables bounds the tables a module declares (the reference types
 	// proposal allows several; compilers emit one).
 	maxTables = 100
+	// MaxElements bounds the entries of all element segments together
+	// (what initializes the tables): wazero keeps some 70 bytes for each.
+	// Go programs have one per table entry, a few thousand.
+	MaxElements = 1_000_000
 	// maxVec bounds the other vectors a module declares (types, globals,
-	// imports, exports, segments), whose entries cost wazero memory before
-	// it compiles anything.
-	maxVec = 1_000_000
+	// imports, exports, element and data segments), whose entries cost
+	// wazero up to some 600 bytes each (a function type) before it
+	// compiles anything. Go programs have some hundreds of types and
+	// globals, and tens of imports and exports.
+	maxVec = 100_000
 )
 
 // Summary is what the pre-scan counted in a module.
@@ -60,6 +66,7 @@ type Summary struct {
 	CodeBytes         int    // size of the code section
 	MaxFunctionBytes  int    // size of the largest function body
 	TableEntries      uint64 // the sum of the tables' initial sizes
+	Elements          uint64 // entries of all element segments together
 }
 
 // errMalformed marks bytes the scan could not read.
@@ -199,8 +206,10 @@ func section(r *reader, id byte, s *Summary) error {
 		return err
 	}
 	switch id {
-	case 1, 6, 7, 9, 11: // types, globals, exports, elements, data
-		names := map[byte]string{1: "function types", 6: "globals", 7: "exports", 9: "element segments", 11: "data segments"}
+	case 9: // elements
+		return scanElements(sec, s)
+	case 1, 6, 7, 11: // types, globals, exports, data
+		names := map[byte]string{1: "function types", 6: "globals", 7: "exports", 11: "data segments"}
 		if _, err := sec.vec(names[id], maxVec); err != nil {
 			return err
 		}
@@ -354,4 +363,110 @@ func scanCode(r *reader, s *Summary) error {
 		}
 	}
 	return nil
+}
+
+// scanElements counts the entries of the element segments.
+func scanElements(r *reader, s *Summary) error {
+	n, err := r.vec("element segments", maxVec)
+	if err != nil {
+		return err
+	}
+	for range n {
+		flags, err := r.u32()
+		if err != nil {
+			return err
+		}
+		if flags > 7 {
+			return errMalformed
+		}
+		if flags&3 == 2 { // an explicit table index
+			if _, err := r.u32(); err != nil {
+				return err
+			}
+		}
+		if flags&1 == 0 { // active: an offset
+			if err := r.constExpr(); err != nil {
+				return err
+			}
+		}
+		if flags&3 != 0 { // an element kind (0x00) or reference type
+			if _, err := r.byte(); err != nil {
+				return err
+			}
+		}
+		count, err := r.u32()
+		if err != nil {
+			return err
+		}
+		s.Elements += uint64(count)
+		if s.Elements > MaxElements {
+			return fmt.Errorf("its element segments have %d entries or more together; at most %d", s.Elements, MaxElements)
+		}
+		if uint64(count) > uint64(len(r.b)-r.off) { // each takes a byte or more
+			return errMalformed
+		}
+		for range count {
+			if flags&4 == 0 {
+				_, err = r.u32() // a function index
+			} else {
+				err = r.constExpr()
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// constExpr skips a constant expression, up to its end.
+func (r *reader) constExpr() error {
+	for {
+		op, err := r.byte()
+		if err != nil {
+			return err
+		}
+		switch op {
+		case 0x0b: // end
+			return nil
+		case 0x41, 0x42, 0x23, 0xd2: // i32.const, i64.const, global.get, ref.func: a LEB128
+			if err := r.leb(); err != nil {
+				return err
+			}
+		case 0x43: // f32.const
+			err = r.skip(4)
+		case 0x44: // f64.const
+			err = r.skip(8)
+		case 0xd0: // ref.null: a reference type
+			_, err = r.byte()
+		case 0x6a, 0x6b, 0x6c, 0x7c, 0x7d, 0x7e: // add, sub, mul (extended constant expressions)
+		case 0xfd: // v128.const: 0x0c, then 16 bytes
+			var sub uint32
+			if sub, err = r.u32(); err == nil && sub != 0x0c {
+				err = errMalformed
+			}
+			if err == nil {
+				err = r.skip(16)
+			}
+		default:
+			return errMalformed
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// leb skips a LEB128 of at most 10 bytes (signed or not, up to 64 bits).
+func (r *reader) leb() error {
+	for range 10 {
+		c, err := r.byte()
+		if err != nil {
+			return err
+		}
+		if c&0x80 == 0 {
+			return nil
+		}
+	}
+	return errMalformed
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -122,15 +123,39 @@ func TestCheckBounds(t *testing.T) {
 			wasm: command([][]byte{body(nil)}, wasmtest.Section(2, wasmtest.Vec(
 				append(append(wasmtest.Name("env"), wasmtest.Name("table")...), 1, 0x70, 0, 1)))),
 			err: "imports a table: a task must define its own tables"},
+		{name: "too many function types",
+			wasm: wasmtest.Module(wasmtest.Section(1, wasmtest.Vec(repeat(100_001, []byte{0x60, 0, 0})...))),
+			err:  "declares 100001 function types; at most 100000"},
+		{name: "too many element entries",
+			wasm: command([][]byte{body(nil)}, tableSection(1, -1), wasmtest.Section(9, wasmtest.Vec(
+				append(append([]byte{0, 0x41, 0, 0x0b}, wasmtest.ULEB(MaxElements+1)...), make([]byte, MaxElements+1)...)))),
+			err: "its element segments have 1000001 entries or more together; at most 1000000"},
+		{name: "element entries over the bound in several segments of every kind",
+			wasm: command([][]byte{body(nil)}, tableSection(1, -1), wasmtest.Section(9, wasmtest.Vec(
+				append(append([]byte{1, 0}, wasmtest.ULEB(400_000)...), make([]byte, 400_000)...),
+				append(append([]byte{2, 0, 0x41, 0, 0x0b, 0}, wasmtest.ULEB(400_000)...), make([]byte, 400_000)...),
+				append(append([]byte{5, 0x70}, wasmtest.ULEB(100_000)...), bytes.Repeat([]byte{0xd2, 0, 0x0b}, 100_000)...),
+				append(append([]byte{6, 0, 0x23, 0, 0x0b, 0x70}, wasmtest.ULEB(200_000)...), bytes.Repeat([]byte{0xd0, 0x70, 0x0b}, 200_000)...)))),
+			err: "its element segments have 1100000 entries or more together; at most 1000000"},
 		{name: "a vector longer than its section",
 			wasm: wasmtest.Module(wasmtest.Section(1, []byte{0xff, 0xff, 0xff, 0xff, 0x0f})),
-			err:  "declares 4294967295 function types; at most 1000000"},
+			err:  "declares 4294967295 function types; at most 100000"},
 		{name: "a body count longer than its section",
 			wasm: wasmtest.Module(wasmtest.Section(10, []byte{0xa0, 0x8d, 0x06})),
 			err:  "invalid WebAssembly: the code section at byte 8 is cut short or malformed"},
 		{name: "a local declaration cut short",
 			wasm: wasmtest.Module(wasmtest.Section(10, []byte{1, 3, 1, 0x80, 0x80})),
 			err:  "invalid WebAssembly: the code section at byte 8 is cut short or malformed"},
+
+		{name: "no _start among many exports",
+			wasm: build(nil, func() []string {
+				var es []string
+				for i := range 1000 {
+					es = append(es, fmt.Sprintf("f%04d", i))
+				}
+				return es
+			}()...),
+			err: "(exports: f0000, f0001, f0002, f0003, f0004, f0005, f0006, f0007, f0008, f0009 and 990 more)"},
 
 		{name: "locals at the bound", wasm: command([][]byte{withLocals(MaxLocalsPerFunction, i64)})},
 		{name: "a table at the bound, with no maximum", wasm: command([][]byte{body(nil)}, tableSection(MaxTableEntries, -1))},
