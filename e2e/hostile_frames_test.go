@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -282,5 +283,122 @@ func TestHelloFloodIsBounded(t *testing.T) {
 	}
 	if peak > 300<<20 {
 		t.Errorf("the server's peak memory was %d MiB, want under 300 MiB", peak>>20)
+	}
+}
+
+// A worker's outcomes waiting for their commit hold their payload within
+// bounds: while commits stall (task_outputs locked), a worker that sends
+// 16 results of 20 MiB for attempts it does hold has at most 96 MiB of
+// them read; the server stops reading its socket until commits catch up,
+// and its memory stays bounded. Once commits go on, the rest is read.
+func TestPayloadInFlightIsBounded(t *testing.T) {
+	t.Parallel()
+	const (
+		n    = 16
+		size = 20 << 20
+	)
+	// Leases long enough to outlast the stall: the worker's heartbeats
+	// wait behind its results meanwhile.
+	p := newPlatform(t, "--lease", "30s")
+	echo := push(t, p.client, "echo")
+	fake := dialFakeHello(t, p.srv.url, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: n})
+	var tasks []task
+	for i := range n {
+		tasks = append(tasks, task{"name": fmt.Sprintf("t%d", i), "module": echo, "limits": map[string]any{"output_mib": 32}})
+	}
+	submit(t, p.client, workflow("big", tasks...))
+	var held []int64
+	for len(held) < n {
+		for _, a := range fake.next(t, protocol.TypeAssign, 30*time.Second).Assign {
+			held = append(held, a.Attempt)
+		}
+	}
+	go func() { // renew them
+		var running []protocol.Progress
+		for _, a := range held {
+			running = append(running, protocol.Progress{Attempt: a})
+		}
+		data, _, _ := protocol.Encode(&protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: &protocol.Heartbeat{Running: running}})
+		for {
+			select {
+			case <-fake.ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+			if err := fake.ws.Write(fake.ctx, websocket.MessageText, data); err != nil {
+				return
+			}
+		}
+	}()
+	tx := lockTable(t, p.db, "LOCK TABLE task_outputs IN EXCLUSIVE MODE")
+
+	payload := make([]byte, size)
+	var sent atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		for _, a := range held {
+			data, _, err := protocol.Encode(&protocol.Frame{Type: protocol.TypeResult, Results: []protocol.Result{{
+				Attempt: a, Outputs: []protocol.Blob{{Name: "stdout", Data: payload}}, DurationMS: 1}}})
+			if err != nil {
+				done <- err
+				return
+			}
+			ctx, cancel := context.WithTimeout(fake.ctx, 120*time.Second)
+			err = fake.ws.Write(ctx, websocket.MessageBinary, data)
+			cancel()
+			if err != nil {
+				done <- err
+				return
+			}
+			sent.Add(1)
+		}
+		done <- nil
+	}()
+	// Wait for the server to stop reading: nothing more sent for 2 s.
+	last, since := int64(-1), time.Now()
+	eventually(t, 60*time.Second, "the server to stop reading the worker's results", func() bool {
+		if s := sent.Load(); s != last {
+			last, since = s, time.Now()
+		}
+		return time.Since(since) > 2*time.Second
+	})
+	peak, now := peakRSS(t, p.srv.cmd.Process.Pid)
+	t.Logf("commits stalled: %d of %d results of %d MiB sent; server memory peak %d MiB, now %d MiB",
+		last, n, size>>20, peak>>20, now>>20)
+	if last == n {
+		t.Errorf("all %d results of %d MiB were read while commits stalled", n, size>>20)
+	}
+	if peak > 300<<20 {
+		t.Errorf("the server's peak memory was %d MiB, want under 300 MiB", peak>>20)
+	}
+
+	if err := tx.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("sending the results once commits went on: %v", err)
+		}
+	case <-time.After(120 * time.Second):
+		t.Fatalf("only %d of %d results were read after commits went on", sent.Load(), n)
+	}
+	// Every result is committed.
+	acked := map[int64]bool{}
+	for len(acked) < n {
+		for _, a := range fake.next(t, protocol.TypeAck, 60*time.Second).Acks {
+			if a.Of == protocol.AckResult && !a.Retry {
+				acked[a.Attempt] = a.OK
+			}
+		}
+	}
+	ok := 0
+	for _, a := range held {
+		if acked[a] {
+			ok++
+		}
+	}
+	if ok != n {
+		t.Errorf("%d of %d results committed, want all", ok, n)
 	}
 }
