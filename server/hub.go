@@ -1105,9 +1105,12 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 				s.rt.observeCheckpoint(m, time.Since(start))
 			}
 		}
+		var refused *store.RefusedError
 		switch {
 		case !held:
 			ack.Error = notHeld(cp.Attempt)
+		case errors.As(err, &refused):
+			ack.Error = refused.Error() // over the task's limits: for good
 		case err != nil:
 			ack.Error, ack.Retry = "checkpoint not saved: server error", true
 			c.log.Log(ctx, s.health.level(err), "save checkpoint", "attempt", cp.Attempt, "err", err)

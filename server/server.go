@@ -656,6 +656,11 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 		// anyway (the batch took two transactions and the second failed).
 		committed := accepted != nil && accepted[i]
 		switch {
+		case committed && cs[i].Refused != "":
+			// The result broke its task's rules: its attempt ended,
+			// refused (store.EndRefused).
+			ack.Error = "refused: " + cs[i].Refused
+			s.metrics.completions.WithLabelValues("refused").Inc()
 		case committed:
 			ack.OK = true
 			if b.comp.OK {
