@@ -51,7 +51,8 @@ type Config struct {
 	// deadlock prevention switches it off for a task that waited too long.
 	Fairness sched.Strategy
 	// FrameAncestors lists the sites that may embed the volunteer page in
-	// a frame (CSP frame-ancestors; default 'none': none may).
+	// a frame (CSP frame-ancestors; default 'self': only the server's own
+	// pages).
 	FrameAncestors string
 	Logger         *slog.Logger
 }

@@ -42,20 +42,24 @@ func loadAssets() *assets.Set {
 // Handler serves the volunteer page at / and the assets under /static/.
 //
 // frameAncestors is the CSP frame-ancestors source list of the page: which
-// sites may embed it in a frame ("'none'" when empty). Embedding lets any
-// site run a volunteer page, started or not, under its own content: only
-// an operator may allow it, for the project's own site.
+// sites may embed it in a frame ("'self'" when empty: only the server's own
+// pages). Embedding lets a site run a volunteer page, started or not, under
+// its own content: only an operator may allow it, for the project's own
+// site.
 func Handler(frameAncestors string) http.Handler {
 	if frameAncestors == "" {
-		frameAncestors = "'none'"
+		frameAncestors = "'self'"
 	}
 	a := loadAssets()
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		isolate(w)
 		w.Header().Set("Content-Security-Policy", "frame-ancestors "+frameAncestors)
-		if frameAncestors == "'none'" {
-			w.Header().Set("X-Frame-Options", "DENY") // for browsers without CSP level 2
+		switch frameAncestors { // for browsers without CSP level 2
+		case "'none'":
+			w.Header().Set("X-Frame-Options", "DENY")
+		case "'self'":
+			w.Header().Set("X-Frame-Options", "SAMEORIGIN")
 		}
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-cache")

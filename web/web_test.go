@@ -73,13 +73,14 @@ func TestAssetsGzipped(t *testing.T) {
 	}
 }
 
-// No site may frame the volunteer page (and start it) unless the operator
-// names it; the names cannot end the header's directive.
+// No other site may frame the volunteer page (and start it) unless the
+// operator names it; the names cannot end the header's directive.
 func TestFrameAncestors(t *testing.T) {
 	for _, tc := range []struct {
 		configured, csp, xfo string
 	}{
-		{"", "frame-ancestors 'none'", "DENY"},
+		{"", "frame-ancestors 'self'", "SAMEORIGIN"},
+		{"'self'", "frame-ancestors 'self'", "SAMEORIGIN"},
 		{"'none'", "frame-ancestors 'none'", "DENY"},
 		{"'self' https://project.example", "frame-ancestors 'self' https://project.example", ""},
 	} {

@@ -54,7 +54,7 @@ func runServe(ctx context.Context, args []string) error {
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	pprofAddr := fs.String("pprof", "", "serve Go's profiler on this address (e.g. 127.0.0.1:6060)")
 	fairness := fs.String("fairness", "none", "fairness strategy: none, not-best, worst, worse-than-average, worse-than-majority or equal-or-worse-than-majority")
-	frameAncestors := fs.String("frame-ancestors", "'none'", "sites that may embed the volunteer page in a frame, as a CSP frame-ancestors source list (e.g. \"'self' https://project.example\")")
+	frameAncestors := fs.String("frame-ancestors", "'self'", "sites that may embed the volunteer page in a frame, as a CSP frame-ancestors source list (e.g. \"'self' https://project.example\"; 'none': no page, not even the server's own)")
 	nprocs := fs.Int("procs", 0, "CPUs running the server's code at once (GOMAXPROCS); default: GOMAXPROCS if set, else half the CPUs with the embedded PostgreSQL, all of them with --database-url")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
