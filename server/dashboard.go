@@ -36,6 +36,14 @@ type dashboardBackend struct{ s *Server }
 
 // OwnerByToken resolves an owner token as the API's bearer auth does (and
 // shares its cache).
+func (d dashboardBackend) SessionGeneration(ctx context.Context, owner int64) (int64, error) {
+	return d.s.store.SessionGeneration(ctx, owner)
+}
+
+func (d dashboardBackend) EndSessions(ctx context.Context, owner int64) error {
+	return d.s.store.EndSessions(ctx, owner)
+}
+
 func (d dashboardBackend) OwnerByToken(ctx context.Context, token string) (store.Owner, error) {
 	if o, ok := d.s.owners.Load(token); ok {
 		return o.(store.Owner), nil

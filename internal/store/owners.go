@@ -61,3 +61,26 @@ func (s *Store) OwnerByToken(ctx context.Context, token string) (Owner, error) {
 	}
 	return o, nil
 }
+
+// SessionGeneration is the owner's dashboard session generation: a session
+// made under another one has ended (EndSessions).
+func (s *Store) SessionGeneration(ctx context.Context, ownerID int64) (int64, error) {
+	var gen int64
+	err := s.pool.QueryRow(ctx, `SELECT session_gen FROM owners WHERE id = $1`, ownerID).Scan(&gen)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, ErrNotFound
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read the session generation of owner %d: %w", ownerID, err)
+	}
+	return gen, nil
+}
+
+// EndSessions ends every dashboard session of the owner, on every replica:
+// it moves the owner's session generation on.
+func (s *Store) EndSessions(ctx context.Context, ownerID int64) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE owners SET session_gen = session_gen + 1 WHERE id = $1`, ownerID); err != nil {
+		return fmt.Errorf("end the sessions of owner %d: %w", ownerID, err)
+	}
+	return nil
+}

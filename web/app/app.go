@@ -39,6 +39,11 @@ import (
 type Backend interface {
 	// OwnerByToken resolves an owner token, as the API's bearer auth does.
 	OwnerByToken(ctx context.Context, token string) (store.Owner, error)
+	// SessionGeneration is the owner's session generation: a session
+	// signed under another one has ended. EndSessions moves it on, ending
+	// every session of the owner (sign-out), on every replica.
+	SessionGeneration(ctx context.Context, owner int64) (int64, error)
+	EndSessions(ctx context.Context, owner int64) error
 	// API serves the REST API (paths /api/v1/...) for the owner that
 	// WithOwner put in the request's context.
 	API() http.Handler
@@ -115,6 +120,8 @@ type handler struct {
 	log    *slog.Logger
 	assets *assets.Set
 	mux    *http.ServeMux
+	// signIns slows down token guessing (signInThrottle).
+	signIns *signInThrottle
 }
 
 // csp allows nothing inline: scripts and styles come from /app/static/.
@@ -129,7 +136,7 @@ func New(b Backend, opt Options) http.Handler {
 	if opt.SessionTTL <= 0 {
 		opt.SessionTTL = 12 * time.Hour
 	}
-	h := &handler{b: b, api: b.API(), opt: opt, log: opt.Logger, assets: loadAssets(), mux: http.NewServeMux()}
+	h := &handler{b: b, api: b.API(), opt: opt, log: opt.Logger, assets: loadAssets(), mux: http.NewServeMux(), signIns: &signInThrottle{}}
 	m := h.mux
 	m.HandleFunc("GET /app/static/{name}", func(w http.ResponseWriter, r *http.Request) { h.assets.Serve(w, r, r.PathValue("name")) })
 	m.HandleFunc("GET /app/login", h.loginPage)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/store"
@@ -26,6 +27,9 @@ type session struct {
 	Owner   string `json:"n"`
 	Expires int64  `json:"e"` // unix seconds
 	Nonce   string `json:"k"` // random per sign-in; CSRF tokens derive from it
+	// Gen is the owner's session generation at sign-in: signing out moves
+	// it on (Backend.EndSessions), which ends this session everywhere.
+	Gen int64 `json:"g"`
 }
 
 func (h *handler) mac(parts ...string) []byte {
@@ -72,6 +76,18 @@ func (h *handler) session(r *http.Request) (session, bool) {
 	}
 	var s session
 	if !h.verify("session", c.Value, &s) || time.Now().Unix() > s.Expires || s.Nonce == "" {
+		return session{}, false
+	}
+	// A signed cookie outlives its sign-out: the owner's generation,
+	// shared by the replicas, says whether it still holds.
+	gen, err := h.b.SessionGeneration(r.Context(), s.OwnerID)
+	if err != nil {
+		if !errors.Is(err, store.ErrNotFound) {
+			h.log.Warn("dashboard session check", "err", err)
+		}
+		return session{}, false
+	}
+	if gen != s.Gen {
 		return session{}, false
 	}
 	return s, true
@@ -159,6 +175,12 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 		h.renderLogin(w, r, http.StatusForbidden, "The sign-in form expired or did not come from this site. Please try again.")
 		return
 	}
+	if !h.signIns.allow(clientAddr(r), time.Now()) {
+		h.log.Info("dashboard sign-in throttled", "remote", r.RemoteAddr)
+		w.Header().Set("Retry-After", "60")
+		h.renderLogin(w, r, http.StatusTooManyRequests, "Too many sign-in attempts from this address. Please wait a minute and try again.")
+		return
+	}
 	token := strings.TrimSpace(r.PostFormValue("token"))
 	if token == "" {
 		h.renderLogin(w, r, http.StatusUnauthorized, "Enter your owner token (cyclepool token create NAME prints one).")
@@ -166,22 +188,95 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 	}
 	o, err := h.b.OwnerByToken(r.Context(), token)
 	if errors.Is(err, store.ErrNotFound) {
+		h.signIns.failed(clientAddr(r), time.Now())
 		h.log.Info("dashboard sign-in refused", "remote", r.RemoteAddr)
 		h.renderLogin(w, r, http.StatusUnauthorized, "That token is not known here.")
 		return
+	}
+	var gen int64
+	if err == nil {
+		gen, err = h.b.SessionGeneration(r.Context(), o.ID)
 	}
 	if err != nil {
 		h.log.Error("dashboard sign-in", "err", err)
 		h.renderLogin(w, r, http.StatusInternalServerError, "The server could not check the token just now. Please try again.")
 		return
 	}
-	s := session{OwnerID: o.ID, Owner: o.Name, Expires: time.Now().Add(h.opt.SessionTTL).Unix(), Nonce: nonce()}
+	s := session{OwnerID: o.ID, Owner: o.Name, Expires: time.Now().Add(h.opt.SessionTTL).Unix(), Nonce: nonce(), Gen: gen}
 	setCookie(w, r, sessionCookie, h.sign("session", s), int(h.opt.SessionTTL/time.Second))
 	setCookie(w, r, loginCookie, "", -1)
 	http.Redirect(w, r, safeNext(r.PostFormValue("next")), http.StatusSeeOther)
 }
 
+// logout ends the owner's sessions everywhere (a copied cookie, another
+// browser), not only this browser's cookie.
 func (h *handler) logout(p *pageCtx) {
+	if err := h.b.EndSessions(p.r.Context(), p.owner.ID); err != nil {
+		h.serverError(p, "sign out", err)
+		return
+	}
 	setCookie(p.w, p.r, sessionCookie, "", -1)
 	http.Redirect(p.w, p.r, "/app/login", http.StatusSeeOther)
+}
+
+// clientAddr is the address a request came from, for the sign-in
+// throttle (the connection's: a header a client sets is not trusted).
+func clientAddr(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// signInThrottle counts failed sign-ins per address: after maxFailedSignIns
+// in a signInWindow, every attempt from that address is refused until the
+// window has passed, so that guessing tokens is slow. It is per replica.
+type signInThrottle struct {
+	mu     sync.Mutex
+	byAddr map[string][]time.Time
+}
+
+const (
+	maxFailedSignIns = 10
+	signInWindow     = time.Minute
+)
+
+// allow reports whether an address may try to sign in now.
+func (t *signInThrottle) allow(addr string, now time.Time) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.recentLocked(addr, now)) < maxFailedSignIns
+}
+
+// failed records a failed sign-in from addr.
+func (t *signInThrottle) failed(addr string, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.byAddr == nil {
+		t.byAddr = map[string][]time.Time{}
+	}
+	if len(t.byAddr) > 10000 { // forget old addresses now and then
+		for a := range t.byAddr {
+			t.recentLocked(a, now)
+		}
+	}
+	t.byAddr[addr] = append(t.recentLocked(addr, now), now)
+}
+
+// recentLocked drops addr's failures older than the window and returns
+// the others.
+func (t *signInThrottle) recentLocked(addr string, now time.Time) []time.Time {
+	ts := t.byAddr[addr]
+	i := 0
+	for i < len(ts) && now.Sub(ts[i]) >= signInWindow {
+		i++
+	}
+	ts = ts[i:]
+	if len(ts) == 0 {
+		delete(t.byAddr, addr)
+		return nil
+	}
+	t.byAddr[addr] = ts
+	return ts
 }

@@ -30,6 +30,10 @@ func (fakeBackend) OwnerByToken(_ context.Context, token string) (store.Owner, e
 
 func (fakeBackend) API() http.Handler { return http.NotFoundHandler() }
 
+func (fakeBackend) SessionGeneration(context.Context, int64) (int64, error) { return 0, nil }
+
+func (fakeBackend) EndSessions(context.Context, int64) error { return nil }
+
 // The session cookie is Secure whenever the browser will send it back, and
 // only then; over plain HTTP to another host the sign-in page warns that
 // the connection is not encrypted, and signing in still works.
