@@ -32,6 +32,18 @@ func (f *fixture) tasksLost(t *testing.T, worker string) int {
 	return n
 }
 
+// useWorker registers a new worker of slots slots, which the fixture's
+// claims go to from now on.
+func (f *fixture) useWorker(t *testing.T, slots int) Registration {
+	t.Helper()
+	reg, err := f.s.RegisterWorker(context.Background(), WorkerHello{Kind: "headless", Slots: slots}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.worker = reg.ID
+	return reg
+}
+
 // expire makes an attempt's lease lapse and sweeps.
 func (f *fixture) expire(t *testing.T, c Claimed) {
 	t.Helper()
@@ -173,11 +185,7 @@ func TestWorkerGoneReturnsItsQueuedAttempts(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a"), f.task("b"), f.task("c"))
-	reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.worker = reg.ID
+	reg := f.useWorker(t, 1)
 	cs := claimedByName(f.claim(t, 3, time.Minute))
 	// A newer connection holds them: nothing goes back.
 	newer, err := f.s.RegisterWorker(ctx, WorkerHello{ID: f.worker, Token: reg.Token, Kind: "headless", Slots: 1}, time.Minute)
@@ -286,11 +294,7 @@ func TestLapsedQueuedAttemptsChargeNobody(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a"), f.task("b"), f.task("c"))
-	reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.worker = reg.ID
+	f.useWorker(t, 1)
 	f.claim(t, 3, time.Minute)
 	if _, err := f.s.pool.Exec(ctx, `UPDATE attempts SET lease_until = now() - interval '1 second'`); err != nil {
 		t.Fatal(err)
