@@ -1,5 +1,11 @@
 package store
 
+import (
+	"context"
+	"fmt"
+	"slices"
+)
+
 // Ending is a way an attempt ends. Each says whom it charges (Charges):
 // this is the one place where the platform decides whose fault an end is.
 // docs/WORKFLOW.md ("Attempts and whom they charge") has the same table
@@ -95,6 +101,36 @@ func (e Ending) attemptState() string {
 		return "lost"
 	}
 	return "failed"
+}
+
+// chargeWorkers counts attempts that ended this way against their workers'
+// standing (Charge.Worker), n per worker: a loss (tasks_lost) for
+// EndVanished, an invalid result for EndRefused (as a result that lost a
+// quorum, which also ends the worker's streak of valid ones).
+func chargeWorkers(ctx context.Context, tx querier, e Ending, n map[string]int) error {
+	var set string
+	switch e {
+	case EndVanished:
+		set = `tasks_lost = w.tasks_lost + c.n`
+	case EndRefused:
+		set = `results_invalid = w.results_invalid + c.n, valid_streak = 0`
+	default:
+		return fmt.Errorf("charge workers: %s charges no worker", e)
+	}
+	ws := make([]string, 0, len(n))
+	for w := range n {
+		ws = append(ws, w)
+	}
+	slices.Sort(ws)
+	counts := make([]int32, len(ws))
+	for i, w := range ws {
+		counts[i] = int32(n[w])
+	}
+	if _, err := tx.Exec(ctx, `UPDATE workers w SET `+set+`
+		FROM unnest($1::uuid[], $2::int[]) AS c(id, n) WHERE w.id = c.id`, ws, counts); err != nil {
+		return fmt.Errorf("count %s against their workers: %w", e, err)
+	}
+	return nil
 }
 
 // String names an end as docs/WORKFLOW.md does.

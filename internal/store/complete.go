@@ -549,7 +549,7 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 		}
 	}
 	if len(invalid) > 0 {
-		if err := chargeInvalid(ctx, conn, invalid); err != nil {
+		if err := chargeWorkers(ctx, conn, EndRefused, invalid); err != nil {
 			return err
 		}
 	}
@@ -705,26 +705,6 @@ const doneCTEsTemplate = `done AS (
 ), ready AS (
 	SELECT count(*) AS n FROM rel WHERE ready
 )`
-
-// chargeInvalid counts refused results (n per worker) against the workers'
-// reputation (EndRefused's Charge.Worker): invalid results, as those that
-// lost a quorum, which also end a worker's streak of valid ones.
-func chargeInvalid(ctx context.Context, tx querier, n map[string]int) error {
-	ws := make([]string, 0, len(n))
-	for w := range n {
-		ws = append(ws, w)
-	}
-	slices.Sort(ws)
-	counts := make([]int32, len(ws))
-	for i, w := range ws {
-		counts[i] = int32(n[w])
-	}
-	if _, err := tx.Exec(ctx, `UPDATE workers w SET results_invalid = w.results_invalid + c.n, valid_streak = 0
-		FROM unnest($1::uuid[], $2::int[]) AS c(id, n) WHERE w.id = c.id`, ws, counts); err != nil {
-		return fmt.Errorf("count refused results against their workers: %w", err)
-	}
-	return nil
-}
 
 // retryable reports whether a transaction failed for a reason another try
 // can fix: a deadlock or a serialization failure.

@@ -197,7 +197,7 @@ func (s *Store) SweepLeases(ctx context.Context, sw Sweep) (SweepResult, error) 
 		if len(lostBy) == 0 {
 			return s.settleEnds(ctx, tx, ends)
 		}
-		if err := chargeWorkers(ctx, tx, lostBy); err != nil {
+		if err := chargeWorkers(ctx, tx, EndVanished, lostBy); err != nil {
 			return err
 		}
 		return s.settleEnds(ctx, tx, ends)
@@ -237,25 +237,6 @@ FROM judged j WHERE a.id = j.id
 RETURNING a.task_id, a.reason, a.worker_id::text, j.may_have_run,
 	-- The attempt saved a checkpoint: it moved its task on before it was lost.
 	(SELECT t.checkpoint_seq > a.restored_seq FROM tasks t WHERE t.id = a.task_id)`
-
-// chargeWorkers counts lost attempts (n per worker) against the workers'
-// standing (EndVanished's Charge.Worker).
-func chargeWorkers(ctx context.Context, tx pgx.Tx, lostBy map[string]int) error {
-	ws := make([]string, 0, len(lostBy))
-	for w := range lostBy {
-		ws = append(ws, w)
-	}
-	slices.Sort(ws)
-	counts := make([]int32, len(ws))
-	for i, w := range ws {
-		counts[i] = int32(lostBy[w])
-	}
-	if _, err := tx.Exec(ctx, `UPDATE workers w SET tasks_lost = w.tasks_lost + c.n
-		FROM unnest($1::uuid[], $2::int[]) AS c(id, n) WHERE w.id = c.id`, ws, counts); err != nil {
-		return fmt.Errorf("count lost attempts against their workers: %w", err)
-	}
-	return nil
-}
 
 // TryLead makes holder the leader called name until now+ttl if nobody else
 // holds an unexpired lead, or extends holder's own lead. It reports whether
