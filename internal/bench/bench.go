@@ -46,7 +46,7 @@ type Config struct {
 	Slots   int       // worker slots per worker process (default 16)
 	Workers int       // worker processes (default 2)
 	Queue   int       // attempts each worker accepts ahead of time
-	Only    []string  // run only these parts: single, dispatch, churn, conns, wasm, browser
+	Only    []string  // run only these parts: single, dispatch, churn, conns, wasm, browser, hostile
 	// ChurnTasks is the number of counter tasks in the churn soak
 	// (default 32 per CPU).
 	ChurnTasks int
@@ -54,8 +54,13 @@ type Config struct {
 	// run (default 10,000); Chromium is the browser (default DefaultChromium).
 	BrowserTasks int
 	Chromium     string
-	Logger       *slog.Logger
-	Executable   string // the cyclepool binary (default: this process's)
+	// HostileTasks is the number of counter tasks of the hostile part's
+	// honest workflow (default 2,000), HostileTaskMS the busy time of each
+	// (default 10 ms).
+	HostileTasks  int
+	HostileTaskMS int
+	Logger        *slog.Logger
+	Executable    string // the cyclepool binary (default: this process's)
 }
 
 // noopModule is the smallest WASI command: it exports a memory and an empty
@@ -100,6 +105,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.ChurnTasks <= 0 {
 		cfg.ChurnTasks = 32 * runtime.NumCPU()
 	}
+	if cfg.HostileTasks <= 0 {
+		cfg.HostileTasks = 2000
+	}
+	if cfg.HostileTaskMS <= 0 {
+		cfg.HostileTaskMS = 10
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
@@ -124,7 +135,7 @@ func Run(ctx context.Context, cfg Config) error {
 			b.printf("wasm_vs_native: error: %v", err)
 		}
 	}
-	if !want("single") && !want("dispatch") && !want("churn") && !want("conns") && !want("browser") {
+	if !want("single") && !want("dispatch") && !want("churn") && !want("conns") && !want("browser") && !want("hostile") {
 		return nil
 	}
 	// The embedded default, durable as in production.
@@ -195,6 +206,15 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		if err := b.browser(ctx); err != nil {
 			b.printf("browser: error: %v", err)
+		}
+	}
+	if want("hostile") { // last: it leaves the hostile workers' traces behind
+		for _, w := range b.workers { // the hostile part starts its own
+			w.stop()
+		}
+		if err := b.hostile(ctx); err != nil {
+			b.printf("hostile: error: %v", err)
+			return fmt.Errorf("hostile: %w", err)
 		}
 	}
 	return nil
@@ -605,15 +625,21 @@ func percentile(ds []time.Duration, p int) time.Duration {
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // rssKiB reads a process's resident set size.
-func rssKiB(pid int) (int64, error) {
+func rssKiB(pid int) (int64, error) { return procStatusKiB(pid, "VmRSS") }
+
+// procStatusKiB reads one of the sizes in kB of /proc/PID/status (VmRSS,
+// VmHWM, ...).
+func procStatusKiB(pid int, field string) (int64, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if f, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			return strconv.ParseInt(strings.Fields(f)[0], 10, 64)
+		if f, ok := strings.CutPrefix(line, field+":"); ok {
+			if fs := strings.Fields(f); len(fs) > 0 {
+				return strconv.ParseInt(fs[0], 10, 64)
+			}
 		}
 	}
-	return 0, errors.New("no VmRSS")
+	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
 }
