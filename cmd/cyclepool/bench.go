@@ -25,7 +25,9 @@ func runBench(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.BrowserTasks, "browser-tasks", 10000, "no-op tasks in the browser throughput run")
 	fs.StringVar(&cfg.Chromium, "chromium", bench.DefaultChromium, "the Chromium the browser part drives")
 	fs.IntVar(&cfg.ChurnTasks, "churn-tasks", 0, "counter tasks (about 1 s each) in the churn soak (default: 32 per CPU)")
-	only := fs.String("only", "", "comma-separated parts to run: single, dispatch, churn, conns, wasm, browser")
+	fs.IntVar(&cfg.HostileTasks, "hostile-tasks", 2000, "counter tasks in the hostile part's honest workflow")
+	fs.IntVar(&cfg.HostileTaskMS, "hostile-task-ms", 10, "busy milliseconds of each task of the hostile part")
+	only := fs.String("only", "", "comma-separated parts to run: single, dispatch, churn, conns, wasm, browser, hostile")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
