@@ -377,6 +377,7 @@ type hostileStats struct {
 	tries    atomic.Int64 // connections tried
 	welcomed atomic.Int64 // identities it was given
 	refused  atomic.Int64 // hellos refused with an error frame
+	unopened atomic.Int64 // connections that failed otherwise (refused before the upgrade, closed, ...)
 	assigned atomic.Int64 // attempts it was assigned
 	failed   atomic.Int64 // fail items it sent
 	failOK   atomic.Int64 // of which the server acked as committed
@@ -426,8 +427,8 @@ func (b *bench) attack(ctx context.Context) *attack {
 func (a *attack) ready(ctx context.Context, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for {
-		tried := func(s *hostileStats) bool { return s.welcomed.Load() > 0 || s.refused.Load() > 0 }
-		if tried(&a.failer) && tried(&a.forger) && tried(&a.staller) && a.flood.conns.Load() > 0 {
+		tried := func(s *hostileStats) bool { return s.welcomed.Load()+s.refused.Load()+s.unopened.Load() > 0 }
+		if tried(&a.failer) && tried(&a.forger) && tried(&a.staller) && a.flood.conns.Load()+a.flood.dials.Load() > 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -450,10 +451,14 @@ func (a *attack) stop() {
 // summary is one line per hostile worker: what it did and what it got.
 func (a *attack) summary() []string {
 	quoted := func(s *hostileStats) string {
-		if l := s.last(); l != "" {
-			return fmt.Sprintf("; last error frame %q", l)
+		var q string
+		if n := s.unopened.Load(); n > 0 {
+			q = fmt.Sprintf(", not connected otherwise %d", n)
 		}
-		return ""
+		if l := s.last(); l != "" {
+			q += fmt.Sprintf("; last error frame %q", l)
+		}
+		return q
 	}
 	return []string{
 		fmt.Sprintf("hostile_failer_fails: %d (assigned %d, acked as committed %d; identities %d, dropped for want of work %d, refused %d%s)",
@@ -480,6 +485,9 @@ func (a *attack) hello(ctx context.Context, s *hostileStats, h *protocol.Hello) 
 	defer cancel()
 	c, _, err := websocket.Dial(dctx, a.url, nil)
 	if err != nil {
+		if ctx.Err() == nil {
+			s.unopened.Add(1)
+		}
 		return nil, nil, err
 	}
 	c.SetReadLimit(protocol.DefaultMaxFrameBytes)
@@ -504,6 +512,9 @@ func (a *attack) hello(ctx context.Context, s *hostileStats, h *protocol.Hello) 
 		err = fmt.Errorf("hello answered with %s", fr.Type)
 	}
 	if err != nil {
+		if !errors.Is(err, errRefused) && ctx.Err() == nil {
+			s.unopened.Add(1)
+		}
 		c.CloseNow()
 		return nil, nil, err
 	}
