@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -54,6 +55,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build cyclepool:", err)
 		os.Exit(1)
 	}
+	// Every server started here accepts this operator key, and every
+	// worker presents it: the tests' workers are the operator's own
+	// machines unless a test starts one with --key= (a volunteer).
+	os.Setenv("CYCLEPOOL_WORKER_KEY", "cwk_e2e_"+strconv.FormatInt(time.Now().UnixNano(), 36))
 	code := 0
 	func() {
 		defer pgtest.Shutdown()

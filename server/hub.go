@@ -72,6 +72,13 @@ type conn struct {
 	samples   []sched.Sample
 	record    store.WorkerRecord
 	tasksDone int
+	// failStreak counts the failures this connection reported in a row,
+	// with no result between them: from failStreakFewer on, it gets one
+	// attempt at a time (allowed), before its record says anything.
+	failStreak int
+	// operator: the worker presented an operator key (handleWorker).
+	// Immutable.
+	operator  bool
 	device    protocol.Device
 	connected time.Time
 
@@ -290,7 +297,7 @@ func (h *hub) reserve(max int) []*conn {
 	for more := true; more && len(slots) < max; {
 		more = false
 		for _, c := range h.conns {
-			if c.free > 0 && !c.paused && len(slots) < max && c.heard.Load() >= quiet {
+			if c.free > 0 && !c.paused && len(slots) < max && c.heard.Load() >= quiet && c.slots-c.free < c.allowed() {
 				c.free--
 				slots = append(slots, c)
 				more = more || c.free > 0
@@ -298,6 +305,25 @@ func (h *hub) reserve(max int) []*conn {
 		}
 	}
 	return slots
+}
+
+// failStreakFewer is the failures in a row after which a connection gets
+// one attempt at a time (conn.failStreak).
+const failStreakFewer = 4
+
+// allowed is how many attempts c may hold at once (hub.mu held): all its
+// slots, or fewer while its standing is poor (sched.Standing) or its
+// latest reports were all failures. The operator's workers are not held
+// back.
+func (c *conn) allowed() int {
+	if c.operator {
+		return c.slots
+	}
+	n := c.record.Standing().Allowance(c.slots)
+	if c.failStreak >= failStreakFewer {
+		n = min(n, 1)
+	}
+	return n
 }
 
 // setQueue changes c's queue to queue attempts ahead of time. Room taken
@@ -527,7 +553,27 @@ func (h *hub) countByKind() map[string]int {
 }
 
 // handleWorker serves /ws/worker: one WebSocket per worker.
+//
+// A worker that sends Authorization: Bearer with an operator key is one of
+// the operator's own machines (store.WorkerHello.Operator); a key the
+// server does not know is refused before the upgrade.
 func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
+	operator := false
+	if key := bearer(r); key != "" {
+		ok, err := s.store.OperatorKeyValid(r.Context(), key)
+		switch {
+		case err != nil:
+			s.log.Warn("check operator key", "err", err)
+			w.Header().Set("Retry-After", "5")
+			http.Error(w, "the server could not check the operator key just now; try again", http.StatusServiceUnavailable)
+			return
+		case !ok:
+			s.log.Info("worker refused: unknown operator key", "remote", r.RemoteAddr)
+			http.Error(w, "unknown operator key: connect without one, or with a key `cyclepool serve` made", http.StatusUnauthorized)
+			return
+		}
+		operator = true
+	}
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		InsecureSkipVerify: true, // workers need no origin: volunteers' pages may be served from anywhere
 		CompressionMode:    websocket.CompressionDisabled,
@@ -537,7 +583,7 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 	}
 	ws.SetReadLimit(int64(s.cfg.MaxFrameBytes))
 	ctx, cancel := context.WithCancel(s.ctx)
-	c, err := s.greet(ctx, ws, r)
+	c, err := s.greet(ctx, ws, r, operator)
 	if err != nil {
 		defer cancel()
 		s.log.Info("worker refused", "remote", r.RemoteAddr, "err", err)
@@ -694,7 +740,7 @@ func failEnding(reason string) store.Ending {
 }
 
 // greet reads hello, registers the worker and sends welcome.
-func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request) (*conn, error) {
+func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request, operator bool) (*conn, error) {
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	// hello is read under a small limit of its own: it comes before
@@ -736,13 +782,18 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 	// deep call stacks would otherwise stay with this connection's
 	// long-lived goroutine, which matters with thousands of idle workers.
 	var reg store.Registration
+	wh := store.WorkerHello{
+		ID: h.WorkerID, Token: h.ReconnectToken, Kind: h.Kind, Slots: h.Slots, Volunteer: truncate(h.Volunteer, 100),
+		Device: h.Device, Replica: s.cfg.Replica, Running: h.Running, Operator: operator,
+	}
+	if !operator {
+		addr := remoteHost(r)
+		wh.AllowNew = func() bool { return s.identities.allow(addr, time.Now()) }
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		reg, err = s.store.RegisterWorker(ctx, store.WorkerHello{
-			ID: h.WorkerID, Token: h.ReconnectToken, Kind: h.Kind, Slots: h.Slots, Volunteer: truncate(h.Volunteer, 100),
-			Device: h.Device, Replica: s.cfg.Replica, Running: h.Running,
-		}, s.cfg.Lease)
+		reg, err = s.store.RegisterWorker(ctx, wh, s.cfg.Lease)
 	}()
 	<-done
 	if err != nil {
@@ -755,7 +806,8 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request)
 		log:     s.log.With("worker", id, "kind", h.Kind),
 		running: map[int64]string{}, paused: h.Device.Paused,
 		device: h.Device, connected: time.Now(),
-		record: store.WorkerRecord{ID: id, Kind: h.Kind, Slots: h.Slots},
+		record:   store.WorkerRecord{ID: id, Kind: h.Kind, Slots: h.Slots, Operator: operator},
+		operator: operator,
 	}
 	for a, m := range reg.Modules { // the attempts it kept
 		c.running[a] = m

@@ -40,7 +40,8 @@ type Config struct {
 	// Poll is how often the dispatcher looks for ready tasks when no
 	// notification woke it (default 1s).
 	Poll time.Duration
-	// MaxFrameBytes bounds one worker frame (default 64 MiB).
+	// MaxFrameBytes bounds one worker frame (default
+	// protocol.DefaultMaxFrameBytes, 80 MiB).
 	MaxFrameBytes int
 	// MaxModuleBytes bounds an uploaded module (default 64 MiB).
 	MaxModuleBytes int
@@ -54,6 +55,12 @@ type Config struct {
 	// a frame (CSP frame-ancestors; default 'self': only the server's own
 	// pages).
 	FrameAncestors string
+	// NewWorkerBurst and NewWorkerEvery bound the new worker identities
+	// made per source address: NewWorkerBurst at once, then one every
+	// NewWorkerEvery (defaults 30 and 20s; NewWorkerEvery < 0: no bound).
+	// Workers with an operator key are not bound.
+	NewWorkerBurst int
+	NewWorkerEvery time.Duration
 	Logger         *slog.Logger
 }
 
@@ -82,6 +89,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxModuleBytes <= 0 {
 		c.MaxModuleBytes = 64 << 20
+	}
+	if c.NewWorkerBurst <= 0 {
+		c.NewWorkerBurst = 30
+	}
+	if c.NewWorkerEvery == 0 {
+		c.NewWorkerEvery = 20 * time.Second
 	}
 	if c.WorkerRetention <= 0 {
 		c.WorkerRetention = 30 * 24 * time.Hour
@@ -130,6 +143,8 @@ type Server struct {
 
 	// health says whether this replica can write to the database.
 	health *writeHealth
+	// identities bounds the new worker identities per source address.
+	identities *identityLimiter
 }
 
 type renewal struct {
@@ -150,9 +165,10 @@ func New(st *store.Store, cfg Config) *Server {
 	s := &Server{
 		cfg: cfg, store: st, log: cfg.Logger.With("replica", cfg.Replica),
 		hub: newHub(2*cfg.Heartbeat + cfg.Heartbeat/2), wakeC: make(chan struct{}, 1),
-		modules: newModuleCache(64 << 20),
-		rt:      newRuntimes(),
-		ends:    newFinishWaiters(),
+		modules:    newModuleCache(64 << 20),
+		rt:         newRuntimes(),
+		ends:       newFinishWaiters(),
+		identities: newIdentityLimiter(cfg.NewWorkerEvery, cfg.NewWorkerBurst),
 	}
 	s.readyLeft.Store(true) // until the dispatcher's first round
 	s.ctx, s.stop = context.WithCancel(context.Background())
@@ -662,15 +678,20 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 			// refused (store.EndRefused).
 			ack.Error = "refused: " + cs[i].Refused
 			s.metrics.completions.WithLabelValues("refused").Inc()
+			s.failed(b.c)
 		case committed:
 			ack.OK = true
 			if b.comp.OK {
 				s.hub.mu.Lock()
 				b.c.tasksDone++
+				b.c.failStreak = 0
 				s.hub.mu.Unlock()
 				s.metrics.completions.WithLabelValues("succeeded").Inc()
 			} else {
 				s.metrics.completions.WithLabelValues("failed").Inc()
+				if b.comp.End == store.EndTaskError || b.comp.End == store.EndRefused {
+					s.failed(b.c)
+				}
 			}
 		case err != nil:
 			ack.Error, ack.Retry = "not committed: server error; send it again", true
@@ -693,6 +714,21 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 	// After the counts above: a waiter told of the end sees them.
 	for _, id := range finished {
 		s.ends.finished(id)
+	}
+}
+
+// failed counts a failure (or a refused result) that c reported in its
+// streak (conn.failStreak). Every failStreakFewer of them in a row, c's
+// record is read again: the strikes the failures earned, once other
+// workers' results disproved them, then hold it back (conn.allowed)
+// without waiting for the next refresh of every record.
+func (s *Server) failed(c *conn) {
+	s.hub.mu.Lock()
+	c.failStreak++
+	refresh := c.failStreak%failStreakFewer == 0
+	s.hub.mu.Unlock()
+	if refresh && !c.operator {
+		go s.refreshRecords(s.ctx, []string{c.id})
 	}
 }
 

@@ -40,8 +40,9 @@ type jsMessage struct {
 }
 
 // dial opens a WebSocket to url through the browser and waits until it is
-// open.
-func dial(ctx context.Context, url string) (_ conn, err error) {
+// open. A browser's WebSocket sends no Authorization header: key is not
+// used (Config.Key).
+func dial(ctx context.Context, url, key string) (_ conn, err error) {
 	c := &jsConn{ready: make(chan struct{}, 1), closed: make(chan struct{}), opened: make(chan struct{})}
 	c.limit.Store(protocol.DefaultMaxFrameBytes)
 	if err := catch(func() { c.ws = js.Global().Get("WebSocket").New(url) }); err != nil {

@@ -51,9 +51,13 @@ func dialOptions() *websocket.DialOptions {
 	return &websocket.DialOptions{HTTPClient: &http.Client{Transport: tr}, CompressionMode: websocket.CompressionDisabled}
 }
 
-// dial opens a WebSocket to url.
-func dial(ctx context.Context, url string) (conn, error) {
-	ws, _, err := websocket.Dial(ctx, url, dialOptions())
+// dial opens a WebSocket to url, presenting key (Config.Key) if any.
+func dial(ctx context.Context, url, key string) (conn, error) {
+	opts := dialOptions()
+	if key != "" {
+		opts.HTTPHeader = http.Header{"Authorization": {"Bearer " + key}}
+	}
+	ws, _, err := websocket.Dial(ctx, url, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -52,7 +52,12 @@ type Config struct {
 	ID, Token string
 	// Volunteer is the browser volunteer's id, if any.
 	Volunteer string
-	Logger    *slog.Logger
+	// Key is an operator key (`cyclepool serve` makes one): the worker is
+	// one of the operator's own machines, whose failures are verdicts
+	// rather than evidence, and which no task avoids (docs/PROTOCOL.md).
+	// Headless workers only: a browser cannot send it.
+	Key    string
+	Logger *slog.Logger
 	// Gather is how long an outcome may wait for others, to travel in one
 	// frame with them, while other attempts run or wait (default 0: an
 	// outcome goes at once, with those that finished while the previous
@@ -295,7 +300,7 @@ func wsURL(server string) string {
 // session runs one connection to server until it breaks.
 func (w *Worker) session(ctx context.Context, server string) error {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	ws, err := dial(dctx, wsURL(server))
+	ws, err := dial(dctx, wsURL(server), w.cfg.Key)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)

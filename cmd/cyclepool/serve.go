@@ -55,6 +55,11 @@ func runServe(ctx context.Context, args []string) error {
 	pprofAddr := fs.String("pprof", "", "serve Go's profiler on this address (e.g. 127.0.0.1:6060)")
 	fairness := fs.String("fairness", "none", "fairness strategy: none, not-best, worst, worse-than-average, worse-than-majority or equal-or-worse-than-majority")
 	frameAncestors := fs.String("frame-ancestors", "'self'", "sites that may embed the volunteer page in a frame, as a CSP frame-ancestors source list (e.g. \"'self' https://project.example\"; 'none': no page, not even the server's own)")
+	workerKey := fs.String("worker-key", os.Getenv("CYCLEPOOL_WORKER_KEY"), "an operator key to accept from workers (as well as "+
+		"the one in --data-dir/worker.key, made on first start): workers that present one are the operator's own machines")
+	newWorkerBurst := fs.Int("new-workers-per-address", 30, "new worker identities one address may make at once, then one per --new-worker-every")
+	newWorkerEvery := fs.Duration("new-worker-every", 20*time.Second, "how often an address may make one more new worker identity "+
+		"(0: no limit; behind a reverse proxy every volunteer has the proxy's address)")
 	nprocs := fs.Int("procs", 0, "CPUs running the server's code at once (GOMAXPROCS); default: GOMAXPROCS if set, else half the CPUs with the embedded PostgreSQL, all of them with --database-url")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
@@ -96,7 +101,16 @@ func runServe(ctx context.Context, args []string) error {
 		host, _ := os.Hostname()
 		*replica = fmt.Sprintf("%s:%d", host, ln.Addr().(*net.TCPAddr).Port)
 	}
-	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Poll: *poll, Fairness: strategy, WorkerRetention: *retention, FrameAncestors: *frameAncestors, Logger: log})
+	opKey, err := ensureOperatorKey(ctx, st, *dataDir, *workerKey)
+	if err != nil {
+		return fmt.Errorf("operator key: %w", err)
+	}
+	every := *newWorkerEvery
+	if every == 0 {
+		every = -1 // server.Config: no limit
+	}
+	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Poll: *poll, Fairness: strategy, WorkerRetention: *retention,
+		FrameAncestors: *frameAncestors, NewWorkerBurst: *newWorkerBurst, NewWorkerEvery: every, Logger: log})
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	// The server outlives ctx (SIGINT, SIGTERM) by the local worker's
 	// hand-back, which it commits (see below).
@@ -122,6 +136,8 @@ func runServe(ctx context.Context, args []string) error {
 		fmt.Printf("owner token (also in %s):\n  export CYCLEPOOL_SERVER=%s CYCLEPOOL_TOKEN=%s\n",
 			filepath.Join(*dataDir, "owner.token"), url, tok)
 	}
+	fmt.Printf("your own machines' workers (volunteers need no key):\n  cyclepool worker --server %s --key-file %s\n",
+		url, filepath.Join(*dataDir, "worker.key"))
 	var local *wasmworker.Worker
 	if *localSlots > 0 {
 		r, err := headless.New(ctx, headless.Config{CacheDir: filepath.Join(*dataDir, "cache"), Logger: log})
@@ -131,7 +147,7 @@ func runServe(ctx context.Context, args []string) error {
 			return fmt.Errorf("local worker: %w", err)
 		}
 		defer r.Close(context.Background())
-		local = newHeadlessWorker([]string{url}, *localSlots, *localSlots, protocol.QueueLimit(*localSlots), defaultGather, r,
+		local = newHeadlessWorker([]string{url}, *localSlots, *localSlots, protocol.QueueLimit(*localSlots), defaultGather, r, opKey,
 			log.With("component", "local-worker"))
 		go func() {
 			if err := local.Run(sctx); err != nil {
@@ -192,6 +208,32 @@ func ensureLocalOwner(ctx context.Context, st *store.Store, dataDir string) (str
 		return tok, err
 	}
 	return tok, os.WriteFile(path, []byte(tok+"\n"), 0o600)
+}
+
+// ensureOperatorKey makes sure the operator's workers have a key: flag's,
+// when set, and the one in dataDir/worker.key, made when missing. It
+// returns the key the local worker presents.
+func ensureOperatorKey(ctx context.Context, st *store.Store, dataDir, flag string) (string, error) {
+	if flag != "" {
+		if err := st.AddOperatorKey(ctx, flag); err != nil {
+			return "", err
+		}
+	}
+	path := filepath.Join(dataDir, "worker.key")
+	key := ""
+	if b, err := os.ReadFile(path); err == nil {
+		key = strings.TrimSpace(string(b))
+	}
+	if key == "" {
+		key = store.NewToken("cwk_")
+		if err := os.MkdirAll(dataDir, 0o700); err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
+			return "", err
+		}
+	}
+	return key, st.AddOperatorKey(ctx, key)
 }
 
 func newLogger(level string) *slog.Logger {

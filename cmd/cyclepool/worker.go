@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -31,6 +32,9 @@ func runWorker(ctx context.Context, args []string) error {
 	cache := fs.String("cache-dir", defaultCacheDir(), "directory of the compiled-module cache")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	pprofAddr := fs.String("pprof", "", "serve Go's profiler on this address (e.g. 127.0.0.1:6060)")
+	key := fs.String("key", os.Getenv("CYCLEPOOL_WORKER_KEY"), "operator key (the server's --data-dir/worker.key): this machine is "+
+		"the operator's own, so its failures are verdicts; volunteers leave it empty")
+	keyFile := fs.String("key-file", "", "read the operator key from this file")
 	procs := fs.Int("procs", 0, "CPUs running the worker's own code at once (GOMAXPROCS; tasks run in separate slot processes); default: GOMAXPROCS if set, else max(1, CPUs/4)")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
@@ -38,6 +42,13 @@ func runWorker(ctx context.Context, args []string) error {
 	runtime.GOMAXPROCS(workerProcs(*procs, os.Getenv("GOMAXPROCS") != "", runtime.NumCPU()))
 	if *servers == "" {
 		return errors.New("worker: --server URL is required")
+	}
+	if *keyFile != "" {
+		b, err := os.ReadFile(*keyFile)
+		if err != nil {
+			return fmt.Errorf("worker: --key-file: %w", err)
+		}
+		*key = strings.TrimSpace(string(b))
 	}
 	log := newLogger(*logLevel)
 	servePprof(*pprofAddr, log)
@@ -58,7 +69,7 @@ func runWorker(ctx context.Context, args []string) error {
 	if *maxQueue < 0 {
 		*maxQueue = protocol.QueueLimit(*slots)
 	}
-	w := newHeadlessWorker(urls, *slots, *queue, *maxQueue, max(*gather, 0), r, log)
+	w := newHeadlessWorker(urls, *slots, *queue, *maxQueue, max(*gather, 0), r, *key, log)
 	// Run outlives ctx (SIGINT, SIGTERM) by the hand-back: the attempts the
 	// worker holds go back to the server, which queues their tasks again at
 	// once without using up an attempt, rather than when their leases
@@ -83,10 +94,10 @@ func runWorker(ctx context.Context, args []string) error {
 
 // newHeadlessWorker is a headless worker on servers: cyclepool worker, and
 // serve's local worker.
-func newHeadlessWorker(servers []string, slots, queue, maxQueue int, gather time.Duration, r wasmworker.Runner,
+func newHeadlessWorker(servers []string, slots, queue, maxQueue int, gather time.Duration, r wasmworker.Runner, key string,
 	log *slog.Logger) *wasmworker.Worker {
 	return wasmworker.New(wasmworker.Config{Servers: servers, Slots: slots, Queue: queue, MaxQueue: maxQueue, Gather: gather,
-		Kind: protocol.KindHeadless, Runner: r, Logger: log, Device: headlessDevice})
+		Kind: protocol.KindHeadless, Runner: r, Key: key, Logger: log, Device: headlessDevice})
 }
 
 // handBackWait bounds how long a stopping worker waits for the server to

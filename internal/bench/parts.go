@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,6 +33,14 @@ func (b *bench) idleConns(ctx context.Context) error {
 	hello, _, _ := protocol.Encode(&protocol.Frame{Type: protocol.TypeHello, Hello: &protocol.Hello{
 		Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1, Device: protocol.Device{Paused: true, PausedBecause: "benchmark"}}})
 	hb, _, _ := protocol.Encode(&protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: &protocol.Heartbeat{Running: []protocol.Progress{}}})
+	// As the operator's own connections: a server bounds the new worker
+	// identities one address makes, and every one of these comes from
+	// this machine.
+	key, err := os.ReadFile(filepath.Join(b.tmp, "srv", "worker.key"))
+	if err != nil {
+		return fmt.Errorf("read the server's operator key: %w", err)
+	}
+	opts := &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + strings.TrimSpace(string(key))}}}
 	conns := make([]*websocket.Conn, b.cfg.Conns)
 	var mu sync.Mutex
 	var firstErr error
@@ -45,7 +54,7 @@ func (b *bench) idleConns(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			c, _, err := websocket.Dial(cctx, ws, nil)
+			c, _, err := websocket.Dial(cctx, ws, opts)
 			if err == nil {
 				err = c.Write(cctx, websocket.MessageText, hello)
 			}

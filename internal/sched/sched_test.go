@@ -519,3 +519,22 @@ func TestReputation(t *testing.T) {
 		t.Fatalf("recheck %v", got)
 	}
 }
+
+func TestStandingAllowance(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		s    Standing
+		want int
+	}{
+		{"a new worker", Standing{}, 8},
+		{"a few strikes never hold a worker back", Standing{Results: 0, Strikes: 2.9}, 8},
+		{"strikes against few results: one at a time", Standing{Results: 4, Strikes: 3}, 1},
+		{"many strikes and few results: none", Standing{Results: 10, Strikes: 6}, 0},
+		{"many strikes, more than twice as many results: one at a time", Standing{Results: 13, Strikes: 6}, 1},
+		{"strikes that are a small share of many results", Standing{Results: 1000, Strikes: 20}, 8},
+	} {
+		if got := tc.s.Allowance(8); got != tc.want {
+			t.Errorf("%s: Allowance(8) = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}

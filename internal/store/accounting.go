@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // Ending is a way an attempt ends. Each says whom it charges (Charges):
@@ -14,8 +15,11 @@ type Ending uint8
 
 // The ways an attempt ends.
 const (
-	// EndTaskError: the task failed on its own (a non-zero exit, a trap,
-	// a limit exceeded, a module that does not load). The task's.
+	// EndTaskError: the worker says the task failed on its own (a non-zero
+	// exit, a trap, a limit exceeded, a module that does not load). The
+	// task's, once confirmed: from one of the operator's workers the
+	// report is a verdict, from a volunteer it is evidence (Charge.Avoid,
+	// Charge.Corroborate).
 	EndTaskError Ending = iota
 	// EndResult: the attempt delivered a result.
 	EndResult
@@ -72,21 +76,31 @@ type Charge struct {
 	// ready queue (it has waited, and may have checkpoints), rather than
 	// behind the tasks that became ready since.
 	KeepsPlace bool
+	// Avoid keeps the task from the worker for good (tasks.avoid), when
+	// the worker is a volunteer: a worker that failed, lost or broke the
+	// rules of a task never gets it again, so no one volunteer can use up
+	// a task's attempts.
+	Avoid bool
+	// Corroborate fails the task for good, once its attempts are used
+	// up, only if at least two distinct workers failed it
+	// (tasks.failed_by), or the worker is one of the operator's: until
+	// then the task waits for another worker to confirm the failure.
+	Corroborate bool
 }
 
 // Charges returns whom an end charges.
 func (e Ending) Charges() Charge {
 	switch e {
 	case EndTaskError:
-		return Charge{Attempt: true}
+		return Charge{Attempt: true, KeepsPlace: true, Avoid: true, Corroborate: true}
 	case EndTaskFinal:
 		return Charge{Attempt: true, Final: true}
 	case EndVanished:
-		return Charge{Lost: true, Worker: true, KeepsPlace: true}
+		return Charge{Lost: true, Worker: true, KeepsPlace: true, Avoid: true}
 	case EndHandedBack, EndUnstarted, EndServerFault:
 		return Charge{KeepsPlace: true}
 	case EndRefused:
-		return Charge{Worker: true, KeepsPlace: true}
+		return Charge{Worker: true, KeepsPlace: true, Avoid: true}
 	default: // EndResult, EndCancelled, EndSuperseded
 		return Charge{}
 	}
@@ -106,14 +120,15 @@ func (e Ending) attemptState() string {
 // chargeWorkers counts attempts that ended this way against their workers'
 // standing (Charge.Worker), n per worker: a loss (tasks_lost) for
 // EndVanished, an invalid result for EndRefused (as a result that lost a
-// quorum, which also ends the worker's streak of valid ones).
+// quorum, which also ends the worker's streak of valid ones) and as many
+// strikes (see strikesSet).
 func chargeWorkers(ctx context.Context, tx querier, e Ending, n map[string]int) error {
 	var set string
 	switch e {
 	case EndVanished:
 		set = `tasks_lost = w.tasks_lost + c.n`
 	case EndRefused:
-		set = `results_invalid = w.results_invalid + c.n, valid_streak = 0`
+		set = `results_invalid = w.results_invalid + c.n, valid_streak = 0, ` + strikesSet("c.n")
 	default:
 		return fmt.Errorf("charge workers: %s charges no worker", e)
 	}
@@ -158,6 +173,17 @@ func (e Ending) String() string {
 		return "result refused"
 	}
 	return "unknown"
+}
+
+// StrikeHalfLife is how fast a worker's strikes fade (workers.strikes):
+// a worker benched for its strikes gets tasks again a while later.
+const StrikeHalfLife = 30 * time.Minute
+
+// strikesSet is the SET clause that adds n (an SQL expression) strikes to
+// a worker (alias w), after fading those it had by StrikeHalfLife.
+func strikesSet(n string) string {
+	return fmt.Sprintf(`strikes = w.strikes * power(0.5, extract(epoch FROM now() - coalesce(w.strikes_at, now())) / %d) + %s,
+		strikes_at = now()`, int(StrikeHalfLife.Seconds()), n)
 }
 
 // DefaultMaxLost is the bound on a task's losses (EndVanished) that a task

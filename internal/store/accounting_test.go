@@ -32,7 +32,7 @@ func (f *fixture) tasksLost(t *testing.T, worker string) int {
 	return n
 }
 
-// useWorker registers a new worker of slots slots, which the fixture's
+// useWorker registers a new volunteer of slots slots, which the fixture's
 // claims go to from now on.
 func (f *fixture) useWorker(t *testing.T, slots int) Registration {
 	t.Helper()
@@ -80,7 +80,7 @@ func TestEachEndingChargesWhomItSays(t *testing.T) {
 		end  func(*fixture, *testing.T, Claimed)
 		want want
 	}{
-		{"task error", fail(EndTaskError), want{"ready", 1, 0, 0, false}},
+		{"task error", fail(EndTaskError), want{"ready", 1, 0, 0, true}},
 		{"task cannot succeed", fail(EndTaskFinal), want{"failed", 1, 0, 0, false}},
 		{"handed back", fail(EndHandedBack), want{"ready", 0, 0, 0, true}},
 		{"never started", fail(EndUnstarted), want{"ready", 0, 0, 0, true}},
@@ -122,7 +122,10 @@ func TestLostWorkersUseMaxLostNotMaxAttempts(t *testing.T) {
 	one := f.task("a")
 	one.MaxAttempts = 1
 	id := f.submit(t, "batch", one)
+	var workers []string
 	for i := 1; i <= DefaultMaxLost; i++ {
+		// A new volunteer each time: the task avoids those that lost it.
+		workers = append(workers, f.useWorker(t, 1).ID)
 		c := f.claim(t, 1, time.Minute)
 		if len(c) != 1 {
 			t.Fatalf("loss %d: the task was not queued again", i)
@@ -139,8 +142,10 @@ func TestLostWorkersUseMaxLostNotMaxAttempts(t *testing.T) {
 			t.Fatalf("after %d losses the task is %s: %q", i, state, errText)
 		}
 	}
-	if n := f.tasksLost(t, f.worker); n != DefaultMaxLost {
-		t.Errorf("worker charged %d losses, want %d", n, DefaultMaxLost)
+	for _, w := range workers {
+		if n := f.tasksLost(t, w); n != 1 {
+			t.Errorf("worker %s charged %d losses, want 1", w, n)
+		}
 	}
 }
 
@@ -525,5 +530,115 @@ func TestHugeInputsAreNotLoaded(t *testing.T) {
 	}
 	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16<<20 {
 		t.Errorf("claiming it allocated %d MiB: the inputs were read", alloc>>20)
+	}
+}
+
+// strikes reads a worker's strikes as of now, and whether the task avoids
+// it.
+func (f *fixture) strikes(t *testing.T, worker string) float64 {
+	t.Helper()
+	recs, err := f.s.Workers(context.Background(), []string{worker})
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("worker record: %v %v", recs, err)
+	}
+	return recs[0].Strikes
+}
+
+// A failure a volunteer reports is evidence, not a verdict: the task never
+// goes back to that volunteer, fails for good only when a second, distinct
+// worker fails it too (or one of the operator's own workers does), and a
+// failure another worker's result disproves is a strike against the
+// volunteer that reported it.
+func TestFailuresAreEvidence(t *testing.T) {
+	ctx := context.Background()
+	fail := func(f *fixture, t *testing.T, c Claimed, e Ending) {
+		t.Helper()
+		if acc, err := f.s.Complete(ctx, []Completion{{Attempt: c.Attempt, Worker: c.Worker, Reason: "exit", Message: "status 1", End: e}}); err != nil || !acc[0] {
+			t.Fatalf("complete: %v %v", acc, err)
+		}
+	}
+	succeed := func(f *fixture, t *testing.T, c Claimed) {
+		t.Helper()
+		if acc, err := f.s.Complete(ctx, []Completion{{Attempt: c.Attempt, Worker: c.Worker, OK: true}}); err != nil || !acc[0] {
+			t.Fatalf("complete: %v %v", acc, err)
+		}
+	}
+	operator := func(f *fixture, t *testing.T) string {
+		t.Helper()
+		reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1, Operator: true}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.worker = reg.ID
+		return reg.ID
+	}
+	type step struct {
+		worker string // "v1", "v2": volunteers; "op": an operator's worker
+		end    string // "fail", "ok", "vanish", "refuse"
+		// claims: whether the worker may claim the task now
+		claims bool
+	}
+	for _, tc := range []struct {
+		name      string
+		steps     []step
+		state     string
+		errHas    string
+		strikesV1 float64
+	}{
+		{"one volunteer's failure waits for a second worker",
+			[]step{{"v1", "fail", true}, {"v1", "", false}}, "ready", "waiting for another worker to confirm it", 0},
+		{"two volunteers' failures fail the task",
+			[]step{{"v1", "fail", true}, {"v2", "fail", true}}, "failed", "failed after 2 attempts", 0},
+		{"a failure another worker's result disproves is a strike",
+			[]step{{"v1", "fail", true}, {"v2", "ok", true}}, "done", "", 1},
+		{"an operator's worker's failure is a verdict",
+			[]step{{"op", "fail", true}}, "failed", "failed after 1 attempts", 0},
+		{"the operator's worker may take a task again",
+			[]step{{"op", "vanish", true}, {"op", "ok", true}}, "done", "", 0},
+		{"a volunteer that lost the task never gets it again",
+			[]step{{"v1", "vanish", true}, {"v1", "", false}, {"v2", "ok", true}}, "done", "", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			task := f.task("a")
+			task.MaxAttempts = 1
+			id := f.submit(t, "batch", task)
+			ids := map[string]string{}
+			for i, st := range tc.steps {
+				w, ok := ids[st.worker]
+				switch {
+				case ok:
+					f.worker = w
+				case st.worker == "op":
+					ids[st.worker] = operator(f, t)
+				default:
+					ids[st.worker] = f.useWorker(t, 1).ID
+				}
+				cs := f.claim(t, 1, time.Minute)
+				if (len(cs) == 1) != st.claims {
+					t.Fatalf("step %d: %s claimed %d attempts, want the task: %v", i, st.worker, len(cs), st.claims)
+				}
+				if len(cs) == 0 {
+					continue
+				}
+				switch st.end {
+				case "fail":
+					fail(f, t, cs[0], EndTaskError)
+				case "ok":
+					succeed(f, t, cs[0])
+				case "vanish":
+					f.expire(t, cs[0])
+				}
+			}
+			state, _, _, errText := f.taskCounts(t, id, "a")
+			if state != tc.state || !strings.Contains(errText, tc.errHas) {
+				t.Errorf("task is %s (%q), want %s with %q", state, errText, tc.state, tc.errHas)
+			}
+			if v1, ok := ids["v1"]; ok {
+				if got := f.strikes(t, v1); got < tc.strikesV1-0.01 || got > tc.strikesV1+0.01 {
+					t.Errorf("v1 has %.2f strikes, want %v", got, tc.strikesV1)
+				}
+			}
+		})
 	}
 }

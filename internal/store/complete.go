@@ -518,7 +518,7 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 		accepted[i] = true
 		if why, bad := refused[cs[i].Attempt]; bad {
 			cs[i].Refused = why
-			ends = append(ends, attemptEnd{task: t, reason: why, end: EndRefused})
+			ends = append(ends, attemptEnd{task: t, worker: cs[i].Worker, reason: why, end: EndRefused})
 			invalid[cs[i].Worker]++
 			continue
 		}
@@ -531,7 +531,7 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 			done = append(done, t)
 			outTask, outName, outData = appendStored(outTask, outName, outData, t, cs[i].Outputs)
 		} else {
-			ends = append(ends, attemptEnd{task: t, reason: cs[i].reason(), end: cs[i].End})
+			ends = append(ends, attemptEnd{task: t, worker: cs[i].Worker, reason: cs[i].reason(), end: cs[i].End})
 		}
 	}
 	if len(vres) > 0 {
@@ -683,9 +683,14 @@ func doneCTEs(ids, headStart string) string {
 	return strings.NewReplacer("{ids}", ids, "{head}", headStart).Replace(doneCTEsTemplate)
 }
 
-const doneCTEsTemplate = `done AS (
+var doneCTEsTemplate = `done AS (
 	UPDATE tasks SET state = 'done', pending = 0, finished_at = now(), updated_at = now(), error = ''
-	WHERE id {ids} AND state COLLATE "C" = 'running' RETURNING id, workflow_id
+	WHERE id {ids} AND state COLLATE "C" = 'running' RETURNING id, workflow_id, failed_by
+), struck AS (
+	-- A task done disproves the failures reported of it: each worker
+	-- that reported one gets a strike (sched.Standing).
+	UPDATE workers w SET ` + strikesSet("x.n") + `
+	FROM (SELECT f, count(*) AS n FROM done, unnest(done.failed_by) AS f GROUP BY f ORDER BY f) x WHERE w.id = x.f
 ), d AS (
 	SELECT ti.task_id, count(DISTINCT ti.from_task) AS n FROM task_inputs ti JOIN done ON ti.from_task = done.id GROUP BY ti.task_id
 ), rel AS (
@@ -724,6 +729,7 @@ func (c *Completion) reason() string {
 // attemptEnd is an attempt that ended without a result.
 type attemptEnd struct {
 	task   int64
+	worker string // the attempt's worker; "" when not known
 	reason string
 	end    Ending
 	// progressed says the attempt saved a checkpoint: a loss that moved
@@ -738,17 +744,24 @@ type querier interface {
 }
 
 // requeueSQL moves on the tasks $1 of attempts that ended without a
-// result ($2 reason; $3, $4, $5 and $6 the Charge of each end: attempt,
-// lost, final and keeps place; $7 the interactive head start in ms): each
-// is queued again, or fails when the end was final or used up the last of
-// its attempts (max_attempts) or of its losses (max_lost). An end that
-// keeps the task's place leaves sort_key, the time it first became ready,
-// as it was. The tasks are found by id: the state test is written with
-// COLLATE "C" (see doneCTEs), or with the statistics of a table analyzed
-// while few tasks were active PostgreSQL read every active task for each
-// batch.
+// result ($2 reason; $3, $4, $5, $6, $9 and $10 the Charge of each end:
+// attempt, lost, final, keeps place, avoid and corroborate; $7 the
+// interactive head start in ms; $8 the attempt's worker): each is queued
+// again, or fails when the end was final or used up the last of its
+// attempts (max_attempts) or of its losses (max_lost). A failure that
+// needs corroboration uses up the last attempt only when a second
+// distinct worker failed the task (failed_by), or the worker is one of
+// the operator's; until then the task waits for another worker. A
+// volunteer the end says to avoid joins the task's avoid list. An end
+// that keeps the task's place leaves sort_key, the time it first became
+// ready, as it was. The tasks are found by id: the state test is written
+// with COLLATE "C" (see doneCTEs), or with the statistics of a table
+// analyzed while few tasks were active PostgreSQL read every active task
+// for each batch.
 var requeueSQL = strings.NewReplacer(
-	"{exhausted}", `(u.counts AND t.attempts >= t.max_attempts)`,
+	"{exhausted}", `(u.counts AND t.attempts >= t.max_attempts AND (NOT u.corroborate OR coalesce(w.operator, false)
+		OR coalesce(cardinality(t.failed_by), 0) + CASE WHEN u.worker = ANY(t.failed_by) THEN 0 ELSE 1 END >= 2))`,
+	"{unconfirmed}", `(u.counts AND t.attempts >= t.max_attempts AND NOT u.final)`,
 	"{lostall}", `(u.lost AND t.lost + 1 >= t.max_lost)`,
 ).Replace(`UPDATE tasks t SET updated_at = now(),
 		attempts = CASE WHEN u.counts THEN t.attempts ELSE t.attempts - 1 END,
@@ -758,11 +771,18 @@ var requeueSQL = strings.NewReplacer(
 		sort_key = CASE WHEN u.keep THEN coalesce(t.sort_key, now())
 			ELSE now() - CASE WHEN t.priority = 'interactive' THEN $7 * interval '1 millisecond' ELSE interval '0' END END,
 		finished_at = CASE WHEN (u.final OR {exhausted} OR {lostall}) THEN now() END,
+		avoid = CASE WHEN u.avoid AND u.worker IS NOT NULL AND NOT coalesce(w.operator, true)
+			AND NOT coalesce(u.worker = ANY(t.avoid), false) THEN array_append(t.avoid, u.worker) ELSE t.avoid END,
+		failed_by = CASE WHEN u.corroborate AND u.counts AND u.worker IS NOT NULL
+			AND NOT coalesce(u.worker = ANY(t.failed_by), false) THEN array_append(t.failed_by, u.worker) ELSE t.failed_by END,
 		error = CASE
 			WHEN u.final OR {exhausted} THEN format('failed after %s attempts; last: %s', t.attempts, u.reason)
 			WHEN {lostall} THEN format('stopped: the workers running it vanished %s times (max_lost); last: %s', t.lost + 1, u.reason)
+			WHEN {unconfirmed} THEN format('%s (one worker''s failure: waiting for another worker to confirm it)', u.reason)
 			ELSE u.reason END
-	FROM unnest($1::bigint[], $2::text[], $3::bool[], $4::bool[], $5::bool[], $6::bool[]) AS u(id, reason, counts, lost, final, keep)
+	FROM unnest($1::bigint[], $2::text[], $3::bool[], $4::bool[], $5::bool[], $6::bool[], $8::uuid[], $9::bool[], $10::bool[])
+		AS u(id, reason, counts, lost, final, keep, worker, avoid, corroborate)
+		LEFT JOIN workers w ON w.id = u.worker
 	WHERE t.id = u.id AND t.state COLLATE "C" IN ('running', 'ready')
 	RETURNING t.id, t.workflow_id::text, t.state`)
 
@@ -790,11 +810,16 @@ func (s *Store) settleEnds(ctx context.Context, tx querier, ends []attemptEnd) e
 		lost := make([]bool, len(ends))
 		final := make([]bool, len(ends))
 		keep := make([]bool, len(ends))
+		workers := make([]string, len(ends))
+		avoid := make([]bool, len(ends))
+		corroborate := make([]bool, len(ends))
 		for i, e := range ends {
 			c := e.end.Charges()
 			ids[i], reasons[i], counts[i], lost[i], final[i], keep[i] = e.task, e.reason, c.Attempt, c.Lost && !e.progressed, c.Final, c.KeepsPlace
+			workers[i], avoid[i], corroborate[i] = e.worker, c.Avoid, c.Corroborate
 		}
-		rows, err := tx.Query(ctx, requeueSQL, ids, reasons, counts, lost, final, keep, s.interactiveHeadStart.Milliseconds())
+		rows, err := tx.Query(ctx, requeueSQL, ids, reasons, counts, lost, final, keep, s.interactiveHeadStart.Milliseconds(),
+			uuidParams(workers), avoid, corroborate)
 		if err != nil {
 			return fmt.Errorf("requeue tasks: %w", err)
 		}

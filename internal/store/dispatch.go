@@ -130,8 +130,10 @@ type Candidate struct {
 	Replicas   int       // replicas started at first (1: not replicated)
 	// Fresh is true when no replica of the task has been claimed yet.
 	Fresh bool
-	// Exclude lists the workers that run or ran a replica of a replicated
-	// task: no second replica may go to them.
+	// Exclude lists the workers the task may not go to: those that run or
+	// ran a replica of a replicated task (no second replica may go to
+	// them), and the volunteers the task avoids (tasks.avoid: they failed,
+	// lost or broke the rules of an attempt of it).
 	Exclude []string
 	CkptMS  int64
 }
@@ -177,7 +179,8 @@ func (s *Store) Candidates(ctx context.Context, limit int) ([]Candidate, error) 
 const candidatesSQL = `SELECT t.id, t.workflow_id::text, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas,
 			t.attempts = 0, t.ckpt_ms,
 			CASE WHEN t.max_replicas > 1 THEN ARRAY(SELECT DISTINCT a.worker_id::text FROM attempts a
-				WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) END
+				WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) || t.avoid::text[]
+			ELSE t.avoid::text[] END
 		FROM tasks t WHERE t.pending > 0 AND t.sort_key IS NOT NULL AND t.state = 'ready' ORDER BY t.sort_key, t.id LIMIT $1`
 
 // Pick is one decision of the dispatcher's plan: a replica of TaskID on
@@ -293,7 +296,8 @@ func (m interned) of(b []byte) string {
 // intervals, $4 solo flags; $5 lease in ms). Tasks are locked in id order
 // (SKIP LOCKED: another replica's claim wins), a task gives at most its
 // pending replicas, each to a distinct worker without a running or
-// succeeded attempt of it (attempts superseded by a reset do not count).
+// succeeded attempt of it (attempts superseded by a reset do not count)
+// and not among the workers the task avoids (tasks.avoid).
 //
 // A task that never had an attempt counted (attempts = 0: a fresh task, or
 // one reset by re-verification, whose attempts are all superseded) cannot
@@ -345,7 +349,7 @@ WITH p AS (
 
 // claimLockedCTE locks the picked tasks that are still ready.
 const claimLockedCTE = `, locked AS (
-	SELECT t.id, t.pending, t.attempts, t.workflow_id, t.name, t.module_id, t.args, t.stdin, t.priority, t.timeout_ms, t.memory_pages,
+	SELECT t.id, t.pending, t.attempts, t.avoid, t.workflow_id, t.name, t.module_id, t.args, t.stdin, t.priority, t.timeout_ms, t.memory_pages,
 		t.output_bytes, t.log_bytes, t.ckpt_ms, t.seed,
 		-- Replicas are independent: none resumes from a checkpoint that
 		-- another replica's worker saved.
@@ -369,7 +373,7 @@ const claimReplicasCTEs = `, fit AS (
 		FROM p JOIN locked l ON l.id = p.task_id
 		LEFT JOIN LATERAL (SELECT 1 AS x FROM attempts a WHERE l.attempts > 0 AND a.task_id = p.task_id AND a.worker_id = p.w
 			AND a.state IN ('running', 'succeeded') AND NOT a.superseded LIMIT 1) ran ON true
-		WHERE ran.x IS NULL
+		WHERE ran.x IS NULL AND NOT coalesce(p.w = ANY(l.avoid), false)
 		ORDER BY p.task_id, p.w, p.ord
 	) d
 ), ok AS (
@@ -402,7 +406,7 @@ const claimOnePerTaskCTEs = `, ok AS (
 		FROM p JOIN locked l ON l.id = p.task_id
 		LEFT JOIN LATERAL (SELECT 1 AS x FROM attempts a WHERE l.attempts > 0 AND a.task_id = p.task_id AND a.worker_id = p.w
 			AND a.state IN ('running', 'succeeded') AND NOT a.superseded LIMIT 1) ran ON true
-		WHERE ran.x IS NULL
+		WHERE ran.x IS NULL AND NOT coalesce(p.w = ANY(l.avoid), false)
 		ORDER BY p.ord
 	) o
 ), upd AS (

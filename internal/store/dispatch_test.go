@@ -192,7 +192,8 @@ func TestCompletionReadsRowsInProportionToItsBatch(t *testing.T) {
 		args []any
 	}{
 		{"insertOutputsSQL", insertOutputsSQL, []any{taskIDs, names, data}},
-		{"requeueSQL", requeueSQL, []any{taskIDs, reasons, make([]bool, batch), make([]bool, batch), make([]bool, batch), make([]bool, batch), int64(0)}},
+		{"requeueSQL", requeueSQL, []any{taskIDs, reasons, make([]bool, batch), make([]bool, batch), make([]bool, batch), make([]bool, batch), int64(0),
+			workers, make([]bool, batch), make([]bool, batch)}},
 		{"completeFastSQL", completeFastSQL, []any{attemptIDs, workers, data, attemptIDs, names, data, int64(0), ChannelReady, make([]int64, batch)}},
 		{"completeAttemptsSQL", completeAttemptsSQL, []any{attemptIDs, workers, make([]bool, batch), data, reasons, states, make([]int64, batch)}},
 	} {

@@ -179,7 +179,7 @@ func (s *Store) SweepLeases(ctx context.Context, sw Sweep) (SweepResult, error) 
 				rows.Close()
 				return err
 			}
-			e.end = EndUnstarted
+			e.end, e.worker = EndUnstarted, w
 			if mayHaveRun {
 				e.end = EndVanished
 				lostBy[w]++

@@ -48,7 +48,9 @@ func newFixtureAt(t testing.TB, url string) *fixture {
 	if _, _, err := s.PutModule(ctx, o.ID, mod, []byte("\x00asm"), []string{}); err != nil {
 		t.Fatal(err)
 	}
-	reg, err := s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 4}, time.Minute)
+	// One of the operator's workers: a task goes back to it after it
+	// failed or lost it (fixture.useWorker registers volunteers).
+	reg, err := s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 4, Operator: true}, time.Minute)
 	w := reg.ID
 	if err != nil {
 		t.Fatal(err)

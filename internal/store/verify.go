@@ -385,7 +385,7 @@ func (s *Store) verify(ctx context.Context, tx querier, rs []replicaResult) (don
 			dv[i], di[i] = deltas[w].valid, deltas[w].invalid
 		}
 		b.Queue(`UPDATE workers w SET results_valid = w.results_valid + d.v, results_invalid = w.results_invalid + d.i,
-				valid_streak = CASE WHEN d.i > 0 THEN 0 ELSE w.valid_streak + d.v END
+				valid_streak = CASE WHEN d.i > 0 THEN 0 ELSE w.valid_streak + d.v END, `+strikesSet("d.i")+`
 			FROM unnest($1::uuid[], $2::int[], $3::int[]) AS d(id, v, i) WHERE w.id = d.id`, ws, dv, di)
 	}
 	if len(refuted) > 0 {

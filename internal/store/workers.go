@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -22,7 +23,20 @@ type WorkerHello struct {
 	Device    any // stored as JSON
 	Replica   string
 	Running   []int64 // attempts it still runs from an earlier connection
+	// Operator says the connection presented an operator key
+	// (OperatorKeyValid): one of the operator's own machines, whose
+	// failures are verdicts and which no task avoids.
+	Operator bool
+	// AllowNew, when set, is asked before a new identity is made (the
+	// hello proved none): false refuses the registration with
+	// ErrTooManyIdentities.
+	AllowNew func() bool
 }
+
+// ErrTooManyIdentities refuses a worker a new identity: too many were made
+// from its address lately (WorkerHello.AllowNew).
+var ErrTooManyIdentities = errors.New("too many new worker identities from this address; connect again later, " +
+	"or with the identity the server gave you")
 
 // Registration is a connected worker's identity, as RegisterWorker
 // recorded it.
@@ -55,8 +69,8 @@ func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Du
 		id, token, lost, modules = "", "", nil, nil
 		if h.ID != "" && looksLikeUUID(h.ID) {
 			tag, err := tx.Exec(ctx, `UPDATE workers SET kind = $3, slots = $4, volunteer = $5, device = $6, replica = $7,
-				connected = true, connected_at = now(), last_seen = now() WHERE id = $1 AND token_hash = $2`,
-				h.ID, HashToken(h.Token), h.Kind, h.Slots, h.Volunteer, dev, h.Replica)
+				connected = true, connected_at = now(), last_seen = now(), operator = $8 WHERE id = $1 AND token_hash = $2`,
+				h.ID, HashToken(h.Token), h.Kind, h.Slots, h.Volunteer, dev, h.Replica, h.Operator)
 			if err != nil {
 				return err
 			}
@@ -65,10 +79,13 @@ func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Du
 			}
 		}
 		if id == "" {
+			if h.AllowNew != nil && !h.AllowNew() {
+				return ErrTooManyIdentities
+			}
 			token = NewToken("cw_")
-			if err := tx.QueryRow(ctx, `INSERT INTO workers (id, token_hash, kind, slots, volunteer, device, replica)
-				VALUES (gen_random_uuid(), $1, $2, $3, $4, $5, $6) RETURNING id::text`,
-				HashToken(token), h.Kind, h.Slots, h.Volunteer, dev, h.Replica).Scan(&id); err != nil {
+			if err := tx.QueryRow(ctx, `INSERT INTO workers (id, token_hash, kind, slots, volunteer, device, replica, operator)
+				VALUES (gen_random_uuid(), $1, $2, $3, $4, $5, $6, $7) RETURNING id::text`,
+				HashToken(token), h.Kind, h.Slots, h.Volunteer, dev, h.Replica, h.Operator).Scan(&id); err != nil {
 				return err
 			}
 		}
@@ -244,6 +261,17 @@ type WorkerRecord struct {
 	ResultsValid   int64           `json:"results_valid"`
 	ResultsInvalid int64           `json:"results_invalid"`
 	ValidStreak    int             `json:"valid_streak"`
+	// Operator: the worker connected with an operator key.
+	Operator bool `json:"operator"`
+	// Succeeded counts its results accepted (as tallied: a few seconds
+	// late); Strikes its strikes as of now (they fade: StrikeHalfLife).
+	Succeeded int64   `json:"succeeded"`
+	Strikes   float64 `json:"strikes"`
+}
+
+// Standing is the worker's record as the dispatcher weighs it.
+func (w WorkerRecord) Standing() sched.Standing {
+	return sched.Standing{Results: w.Succeeded + w.ResultsValid, Strikes: w.Strikes}
 }
 
 // Reputation is the worker's record as sched sees it.
@@ -256,12 +284,14 @@ func (w WorkerRecord) Reputation() sched.Reputation {
 func (s *Store) Workers(ctx context.Context, ids []string) ([]WorkerRecord, error) {
 	var rows pgx.Rows
 	var err error
-	const cols = `SELECT id::text, kind, slots, volunteer, device, replica, connected, connected_at, last_seen, attempts, tasks_lost,
-		results_valid, results_invalid, valid_streak FROM workers`
+	cols := fmt.Sprintf(`SELECT w.id::text, w.kind, w.slots, w.volunteer, w.device, w.replica, w.connected, w.connected_at, w.last_seen,
+		w.attempts, w.tasks_lost, w.results_valid, w.results_invalid, w.valid_streak, w.operator, coalesce(r.succeeded, 0),
+		w.strikes * power(0.5, extract(epoch FROM now() - coalesce(w.strikes_at, now())) / %d)
+		FROM workers w LEFT JOIN worker_results r ON r.worker_id = w.id`, int(StrikeHalfLife.Seconds()))
 	if ids == nil {
-		rows, err = s.pool.Query(ctx, cols+` WHERE connected ORDER BY id`)
+		rows, err = s.pool.Query(ctx, cols+` WHERE w.connected ORDER BY w.id`)
 	} else {
-		rows, err = s.pool.Query(ctx, cols+` WHERE id = ANY($1::uuid[]) ORDER BY id`, ids)
+		rows, err = s.pool.Query(ctx, cols+` WHERE w.id = ANY($1::uuid[]) ORDER BY w.id`, ids)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read workers: %w", err)
@@ -269,11 +299,30 @@ func (s *Store) Workers(ctx context.Context, ids []string) ([]WorkerRecord, erro
 	ws, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (WorkerRecord, error) {
 		var w WorkerRecord
 		err := r.Scan(&w.ID, &w.Kind, &w.Slots, &w.Volunteer, &w.Device, &w.Replica, &w.Connected, &w.ConnectedAt, &w.LastSeen,
-			&w.Attempts, &w.TasksLost, &w.ResultsValid, &w.ResultsInvalid, &w.ValidStreak)
+			&w.Attempts, &w.TasksLost, &w.ResultsValid, &w.ResultsInvalid, &w.ValidStreak, &w.Operator, &w.Succeeded, &w.Strikes)
 		return w, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read workers: %w", err)
 	}
 	return ws, nil
+}
+
+// AddOperatorKey makes key an operator key (idempotent): a worker that
+// presents it is one of the operator's own machines (WorkerHello.Operator).
+// Only its hash is kept.
+func (s *Store) AddOperatorKey(ctx context.Context, key string) error {
+	if _, err := s.pool.Exec(ctx, `INSERT INTO operator_keys (key_hash) VALUES ($1) ON CONFLICT DO NOTHING`, HashToken(key)); err != nil {
+		return fmt.Errorf("add operator key: %w", err)
+	}
+	return nil
+}
+
+// OperatorKeyValid reports whether key is an operator key.
+func (s *Store) OperatorKeyValid(ctx context.Context, key string) (bool, error) {
+	var ok bool
+	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM operator_keys WHERE key_hash = $1)`, HashToken(key)).Scan(&ok); err != nil {
+		return false, fmt.Errorf("check operator key: %w", err)
+	}
+	return ok, nil
 }
