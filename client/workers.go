@@ -61,6 +61,14 @@ type Worker struct {
 	TasksLost  int64            `json:"tasks_lost"`
 	Stability  *WorkerStability `json:"stability"`
 	Reputation WorkerReputation `json:"reputation"`
+	// Operator is true for the operator's own machines (they presented
+	// an operator key). Strikes counts, fading, the failures it reported
+	// that other workers disproved and its results refused; Allowed is
+	// how many attempts it may hold now, fewer than Slots while its
+	// strikes hold it back (nil: another replica).
+	Operator bool    `json:"operator"`
+	Strikes  float64 `json:"strikes"`
+	Allowed  *int    `json:"allowed"`
 }
 
 // Fairness is the server's fairness strategy and Hummel and Meyer's

@@ -43,7 +43,7 @@ type failer struct {
 
 func runFailer(t *testing.T, server string, slots int) *failer {
 	t.Helper()
-	f := &failer{fakeWorker: dialFakeHello(t, server, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: slots})}
+	f := &failer{fakeWorker: dialFakeVolunteer(t, server, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: slots})}
 	go func() {
 		for fr := range f.frames {
 			if fr.Type != protocol.TypeAssign {
@@ -83,7 +83,8 @@ func TestHostileVolunteersFailNoTask(t *testing.T) {
 	p := newPlatform(t, "--lease", "3s")
 	echo := push(t, p.client, "echo")
 	bad := runFailer(t, p.srv.url, 4)
-	staller := dialFakeQueue(t, p.srv.url, 3) // heartbeats that list nothing: its leases lapse
+	// Heartbeats that list nothing: its leases lapse.
+	staller := dialFakeVolunteer(t, p.srv.url, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1, Queue: 3})
 	var tasks []task
 	const n = 40
 	for i := range n {
@@ -183,7 +184,7 @@ func TestNewIdentitiesAreBoundedPerAddress(t *testing.T) {
 	}
 	var first *fakeWorker
 	for i := range 3 {
-		f := dialFakeHello(t, p.srv.url, hello())
+		f := dialFakeVolunteer(t, p.srv.url, hello())
 		if i == 0 {
 			first = f
 		}
@@ -209,7 +210,7 @@ func TestNewIdentitiesAreBoundedPerAddress(t *testing.T) {
 	first.ws.CloseNow()
 	again := hello()
 	again.WorkerID, again.ReconnectToken = first.welcome.WorkerID, first.welcome.ReconnectToken
-	if f := dialFakeHello(t, p.srv.url, again); f.welcome.WorkerID != first.welcome.WorkerID {
+	if f := dialFakeVolunteer(t, p.srv.url, again); f.welcome.WorkerID != first.welcome.WorkerID {
 		t.Errorf("reconnected as %s, want %s", f.welcome.WorkerID, first.welcome.WorkerID)
 	}
 	startWorker(t, "operator", 1, p.srv.url)
@@ -230,4 +231,68 @@ func TestNewIdentitiesAreBoundedPerAddress(t *testing.T) {
 	if identities != 3 {
 		t.Errorf("%d volunteer identities stored, want 3", identities)
 	}
+}
+
+// A volunteer that keeps reporting outcomes for attempts it does not hold
+// (a forger guessing attempt ids) is disconnected after 16 in a row, and
+// its address is kept out for a while (429), so that the server does not
+// read its payloads for ever; the operator's workers still connect.
+func TestForgerIsDisconnectedAndKeptOut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newPlatform(t)
+	forger := dialFakeVolunteer(t, p.srv.url, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1,
+		Device: protocol.Device{Paused: true}})
+	payload := make([]byte, 64<<10)
+	refused := 0
+	for i := range 40 {
+		attempt := int64(1_000_000 + i)
+		data, bin, err := protocol.Encode(&protocol.Frame{Type: protocol.TypeResult, Results: []protocol.Result{{
+			Attempt: attempt, Outputs: []protocol.Blob{{Name: "stdout", Data: payload}}, DurationMS: 1}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		typ := websocket.MessageText
+		if bin {
+			typ = websocket.MessageBinary
+		}
+		if forger.ws.Write(ctx, typ, data) != nil {
+			break
+		}
+	}
+	closed := false
+	timeout := time.After(30 * time.Second)
+	for !closed {
+		select {
+		case fr, ok := <-forger.frames:
+			switch {
+			case !ok:
+				closed = true
+			case fr.Type == protocol.TypeAck:
+				for _, a := range fr.Acks {
+					if !a.OK && strings.Contains(a.Error, "does not hold attempt") {
+						refused++
+					}
+				}
+			case fr.Type == protocol.TypeError && !strings.Contains(fr.Error.Message, "reports in a row for attempts this connection does not hold"):
+				t.Errorf("error frame %q", fr.Error.Message)
+			}
+		case <-timeout:
+			t.Fatal("the forger's connection was still open after 30 s")
+		}
+	}
+	// Refused one by one (the acks of the last may not have left before
+	// the socket closed), then disconnected.
+	if refused > 16 {
+		t.Errorf("%d forged results refused before the connection closed, want at most 16", refused)
+	}
+	if _, ok := p.srv.out.waitFor(regexp.MustCompile(`more than 16 reports in a row for attempts this connection does not hold`), 10*time.Second); !ok {
+		t.Errorf("the server did not say why it closed the forger's connection:\n%s", p.srv.out)
+	}
+	u := "ws://" + strings.TrimPrefix(p.srv.url, "http://") + "/ws/worker"
+	_, resp, err := websocket.Dial(ctx, u, nil)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("the forger's address connecting again: %v %v; want 429 with Retry-After", resp, err)
+	}
+	dialFakeHello(t, p.srv.url, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1})
 }

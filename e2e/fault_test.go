@@ -5,6 +5,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -416,13 +418,34 @@ func dialFake(t *testing.T, server string) *fakeWorker {
 }
 
 // dialFakeHello connects a fake worker that says hello and reads welcome.
+// It presents the tests' operator key: it gets as many attempts as it has
+// slots from the start, and the tasks it fails or loses may go back to it
+// (dialFakeVolunteer is a volunteer).
 func dialFakeHello(t *testing.T, server string, hello *protocol.Hello) *fakeWorker {
+	t.Helper()
+	return dialFakeAs(t, server, hello, os.Getenv("CYCLEPOOL_WORKER_KEY"))
+}
+
+// dialFakeVolunteer is dialFakeHello without the operator key: a new
+// volunteer, held to one attempt until its first result, and never given
+// a task it failed or lost again.
+func dialFakeVolunteer(t *testing.T, server string, hello *protocol.Hello) *fakeWorker {
+	t.Helper()
+	return dialFakeAs(t, server, hello, "")
+}
+
+// dialFakeAs is dialFakeHello presenting key ("": none).
+func dialFakeAs(t *testing.T, server string, hello *protocol.Hello, key string) *fakeWorker {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	u := "ws://" + strings.TrimPrefix(server, "http://") + "/ws/worker"
 	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
-	ws, _, err := websocket.Dial(dctx, u, nil)
+	var opts *websocket.DialOptions
+	if key != "" {
+		opts = &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + key}}}
+	}
+	ws, _, err := websocket.Dial(dctx, u, opts)
 	dcancel()
 	if err != nil {
 		t.Fatalf("dial %s: %v", u, err)

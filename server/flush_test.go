@@ -104,12 +104,13 @@ func newFixture(t *testing.T) *fixture {
 }
 
 // socketless adds to s's hub a worker connection of slots slots with no
-// socket behind it (the frames it is sent are dropped), heard from now.
+// socket behind it (the frames it is sent are dropped), heard from now: one
+// of the operator's, which all its slots may fill from the start.
 func socketless(s *Server, worker string, slots int) *conn {
 	gone := make(chan struct{})
 	close(gone)
 	c := &conn{id: worker, done: gone, log: slog.New(slog.DiscardHandler), threads: slots, slots: slots, free: slots,
-		running: map[int64]string{}}
+		running: map[int64]string{}, operator: true}
 	c.heard.Store(time.Now().UnixNano())
 	s.hub.add(c)
 	return c

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,6 +45,12 @@ type conn struct {
 	log     *slog.Logger
 
 	lastDevice []byte // JSON of the device state last written; read loop only
+	// fencedRun counts the outcome and checkpoint frames in a row that
+	// were refused unread (fenced; read loop only): past maxFencedRun the
+	// connection is closed and its address kept out for fencedPenalty.
+	fencedRun int
+	// addr is the address the connection came from (remoteHost).
+	addr string
 
 	// heard is when the last frame arrived (Unix ns). A worker heartbeats
 	// every heartbeat interval, so a connection silent for longer than the
@@ -307,6 +314,15 @@ func (h *hub) reserve(max int) []*conn {
 	return slots
 }
 
+// maxFencedRun and fencedPenalty: a connection whose reports are refused
+// unread this many times in a row is closed, and its address may not
+// connect again (but with an operator key) for this long. An honest worker
+// sends a few such reports after its leases lapsed, not dozens.
+const (
+	maxFencedRun  = 16
+	fencedPenalty = 10 * time.Second
+)
+
 // failStreakFewer is the failures in a row after which a connection gets
 // one attempt at a time (conn.failStreak).
 const failStreakFewer = 4
@@ -321,6 +337,12 @@ func (c *conn) allowed() int {
 	}
 	n := c.record.Standing().Allowance(c.slots)
 	if c.failStreak >= failStreakFewer {
+		n = min(n, 1)
+	}
+	if c.tasksDone == 0 && c.record.Standing().Results == 0 {
+		// A new identity has earned nothing yet: one attempt until its
+		// first result (a record is only worth something if a fresh one
+		// gets little).
 		n = min(n, 1)
 	}
 	return n
@@ -574,6 +596,13 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 		}
 		operator = true
 	}
+	if !operator {
+		if wait := s.identities.penalized(remoteHost(r), time.Now()); wait > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
+			http.Error(w, "this address sent reports for attempts it did not hold; try again later", http.StatusTooManyRequests)
+			return
+		}
+	}
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		InsecureSkipVerify: true, // workers need no origin: volunteers' pages may be served from anywhere
 		CompressionMode:    websocket.CompressionDisabled,
@@ -807,7 +836,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 		running: map[int64]string{}, paused: h.Device.Paused,
 		device: h.Device, connected: time.Now(),
 		record:   store.WorkerRecord{ID: id, Kind: h.Kind, Slots: h.Slots, Operator: operator},
-		operator: operator,
+		operator: operator, addr: remoteHost(r),
 	}
 	for a, m := range reg.Modules { // the attempts it kept
 		c.running[a] = m
@@ -877,8 +906,16 @@ func (s *Server) readLoop(ctx context.Context, c *conn) error {
 			s.wakeSlots() // silent until now: it may have free slots
 		}
 		if fenced {
+			if c.fencedRun++; c.fencedRun > maxFencedRun && !c.operator {
+				s.identities.penalize(c.addr, time.Now())
+				return protocolError{fmt.Errorf("more than %d reports in a row for attempts this connection does not hold; "+
+					"come back in %v", maxFencedRun, fencedPenalty)}
+			}
 			err = s.refuseAll(c, f)
 		} else {
+			if f.Type == protocol.TypeResult || f.Type == protocol.TypeFail || f.Type == protocol.TypeCheckpoint {
+				c.fencedRun = 0
+			}
 			c.hold = hold
 			err = s.handleFrame(ctx, c, f)
 			c.hold = nil

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/store"
 )
 
 // A worker that has said nothing for longer than the hub's silent limit
@@ -82,7 +83,7 @@ func TestAssignFrames(t *testing.T) {
 // once; less takes back only room that is free, the rest as attempts end.
 func TestSetQueue(t *testing.T) {
 	h := newHub(time.Minute)
-	c := &conn{id: "w", threads: 2, slots: 10, free: 10, running: map[int64]string{}}
+	c := &conn{id: "w", threads: 2, slots: 10, free: 10, running: map[int64]string{}, operator: true}
 	c.heard.Store(time.Now().UnixNano())
 	h.add(c)
 	if !h.setQueue(c, 64) || c.slots != 66 || c.free != 66 {
@@ -107,5 +108,28 @@ func TestSetQueue(t *testing.T) {
 	}
 	if slots := h.reserve(100); len(slots) != 1 {
 		t.Fatalf("reserved %d once two of three ended, want 1", len(slots))
+	}
+}
+
+// How many attempts a connection may hold: a new volunteer one until its
+// first result, a volunteer whose latest reports were all failures one, a
+// volunteer whose strikes outnumber its results none; the operator's
+// workers all their slots.
+func TestAllowed(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		c    conn
+		want int
+	}{
+		{"a new volunteer", conn{slots: 8}, 1},
+		{"a volunteer with a result on this connection", conn{slots: 8, tasksDone: 1}, 8},
+		{"a volunteer with results on record", conn{slots: 8, record: store.WorkerRecord{Succeeded: 5}}, 8},
+		{"failures in a row", conn{slots: 8, tasksDone: 9, failStreak: failStreakFewer}, 1},
+		{"strikes outnumbering results", conn{slots: 8, record: store.WorkerRecord{Succeeded: 4, Strikes: 7}}, 0},
+		{"the operator's worker, new and failing", conn{slots: 8, operator: true, failStreak: 50}, 8},
+	} {
+		if got := tc.c.allowed(); got != tc.want {
+			t.Errorf("%s: allowed %d, want %d", tc.name, got, tc.want)
+		}
 	}
 }

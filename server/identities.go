@@ -11,7 +11,8 @@ import (
 )
 
 // identityLimiter bounds the new worker identities this replica makes per
-// source address: a token bucket per address (burst, then one every
+// source address, and keeps out for a while the addresses whose workers
+// sent many reports for attempts they did not hold (penalize): a token bucket per address (burst, then one every
 // every). A worker's record (its strikes, the tasks that avoid it) is only
 // worth something if a fresh one is not free; an honest worker keeps its
 // identity across reconnections and never meets the limit.
@@ -21,6 +22,8 @@ type identityLimiter struct {
 
 	mu     sync.Mutex
 	byAddr map[string]*rate.Limiter
+	// kept out: addresses that may not connect before a time (penalize)
+	keptOut map[string]time.Time
 }
 
 // maxLimitedAddrs bounds the addresses an identityLimiter remembers; past
@@ -28,7 +31,38 @@ type identityLimiter struct {
 const maxLimitedAddrs = 10000
 
 func newIdentityLimiter(every time.Duration, burst int) *identityLimiter {
-	return &identityLimiter{every: every, burst: max(burst, 1), byAddr: map[string]*rate.Limiter{}}
+	return &identityLimiter{every: every, burst: max(burst, 1), byAddr: map[string]*rate.Limiter{}, keptOut: map[string]time.Time{}}
+}
+
+// penalize keeps addr out for fencedPenalty from now.
+func (l *identityLimiter) penalize(addr string, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.keptOut) >= maxLimitedAddrs {
+		for a, until := range l.keptOut {
+			if !until.After(now) {
+				delete(l.keptOut, a)
+			}
+		}
+	}
+	if len(l.keptOut) < maxLimitedAddrs {
+		l.keptOut[addr] = now.Add(fencedPenalty)
+	}
+}
+
+// penalized returns how long addr is still kept out (0: not).
+func (l *identityLimiter) penalized(addr string, now time.Time) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	until, ok := l.keptOut[addr]
+	if !ok {
+		return 0
+	}
+	if !until.After(now) {
+		delete(l.keptOut, addr)
+		return 0
+	}
+	return until.Sub(now)
 }
 
 // allow reports whether addr may have one more new identity now, and

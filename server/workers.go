@@ -45,6 +45,13 @@ type workerView struct {
 	TasksLost   int64            `json:"tasks_lost"`
 	Stability   *workerStability `json:"stability"` // null: connected to another replica
 	Reputation  workerReputation `json:"reputation"`
+	// Operator: it presented an operator key. Strikes: its strikes as of
+	// now (sched.Standing). Allowed: the attempts it may hold now, fewer
+	// than its slots and queue while its standing holds it back; null:
+	// another replica.
+	Operator bool    `json:"operator"`
+	Strikes  float64 `json:"strikes"`
+	Allowed  *int    `json:"allowed"`
 }
 
 func stabilityView(st sched.Stability) *workerStability {
@@ -125,10 +132,11 @@ func (s *Server) workers(ctx context.Context) (workersReport, error) {
 		v := workerView{ID: rec.ID, Kind: rec.Kind, Slots: rec.Slots, Volunteer: rec.Volunteer, Replica: rec.Replica,
 			ConnectedAt: rec.ConnectedAt, LastSeen: rec.LastSeen, Device: rec.Device, Attempts: rec.Attempts, TasksLost: rec.TasksLost,
 			Reputation: workerReputation{Valid: rec.ResultsValid, Invalid: rec.ResultsInvalid, Score: rep.Score(),
-				Trusted: rep.Trusted(sched.DefaultVerify())}}
+				Trusted: rep.Trusted(sched.DefaultVerify())},
+			Operator: rec.Operator, Strikes: math.Round(rec.Strikes*100) / 100}
 		if c := s.hub.conns[rec.ID]; c != nil {
-			running, done := len(c.running), c.tasksDone
-			v.Running, v.TasksDone = &running, &done
+			running, done, allowed := len(c.running), c.tasksDone, c.allowed()
+			v.Running, v.TasksDone, v.Allowed = &running, &done, &allowed
 			if dev, err := json.Marshal(c.device); err == nil {
 				v.Device = dev
 			}

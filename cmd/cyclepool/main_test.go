@@ -284,20 +284,20 @@ func TestSchedText(t *testing.T) {
 }
 
 func TestWriteWorkers(t *testing.T) {
-	two := 2
+	two, none := 2, 0
 	l := client.WorkerList{Workers: []client.Worker{
-		{ID: "w1", Kind: "browser", Slots: 2, Running: &two, TasksDone: &two, Attempts: 5, TasksLost: 1,
+		{ID: "w1", Kind: "browser", Slots: 2, Running: &two, TasksDone: &two, Attempts: 5, TasksLost: 1, Strikes: 6.5, Allowed: &none,
 			Stability:  &client.WorkerStability{Class: "unstable", Reasons: []string{"on battery (62%)", "battery predicted empty in 21m0s"}},
 			Reputation: client.WorkerReputation{Valid: 3, Invalid: 1, Score: 4.0 / 6}},
-		{ID: "w2", Kind: "headless", Slots: 4, Reputation: client.WorkerReputation{Valid: 30, Score: 31.0 / 32, Trusted: true}},
+		{ID: "w2", Kind: "headless", Slots: 4, Operator: true, Reputation: client.WorkerReputation{Valid: 30, Score: 31.0 / 32, Trusted: true}},
 	}, Fairness: client.Fairness{Strategy: "none", VarianceTasksDone: 0.5}}
 	var b strings.Builder
 	if err := writeWorkers(&b, l); err != nil {
 		t.Fatal(err)
 	}
 	got := b.String()
-	for _, want := range []string{"unstable", "on battery (62%); battery predicted empty in 21m0s", "0.67 (3 valid, 1 invalid)",
-		"0.97 (30 valid, 0 invalid) trusted", "1/5", "2 workers; fairness none, variance of tasks done 0.50"} {
+	for _, want := range []string{"unstable", "on battery (62%); battery predicted empty in 21m0s", "0.67 (3 valid, 1 invalid), 6.5 strikes, held to 0",
+		"0.97 (30 valid, 0 invalid) trusted, operator's", "1/5", "2 workers; fairness none, variance of tasks done 0.50"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("workers table lacks %q:\n%s", want, got)
 		}

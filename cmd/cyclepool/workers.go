@@ -55,6 +55,15 @@ func writeWorkers(w io.Writer, l client.WorkerList) error {
 		if wk.Reputation.Trusted {
 			rep += " trusted"
 		}
+		switch {
+		case wk.Operator:
+			rep += ", operator's"
+		case wk.Strikes >= 0.05:
+			rep += fmt.Sprintf(", %.1f strikes", wk.Strikes)
+		}
+		if wk.Allowed != nil && *wk.Allowed < wk.Slots {
+			rep += fmt.Sprintf(", held to %d", *wk.Allowed)
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", wk.ID, wk.Kind, wk.Slots, optInt(wk.Running), optInt(wk.TasksDone),
 			wk.TasksLost, wk.Attempts, class, rep, reasons)
 	}
