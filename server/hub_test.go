@@ -118,15 +118,15 @@ func TestSetQueue(t *testing.T) {
 func TestAllowed(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		c    conn
+		c    *conn
 		want int
 	}{
-		{"a new volunteer", conn{slots: 8}, 1},
-		{"a volunteer with a result on this connection", conn{slots: 8, tasksDone: 1}, 8},
-		{"a volunteer with results on record", conn{slots: 8, record: store.WorkerRecord{Succeeded: 5}}, 8},
-		{"failures in a row", conn{slots: 8, tasksDone: 9, failStreak: failStreakFewer}, 1},
-		{"strikes outnumbering results", conn{slots: 8, record: store.WorkerRecord{Succeeded: 4, Strikes: 7}}, 0},
-		{"the operator's worker, new and failing", conn{slots: 8, operator: true, failStreak: 50}, 8},
+		{"a new volunteer", &conn{slots: 8}, 1},
+		{"a volunteer with a result on this connection", &conn{slots: 8, tasksDone: 1}, 8},
+		{"a volunteer with results on record", &conn{slots: 8, record: store.WorkerRecord{Succeeded: 5}}, 8},
+		{"failures in a row", &conn{slots: 8, tasksDone: 9, failStreak: failStreakFewer}, 1},
+		{"strikes outnumbering results", &conn{slots: 8, record: store.WorkerRecord{Succeeded: 4, Strikes: 7}}, 0},
+		{"the operator's worker, new and failing", &conn{slots: 8, operator: true, failStreak: 50}, 8},
 	} {
 		if got := tc.c.allowed(); got != tc.want {
 			t.Errorf("%s: allowed %d, want %d", tc.name, got, tc.want)
