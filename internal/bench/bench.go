@@ -1,8 +1,9 @@
 // Package bench measures cyclepool on this machine (`cyclepool bench`, `make
 // bench`): it starts the embedded PostgreSQL, a server process and headless
 // worker processes, drives them through the real API and WebSockets, and
-// prints one `name: value` line per figure. It reports numbers; it passes or
-// fails nothing.
+// prints one `name: value` line per figure. It reports numbers and passes or
+// fails nothing, but for the hostile part, which fails the run when a task
+// of its honest workflow did not end done under attack.
 package bench
 
 import (
