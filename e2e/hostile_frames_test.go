@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -189,6 +190,7 @@ func TestHelloFloodIsBounded(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, flood)
 	sem := make(chan struct{}, 30)
+	var keptOut atomic.Int64 // answered 429 before the upgrade
 	for range flood {
 		wg.Add(1)
 		sem <- struct{}{}
@@ -197,7 +199,11 @@ func TestHelloFloodIsBounded(t *testing.T) {
 			defer func() { <-sem }()
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			ws, _, err := websocket.Dial(ctx, u, nil)
+			ws, resp, err := websocket.Dial(ctx, u, nil)
+			if err != nil && resp != nil && resp.StatusCode == http.StatusTooManyRequests {
+				keptOut.Add(1)
+				return
+			}
 			if err != nil {
 				errs <- err
 				return
@@ -223,6 +229,11 @@ func TestHelloFloodIsBounded(t *testing.T) {
 		if n++; n <= 5 {
 			t.Error(err)
 		}
+	}
+	// After 20 refused hellos (and about one a second more), the address
+	// is kept out before the upgrade.
+	if k := keptOut.Load(); k == 0 || k > flood-20 {
+		t.Errorf("%d of %d huge hellos answered 429 before the upgrade; want all but the first 20 or so", k, flood)
 	}
 
 	// A hello that fits, with strings over their bounds: kept, cut.

@@ -597,9 +597,9 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 		operator = true
 	}
 	if !operator {
-		if wait := s.identities.penalized(remoteHost(r), time.Now()); wait > 0 {
+		if wait := s.gate.keptOutFor(remoteHost(r), time.Now()); wait > 0 {
 			w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
-			http.Error(w, "this address sent reports for attempts it did not hold; try again later", http.StatusTooManyRequests)
+			http.Error(w, "this address broke the worker protocol too often; try again later", http.StatusTooManyRequests)
 			return
 		}
 	}
@@ -615,6 +615,9 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 	c, err := s.greet(ctx, ws, r, operator)
 	if err != nil {
 		defer cancel()
+		if perr := (protocolError{}); !operator && errors.As(err, &perr) {
+			s.gate.refused(remoteHost(r), time.Now())
+		}
 		s.log.Info("worker refused", "remote", r.RemoteAddr, "err", err)
 		s.sendError(ctx, ws, err.Error())
 		ws.Close(websocket.StatusPolicyViolation, truncate(err.Error(), 120))
@@ -768,7 +771,8 @@ func failEnding(reason string) store.Ending {
 	return store.EndTaskError
 }
 
-// greet reads hello, registers the worker and sends welcome.
+// greet reads hello, registers the worker and sends welcome. A hello that
+// breaks the protocol is a protocolError.
 func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request, operator bool) (*conn, error) {
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -783,29 +787,29 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 		return nil, fmt.Errorf("read hello: %w", err)
 	}
 	if len(data) > helloMaxBytes {
-		return nil, fmt.Errorf("hello refused: over %d bytes", helloMaxBytes)
+		return nil, protocolError{fmt.Errorf("hello refused: over %d bytes", helloMaxBytes)}
 	}
 	f, err := protocol.Decode(data, typ == websocket.MessageBinary)
 	if err != nil {
-		return nil, err
+		return nil, protocolError{err}
 	}
 	if f.Type != protocol.TypeHello {
-		return nil, fmt.Errorf("first frame must be hello, got %q", f.Type)
+		return nil, protocolError{fmt.Errorf("first frame must be hello, got %q", f.Type)}
 	}
 	h := f.Hello
 	h.Device = cleanDevice(h.Device)
 	switch {
 	case h.Version != protocol.Version:
-		return nil, fmt.Errorf("protocol version %d is not supported (server speaks %d)", h.Version, protocol.Version)
+		return nil, protocolError{fmt.Errorf("protocol version %d is not supported (server speaks %d)", h.Version, protocol.Version)}
 	case h.Kind != protocol.KindHeadless && h.Kind != protocol.KindBrowser:
-		return nil, fmt.Errorf("unknown worker kind %q", h.Kind)
+		return nil, protocolError{fmt.Errorf("unknown worker kind %q", h.Kind)}
 	case h.Slots < 1 || h.Slots > 256:
-		return nil, fmt.Errorf("slots must be 1 to 256, got %d", h.Slots)
+		return nil, protocolError{fmt.Errorf("slots must be 1 to 256, got %d", h.Slots)}
 	case h.Queue < 0 || h.Queue > protocol.QueueLimit(h.Slots):
-		return nil, fmt.Errorf("queue must be 0 to %d for %d slots (%d per slot, %d in all), got %d",
-			protocol.QueueLimit(h.Slots), h.Slots, protocol.MaxQueuePerSlot, protocol.MaxQueue, h.Queue)
+		return nil, protocolError{fmt.Errorf("queue must be 0 to %d for %d slots (%d per slot, %d in all), got %d",
+			protocol.QueueLimit(h.Slots), h.Slots, protocol.MaxQueuePerSlot, protocol.MaxQueue, h.Queue)}
 	case len(h.Running) > h.Slots+h.Queue:
-		return nil, fmt.Errorf("%d running attempts for %d slots and a queue of %d", len(h.Running), h.Slots, h.Queue)
+		return nil, protocolError{fmt.Errorf("%d running attempts for %d slots and a queue of %d", len(h.Running), h.Slots, h.Queue)}
 	}
 	// The registration runs on a goroutine of its own: the database driver's
 	// deep call stacks would otherwise stay with this connection's
@@ -817,7 +821,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 	}
 	if !operator {
 		addr := remoteHost(r)
-		wh.AllowNew = func() bool { return s.identities.allow(addr, time.Now()) }
+		wh.AllowNew = func() bool { return s.gate.newIdentity(addr, time.Now()) }
 	}
 	done := make(chan struct{})
 	go func() {
@@ -907,7 +911,7 @@ func (s *Server) readLoop(ctx context.Context, c *conn) error {
 		}
 		if fenced {
 			if c.fencedRun++; c.fencedRun > maxFencedRun && !c.operator {
-				s.identities.penalize(c.addr, time.Now())
+				s.gate.keepOut(c.addr, time.Now())
 				return protocolError{fmt.Errorf("more than %d reports in a row for attempts this connection does not hold; "+
 					"come back in %v", maxFencedRun, fencedPenalty)}
 			}

@@ -10,83 +10,125 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// identityLimiter bounds the new worker identities this replica makes per
-// source address, and keeps out for a while the addresses whose workers
-// sent many reports for attempts they did not hold (penalize): a token bucket per address (burst, then one every
-// every). A worker's record (its strikes, the tasks that avoid it) is only
-// worth something if a fresh one is not free; an honest worker keeps its
-// identity across reconnections and never meets the limit.
-type identityLimiter struct {
-	every time.Duration // 0: no limit
-	burst int
+// gatekeeper decides, per source address, who may connect as a worker. A
+// worker's record (its strikes, the tasks that avoid it) is only worth
+// something if a fresh one is not free, and a connection costs the server
+// an upgrade and a greeting, so an address gets:
+//   - a bounded number of new worker identities (a token bucket: burst, then
+//     one every every); an honest worker keeps its identity across
+//     reconnections and never meets the bound;
+//   - a bounded number of connections refused for breaking the protocol
+//     (refusalBurst, then one a second), after which it is kept out;
+//   - kept out for fencedPenalty after its worker sent many reports for
+//     attempts it did not hold (keepOut), answered 429 before the upgrade.
+//
+// It is per replica.
+type gatekeeper struct {
+	identities *addrBuckets
+	refusals   *addrBuckets
 
-	mu     sync.Mutex
-	byAddr map[string]*rate.Limiter
-	// kept out: addresses that may not connect before a time (penalize)
-	keptOut map[string]time.Time
+	mu      sync.Mutex
+	keptOut map[string]time.Time // addresses that may not connect before a time
 }
 
-// maxLimitedAddrs bounds the addresses an identityLimiter remembers; past
-// it, those whose bucket is full again are forgotten.
+// refusalBurst and refusalEvery bound the connections an address may have
+// refused for breaking the protocol (a bad hello, garbage) before it is
+// kept out for fencedPenalty. Honest workers are never refused so.
+const (
+	refusalBurst = 20
+	refusalEvery = time.Second
+)
+
+// maxLimitedAddrs bounds the addresses each table of a gatekeeper
+// remembers; past it, those with nothing to remember are forgotten.
 const maxLimitedAddrs = 10000
 
-func newIdentityLimiter(every time.Duration, burst int) *identityLimiter {
-	return &identityLimiter{every: every, burst: max(burst, 1), byAddr: map[string]*rate.Limiter{}, keptOut: map[string]time.Time{}}
+// newGatekeeper bounds new identities to burst, then one every every (every
+// <= 0: no bound).
+func newGatekeeper(every time.Duration, burst int) *gatekeeper {
+	return &gatekeeper{identities: newAddrBuckets(every, burst), refusals: newAddrBuckets(refusalEvery, refusalBurst),
+		keptOut: map[string]time.Time{}}
 }
 
-// penalize keeps addr out for fencedPenalty from now.
-func (l *identityLimiter) penalize(addr string, now time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.keptOut) >= maxLimitedAddrs {
-		for a, until := range l.keptOut {
+// newIdentity reports whether addr may have one more new identity now,
+// and takes it.
+func (g *gatekeeper) newIdentity(addr string, now time.Time) bool {
+	return g.identities.take(addr, now)
+}
+
+// refused counts a connection from addr refused for breaking the
+// protocol; past the bound, addr is kept out.
+func (g *gatekeeper) refused(addr string, now time.Time) {
+	if !g.refusals.take(addr, now) {
+		g.keepOut(addr, now)
+	}
+}
+
+// keepOut keeps addr out for fencedPenalty from now.
+func (g *gatekeeper) keepOut(addr string, now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.keptOut) >= maxLimitedAddrs {
+		for a, until := range g.keptOut {
 			if !until.After(now) {
-				delete(l.keptOut, a)
+				delete(g.keptOut, a)
 			}
 		}
 	}
-	if len(l.keptOut) < maxLimitedAddrs {
-		l.keptOut[addr] = now.Add(fencedPenalty)
+	if len(g.keptOut) < maxLimitedAddrs {
+		g.keptOut[addr] = now.Add(fencedPenalty)
 	}
 }
 
-// penalized returns how long addr is still kept out (0: not).
-func (l *identityLimiter) penalized(addr string, now time.Time) time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	until, ok := l.keptOut[addr]
+// keptOutFor returns how long addr is still kept out (0: not).
+func (g *gatekeeper) keptOutFor(addr string, now time.Time) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	until, ok := g.keptOut[addr]
 	if !ok {
 		return 0
 	}
 	if !until.After(now) {
-		delete(l.keptOut, addr)
+		delete(g.keptOut, addr)
 		return 0
 	}
 	return until.Sub(now)
 }
 
-// allow reports whether addr may have one more new identity now, and
-// takes it.
-func (l *identityLimiter) allow(addr string, now time.Time) bool {
-	if l.every <= 0 {
+// addrBuckets is a token bucket per address (golang.org/x/time/rate).
+type addrBuckets struct {
+	every time.Duration // <= 0: no bound
+	burst int
+
+	mu     sync.Mutex
+	byAddr map[string]*rate.Limiter
+}
+
+func newAddrBuckets(every time.Duration, burst int) *addrBuckets {
+	return &addrBuckets{every: every, burst: max(burst, 1), byAddr: map[string]*rate.Limiter{}}
+}
+
+// take reports whether addr's bucket has a token now, and takes it.
+func (b *addrBuckets) take(addr string, now time.Time) bool {
+	if b.every <= 0 {
 		return true
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	lim := l.byAddr[addr]
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	lim := b.byAddr[addr]
 	if lim == nil {
-		if len(l.byAddr) >= maxLimitedAddrs {
-			for a, x := range l.byAddr {
-				if x.TokensAt(now) >= float64(l.burst) {
-					delete(l.byAddr, a)
+		if len(b.byAddr) >= maxLimitedAddrs {
+			for a, x := range b.byAddr {
+				if x.TokensAt(now) >= float64(b.burst) {
+					delete(b.byAddr, a)
 				}
 			}
-			if len(l.byAddr) >= maxLimitedAddrs {
-				clear(l.byAddr) // every one is in use: start again rather than grow
+			if len(b.byAddr) >= maxLimitedAddrs {
+				clear(b.byAddr) // every one is in use: start again rather than grow
 			}
 		}
-		lim = rate.NewLimiter(rate.Every(l.every), l.burst)
-		l.byAddr[addr] = lim
+		lim = rate.NewLimiter(rate.Every(b.every), b.burst)
+		b.byAddr[addr] = lim
 	}
 	return lim.AllowN(now, 1)
 }

@@ -143,8 +143,8 @@ type Server struct {
 
 	// health says whether this replica can write to the database.
 	health *writeHealth
-	// identities bounds the new worker identities per source address.
-	identities *identityLimiter
+	// gate decides, per source address, who may connect as a worker.
+	gate *gatekeeper
 }
 
 type renewal struct {
@@ -165,10 +165,10 @@ func New(st *store.Store, cfg Config) *Server {
 	s := &Server{
 		cfg: cfg, store: st, log: cfg.Logger.With("replica", cfg.Replica),
 		hub: newHub(2*cfg.Heartbeat + cfg.Heartbeat/2), wakeC: make(chan struct{}, 1),
-		modules:    newModuleCache(64 << 20),
-		rt:         newRuntimes(),
-		ends:       newFinishWaiters(),
-		identities: newIdentityLimiter(cfg.NewWorkerEvery, cfg.NewWorkerBurst),
+		modules: newModuleCache(64 << 20),
+		rt:      newRuntimes(),
+		ends:    newFinishWaiters(),
+		gate:    newGatekeeper(cfg.NewWorkerEvery, cfg.NewWorkerBurst),
 	}
 	s.readyLeft.Store(true) // until the dispatcher's first round
 	s.ctx, s.stop = context.WithCancel(context.Background())

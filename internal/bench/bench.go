@@ -341,11 +341,13 @@ func (b *bench) startWorker(ctx context.Context, name string, slots int) (*proce
 }
 
 // startWorkerArgs starts a headless worker process of the server with
-// these flags besides the server, the shared module cache and the log
-// level.
+// these flags besides the server, the shared module cache, the log level
+// and the server's operator key: the benchmark's workers are the
+// operator's own machines, not bound by the new identities an address may
+// make (the churn part makes one every few seconds).
 func (b *bench) startWorkerArgs(name string, flags ...string) (*process, error) {
-	args := append([]string{"worker", "--server", b.url, "--cache-dir", filepath.Join(b.tmp, "cache"), "--log-level", "warn"},
-		flags...)
+	args := append([]string{"worker", "--server", b.url, "--cache-dir", filepath.Join(b.tmp, "cache"), "--log-level", "warn",
+		"--key-file", filepath.Join(b.tmp, "srv", "worker.key")}, flags...)
 	if addr := os.Getenv("CYCLEPOOL_BENCH_WORKER_PPROF"); addr != "" {
 		// host:port of the first worker's profiler; the next workers take
 		// the next ports.
