@@ -34,7 +34,6 @@ func commands() []command {
 		{"serve", "serve [--addr :8080] [--database-url URL] [--data-dir DIR]", "run the server", runServe},
 		{"worker", "worker --server URL [--slots N] [--cache-dir DIR]", "run a headless worker", runWorker},
 		{"token", "token create NAME [--data-dir DIR | --database-url URL]", "create an owner token", runToken},
-		{"bench", "bench [--tasks N] [--conns N] [--churn-tasks N] [--hostile-tasks N] [--only single,dispatch,churn,conns,wasm,browser,hostile]", "measure the platform on this machine", runBench},
 		{"sim", "sim SCENARIO [--json] [--seed N] | --list", "run a scheduling simulation", runSim},
 		{"module", "module push FILE.wasm... | module list", "push WebAssembly modules (prints their ids) or list them", runModule},
 		{"submit", "submit WORKFLOW.json", "push the workflow's module paths and submit it (prints the workflow id)", runSubmit},

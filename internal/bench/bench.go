@@ -1,4 +1,4 @@
-// Package bench measures cyclepool on this machine (`cyclepool bench`, `make
+// Package bench measures cyclepool on this machine (`cyclepool-bench`, `make
 // bench`): it starts the embedded PostgreSQL, a server process and headless
 // worker processes, drives them through the real API and WebSockets, and
 // prints one `name: value` line per figure. It reports numbers and passes or
@@ -61,7 +61,7 @@ type Config struct {
 	HostileTasks  int
 	HostileTaskMS int
 	Logger        *slog.Logger
-	Executable    string // the cyclepool binary (default: this process's)
+	Executable    string // the cyclepool binary (default: Repo/bin/cyclepool)
 }
 
 // noopModule is the smallest WASI command: it exports a memory and an empty
@@ -116,10 +116,9 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	if cfg.Executable == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return err
-		}
+		cfg.Executable = filepath.Join(cfg.Repo, "bin", "cyclepool")
+	}
+	if exe, err := filepath.Abs(cfg.Executable); err == nil {
 		cfg.Executable = exe
 	}
 	want := func(part string) bool { return len(cfg.Only) == 0 || slices.Contains(cfg.Only, part) }
