@@ -303,6 +303,9 @@ func (c *Client) List(ctx context.Context, opts ListOptions) (WorkflowList, erro
 	if opts.Query != "" {
 		q.Set("q", opts.Query)
 	}
+	if opts.IDPrefix != "" {
+		q.Set("id_prefix", opts.IDPrefix)
+	}
 	p := pathOf("workflows")
 	if len(q) > 0 {
 		p += "?" + q.Encode()
@@ -312,6 +315,31 @@ func (c *Client) List(ctx context.Context, opts ListOptions) (WorkflowList, erro
 		return WorkflowList{}, fmt.Errorf("list workflows: %w", err)
 	}
 	return l, nil
+}
+
+// ResolveID returns the id of the owner's one workflow whose id is id or
+// starts with it (as git and docker take a unique prefix): an error says
+// when none does or several do.
+func (c *Client) ResolveID(ctx context.Context, id string) (string, error) {
+	id = strings.ToLower(id)
+	if len(id) == 36 {
+		return id, nil
+	}
+	l, err := c.List(ctx, ListOptions{IDPrefix: id, Limit: 3})
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case l.Total == 0:
+		return "", fmt.Errorf("no workflow of yours has an id that starts with %q", id)
+	case l.Total > 1:
+		var ids []string
+		for _, w := range l.Workflows {
+			ids = append(ids, w.ID)
+		}
+		return "", fmt.Errorf("%q starts the ids of %d workflows (%s…): give more of the id", id, l.Total, strings.Join(ids, ", "))
+	}
+	return l.Workflows[0].ID, nil
 }
 
 // Attempts returns every attempt of one task of a workflow.

@@ -269,6 +269,8 @@ type ListOptions struct {
 	Limit  int    // at most this many
 	Offset int    // skip this many
 	Query  string // the server's free-text filter (q)
+	// IDPrefix keeps the workflows whose id starts with it (id_prefix).
+	IDPrefix string
 }
 
 // Attempt is one attempt at running a task.

@@ -79,7 +79,7 @@ func TestOperationsEndpoints(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	if code, body := get("/healthz"); code != 200 || body != "ok\n" {
+	if code, body := get("/healthz"); code != 200 || !strings.HasPrefix(body, "ok cyclepool devel") {
 		t.Errorf("/healthz: %d %q", code, body)
 	}
 	if code, body := get("/readyz"); code != 200 || body != "ready\n" {

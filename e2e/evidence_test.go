@@ -169,6 +169,26 @@ func TestOneVolunteersFailureWaitsForASecondWorker(t *testing.T) {
 	if bad := st.Task("bad"); st.State != client.WorkflowFailed || bad.Attempts != 2 || !strings.Contains(bad.Error, "failed after 2 attempts") {
 		t.Fatalf("workflow %s, task %+v: want failed after 2 attempts on 2 workers", st.State, bad)
 	}
+	// The CLI shows both attempts, by a start of the workflow's id.
+	cli := func(args ...string) string {
+		t.Helper()
+		out, err := runCLI(t, p.db, append(args, "--server", p.srv.url, "--token", p.srv.token)...)
+		if err != nil {
+			t.Fatalf("cyclepool %v: %v\n%s", args, err, out)
+		}
+		return out
+	}
+	out := cli("attempts", id[:8], "bad")
+	var workers []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+		if f := strings.Fields(line); len(f) > 2 && f[1] == "failed" {
+			workers = append(workers, f[2])
+		}
+	}
+	if len(workers) != 2 || workers[0] == workers[1] || !strings.Contains(out, "this task always fails") {
+		t.Errorf("cyclepool attempts: want two failed attempts on two workers:\n%s", out)
+	}
+	cli("logs", id[:8], "bad")
 }
 
 // New worker identities are bounded per address; a worker that proves its

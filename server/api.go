@@ -255,7 +255,13 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, owner store.
 	q := r.URL.Query()
 	limit, _ := strconv.Atoi(q.Get("limit"))
 	offset, _ := strconv.Atoi(q.Get("offset"))
-	ws, total, err := s.store.List(r.Context(), owner.ID, store.ListOptions{State: q.Get("state"), Query: q.Get("q"), Limit: limit, Offset: max(offset, 0)})
+	prefix := q.Get("id_prefix")
+	if prefix != "" && !store.ValidIDPrefix(prefix) {
+		writeError(w, http.StatusBadRequest, "id_prefix must be 1 to 36 lower-case hex digits and dashes, got %q", prefix)
+		return
+	}
+	ws, total, err := s.store.List(r.Context(), owner.ID, store.ListOptions{State: q.Get("state"), Query: q.Get("q"), Prefix: prefix,
+		Limit: limit, Offset: max(offset, 0)})
 	if err != nil {
 		s.serverError(w, "list workflows", err)
 		return

@@ -23,6 +23,7 @@ import (
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/sched"
 	"github.com/cyclepool/cyclepool/internal/store"
+	"github.com/cyclepool/cyclepool/internal/version"
 	"github.com/cyclepool/cyclepool/web"
 )
 
@@ -757,7 +758,8 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ws/worker", s.handleWorker)
 	mux.HandleFunc("GET /modules/{id}", s.handleModule)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	healthz := []byte("ok cyclepool " + version.String() + "\n")
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(healthz) })
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.Handle("GET /metrics", s.metrics.handler())
 	s.routeAPI(mux, s.authed)

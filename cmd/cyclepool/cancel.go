@@ -16,7 +16,7 @@ func runCancel(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	id, err := oneID("cancel", rest)
+	id, err := oneID(ctx, own.client(), "cancel", rest)
 	if err != nil {
 		return err
 	}

@@ -40,9 +40,12 @@ func commands() []command {
 		{"status", "status ID [--watch] [--json]", "show a workflow's tasks, once or live", runStatus},
 		{"wait", "wait ID [--timeout 10m]", "wait until a workflow ends (exit 0 done, 1 failed, 2 cancelled, 3 timed out)", runWait},
 		{"results", "results ID -o DIR", "download every done task's outputs to DIR/<task>/<output>", runResults},
+		{"logs", "logs ID TASK", "print a task's log (its stderr)", runLogs},
+		{"attempts", "attempts ID TASK [--json]", "list a task's attempts: worker, times, reason", runAttempts},
 		{"cancel", "cancel ID [--task NAME]", "cancel a workflow's unfinished tasks, or one task", runCancel},
 		{"list", "list [--state S] [--limit N] [--offset N] [-q TEXT] [--json]", "list recent workflows, newest first", runList},
 		{"workers", "workers [--json]", "list the connected workers: stability class, reasons, reputation, tasks done", runWorkers},
+		{"version", "version", "print this build's version", runVersion},
 	}
 }
 
@@ -61,6 +64,10 @@ func dispatch(ctx context.Context, args []string, stderr io.Writer) int {
 		return 1
 	}
 	name := args[0]
+	switch name {
+	case "--version", "-version":
+		name, args = "version", []string{"version"}
+	}
 	switch name {
 	case "help", "-h", "-help", "--help":
 		if len(args) > 1 {
@@ -253,10 +260,11 @@ func firstNonEmpty(s ...string) string {
 	return ""
 }
 
-// oneID checks that exactly one positional argument, a workflow id, was given.
-func oneID(name string, args []string) (string, error) {
+// oneID checks that exactly one positional argument, a workflow id or a
+// unique start of one, was given, and returns the workflow's whole id.
+func oneID(ctx context.Context, c *client.Client, name string, args []string) (string, error) {
 	if len(args) != 1 || args[0] == "" {
 		return "", usageError(name, "expected one workflow ID, got %d arguments", len(args))
 	}
-	return args[0], nil
+	return c.ResolveID(ctx, args[0])
 }

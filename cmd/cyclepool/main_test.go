@@ -235,6 +235,13 @@ func TestWaitExitCodes(t *testing.T) {
 				}
 				st := exampleStatus()
 				st.State = tt.state
+				if r.URL.Path == "/api/v1/workflows" { // the id's prefix resolved
+					if r.URL.Query().Get("id_prefix") != "6b0c" {
+						t.Errorf("listed %s, want id_prefix=6b0c", r.URL.RawQuery)
+					}
+					json.NewEncoder(w).Encode(client.WorkflowList{Workflows: []client.Status{*st}, Total: 1})
+					return
+				}
 				json.NewEncoder(w).Encode(st)
 			}))
 			defer srv.Close()

@@ -15,7 +15,7 @@ func runResults(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	id, err := oneID("results", rest)
+	id, err := oneID(ctx, own.client(), "results", rest)
 	if err != nil {
 		return err
 	}

@@ -27,7 +27,7 @@ func runStatus(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	id, err := oneID("status", rest)
+	id, err := oneID(ctx, own.client(), "status", rest)
 	if err != nil {
 		return err
 	}

@@ -29,7 +29,7 @@ func runWait(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	id, err := oneID("wait", rest)
+	id, err := oneID(ctx, own.client(), "wait", rest)
 	if err != nil {
 		return err
 	}

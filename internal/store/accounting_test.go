@@ -642,3 +642,35 @@ func TestFailuresAreEvidence(t *testing.T) {
 		})
 	}
 }
+
+// List finds an owner's workflows by the start of their id, and only that
+// owner's.
+func TestListByIDPrefix(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	a := f.submit(t, "batch", f.task("a"))
+	b := f.submit(t, "batch", f.task("b"))
+	for _, tc := range []struct {
+		prefix string
+		owner  int64
+		want   int
+	}{
+		{a[:8], f.owner, 1},
+		{a, f.owner, 1},
+		{"", f.owner, 2},
+		{a[:8], f.owner + 1000, 0},
+	} {
+		ws, total, err := f.s.List(ctx, tc.owner, ListOptions{Prefix: tc.prefix})
+		if err != nil || total != tc.want || len(ws) != tc.want {
+			t.Errorf("prefix %q, owner %d: %d of %d listed (%v), want %d", tc.prefix, tc.owner, len(ws), total, err, tc.want)
+		}
+		if tc.want == 1 && ws[0].ID != a {
+			t.Errorf("prefix %q listed %s, want %s (not %s)", tc.prefix, ws[0].ID, a, b)
+		}
+	}
+	for _, p := range []string{"6B0C", "6b0c%", "", strings.Repeat("a", 37), "6b0c'"} {
+		if ValidIDPrefix(p) {
+			t.Errorf("ValidIDPrefix(%q) = true", p)
+		}
+	}
+}

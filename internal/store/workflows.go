@@ -788,8 +788,23 @@ func (s *Store) WorkflowState(ctx context.Context, id string) (string, error) {
 type ListOptions struct {
 	State  string
 	Query  string // substring of the name
+	Prefix string // start of the id: lower-case hex digits and dashes only (ValidIDPrefix)
 	Limit  int
 	Offset int
+}
+
+// ValidIDPrefix reports whether p may start a workflow id: 1 to 36
+// lower-case hex digits and dashes.
+func ValidIDPrefix(p string) bool {
+	if p == "" || len(p) > 36 {
+		return false
+	}
+	for _, c := range p {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // List returns an owner's workflows, newest first, and the total matching.
@@ -799,7 +814,8 @@ func (s *Store) List(ctx context.Context, ownerID int64, o ListOptions) ([]Workf
 	}
 	rows, err := s.pool.Query(ctx, `SELECT id::text, name, priority, state, created_at, finished_at, task_count, replicas, quorum, count(*) OVER ()
 		FROM workflows WHERE owner_id = $1 AND ($2 = '' OR state = $2) AND ($3 = '' OR strpos(lower(name), lower($3)) > 0)
-		ORDER BY created_at DESC, id LIMIT $4 OFFSET $5`, ownerID, o.State, o.Query, o.Limit, o.Offset)
+			AND ($6 = '' OR left(id::text, length($6)) = $6)
+		ORDER BY created_at DESC, id LIMIT $4 OFFSET $5`, ownerID, o.State, o.Query, o.Limit, o.Offset, o.Prefix)
 	if err != nil {
 		return nil, 0, fmt.Errorf("list workflows: %w", err)
 	}
