@@ -44,10 +44,11 @@ vet:
 	GOOS=js GOARCH=wasm $(GO) vet ./wasmworker/ ./wasmworker/browser/ ./internal/protocol/
 
 # Unit, integration and end-to-end tests against a real PostgreSQL (started
-# by the tests from the installed binaries), real WebSockets and real wazero,
-# then a short run of each fuzz target.
+# by the tests from the installed binaries, which must be there: without
+# them the tests that need a database fail, saying so), real WebSockets and
+# real wazero, then a short run of each fuzz target.
 test: build vet chromium
-	$(GO) test -count=1 -timeout 20m ./...
+	CYCLEPOOL_REQUIRE_POSTGRES=1 $(GO) test -count=1 -timeout 20m ./...
 	$(MAKE) fuzz
 
 # The browser tests drive Debian's Chromium; install it when it is missing

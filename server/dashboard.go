@@ -3,10 +3,8 @@ package server
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"net/http"
-	"os"
 	"slices"
 
 	"github.com/cyclepool/cyclepool/internal/store"
@@ -19,12 +17,12 @@ import (
 // (the same validation and rules as the CLI) and the store's owner-scoped
 // reads.
 //
-// Sessions are signed with CYCLEPOOL_SESSION_KEY (hex, at least 32 bytes);
-// replicas behind one load balancer must share it. Without it each process
-// draws its own key, and a restart signs everyone out.
+// Sessions are signed with Config.SessionKey; replicas behind one load
+// balancer must share it. Without it each process draws its own key, and a
+// restart signs everyone out.
 func (s *Server) Dashboard() http.Handler {
-	key, _ := hex.DecodeString(os.Getenv("CYCLEPOOL_SESSION_KEY"))
-	if len(key) < 32 {
+	key := s.cfg.SessionKey
+	if len(key) == 0 {
 		key = make([]byte, 32)
 		_, _ = rand.Read(key)
 	}

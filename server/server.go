@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,7 +63,34 @@ type Config struct {
 	// Workers with an operator key are not bound.
 	NewWorkerBurst int
 	NewWorkerEvery time.Duration
-	Logger         *slog.Logger
+	// SessionKey signs the dashboard's session cookies: at least
+	// MinSessionKeyBytes, shared by the replicas behind one load balancer
+	// (ParseSessionKey reads CYCLEPOOL_SESSION_KEY). Empty: a random key
+	// per process, and a restart signs everyone out.
+	SessionKey []byte
+	Logger     *slog.Logger
+}
+
+// MinSessionKeyBytes is the shortest Config.SessionKey.
+const MinSessionKeyBytes = 32
+
+// ParseSessionKey reads a session key written in hex (as
+// CYCLEPOOL_SESSION_KEY holds it): "" is none; anything but at least
+// MinSessionKeyBytes of hex is an error that says what is wrong, so that a
+// server refuses to start rather than fall back to a random key.
+func ParseSessionKey(h string) ([]byte, error) {
+	if h == "" {
+		return nil, nil
+	}
+	key, err := hex.DecodeString(strings.TrimSpace(h))
+	if err != nil {
+		return nil, fmt.Errorf("the session key is not hex: %w", err)
+	}
+	if len(key) < MinSessionKeyBytes {
+		return nil, fmt.Errorf("the session key has %d bytes, want at least %d (%d hex digits; openssl rand -hex 32 makes one)",
+			len(key), MinSessionKeyBytes, 2*MinSessionKeyBytes)
+	}
+	return key, nil
 }
 
 // randomHex returns n random bytes in hex.

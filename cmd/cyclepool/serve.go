@@ -72,6 +72,10 @@ func runServe(ctx context.Context, args []string) error {
 	if msg := web.CheckFrameAncestors(*frameAncestors); msg != "" {
 		return fmt.Errorf("--%s", msg)
 	}
+	sessionKey, err := server.ParseSessionKey(os.Getenv("CYCLEPOOL_SESSION_KEY"))
+	if err != nil {
+		return fmt.Errorf("CYCLEPOOL_SESSION_KEY: %w", err)
+	}
 	log := newLogger(*logLevel)
 	servePprof(*pprofAddr, log)
 	if *dbURL == "" {
@@ -110,7 +114,7 @@ func runServe(ctx context.Context, args []string) error {
 		every = -1 // server.Config: no limit
 	}
 	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Poll: *poll, Fairness: strategy, WorkerRetention: *retention,
-		FrameAncestors: *frameAncestors, NewWorkerBurst: *newWorkerBurst, NewWorkerEvery: every, Logger: log})
+		FrameAncestors: *frameAncestors, NewWorkerBurst: *newWorkerBurst, NewWorkerEvery: every, SessionKey: sessionKey, Logger: log})
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	// The server outlives ctx (SIGINT, SIGTERM) by the local worker's
 	// hand-back, which it commits (see below).

@@ -49,12 +49,17 @@ type state struct {
 
 // URL returns the URL of a new, empty database for this test, created from
 // template0 and dropped when the test ends. It skips the test when no server
-// is configured and no PostgreSQL binaries are installed.
+// is configured and no PostgreSQL binaries are installed, unless
+// CYCLEPOOL_REQUIRE_POSTGRES=1 (make test sets it): then the test fails,
+// saying what is missing, rather than a green run that tested nothing.
 func URL(t testing.TB) string {
 	t.Helper()
 	s, err := get()
 	if err != nil {
 		if _, ok := err.(noPostgres); ok {
+			if os.Getenv("CYCLEPOOL_REQUIRE_POSTGRES") == "1" {
+				t.Fatalf("pgtest: %v (CYCLEPOOL_REQUIRE_POSTGRES=1: install PostgreSQL's server binaries, or set CYCLEPOOL_TEST_DATABASE_URL)", err)
+			}
 			t.Skip(err)
 		}
 		t.Fatalf("pgtest: %v", err)
