@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -419,15 +419,15 @@ func (s *Store) SubmissionCandidates(w *NewWorkflow, now time.Time) []Candidate 
 	return cs
 }
 
-// newUUID returns a random (version 4) UUID.
+// newUUID returns a workflow id: a random (version 4) UUID, so that a
+// few of its first characters name it (cyclepool status 6b0c); version 7
+// ids share their first 8 for a minute (docs/RATIONALE.md).
 func newUUID() (pgtype.UUID, error) {
-	u := pgtype.UUID{Valid: true}
-	if _, err := rand.Read(u.Bytes[:]); err != nil {
-		return u, fmt.Errorf("workflow id: %w", err)
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return pgtype.UUID{}, fmt.Errorf("workflow id: %w", err)
 	}
-	u.Bytes[6] = u.Bytes[6]&0x0f | 0x40
-	u.Bytes[8] = u.Bytes[8]&0x3f | 0x80
-	return u, nil
+	return pgtype.UUID{Bytes: id, Valid: true}, nil
 }
 
 // createSmallSQL writes a workflow with id $26, its modules
@@ -630,21 +630,10 @@ func (s *Store) Summary(ctx context.Context, ownerID int64, id string) (*Workflo
 	return s.ownedWorkflow(ctx, nil, ownerID, id)
 }
 
+// looksLikeUUID reports whether s is a UUID in its canonical 36-character
+// form (the only one ids are written in), before it reaches PostgreSQL.
 func looksLikeUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i, c := range s {
-		switch {
-		case i == 8 || i == 13 || i == 18 || i == 23:
-			if c != '-' {
-				return false
-			}
-		case !strings.ContainsRune("0123456789abcdefABCDEF", c):
-			return false
-		}
-	}
-	return true
+	return len(s) == 36 && uuid.Validate(s) == nil
 }
 
 // runningAttemptSQL joins a task (t) to its latest running attempt (ra:
