@@ -3,23 +3,32 @@ package server
 import (
 	"context"
 	"log/slog"
-	"strconv"
-	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/cyclepool/cyclepool/internal/store"
 )
 
-// listen keeps a LISTEN connection open and turns notifications into
-// dispatcher wake-ups (ChannelReady) and cancel frames (ChannelCancel). When
-// the connection breaks it reconnects; the dispatcher's polling covers the
-// gap.
+// listen keeps a LISTEN connection open (store.Listen) and turns
+// notifications into dispatcher wake-ups (ChannelReady), finished
+// workflows' waiters, and cancel frames (ChannelCancel). When the connection
+// breaks it listens again; the dispatcher's polling covers the gap.
 func (s *Server) listen(ctx context.Context) {
+	l := store.Listener{
+		// Tasks may have become ready, and workflows finished, while no
+		// connection listened.
+		Listening: func() { s.wake(); s.ends.all() },
+		Ready:     s.wake,
+		Finished:  s.ends.finished,
+		// The owner cancelled the workflow, or the attempt's result is no
+		// longer needed (a quorum of other replicas agreed, its task
+		// failed, or an upstream result was overturned).
+		Cancel: func(ids []int64) {
+			s.hub.cancel(ids, "cancelled: the owner cancelled it or its result is no longer needed")
+		},
+	}
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		err := s.listenOnce(ctx, s.store.Pool())
+		err := s.store.Listen(ctx, l)
 		if ctx.Err() != nil {
 			return
 		}
@@ -30,48 +39,6 @@ func (s *Server) listen(ctx context.Context) {
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 5*time.Second)
-	}
-}
-
-func (s *Server) listenOnce(ctx context.Context, pool *pgxpool.Pool) error {
-	c, err := pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer c.Release()
-	for _, ch := range []string{store.ChannelReady, store.ChannelCancel, store.ChannelFinished} {
-		if _, err := c.Exec(ctx, "LISTEN "+ch); err != nil {
-			c.Conn().Close(ctx)
-			return err
-		}
-	}
-	// Tasks may have become ready, and workflows finished, while we were
-	// not listening.
-	s.wake()
-	s.ends.all()
-	for {
-		n, err := c.Conn().WaitForNotification(ctx)
-		if err != nil {
-			c.Conn().Close(context.WithoutCancel(ctx))
-			return err
-		}
-		switch n.Channel {
-		case store.ChannelReady:
-			s.wake()
-		case store.ChannelFinished:
-			s.ends.finished(n.Payload)
-		case store.ChannelCancel:
-			var ids []int64
-			for _, f := range strings.Split(n.Payload, ",") {
-				if id, err := strconv.ParseInt(f, 10, 64); err == nil {
-					ids = append(ids, id)
-				}
-			}
-			// The owner cancelled the workflow, or the attempt's result is
-			// no longer needed (a quorum of other replicas agreed, its task
-			// failed, or an upstream result was overturned).
-			s.hub.cancel(ids, "cancelled: the owner cancelled it or its result is no longer needed")
-		}
 	}
 }
 

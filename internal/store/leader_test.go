@@ -81,7 +81,7 @@ func TestTryLeadSteps(t *testing.T) {
 				}
 				s := stores[st.who]
 				if st.expire {
-					if _, err := s.Pool().Exec(ctx, `UPDATE leaders SET expires_at = now() - interval '1 millisecond' WHERE name = $1`, name); err != nil {
+					if _, err := s.pool.Exec(ctx, `UPDATE leaders SET expires_at = now() - interval '1 millisecond' WHERE name = $1`, name); err != nil {
 						t.Fatal(err)
 					}
 				}

@@ -152,10 +152,6 @@ func (s *Store) Close() {
 	s.pool.Close()
 }
 
-// Pool exposes the pool for the one thing that needs a connection of its
-// own: the server's LISTEN loop (server/maintain.go). Every query belongs
-// in this package, as a method of Store.
-func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
