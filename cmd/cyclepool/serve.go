@@ -30,7 +30,7 @@ import (
 // all of them otherwise. With the database, and usually the local worker,
 // on the same CPUs, the server's own spare Ps cost more than they give: on
 // 2 cores its CPU per single task fell by a sixth with one P, and the
-// task's latency by 0.15 to 0.3 ms (docs/BENCHMARKS.md).
+// task's latency by 0.15 to 0.3 ms (docs/RATIONALE.md, GOMAXPROCS).
 func serveProcs(flag int, envSet, embedded bool, cpus int) int {
 	def := cpus
 	if embedded {

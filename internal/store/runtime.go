@@ -135,7 +135,7 @@ const (
 // those that have a row). A workflow of 20,000 uniform tasks thus sends
 // hardly a name, where sending them all and probing runtime_stats for
 // each took about 50 ms of the server's and PostgreSQL's CPU per flush,
-// 3 µs a task (docs/BENCHMARKS.md).
+// 3 µs a task (docs/RATIONALE.md, run-time averages).
 func (s *Store) FlushRuntimeStats(ctx context.Context) (int, error) {
 	rs := s.runs.take()
 	if len(rs) == 0 {

@@ -144,8 +144,8 @@ func strOr(v js.Value) string {
 // the server gives nothing to a worker it has not heard from for a little
 // over two heartbeat intervals (server/hub.go, reserve), long before the
 // lapsed leases of its attempts requeue their tasks, so their retries go to
-// live workers (TestBrowserTabClosedResumesFromCheckpoint). Throughput and
-// where the time goes: docs/BENCHMARKS.md, "The browser worker".
+// live workers (TestBrowserTabClosedResumesFromCheckpoint). Why the queue
+// adapts: docs/RATIONALE.md; the browser's figures: docs/BENCHMARKS.md.
 const (
 	queuePerThread    = 4
 	maxQueuePerThread = 32

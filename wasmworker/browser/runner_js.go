@@ -155,8 +155,8 @@ func (r *runner) onEnded(b []byte) {
 }
 
 // traced returns where successful attempts' time went inside the browser
-// (sums in ms, for the benchmark: docs/BENCHMARKS.md, "Where a browser
-// task's millisecond goes"): worker.js adds up Run's preparation, the
+// (sums in ms, for the benchmark's browser_path_ms_* figures:
+// docs/BENCHMARKS.md): worker.js adds up Run's preparation, the
 // postMessage to the task Web Worker, instantiation and WASI set-up,
 // _start, collecting outputs and the postMessage back; Go adds the done
 // event to Run's return.
