@@ -69,6 +69,8 @@ type Worker struct {
 	Operator bool    `json:"operator"`
 	Strikes  float64 `json:"strikes"`
 	Allowed  *int    `json:"allowed"`
+	// Build is the worker's build, as it said (`cyclepool version`).
+	Build string `json:"build"`
 }
 
 // Fairness is the server's fairness strategy and Hummel and Meyer's

@@ -234,6 +234,23 @@ func TestNewIdentitiesAreBoundedPerAddress(t *testing.T) {
 		t.Errorf("reconnected as %s, want %s", f.welcome.WorkerID, first.welcome.WorkerID)
 	}
 	startWorker(t, "operator", 1, p.srv.url)
+	// The workers' list says which are the operator's, and each one's build.
+	wl, err := p.client.Workers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	operators := 0
+	for _, w := range wl.Workers {
+		if w.Operator {
+			operators++
+			if !strings.HasPrefix(w.Build, "devel") {
+				t.Errorf("the operator's worker says build %q, want the binary's (devel …)", w.Build)
+			}
+		}
+	}
+	if operators != 1 {
+		t.Errorf("%d operator's workers listed, want 1: %+v", operators, wl.Workers)
+	}
 	// A made-up operator key is refused with 401.
 	_, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer cwk_madeup"}}})
 	if err == nil || resp == nil || resp.StatusCode != http.StatusUnauthorized {

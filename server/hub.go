@@ -817,7 +817,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 	var reg store.Registration
 	wh := store.WorkerHello{
 		ID: h.WorkerID, Token: h.ReconnectToken, Kind: h.Kind, Slots: h.Slots, Volunteer: truncate(h.Volunteer, 100),
-		Device: h.Device, Replica: s.cfg.Replica, Running: h.Running, Operator: operator,
+		Device: h.Device, Replica: s.cfg.Replica, Running: h.Running, Operator: operator, Build: truncate(h.Build, 100),
 	}
 	if !operator {
 		addr := remoteHost(r)
@@ -860,7 +860,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 	if err := ws.Write(wctx, websocket.MessageText, data); err != nil {
 		return nil, fmt.Errorf("send welcome: %w", err)
 	}
-	c.log.Debug("worker connected", "slots", h.Slots, "resumed", len(c.running))
+	c.log.Debug("worker connected", "slots", h.Slots, "resumed", len(c.running), "build", truncate(h.Build, 100))
 	return c, nil
 }
 

@@ -52,6 +52,9 @@ type workerView struct {
 	Operator bool    `json:"operator"`
 	Strikes  float64 `json:"strikes"`
 	Allowed  *int    `json:"allowed"`
+	// Build is the worker's build, as it said ("" for a worker too old
+	// to say).
+	Build string `json:"build"`
 }
 
 func stabilityView(st sched.Stability) *workerStability {
@@ -133,7 +136,7 @@ func (s *Server) workers(ctx context.Context) (workersReport, error) {
 			ConnectedAt: rec.ConnectedAt, LastSeen: rec.LastSeen, Device: rec.Device, Attempts: rec.Attempts, TasksLost: rec.TasksLost,
 			Reputation: workerReputation{Valid: rec.ResultsValid, Invalid: rec.ResultsInvalid, Score: rep.Score(),
 				Trusted: rep.Trusted(sched.DefaultVerify())},
-			Operator: rec.Operator, Strikes: math.Round(rec.Strikes*100) / 100}
+			Operator: rec.Operator, Strikes: math.Round(rec.Strikes*100) / 100, Build: rec.Build}
 		if c := s.hub.conns[rec.ID]; c != nil {
 			running, done, allowed := len(c.running), c.tasksDone, c.allowed()
 			v.Running, v.TasksDone, v.Allowed = &running, &done, &allowed

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/version"
 )
 
 // Config configures a Worker.
@@ -311,7 +312,7 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	defer scancel()
 
 	w.mu.Lock()
-	hello := &protocol.Hello{Version: protocol.Version, Kind: w.cfg.Kind, Slots: w.cfg.Slots, Queue: w.queue, WorkerID: w.id,
+	hello := &protocol.Hello{Version: protocol.Version, Build: version.String(), Kind: w.cfg.Kind, Slots: w.cfg.Slots, Queue: w.queue, WorkerID: w.id,
 		ReconnectToken: w.token, Volunteer: w.cfg.Volunteer, Device: w.pausedIfHandingBack(w.cfg.Device())}
 	for id := range w.running {
 		hello.Running = append(hello.Running, id)

@@ -98,6 +98,10 @@ type Hello struct {
 	Running   []int64 `json:"running,omitempty"`
 	Volunteer string  `json:"volunteer,omitempty"` // browser volunteer id, kept in the browser
 	Device    Device  `json:"device"`
+	// Build is the worker's build (as `cyclepool version` prints it), for
+	// display: a worker of another build than the server's is visible in
+	// the workers' list. At most 100 bytes are kept.
+	Build string `json:"build,omitempty"`
 }
 
 // Welcome answers hello.

@@ -152,7 +152,6 @@ func (s *Store) Close() {
 	s.pool.Close()
 }
 
-
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 

@@ -23,6 +23,8 @@ type WorkerHello struct {
 	Device    any // stored as JSON
 	Replica   string
 	Running   []int64 // attempts it still runs from an earlier connection
+	// Build is the worker's build (hello.build), cut to 100 bytes.
+	Build string
 	// Operator says the connection presented an operator key
 	// (OperatorKeyValid): one of the operator's own machines, whose
 	// failures are verdicts and which no task avoids.
@@ -69,8 +71,8 @@ func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Du
 		id, token, lost, modules = "", "", nil, nil
 		if h.ID != "" && looksLikeUUID(h.ID) {
 			tag, err := tx.Exec(ctx, `UPDATE workers SET kind = $3, slots = $4, volunteer = $5, device = $6, replica = $7,
-				connected = true, connected_at = now(), last_seen = now(), operator = $8 WHERE id = $1 AND token_hash = $2`,
-				h.ID, HashToken(h.Token), h.Kind, h.Slots, h.Volunteer, dev, h.Replica, h.Operator)
+				connected = true, connected_at = now(), last_seen = now(), operator = $8, build = $9 WHERE id = $1 AND token_hash = $2`,
+				h.ID, HashToken(h.Token), h.Kind, h.Slots, h.Volunteer, dev, h.Replica, h.Operator, h.Build)
 			if err != nil {
 				return err
 			}
@@ -83,9 +85,9 @@ func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Du
 				return ErrTooManyIdentities
 			}
 			token = NewToken("cw_")
-			if err := tx.QueryRow(ctx, `INSERT INTO workers (id, token_hash, kind, slots, volunteer, device, replica, operator)
-				VALUES (gen_random_uuid(), $1, $2, $3, $4, $5, $6, $7) RETURNING id::text`,
-				HashToken(token), h.Kind, h.Slots, h.Volunteer, dev, h.Replica, h.Operator).Scan(&id); err != nil {
+			if err := tx.QueryRow(ctx, `INSERT INTO workers (id, token_hash, kind, slots, volunteer, device, replica, operator, build)
+				VALUES (gen_random_uuid(), $1, $2, $3, $4, $5, $6, $7, $8) RETURNING id::text`,
+				HashToken(token), h.Kind, h.Slots, h.Volunteer, dev, h.Replica, h.Operator, h.Build).Scan(&id); err != nil {
 				return err
 			}
 		}
@@ -263,6 +265,8 @@ type WorkerRecord struct {
 	ValidStreak    int             `json:"valid_streak"`
 	// Operator: the worker connected with an operator key.
 	Operator bool `json:"operator"`
+	// Build: the worker's build, as it said (hello.build).
+	Build string `json:"build"`
 	// Succeeded counts its results accepted (as tallied: a few seconds
 	// late); Strikes its strikes as of now (they fade: StrikeHalfLife).
 	Succeeded int64   `json:"succeeded"`
@@ -285,7 +289,7 @@ func (s *Store) Workers(ctx context.Context, ids []string) ([]WorkerRecord, erro
 	var rows pgx.Rows
 	var err error
 	cols := fmt.Sprintf(`SELECT w.id::text, w.kind, w.slots, w.volunteer, w.device, w.replica, w.connected, w.connected_at, w.last_seen,
-		w.attempts, w.tasks_lost, w.results_valid, w.results_invalid, w.valid_streak, w.operator, coalesce(r.succeeded, 0),
+		w.attempts, w.tasks_lost, w.results_valid, w.results_invalid, w.valid_streak, w.operator, w.build, coalesce(r.succeeded, 0),
 		w.strikes * power(0.5, extract(epoch FROM now() - coalesce(w.strikes_at, now())) / %d)
 		FROM workers w LEFT JOIN worker_results r ON r.worker_id = w.id`, int(StrikeHalfLife.Seconds()))
 	if ids == nil {
@@ -299,7 +303,7 @@ func (s *Store) Workers(ctx context.Context, ids []string) ([]WorkerRecord, erro
 	ws, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (WorkerRecord, error) {
 		var w WorkerRecord
 		err := r.Scan(&w.ID, &w.Kind, &w.Slots, &w.Volunteer, &w.Device, &w.Replica, &w.Connected, &w.ConnectedAt, &w.LastSeen,
-			&w.Attempts, &w.TasksLost, &w.ResultsValid, &w.ResultsInvalid, &w.ValidStreak, &w.Operator, &w.Succeeded, &w.Strikes)
+			&w.Attempts, &w.TasksLost, &w.ResultsValid, &w.ResultsInvalid, &w.ValidStreak, &w.Operator, &w.Build, &w.Succeeded, &w.Strikes)
 		return w, err
 	})
 	if err != nil {
