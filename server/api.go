@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cyclepool/cyclepool/internal/sched"
 	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/internal/workflow"
 )
@@ -140,7 +139,7 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		writeJSON(w, http.StatusBadRequest, apiError{Error: we.Error(), Task: we.Task, Field: we.Field})
 		return
 	}
-	id, err := s.submit(r.Context(), owner.ID, toNewWorkflow(spec))
+	id, err := s.submit(r.Context(), owner.ID, toNewWorkflow(spec, s.cfg.Verify.MaxReplicas))
 	if err != nil {
 		s.wake() // it may have committed, its notification lost with the connection
 		s.serverError(w, "create workflow", err)
@@ -203,13 +202,15 @@ func firstTaskWithModule(spec *workflow.Spec, m string) int {
 	return 0
 }
 
-func toNewWorkflow(spec *workflow.Spec) *store.NewWorkflow {
+// toNewWorkflow is the store's form of a parsed workflow; a replicated one
+// may make up to maxReplicas replicas of a task at least (Config.Verify).
+func toNewWorkflow(spec *workflow.Spec, maxReplicas int) *store.NewWorkflow {
 	nw := &store.NewWorkflow{Name: spec.Name, Priority: string(spec.Priority), Tasks: make([]store.NewTask, len(spec.Tasks)),
 		Replicas: spec.Replicas, Quorum: spec.Quorum}
 	if spec.Replicas > 1 || spec.Quorum > 1 {
 		// Disagreement spawns replicas up to a bound: room for two wrong
 		// results per needed quorum, and never fewer than the default's.
-		nw.MaxReplicas = max(spec.Replicas, 2*spec.Quorum+1, sched.DefaultVerify().MaxReplicas)
+		nw.MaxReplicas = max(spec.Replicas, 2*spec.Quorum+1, maxReplicas)
 	}
 	var buf []byte
 	for i, t := range spec.Tasks {

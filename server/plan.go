@@ -210,7 +210,7 @@ func (s *Server) plan(now time.Time, cands []store.Candidate, workers []planWork
 	}
 	var picks []store.Pick
 	started := map[string]bool{} // fresh replicated tasks given a first replica in this plan
-	vcfg := sched.DefaultVerify()
+	vcfg := s.cfg.Verify
 	// One slot per worker and round (ScheduleRounds), so that work spreads
 	// over the workers; a fresh replicated task that a trusted worker
 	// starts alone has its other replicas withdrawn.
@@ -273,7 +273,7 @@ func (s *Server) planWorkers(reserved map[string][]*conn) []planWorker {
 	out := make([]planWorker, 0, len(ids))
 	for _, id := range ids {
 		c := reserved[id][0]
-		rep := c.record.Reputation()
+		rep := c.record.Reputation(s.cfg.Verify)
 		out = append(out, planWorker{
 			w: sched.Worker{ID: id, Slots: c.slots, Samples: slices.Clone(c.samples), History: c.history(),
 				Rep: rep, JobsDone: c.tasksDone, Link: -1},

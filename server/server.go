@@ -50,6 +50,11 @@ type Config struct {
 	// WorkerRetention is how long the record of a disconnected worker is
 	// kept (default 30 days); maintenance deletes older ones, every hour.
 	WorkerRetention time.Duration
+	// Verify is the verification policy: replicas and quorum when a
+	// workflow asks for verification without saying, the most replicas,
+	// and when a worker is trusted alone (default sched.DefaultVerify).
+	// Open the store with store.WithTrust of the same.
+	Verify sched.VerifyConfig
 	// Fairness is the fairness strategy of the dispatcher (default none);
 	// deadlock prevention switches it off for a task that waited too long.
 	Fairness sched.Strategy
@@ -118,6 +123,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxModuleBytes <= 0 {
 		c.MaxModuleBytes = 64 << 20
+	}
+	if c.Verify == (sched.VerifyConfig{}) {
+		c.Verify = sched.DefaultVerify()
 	}
 	if c.NewWorkerBurst <= 0 {
 		c.NewWorkerBurst = 30

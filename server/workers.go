@@ -131,11 +131,11 @@ func (s *Server) workers(ctx context.Context) (workersReport, error) {
 	var jobs []int
 	s.hub.mu.Lock()
 	for _, rec := range recs {
-		rep := rec.Reputation()
+		rep := rec.Reputation(s.cfg.Verify)
 		v := workerView{ID: rec.ID, Kind: rec.Kind, Slots: rec.Slots, Volunteer: rec.Volunteer, Replica: rec.Replica,
 			ConnectedAt: rec.ConnectedAt, LastSeen: rec.LastSeen, Device: rec.Device, Attempts: rec.Attempts, TasksLost: rec.TasksLost,
 			Reputation: workerReputation{Valid: rec.ResultsValid, Invalid: rec.ResultsInvalid, Score: rep.Score(),
-				Trusted: rep.Trusted(sched.DefaultVerify())},
+				Trusted: rep.Trusted(s.cfg.Verify)},
 			Operator: rec.Operator, Strikes: math.Round(rec.Strikes*100) / 100, Build: rec.Build}
 		if c := s.hub.conns[rec.ID]; c != nil {
 			running, done, allowed := len(c.running), c.tasksDone, c.allowed()

@@ -92,7 +92,8 @@ func runServe(ctx context.Context, args []string) error {
 		}()
 		*dbURL = c.URL()
 	}
-	st, err := store.Open(ctx, *dbURL)
+	verify := sched.DefaultVerify() // the server's and the store's
+	st, err := store.Open(ctx, *dbURL, store.WithTrust(verify))
 	if err != nil {
 		return err
 	}
@@ -114,7 +115,8 @@ func runServe(ctx context.Context, args []string) error {
 		every = -1 // server.Config: no limit
 	}
 	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Poll: *poll, Fairness: strategy, WorkerRetention: *retention,
-		FrameAncestors: *frameAncestors, NewWorkerBurst: *newWorkerBurst, NewWorkerEvery: every, SessionKey: sessionKey, Logger: log})
+		FrameAncestors: *frameAncestors, NewWorkerBurst: *newWorkerBurst, NewWorkerEvery: every, SessionKey: sessionKey, Verify: verify,
+		Logger: log})
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	// The server outlives ctx (SIGINT, SIGTERM) by the local worker's
 	// hand-back, which it commits (see below).

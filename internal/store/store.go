@@ -21,6 +21,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
+	"github.com/cyclepool/cyclepool/internal/sched"
 	"github.com/cyclepool/cyclepool/migrations"
 )
 
@@ -48,11 +49,24 @@ type Store struct {
 	tallies tallies
 	// stats refreshes the planner's statistics after large submissions.
 	stats *statsRefresher
+	// trust is when a worker's record is long and clean enough that its
+	// results need no replica (TrustAfter, TrustWindow: WithTrust).
+	trust sched.VerifyConfig
+}
+
+// Option configures a Store (Open).
+type Option func(*Store)
+
+// WithTrust sets when a worker is trusted alone (cfg's TrustAfter and
+// TrustWindow; default sched.DefaultVerify's): the server's policy, which
+// the store applies when it judges replicas.
+func WithTrust(cfg sched.VerifyConfig) Option {
+	return func(s *Store) { s.trust = cfg }
 }
 
 // Open connects to the database at url, applies pending migrations and
 // returns a Store.
-func Open(ctx context.Context, url string) (*Store, error) {
+func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("store: parse database url: %w", err)
@@ -68,7 +82,10 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	if _, set := cfg.ConnConfig.RuntimeParams["jit"]; !set {
 		cfg.ConnConfig.RuntimeParams["jit"] = "off"
 	}
-	s := &Store{interactiveHeadStart: 5 * time.Minute}
+	s := &Store{interactiveHeadStart: 5 * time.Minute, trust: sched.DefaultVerify()}
+	for _, o := range opts {
+		o(s)
+	}
 	cfg.AfterConnect = s.guardAttemptIDs
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -81,19 +81,20 @@ type verifyOutcome struct {
 	soloWorker string
 }
 
-// verifyConfig is a task's sched.VerifyConfig.
-func (t verifyTask) verifyConfig() sched.VerifyConfig {
-	d := sched.DefaultVerify()
+// verifyConfig is a task's sched.VerifyConfig, with the store's trust
+// policy (WithTrust).
+func (t verifyTask) verifyConfig(trust sched.VerifyConfig) sched.VerifyConfig {
 	return sched.VerifyConfig{Replicas: t.replicas, Quorum: t.quorum, MaxReplicas: t.maxReplicas,
-		TrustAfter: d.TrustAfter, TrustWindow: d.TrustWindow}
+		TrustAfter: trust.TrustAfter, TrustWindow: trust.TrustWindow}
 }
 
 // decideReplicas applies sched.Decide to a replicated task's results. A
 // task already done judges late results against its accepted hash; a task
-// in another final state ignores them.
-func decideReplicas(t verifyTask, as []replicaAttempt, reps map[string]sched.Reputation) verifyOutcome {
+// in another final state ignores them. trust is the store's trust policy
+// (WithTrust).
+func decideReplicas(t verifyTask, as []replicaAttempt, reps map[string]sched.Reputation, trust sched.VerifyConfig) verifyOutcome {
 	out := verifyOutcome{verdicts: map[int64]string{}}
-	cfg := t.verifyConfig()
+	cfg := t.verifyConfig(trust)
 	if t.state == StateDone {
 		for _, a := range as {
 			if a.state == "succeeded" && a.hash != "" && a.verdict == "" && t.hash != "" {
@@ -167,10 +168,11 @@ func decideReplicas(t verifyTask, as []replicaAttempt, reps map[string]sched.Rep
 }
 
 // reputation turns a worker's stored record into a sched.Reputation: the
-// streak of valid results stands for the recent ones.
-func reputation(valid, invalid int64, streak int) sched.Reputation {
+// streak of valid results stands for the recent ones, up to window of
+// them (sched.VerifyConfig.TrustWindow).
+func reputation(valid, invalid int64, streak, window int) sched.Reputation {
 	r := sched.Reputation{Valid: int(valid), Invalid: int(invalid)}
-	n := min(streak, sched.DefaultVerify().TrustWindow)
+	n := min(streak, window)
 	for range n {
 		r.Recent = append(r.Recent, true)
 	}
@@ -255,7 +257,7 @@ func (s *Store) verify(ctx context.Context, tx querier, rs []replicaResult) (don
 		}
 		byTask[t] = append(byTask[t], a)
 		if valid != nil {
-			reps[a.worker] = reputation(*valid, *invalid, *streak)
+			reps[a.worker] = reputation(*valid, *invalid, *streak, s.trust.TrustWindow)
 		}
 	}
 	rows.Close()
@@ -276,7 +278,7 @@ func (s *Store) verify(ctx context.Context, tx querier, rs []replicaResult) (don
 	deltas := map[string]*delta{}
 	outcomes := make([]verifyOutcome, len(tasks))
 	for i, t := range tasks {
-		outcomes[i] = decideReplicas(t, byTask[t.id], reps)
+		outcomes[i] = decideReplicas(t, byTask[t.id], reps, s.trust)
 	}
 	// A worker that loses a quorum in this batch is not trusted with a
 	// lone result in the same batch either: decide again without its trust.
@@ -313,7 +315,7 @@ func (s *Store) verify(ctx context.Context, tx querier, rs []replicaResult) (don
 				rows.Close()
 				return nil, nil, fmt.Errorf("read trusted workers: %w", err)
 			}
-			if r := reputation(valid, invalid, streak); !r.Trusted(sched.DefaultVerify()) {
+			if r := reputation(valid, invalid, streak, s.trust.TrustWindow); !r.Trusted(s.trust) {
 				reps[w] = r
 				again = true
 			}
@@ -331,7 +333,7 @@ func (s *Store) verify(ctx context.Context, tx querier, rs []replicaResult) (don
 	}
 	if again {
 		for i, t := range tasks {
-			outcomes[i] = decideReplicas(t, byTask[t.id], reps)
+			outcomes[i] = decideReplicas(t, byTask[t.id], reps, s.trust)
 		}
 	}
 	for i, t := range tasks {

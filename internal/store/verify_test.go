@@ -69,7 +69,7 @@ func TestDecideReplicas(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			o := decideReplicas(tc.task, tc.as, tc.reps)
+			o := decideReplicas(tc.task, tc.as, tc.reps, sched.DefaultVerify())
 			if o.accept != tc.accept || o.more != tc.more || (o.fail != "") != tc.fail {
 				t.Fatalf("outcome = %+v, want accept %q more %d fail %v", o, tc.accept, tc.more, tc.fail)
 			}
@@ -109,7 +109,7 @@ func TestReputationFromRecord(t *testing.T) {
 		{5, 0, 5, false},
 	}
 	for _, tc := range tests {
-		if got := reputation(tc.valid, tc.invalid, tc.streak).Trusted(cfg); got != tc.trusted {
+		if got := reputation(tc.valid, tc.invalid, tc.streak, cfg.TrustWindow).Trusted(cfg); got != tc.trusted {
 			t.Errorf("reputation(%d, %d, %d).Trusted = %v, want %v", tc.valid, tc.invalid, tc.streak, got, tc.trusted)
 		}
 	}

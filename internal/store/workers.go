@@ -278,9 +278,10 @@ func (w WorkerRecord) Standing() sched.Standing {
 	return sched.Standing{Results: w.Succeeded + w.ResultsValid, Strikes: w.Strikes}
 }
 
-// Reputation is the worker's record as sched sees it.
-func (w WorkerRecord) Reputation() sched.Reputation {
-	return reputation(w.ResultsValid, w.ResultsInvalid, w.ValidStreak)
+// Reputation is the worker's record as sched sees it, its latest results
+// counted over trust's TrustWindow.
+func (w WorkerRecord) Reputation(trust sched.VerifyConfig) sched.Reputation {
+	return reputation(w.ResultsValid, w.ResultsInvalid, w.ValidStreak, trust.TrustWindow)
 }
 
 // Workers reads the records of the given workers, or of every connected
