@@ -143,12 +143,15 @@ func (s *Server) refreshRecords(ctx context.Context, ids []string) {
 		return
 	}
 	s.hub.mu.Lock()
-	defer s.hub.mu.Unlock()
 	for _, r := range recs {
 		if c := s.hub.conns[r.ID]; c != nil {
 			c.record = r
 		}
 	}
+	s.hub.mu.Unlock()
+	// A record may allow more of a worker's slots (a reconnected worker
+	// is held to one until its record is read: conn.allowed).
+	s.wakeSlots()
 }
 
 // planInput is one dispatch round's view of this replica's reserved slots.

@@ -36,7 +36,13 @@ import (
 // server does not know is refused before the upgrade.
 func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 	operator := false
-	if key := bearer(r); key != "" {
+	key := bearer(r)
+	if wait := s.gate.keptOutFor(remoteHost(r), time.Now()); wait > 0 && key == "" {
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
+		http.Error(w, "this address broke the worker protocol too often; try again later", http.StatusTooManyRequests)
+		return
+	}
+	if key != "" {
 		ok, err := s.store.OperatorKeyValid(r.Context(), key)
 		switch {
 		case err != nil:
@@ -45,18 +51,15 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "the server could not check the operator key just now; try again", http.StatusServiceUnavailable)
 			return
 		case !ok:
+			// Guessing keys is a refusal like a bad hello: an address
+			// that keeps guessing is kept out, then only its keys are
+			// checked, one a second.
+			s.gate.refused(remoteHost(r), time.Now())
 			s.log.Info("worker refused: unknown operator key", "remote", r.RemoteAddr)
 			http.Error(w, "unknown operator key: connect without one, or with a key `cyclepool serve` made", http.StatusUnauthorized)
 			return
 		}
 		operator = true
-	}
-	if !operator {
-		if wait := s.gate.keptOutFor(remoteHost(r), time.Now()); wait > 0 {
-			w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
-			http.Error(w, "this address broke the worker protocol too often; try again later", http.StatusTooManyRequests)
-			return
-		}
 	}
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
 		InsecureSkipVerify: true, // workers need no origin: volunteers' pages may be served from anywhere
@@ -365,16 +368,11 @@ func (s *Server) readLoop(ctx context.Context, c *conn) error {
 			s.wakeSlots() // silent until now: it may have free slots
 		}
 		if fenced {
-			if c.fencedRun++; c.fencedRun > maxFencedRun && !c.operator {
-				s.gate.keepOut(c.addr, time.Now())
-				return protocolError{fmt.Errorf("more than %d reports in a row for attempts this connection does not hold; "+
-					"come back in %v", maxFencedRun, fencedPenalty)}
+			if err := s.fencedReport(c, false); err != nil {
+				return err
 			}
 			err = s.refuseAll(c, f)
 		} else {
-			if f.Type == protocol.TypeResult || f.Type == protocol.TypeFail || f.Type == protocol.TypeCheckpoint {
-				c.fencedRun = 0
-			}
 			c.hold = hold
 			err = s.handleFrame(ctx, c, f)
 			c.hold = nil
@@ -547,6 +545,24 @@ func (s *Server) holdsAny(c *conn, f *protocol.Frame) bool {
 	return false
 }
 
+// fencedReport counts a result, fail or checkpoint frame of c that
+// concerned something c holds (held: the run ends) or nothing (fenced, or
+// every item refused), and past maxFencedRun in a row closes a
+// volunteer's connection and keeps its address out for fencedPenalty (the
+// error is the connection's end). Read loop only.
+func (s *Server) fencedReport(c *conn, held bool) error {
+	if held {
+		c.fencedRun = 0
+		return nil
+	}
+	if c.fencedRun++; c.fencedRun > maxFencedRun && !c.operator {
+		s.gate.keepOut(c.addr, time.Now())
+		return protocolError{fmt.Errorf("more than %d reports in a row for attempts this connection does not hold; "+
+			"come back in %v", maxFencedRun, fencedPenalty)}
+	}
+	return nil
+}
+
 // notHeld is the error of an ack refusing a report for an attempt the
 // connection does not hold.
 func notHeld(attempt int64) string {
@@ -645,6 +661,9 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 		ok := false
 		var err error
 		m, held := s.hub.holds(c, cp.Attempt)
+		if err := s.fencedReport(c, held); err != nil {
+			return err
+		}
 		if held {
 			start := time.Now()
 			ok, err = s.store.SaveCheckpoint(ctx, cp.Attempt, c.id, cp.State.Data, s.cfg.Lease)
@@ -717,6 +736,9 @@ func (s *Server) finish(ctx context.Context, c *conn, comps []store.Completion, 
 	if len(refused) > 0 {
 		s.metrics.completions.WithLabelValues("refused").Add(float64(len(refused)))
 		c.enqueue(&protocol.Frame{Type: protocol.TypeAck, Acks: refused})
+	}
+	if err := s.fencedReport(c, len(items) > 0); err != nil {
+		return err
 	}
 	if freed {
 		s.wakeSlots()

@@ -595,8 +595,10 @@ func TestFailuresAreEvidence(t *testing.T) {
 			[]step{{"op", "fail", true}}, "failed", "failed after 1 attempts", 0},
 		{"the operator's worker may take a task again",
 			[]step{{"op", "vanish", true}, {"op", "ok", true}}, "done", "", 0},
-		{"a volunteer that lost the task never gets it again",
+		{"a volunteer that lost the task does not get it again while it alone is avoided",
 			[]step{{"v1", "vanish", true}, {"v1", "", false}, {"v2", "ok", true}}, "done", "", 0},
+		{"once two are avoided a loser may take the task again, but a lone failer may not",
+			[]step{{"v1", "fail", true}, {"v2", "vanish", true}, {"v1", "", false}, {"v2", "ok", true}}, "done", "", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
@@ -672,5 +674,68 @@ func TestListByIDPrefix(t *testing.T) {
 		if ValidIDPrefix(p) {
 			t.Errorf("ValidIDPrefix(%q) = true", p)
 		}
+	}
+}
+
+// With fewer volunteers than a task has attempts, the task does not wait
+// for ever: once two workers failed it, any worker may take it again, and
+// it fails when its attempts are used up.
+func TestTwoVolunteersUseUpATasksAttempts(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	three := f.task("a")
+	three.MaxAttempts = 3
+	id := f.submit(t, "batch", three)
+	v1 := f.useWorker(t, 1).ID
+	v2 := f.useWorker(t, 1).ID
+	for i, w := range []string{v1, v2, v1} {
+		f.worker = w
+		cs := f.claim(t, 1, time.Minute)
+		if len(cs) != 1 {
+			t.Fatalf("failure %d: worker %d could not take the task", i+1, i%2+1)
+		}
+		if acc, err := f.s.Complete(ctx, []Completion{{Attempt: cs[0].Attempt, Worker: w, Reason: "exit", End: EndTaskError}}); err != nil || !acc[0] {
+			t.Fatalf("complete: %v %v", acc, err)
+		}
+	}
+	if state, attempts, _, errText := f.taskCounts(t, id, "a"); state != StateFailed || attempts != 3 {
+		t.Errorf("task %s after %d attempts (%s), want failed after 3", state, attempts, errText)
+	}
+}
+
+// Two replicas of a task that fail in one batch are both counted: each
+// worker is avoided and each failure counts (an UPDATE … FROM applies one
+// row per task, so they go in separate rounds).
+func TestReplicasFailingTogetherAreBothCounted(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	t1 := f.task("a")
+	t1.MaxAttempts = 5
+	if _, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "wf", Priority: "batch", Tasks: []NewTask{t1},
+		Replicas: 2, Quorum: 2, MaxReplicas: 5}); err != nil {
+		t.Fatal(err)
+	}
+	cands, err := f.s.Candidates(ctx, 10)
+	if err != nil || len(cands) != 1 {
+		t.Fatalf("candidates %+v %v", cands, err)
+	}
+	w1, w2 := f.useWorker(t, 1).ID, f.useWorker(t, 1).ID
+	cs, err := f.s.ClaimPicks(ctx, []Pick{{TaskID: cands[0].TaskID, Worker: w1}, {TaskID: cands[0].TaskID, Worker: w2}}, time.Minute)
+	if err != nil || len(cs) != 2 {
+		t.Fatalf("claimed %+v %v, want both replicas", cs, err)
+	}
+	if acc, err := f.s.Complete(ctx, []Completion{
+		{Attempt: cs[0].Attempt, Worker: cs[0].Worker, Reason: "exit", End: EndTaskError},
+		{Attempt: cs[1].Attempt, Worker: cs[1].Worker, Reason: "exit", End: EndTaskError},
+	}); err != nil || !acc[0] || !acc[1] {
+		t.Fatalf("complete: %v %v", acc, err)
+	}
+	var avoid, failedBy, pending int
+	if err := f.s.pool.QueryRow(ctx, `SELECT coalesce(cardinality(avoid), 0), coalesce(cardinality(failed_by), 0), pending
+		FROM tasks WHERE id = $1`, cands[0].TaskID).Scan(&avoid, &failedBy, &pending); err != nil {
+		t.Fatal(err)
+	}
+	if avoid != 2 || failedBy != 2 || pending != 2 {
+		t.Errorf("after two replicas failed together: %d avoided, %d failers, %d pending; want 2, 2, 2", avoid, failedBy, pending)
 	}
 }

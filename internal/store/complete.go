@@ -786,12 +786,73 @@ var requeueSQL = strings.NewReplacer(
 	WHERE t.id = u.id AND t.state COLLATE "C" IN ('running', 'ready')
 	RETURNING t.id, t.workflow_id::text, t.state`)
 
+// oncePerTask splits ends (sorted by task) into the first end of each
+// task, and the others.
+func oncePerTask(ends []attemptEnd) (round, rest []attemptEnd) {
+	for i, e := range ends {
+		if i > 0 && e.task == ends[i-1].task {
+			rest = append(rest, e)
+		} else {
+			round = append(round, e)
+		}
+	}
+	return round, rest
+}
+
+// requeue runs requeueSQL for ends (each task at most once) and returns
+// the tasks it failed and how many it queued again; delta counts the
+// failed ones against their workflows.
+func (s *Store) requeue(ctx context.Context, tx querier, ends []attemptEnd, delta func(wf string) *wfDelta) (failed []int64, readied int, err error) {
+	ids := make([]int64, len(ends))
+	reasons := make([]string, len(ends))
+	counts := make([]bool, len(ends))
+	lost := make([]bool, len(ends))
+	final := make([]bool, len(ends))
+	keep := make([]bool, len(ends))
+	workers := make([]string, len(ends))
+	avoid := make([]bool, len(ends))
+	corroborate := make([]bool, len(ends))
+	for i, e := range ends {
+		c := e.end.Charges()
+		ids[i], reasons[i], counts[i], lost[i], final[i], keep[i] = e.task, e.reason, c.Attempt, c.Lost && !e.progressed, c.Final, c.KeepsPlace
+		workers[i], avoid[i], corroborate[i] = e.worker, c.Avoid, c.Corroborate
+	}
+	rows, err := tx.Query(ctx, requeueSQL, ids, reasons, counts, lost, final, keep, s.interactiveHeadStart.Milliseconds(),
+		uuidParams(workers), avoid, corroborate)
+	if err != nil {
+		return nil, 0, fmt.Errorf("requeue tasks: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var wf, state string
+		if err := rows.Scan(&id, &wf, &state); err != nil {
+			return nil, 0, err
+		}
+		if state == StateFailed {
+			failed = append(failed, id)
+			d := delta(wf)
+			d.finished++
+			d.failed++
+		} else {
+			readied++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("requeue tasks: %w", err)
+	}
+	return failed, readied, nil
+}
+
+// wfDelta counts a workflow's tasks that reached a final state, and those
+// of them that failed.
+type wfDelta struct{ finished, failed int }
+
 // settleEnds moves tasks on after attempts ended without a result: each is
 // queued again, or failed after its last attempt; failed tasks fail their
 // descendants, and workflows whose every task reached a final state finish.
 // It runs in the caller's transaction.
 func (s *Store) settleEnds(ctx context.Context, tx querier, ends []attemptEnd) error {
-	type wfDelta struct{ finished, failed int }
 	deltas := map[string]*wfDelta{}
 	delta := func(wf string) *wfDelta {
 		d := deltas[wf]
@@ -804,45 +865,18 @@ func (s *Store) settleEnds(ctx context.Context, tx querier, ends []attemptEnd) e
 	readied := 0
 	if len(ends) > 0 {
 		slices.SortFunc(ends, func(a, b attemptEnd) int { return int(a.task - b.task) })
-		ids := make([]int64, len(ends))
-		reasons := make([]string, len(ends))
-		counts := make([]bool, len(ends))
-		lost := make([]bool, len(ends))
-		final := make([]bool, len(ends))
-		keep := make([]bool, len(ends))
-		workers := make([]string, len(ends))
-		avoid := make([]bool, len(ends))
-		corroborate := make([]bool, len(ends))
-		for i, e := range ends {
-			c := e.end.Charges()
-			ids[i], reasons[i], counts[i], lost[i], final[i], keep[i] = e.task, e.reason, c.Attempt, c.Lost && !e.progressed, c.Final, c.KeepsPlace
-			workers[i], avoid[i], corroborate[i] = e.worker, c.Avoid, c.Corroborate
-		}
-		rows, err := tx.Query(ctx, requeueSQL, ids, reasons, counts, lost, final, keep, s.interactiveHeadStart.Milliseconds(),
-			uuidParams(workers), avoid, corroborate)
-		if err != nil {
-			return fmt.Errorf("requeue tasks: %w", err)
-		}
+		// An UPDATE … FROM applies one of the rows that match a task, so
+		// ends of the same task (two replicas failing together) go in
+		// separate rounds, each task at most once per round.
 		var failed []int64
-		for rows.Next() {
-			var id int64
-			var wf, state string
-			if err := rows.Scan(&id, &wf, &state); err != nil {
-				rows.Close()
+		for rest := ends; len(rest) > 0; {
+			var round []attemptEnd
+			round, rest = oncePerTask(rest)
+			f, r, err := s.requeue(ctx, tx, round, delta)
+			if err != nil {
 				return err
 			}
-			if state == StateFailed {
-				failed = append(failed, id)
-				d := delta(wf)
-				d.finished++
-				d.failed++
-			} else {
-				readied++
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("requeue tasks: %w", err)
+			failed, readied = append(failed, f...), readied+r
 		}
 		if len(failed) > 0 {
 			// Replicas of a failed task still running elsewhere are of no

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -176,12 +177,29 @@ func (s *Store) Candidates(ctx context.Context, limit int) ([]Candidate, error) 
 
 // candidatesSQL reads up to $1 ready tasks in dispatch order, from the
 // queue's index (tasks_ready: migrations/00011_tasks_done_in_place.sql).
-const candidatesSQL = `SELECT t.id, t.workflow_id::text, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas,
+var candidatesSQL = strings.ReplaceAll(`SELECT t.id, t.workflow_id::text, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas,
 			t.attempts = 0, t.ckpt_ms,
 			CASE WHEN t.max_replicas > 1 THEN ARRAY(SELECT DISTINCT a.worker_id::text FROM attempts a
-				WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) || t.avoid::text[]
-			ELSE t.avoid::text[] END
-		FROM tasks t WHERE t.pending > 0 AND t.sort_key IS NOT NULL AND t.state = 'ready' ORDER BY t.sort_key, t.id LIMIT $1`
+				WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) || {avoided}
+			ELSE {avoided} END
+		FROM tasks t WHERE t.pending > 0 AND t.sort_key IS NOT NULL AND t.state = 'ready' ORDER BY t.sort_key, t.id LIMIT $1`,
+	"{avoided}", `CASE WHEN t.avoid IS NOT NULL THEN
+		ARRAY(SELECT x::text FROM unnest(t.avoid) AS x WHERE `+avoids("t", "x")+`) END`)
+
+// avoids is the SQL condition under which task alias t keeps worker w
+// (an SQL expression) from it: w is on its avoid list (a volunteer that
+// failed, lost or spoiled it), and either fewer than two workers are, or w
+// failed it and no second worker has. Two distinct workers on the list
+// are evidence enough: from then on a worker that lost the task may take
+// it again, and once two failed it, so may they, so that a task with more
+// attempts than the pool has volunteers uses them up (and fails) instead
+// of waiting for ever at the head of the queue; but a lone failer never
+// gets back a task nobody else failed.
+func avoids(t, w string) string {
+	return strings.NewReplacer("{t}", t, "{w}", w).Replace(`(coalesce({w} = ANY({t}.avoid), false)
+		AND (coalesce(cardinality({t}.avoid), 0) < 2
+			OR (coalesce({w} = ANY({t}.failed_by), false) AND coalesce(cardinality({t}.failed_by), 0) < 2)))`)
+}
 
 // Pick is one decision of the dispatcher's plan: a replica of TaskID on
 // Worker.
@@ -316,22 +334,22 @@ func (m interned) of(b []byte) string {
 // it matches the predicate of neither tasks_ready nor tasks_active. With the
 // statistics of a table analyzed while small, PostgreSQL otherwise read
 // every ready task through one of them for each claim.
-const claimPicksSQL = claimPicksCTE + claimLockedCTE + claimReplicasCTEs + claimTailSQL
+var claimPicksSQL = claimPicksCTE + claimLockedCTE + claimReplicasCTEs + claimTailSQL
 
 // claimOnePerTaskSQL is claimPicksSQL for picks of distinct tasks, the
 // common case (one replica per task): each pick takes one of its task's
 // pending replicas, so the window that shares replicas out among workers
 // (claimReplicasCTEs) is not needed. Its sorts of the picks' wide rows
 // were about an eighth of a claim's time.
-const claimOnePerTaskSQL = claimPicksCTE + claimLockedCTE + claimOnePerTaskCTEs + claimTailSQL
+var claimOnePerTaskSQL = claimPicksCTE + claimLockedCTE + claimOnePerTaskCTEs + claimTailSQL
 
 // claimNewSQL is claimPicksSQL for tasks of the workflow $6 written earlier
 // in the same transaction, named by $1 task names instead of ids
 // (Store.CreateWorkflowClaiming).
-const claimNewSQL = claimNewCTE + claimLockedCTE + claimReplicasCTEs + claimTailSQL
+var claimNewSQL = claimNewCTE + claimLockedCTE + claimReplicasCTEs + claimTailSQL
 
 // claimNewOnePerTaskSQL is claimNewSQL for picks of distinct tasks.
-const claimNewOnePerTaskSQL = claimNewCTE + claimLockedCTE + claimOnePerTaskCTEs + claimTailSQL
+var claimNewOnePerTaskSQL = claimNewCTE + claimLockedCTE + claimOnePerTaskCTEs + claimTailSQL
 
 // claimPicksCTE and claimNewCTE are the picks (p) of the claim statements.
 const (
@@ -349,7 +367,7 @@ WITH p AS (
 
 // claimLockedCTE locks the picked tasks that are still ready.
 const claimLockedCTE = `, locked AS (
-	SELECT t.id, t.pending, t.attempts, t.avoid, t.workflow_id, t.name, t.module_id, t.args, t.stdin, t.priority, t.timeout_ms, t.memory_pages,
+	SELECT t.id, t.pending, t.attempts, t.avoid, t.failed_by, t.workflow_id, t.name, t.module_id, t.args, t.stdin, t.priority, t.timeout_ms, t.memory_pages,
 		t.output_bytes, t.log_bytes, t.ckpt_ms, t.seed,
 		-- Replicas are independent: none resumes from a checkpoint that
 		-- another replica's worker saved.
@@ -361,7 +379,7 @@ const claimLockedCTE = `, locked AS (
 
 // claimReplicasCTEs choose the attempts (ok) among picks that may name a
 // task several times, and update the tasks (upd).
-const claimReplicasCTEs = `, fit AS (
+var claimReplicasCTEs = `, fit AS (
 	-- The task's columns come along from the join with locked here, so
 	-- that ok needs no second join: PostgreSQL estimates one row for these
 	-- CTEs and joined them by nested loops, each pass over this window
@@ -373,7 +391,7 @@ const claimReplicasCTEs = `, fit AS (
 		FROM p JOIN locked l ON l.id = p.task_id
 		LEFT JOIN LATERAL (SELECT 1 AS x FROM attempts a WHERE l.attempts > 0 AND a.task_id = p.task_id AND a.worker_id = p.w
 			AND a.state IN ('running', 'succeeded') AND NOT a.superseded LIMIT 1) ran ON true
-		WHERE ran.x IS NULL AND NOT coalesce(p.w = ANY(l.avoid), false)
+		WHERE ran.x IS NULL AND NOT ` + avoids("l", "p.w") + `
 		ORDER BY p.task_id, p.w, p.ord
 	) d
 ), ok AS (
@@ -398,7 +416,7 @@ const claimReplicasCTEs = `, fit AS (
 // claimOnePerTaskCTEs are claimReplicasCTEs for picks of distinct tasks:
 // every locked task has a pending replica for its one pick, unless its
 // worker runs or ran one of it already.
-const claimOnePerTaskCTEs = `, ok AS (
+var claimOnePerTaskCTEs = `, ok AS (
 	SELECT nextval('attempts_id_seq') AS attempt, o.* FROM (
 		SELECT p.task_id, p.w, p.ckpt, p.solo, p.ord, l.workflow_id, l.name, l.module_id, l.args, l.stdin,
 			l.priority, l.timeout_ms, l.memory_pages, l.output_bytes, l.log_bytes, l.seed, l.checkpoint,
@@ -406,7 +424,7 @@ const claimOnePerTaskCTEs = `, ok AS (
 		FROM p JOIN locked l ON l.id = p.task_id
 		LEFT JOIN LATERAL (SELECT 1 AS x FROM attempts a WHERE l.attempts > 0 AND a.task_id = p.task_id AND a.worker_id = p.w
 			AND a.state IN ('running', 'succeeded') AND NOT a.superseded LIMIT 1) ran ON true
-		WHERE ran.x IS NULL AND NOT coalesce(p.w = ANY(l.avoid), false)
+		WHERE ran.x IS NULL AND NOT ` + avoids("l", "p.w") + `
 		ORDER BY p.ord
 	) o
 ), upd AS (
