@@ -181,17 +181,17 @@ func TestRestartsKilledPostmaster(t *testing.T) {
 	if got != "survives" {
 		t.Errorf("after the restart the row reads %q, want \"survives\"", got)
 	}
-	if c.pid() == old {
-		t.Errorf("the postmaster is still pid %d", old)
-	}
 	if c.URL() != url {
 		t.Errorf("URL changed across the restart: %s -> %s", url, c.URL())
 	}
-	// The count moves once the server accepts connections, which the
-	// query above may see first.
+	// The count and the new pid are recorded once the supervisor sees the
+	// server accept connections, which the query above may see first.
 	waitUntil(t, 30*time.Second, "the restart to be counted", func() bool { return c.Restarts() >= 1 })
 	if n := c.Restarts(); n != 1 {
 		t.Errorf("Restarts() = %d, want 1", n)
+	}
+	if c.pid() == old {
+		t.Errorf("the postmaster is still pid %d", old)
 	}
 	exits := rec.find(slog.LevelWarn, msgExited)
 	if len(exits) != 1 {
