@@ -215,8 +215,14 @@ const (
 )
 
 // failStreakFewer is the failures in a row after which a connection gets
-// one attempt at a time (conn.failStreak).
-const failStreakFewer = 4
+// one attempt at a time (conn.failStreak), unless its worker has at least
+// failStreakRecord accepted results: an honest worker with a record that
+// meets a workflow whose every task fails keeps its slots (its failures
+// are then confirmed, not disproved, and earn no strikes).
+const (
+	failStreakFewer  = 4
+	failStreakRecord = 20
+)
 
 // allowed is how many attempts c may hold at once (hub.mu held): all its
 // slots, or fewer while its standing is poor (sched.Standing) or its
@@ -227,10 +233,11 @@ func (c *conn) allowed() int {
 		return c.slots
 	}
 	n := c.record.Standing().Allowance(c.slots)
-	if c.failStreak >= failStreakFewer {
+	results := max(c.record.Standing().Results, int64(c.tasksDone))
+	if c.failStreak >= failStreakFewer && results < failStreakRecord {
 		n = min(n, 1)
 	}
-	if c.tasksDone == 0 && c.record.Standing().Results == 0 {
+	if results == 0 {
 		// A new identity has earned nothing yet: one attempt until its
 		// first result (a record is only worth something if a fresh one
 		// gets little).

@@ -112,7 +112,8 @@ func TestSetQueue(t *testing.T) {
 }
 
 // How many attempts a connection may hold: a new volunteer one until its
-// first result, a volunteer whose latest reports were all failures one, a
+// first result, a volunteer with a short record whose latest reports were
+// all failures one, a
 // volunteer whose strikes outnumber its results none; the operator's
 // workers all their slots.
 func TestAllowed(t *testing.T) {
@@ -125,6 +126,7 @@ func TestAllowed(t *testing.T) {
 		{"a volunteer with a result on this connection", &conn{slots: 8, tasksDone: 1}, 8},
 		{"a volunteer with results on record", &conn{slots: 8, record: store.WorkerRecord{Succeeded: 5}}, 8},
 		{"failures in a row", &conn{slots: 8, tasksDone: 9, failStreak: failStreakFewer}, 1},
+		{"failures in a row of a worker with a record", &conn{slots: 8, tasksDone: failStreakRecord, failStreak: 50}, 8},
 		{"strikes outnumbering results", &conn{slots: 8, record: store.WorkerRecord{Succeeded: 4, Strikes: 7}}, 0},
 		{"the operator's worker, new and failing", &conn{slots: 8, operator: true, failStreak: 50}, 8},
 	} {
