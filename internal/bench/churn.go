@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cyclepool/cyclepool/client"
 )
 
 // churnEvery is how long each churned worker process lives, from its start,
@@ -42,13 +44,9 @@ type churnRun struct {
 // tasks' CPU time (Config.ChurnTasks tasks of 0.8 to 1.2 s).
 func (b *bench) churn(ctx context.Context) error {
 	log := b.cfg.Logger.With("part", "churn")
-	wasm, err := os.ReadFile(filepath.Join(b.cfg.Repo, "bin", "tasks", "counter.wasm"))
+	mod, err := b.pushTask(ctx, "counter")
 	if err != nil {
-		return fmt.Errorf("%w (run make tasks)", err)
-	}
-	mod, err := b.client.PushModule(ctx, wasm)
-	if err != nil {
-		return fmt.Errorf("push the counter module: %w", err)
+		return err
 	}
 	slots := max(1, runtime.NumCPU()/2)
 	startWorker := func(name string) (*process, error) {
@@ -329,4 +327,18 @@ func (b *bench) waitNewWorkers(ctx context.Context, since time.Time, n int) erro
 		}
 	}
 	return fmt.Errorf("%d new workers did not connect within 30 s", n)
+}
+
+// pushTask pushes the task module bin/tasks/NAME.wasm (make tasks builds
+// it) and returns it as pushed.
+func (b *bench) pushTask(ctx context.Context, name string) (client.Module, error) {
+	wasm, err := os.ReadFile(filepath.Join(b.cfg.Repo, "bin", "tasks", name+".wasm"))
+	if err != nil {
+		return client.Module{}, fmt.Errorf("%w (run make tasks)", err)
+	}
+	mod, err := b.client.PushModule(ctx, wasm)
+	if err != nil {
+		return client.Module{}, fmt.Errorf("push the %s module: %w", name, err)
+	}
+	return mod, nil
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -69,13 +68,9 @@ type hostileRun struct {
 // identities per address refuses them, not the honest ones.
 func (b *bench) hostile(ctx context.Context) error {
 	log := b.cfg.Logger.With("part", "hostile")
-	wasm, err := os.ReadFile(filepath.Join(b.cfg.Repo, "bin", "tasks", "counter.wasm"))
+	mod, err := b.pushTask(ctx, "counter")
 	if err != nil {
-		return fmt.Errorf("%w (run make tasks)", err)
-	}
-	mod, err := b.client.PushModule(ctx, wasm)
-	if err != nil {
-		return fmt.Errorf("push the counter module: %w", err)
+		return err
 	}
 	slots := max(1, runtime.NumCPU()/b.cfg.Workers)
 	since, err := b.dbNow(ctx)
