@@ -46,7 +46,7 @@ func (s *Server) listen(ctx context.Context) {
 // leader row with a TTL in PostgreSQL) expires lapsed leases, queueing their
 // tasks again, marks workers of vanished replicas as disconnected and, once
 // an hour, deletes the records of workers gone for longer than
-// Config.WorkerRetention.
+// Config.WorkerRetention and the data blobs nothing holds.
 func (s *Server) maintain(ctx context.Context) {
 	const name = "maintenance"
 	ttl := 3 * s.cfg.Heartbeat
@@ -118,6 +118,11 @@ func (s *Server) maintain(ctx context.Context) {
 			s.pruneWorkers(ctx)
 			if err := s.store.PruneActivity(ctx); err != nil && ctx.Err() == nil {
 				s.log.Warn("prune activity", "err", err)
+			}
+			if n, err := s.store.CollectBlobGarbage(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("collect data garbage", "err", err)
+			} else if n > 0 {
+				s.log.Info("collected data garbage", "blobs_and_uploads", n)
 			}
 		}
 	}

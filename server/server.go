@@ -47,6 +47,9 @@ type Config struct {
 	MaxFrameBytes int
 	// MaxModuleBytes bounds an uploaded module (default 64 MiB).
 	MaxModuleBytes int
+	// DataQuota is how many bytes of data blobs one owner may keep
+	// (default 10 GiB); it also bounds one blob.
+	DataQuota int64
 	// WorkerRetention is how long the record of a disconnected worker is
 	// kept (default 30 days); maintenance deletes older ones, every hour.
 	WorkerRetention time.Duration
@@ -121,6 +124,9 @@ func (c *Config) setDefaults() {
 	if c.MaxFrameBytes <= 0 {
 		c.MaxFrameBytes = protocol.DefaultMaxFrameBytes
 	}
+	if c.DataQuota <= 0 {
+		c.DataQuota = 10 << 30
+	}
 	if c.MaxModuleBytes <= 0 {
 		c.MaxModuleBytes = 64 << 20
 	}
@@ -174,6 +180,7 @@ type Server struct {
 	owners       sync.Map // token -> store.Owner, positive cache
 	knownModules sync.Map // ownedModule -> true: modules an owner has pushed
 	modules      *moduleCache
+	blobKeys     blobKeys
 
 	rt   *runtimes
 	ends *finishWaiters // requests waiting for workflows to end
@@ -794,6 +801,7 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ws/worker", s.handleWorker)
 	mux.HandleFunc("GET /modules/{id}", s.handleModule)
+	mux.HandleFunc("GET /blobs/{id}", s.handleWorkerBlob)
 	healthz := []byte("ok cyclepool " + version.String() + "\n")
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(healthz) })
 	mux.HandleFunc("GET /readyz", s.handleReady)

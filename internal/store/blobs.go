@@ -1,0 +1,421 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// BlobChunkBytes is the size of the chunks a blob is stored in (the last
+// one may be shorter).
+const BlobChunkBytes = 1 << 20
+
+// MaxBlobUploads bounds the uploads one owner may have in progress at once.
+const MaxBlobUploads = 4
+
+// StaleBlobUpload is how long an upload may go without writing a chunk
+// before CollectBlobGarbage removes what it wrote.
+const StaleBlobUpload = time.Hour
+
+// Blob describes a data blob as its owner sees it: Name is the file name
+// it was pushed with.
+type Blob struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	Size      int64     `json:"size"`
+	Archive   bool      `json:"archive"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// QuotaError refuses an upload that would take an owner's blobs past its
+// quota.
+type QuotaError struct {
+	Quota int64 // bytes an owner may keep in blobs
+	Used  int64 // bytes it keeps now
+	Size  int64 // bytes of the upload, or at least what arrived before it passed the quota
+}
+
+func (e *QuotaError) Error() string {
+	return fmt.Sprintf("the data quota of %d bytes would be exceeded: %d bytes are in use and the upload has %d (remove blobs with `cyclepool data rm`)",
+		e.Quota, e.Used, e.Size)
+}
+
+// ErrTooManyUploads refuses an upload while its owner has MaxBlobUploads
+// others in progress.
+var ErrTooManyUploads = fmt.Errorf("%d uploads of data are in progress already: wait for one to end", MaxBlobUploads)
+
+// BlobUpload writes one blob's bytes in chunks as they arrive; nothing of
+// it is visible until Commit. Abort (or, after a crash,
+// CollectBlobGarbage) removes what it wrote.
+type BlobUpload struct {
+	s     *Store
+	owner int64
+	key   int64
+	quota int64
+	used  int64 // the owner's bytes in blobs when the upload began
+	seq   int
+	size  int64
+	buf   []byte
+	h     hash.Hash
+}
+
+// BeginBlobUpload starts an upload for owner, who may keep quota bytes in
+// blobs. It fails with a *QuotaError when the owner is at its quota
+// already, or when expect (the upload's size if known, else -1) would pass
+// it, and with ErrTooManyUploads.
+func (s *Store) BeginBlobUpload(ctx context.Context, ownerID, quota, expect int64) (*BlobUpload, error) {
+	u := &BlobUpload{s: s, owner: ownerID, quota: quota, h: sha256.New()}
+	err := s.tx(ctx, func(tx pgx.Tx) error {
+		var open int
+		if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM blob_uploads WHERE owner_id = $1 AND touched_at > now() - $2::interval),
+			(SELECT coalesce(sum(b.size), 0) FROM owner_blobs ob JOIN blobs b ON b.id = ob.blob_id WHERE ob.owner_id = $1)`,
+			ownerID, StaleBlobUpload).Scan(&open, &u.used); err != nil {
+			return err
+		}
+		if open >= MaxBlobUploads {
+			return ErrTooManyUploads
+		}
+		if u.used+max(expect, 0) > quota || u.used >= quota && expect != 0 {
+			return &QuotaError{Quota: quota, Used: u.used, Size: max(expect, 0)}
+		}
+		return tx.QueryRow(ctx, `INSERT INTO blob_uploads (key, owner_id) VALUES (nextval('blob_keys'), $1) RETURNING key`, ownerID).Scan(&u.key)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("begin data upload: %w", err)
+	}
+	return u, nil
+}
+
+// Write adds p to the blob. It fails with a *QuotaError as soon as the
+// blob would pass the owner's quota.
+func (u *BlobUpload) Write(ctx context.Context, p []byte) error {
+	if u.used+u.size+int64(len(p)) > u.quota {
+		return &QuotaError{Quota: u.quota, Used: u.used, Size: u.size + int64(len(p))}
+	}
+	u.h.Write(p)
+	u.size += int64(len(p))
+	for len(p) > 0 {
+		if u.buf == nil {
+			u.buf = make([]byte, 0, BlobChunkBytes)
+		}
+		n := min(len(p), BlobChunkBytes-len(u.buf))
+		u.buf = append(u.buf, p[:n]...)
+		p = p[n:]
+		if len(u.buf) == BlobChunkBytes {
+			if err := u.flush(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ReadFrom copies r into the blob, a chunk at a time.
+func (u *BlobUpload) ReadFrom(ctx context.Context, r io.Reader) (int64, error) {
+	buf := make([]byte, 256<<10)
+	var n int64
+	for {
+		k, err := r.Read(buf)
+		if k > 0 {
+			if werr := u.Write(ctx, buf[:k]); werr != nil {
+				return n, werr
+			}
+			n += int64(k)
+		}
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+}
+
+// flush writes the buffered chunk.
+func (u *BlobUpload) flush(ctx context.Context) error {
+	if len(u.buf) == 0 {
+		return nil
+	}
+	err := u.s.tx(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO blob_chunks (blob_key, seq, data) VALUES ($1, $2, $3)`, u.key, u.seq, u.buf); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE blob_uploads SET touched_at = now() WHERE key = $1`, u.key)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("write data chunk %d: %w", u.seq, err)
+	}
+	u.seq++
+	u.buf = u.buf[:0]
+	return nil
+}
+
+// Size is how many bytes the upload holds so far.
+func (u *BlobUpload) Size() int64 { return u.size }
+
+// ID is the blob id of the bytes written so far ("sha256:<hex>").
+func (u *BlobUpload) ID() string { return "sha256:" + hex.EncodeToString(u.h.Sum(nil)) }
+
+// Commit makes the blob visible to its owner under name; archive says the
+// bytes were checked as a safe archive. When the same bytes are stored
+// already (pushed by this or another owner), what this upload wrote is
+// removed and the stored blob is given to the owner: created is false when
+// the owner had it already. Commit checks the quota again, against the
+// uploads that committed in the meantime.
+func (u *BlobUpload) Commit(ctx context.Context, name string, archive bool) (b Blob, created bool, err error) {
+	if err := u.flush(ctx); err != nil {
+		u.Abort(ctx)
+		return b, false, err
+	}
+	id := u.ID()
+	err = u.s.tx(ctx, func(tx pgx.Tx) error {
+		// The owner's row orders concurrent commits of one owner, so that
+		// two uploads cannot both fit the same room.
+		var used int64
+		if err := tx.QueryRow(ctx, `SELECT coalesce((SELECT sum(b.size) FROM owner_blobs ob JOIN blobs b ON b.id = ob.blob_id
+			WHERE ob.owner_id = o.id AND ob.blob_id <> $2), 0) FROM owners o WHERE o.id = $1 FOR UPDATE`, u.owner, id).Scan(&used); err != nil {
+			return err
+		}
+		if used+u.size > u.quota {
+			return &QuotaError{Quota: u.quota, Used: used, Size: u.size}
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO blobs (id, key, size, chunk_bytes, archive) VALUES ($1, $2, $3, $4, $5)
+			ON CONFLICT (id) DO UPDATE SET archive = blobs.archive OR excluded.archive`, id, u.key, u.size, BlobChunkBytes, archive); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM blob_uploads WHERE key = $1`, u.key); err != nil {
+			return err
+		}
+		// xmax is 0 on a row the statement inserted, not on one it updated.
+		if err := tx.QueryRow(ctx, `INSERT INTO owner_blobs (owner_id, blob_id, name) VALUES ($1, $2, $3)
+			ON CONFLICT (owner_id, blob_id) DO UPDATE SET name = excluded.name RETURNING xmax = 0, created_at`,
+			u.owner, id, name).Scan(&created, &b.CreatedAt); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT size, archive FROM blobs WHERE id = $1`, id).Scan(&b.Size, &b.Archive)
+	})
+	if err != nil {
+		u.Abort(ctx)
+		return b, false, fmt.Errorf("store data %s: %w", id, err)
+	}
+	b.ID, b.Name = id, name
+	// The bytes were there already: this upload's chunks are garbage.
+	u.dropChunks(ctx)
+	return b, created, nil
+}
+
+// Abort removes what the upload wrote. It runs on a context of its own, so
+// that an upload cut off by its client is still cleaned up.
+func (u *BlobUpload) Abort(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	_, _ = u.s.pool.Exec(ctx, `DELETE FROM blob_uploads WHERE key = $1`, u.key)
+	u.dropChunks(ctx)
+}
+
+// dropChunks removes the upload's chunks unless a blob owns them.
+func (u *BlobUpload) dropChunks(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	_, _ = u.s.pool.Exec(ctx, `DELETE FROM blob_chunks WHERE blob_key = $1 AND NOT EXISTS (SELECT 1 FROM blobs WHERE key = $1)`, u.key)
+}
+
+// OwnerBlob returns the owner's blob id, or ErrNotFound when the owner has
+// not pushed it (whether or not another owner has).
+func (s *Store) OwnerBlob(ctx context.Context, ownerID int64, id string) (Blob, error) {
+	b := Blob{ID: id}
+	err := s.pool.QueryRow(ctx, `SELECT ob.name, b.size, b.archive, ob.created_at FROM owner_blobs ob JOIN blobs b ON b.id = ob.blob_id
+		WHERE ob.owner_id = $1 AND ob.blob_id = $2`, ownerID, id).Scan(&b.Name, &b.Size, &b.Archive, &b.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return b, ErrNotFound
+	}
+	if err != nil {
+		return b, fmt.Errorf("look up data %s: %w", id, err)
+	}
+	return b, nil
+}
+
+// OwnerBlobs returns those of ids the owner has pushed, by id; an id
+// missing from the map is one the owner cannot use.
+func (s *Store) OwnerBlobs(ctx context.Context, ownerID int64, ids []string) (map[string]Blob, error) {
+	rows, err := s.pool.Query(ctx, `SELECT b.id, ob.name, b.size, b.archive, ob.created_at FROM owner_blobs ob JOIN blobs b ON b.id = ob.blob_id
+		WHERE ob.owner_id = $1 AND ob.blob_id = ANY($2)`, ownerID, ids)
+	if err != nil {
+		return nil, fmt.Errorf("look up data: %w", err)
+	}
+	bs, err := pgx.CollectRows(rows, scanBlob)
+	if err != nil {
+		return nil, fmt.Errorf("look up data: %w", err)
+	}
+	m := make(map[string]Blob, len(bs))
+	for _, b := range bs {
+		m[b.ID] = b
+	}
+	return m, nil
+}
+
+func scanBlob(r pgx.CollectableRow) (Blob, error) {
+	var b Blob
+	err := r.Scan(&b.ID, &b.Name, &b.Size, &b.Archive, &b.CreatedAt)
+	return b, err
+}
+
+// Blobs lists the blobs an owner has pushed, newest first.
+func (s *Store) Blobs(ctx context.Context, ownerID int64) ([]Blob, error) {
+	rows, err := s.pool.Query(ctx, `SELECT b.id, ob.name, b.size, b.archive, ob.created_at FROM owner_blobs ob JOIN blobs b ON b.id = ob.blob_id
+		WHERE ob.owner_id = $1 ORDER BY ob.created_at DESC, b.id`, ownerID)
+	if err != nil {
+		return nil, fmt.Errorf("list data: %w", err)
+	}
+	bs, err := pgx.CollectRows(rows, scanBlob)
+	if err != nil {
+		return nil, fmt.Errorf("list data: %w", err)
+	}
+	return bs, nil
+}
+
+// RemoveBlob takes a blob off the owner's list (and out of its quota), or
+// returns ErrNotFound. The bytes stay while a workflow reads them or
+// another owner has the blob; CollectBlobGarbage removes them after.
+func (s *Store) RemoveBlob(ctx context.Context, ownerID int64, id string) error {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM owner_blobs WHERE owner_id = $1 AND blob_id = $2`, ownerID, id)
+	if err != nil {
+		return fmt.Errorf("remove data %s: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrNotFound
+	}
+	return nil
+}
+
+// CollectBlobGarbage removes blobs that no owner and no workflow holds,
+// and the chunks of uploads that wrote nothing for StaleBlobUpload (their
+// client went away and the server that served it died before cleaning up).
+// It returns how many blobs and uploads it removed.
+func (s *Store) CollectBlobGarbage(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.tx(ctx, func(tx pgx.Tx) error {
+		n = 0
+		rows, err := tx.Query(ctx, `DELETE FROM blobs b WHERE NOT EXISTS (SELECT 1 FROM owner_blobs ob WHERE ob.blob_id = b.id)
+			AND NOT EXISTS (SELECT 1 FROM workflow_blobs wb WHERE wb.blob_id = b.id) RETURNING key`)
+		if err != nil {
+			return err
+		}
+		keys, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		stale, err := tx.Query(ctx, `DELETE FROM blob_uploads WHERE touched_at < now() - $1::interval RETURNING key`, StaleBlobUpload)
+		if err != nil {
+			return err
+		}
+		staleKeys, err := pgx.CollectRows(stale, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		keys = append(keys, staleKeys...)
+		n = int64(len(keys))
+		if len(keys) == 0 {
+			return nil
+		}
+		_, err = tx.Exec(ctx, `DELETE FROM blob_chunks WHERE blob_key = ANY($1)`, keys)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("collect data garbage: %w", err)
+	}
+	return n, nil
+}
+
+// BlobReader reads a stored blob a chunk at a time; it is an io.ReadSeeker
+// (for http.ServeContent and its ranges). It holds one chunk in memory.
+type BlobReader struct {
+	s          *Store
+	ctx        context.Context
+	key        int64
+	size       int64
+	chunkBytes int64
+	pos        int64
+	seq        int64 // the chunk in buf; -1: none
+	buf        []byte
+}
+
+// OpenBlob opens blob id for reading, whoever pushed it, or returns
+// ErrNotFound. ctx bounds every read.
+func (s *Store) OpenBlob(ctx context.Context, id string) (*BlobReader, error) {
+	r := &BlobReader{s: s, ctx: ctx, seq: -1}
+	err := s.pool.QueryRow(ctx, `SELECT key, size, chunk_bytes FROM blobs WHERE id = $1`, id).Scan(&r.key, &r.size, &r.chunkBytes)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open data %s: %w", id, err)
+	}
+	return r, nil
+}
+
+// Size is the blob's size in bytes.
+func (r *BlobReader) Size() int64 { return r.size }
+
+// Read implements io.Reader.
+func (r *BlobReader) Read(p []byte) (int, error) {
+	if r.pos >= r.size {
+		return 0, io.EOF
+	}
+	seq := r.pos / r.chunkBytes
+	if seq != r.seq {
+		r.seq = -1
+		if err := r.s.pool.QueryRow(r.ctx, `SELECT data FROM blob_chunks WHERE blob_key = $1 AND seq = $2`, r.key, seq).Scan(&r.buf); err != nil {
+			return 0, fmt.Errorf("read data chunk %d: %w", seq, err)
+		}
+		r.seq = seq
+	}
+	off := r.pos - seq*r.chunkBytes
+	if off >= int64(len(r.buf)) {
+		return 0, fmt.Errorf("read data chunk %d: %d bytes, want more than %d", seq, len(r.buf), off)
+	}
+	n := copy(p, r.buf[off:])
+	r.pos += int64(n)
+	return n, nil
+}
+
+// Seek implements io.Seeker.
+func (r *BlobReader) Seek(offset int64, whence int) (int64, error) {
+	switch whence {
+	case io.SeekStart:
+	case io.SeekCurrent:
+		offset += r.pos
+	case io.SeekEnd:
+		offset += r.size
+	default:
+		return 0, errors.New("seek data: bad whence")
+	}
+	if offset < 0 {
+		return 0, errors.New("seek data: negative position")
+	}
+	r.pos = offset
+	return offset, nil
+}
+
+// Secret returns the shared secret called name, of n random bytes made by
+// the first replica that asked for it.
+func (s *Store) Secret(ctx context.Context, name string, n int) ([]byte, error) {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	var v []byte
+	err := s.pool.QueryRow(ctx, `WITH ins AS (INSERT INTO secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING RETURNING value)
+		SELECT value FROM ins UNION ALL SELECT value FROM secrets WHERE name = $1`, name, b).Scan(&v)
+	if err != nil {
+		return nil, fmt.Errorf("read secret %s: %w", name, err)
+	}
+	return v, nil
+}

@@ -1,0 +1,242 @@
+package server
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/archive"
+	"github.com/cyclepool/cyclepool/internal/store"
+	"github.com/cyclepool/cyclepool/internal/workflow"
+)
+
+// MaxBlobNameBytes bounds the file name a blob is pushed with.
+const MaxBlobNameBytes = 255
+
+// blobKeys signs the capabilities with which workers download blobs
+// (blobToken). The key is a secret every replica shares (store.Secret),
+// read once.
+type blobKeys struct {
+	mu  sync.Mutex
+	key []byte
+}
+
+// blobToken returns the capability for blob id: workers download
+// /blobs/ID?k=TOKEN, which the server gives only in the assignments of
+// tasks that read the blob. It is the same for every worker and never
+// expires (blobs are immutable), so caches near the workers can keep the
+// bytes under one address.
+func (s *Server) blobToken(ctx context.Context, id string) (string, error) {
+	s.blobKeys.mu.Lock()
+	defer s.blobKeys.mu.Unlock()
+	if s.blobKeys.key == nil {
+		k, err := s.store.Secret(ctx, "blob-token", 32)
+		if err != nil {
+			return "", err
+		}
+		s.blobKeys.key = k
+	}
+	m := hmac.New(sha256.New, s.blobKeys.key)
+	m.Write([]byte(id))
+	return hex.EncodeToString(m.Sum(nil)[:16]), nil
+}
+
+// handleWorkerBlob serves a blob to a worker holding its capability, with
+// ranges (an interrupted download resumes) and caching forever. A wrong
+// capability answers exactly as an absent blob.
+func (s *Server) handleWorkerBlob(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	want, err := s.blobToken(r.Context(), id)
+	if err != nil {
+		s.serverError(w, "read data", err)
+		return
+	}
+	if !workflow.IsModuleID(id) || !hmac.Equal([]byte(r.URL.Query().Get("k")), []byte(want)) {
+		http.Error(w, "no data "+id, http.StatusNotFound)
+		return
+	}
+	s.serveBlob(w, r, id, "public")
+}
+
+// serveBlob streams blob id, a chunk at a time.
+func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, id, cache string) {
+	br, err := s.store.OpenBlob(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) {
+		http.Error(w, "no data "+id, http.StatusNotFound)
+		return
+	}
+	if err != nil {
+		s.serverError(w, "read data", err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Cache-Control", cache+", max-age=31536000, immutable")
+	w.Header().Set("ETag", `"`+id+`"`)
+	http.ServeContent(w, r, "", time.Time{}, br)
+}
+
+// handlePushBlob stores the request's body as a blob: PUT
+// /api/v1/blobs/ID?name=NAME[&archive=1]. The body is streamed into the
+// database a chunk at a time; its hash must be ID. Nothing of a refused
+// or interrupted upload becomes visible.
+func (s *Server) handlePushBlob(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	id := r.PathValue("id")
+	if !workflow.IsModuleID(id) {
+		writeError(w, http.StatusBadRequest, "data id %q is not sha256: and 64 lower-case hex digits", id)
+		return
+	}
+	q := r.URL.Query()
+	name := q.Get("name")
+	if len(name) > MaxBlobNameBytes {
+		writeError(w, http.StatusBadRequest, "data name is longer than %d bytes", MaxBlobNameBytes)
+		return
+	}
+	isArchive := q.Get("archive") == "1" || q.Get("archive") == "true"
+	quota := s.cfg.DataQuota
+	if r.ContentLength > quota {
+		writeError(w, http.StatusRequestEntityTooLarge, "data of %d bytes is larger than the data quota of %s", r.ContentLength, byteSize(quota))
+		return
+	}
+	u, err := s.store.BeginBlobUpload(r.Context(), owner.ID, quota, r.ContentLength)
+	if s.blobRefused(w, err) {
+		return
+	}
+	body := http.MaxBytesReader(w, r.Body, quota+1)
+	// An archive is checked as it streams by, in a goroutine of its own
+	// reading what the upload wrote; its refusal stops the upload.
+	var check chan error
+	var pw *io.PipeWriter
+	var src io.Reader = body
+	if isArchive {
+		var pr *io.PipeReader
+		pr, pw = io.Pipe()
+		check = make(chan error, 1)
+		go func() {
+			err := archive.Check(pr)
+			if err == nil {
+				_, err = io.Copy(io.Discard, pr) // tar's trailing padding
+			}
+			pr.CloseWithError(err)
+			check <- err
+		}()
+		src = io.TeeReader(body, checkPipe{pw})
+	}
+	_, err = u.ReadFrom(r.Context(), src)
+	var refused error // the archive's refusal
+	if pw != nil {
+		pw.CloseWithError(err)
+		if cerr := <-check; err == nil || errors.Is(err, errArchiveRefused) {
+			refused = cerr
+		}
+	}
+	if refused != nil {
+		u.Abort(r.Context())
+		writeError(w, http.StatusBadRequest, "%v; nothing stored", refused)
+		return
+	}
+	if err != nil {
+		u.Abort(r.Context())
+		if s.blobRefused(w, err) {
+			return
+		}
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, "data is larger than the data quota of %s", byteSize(quota))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "upload cut off after %d bytes: %v; nothing stored", u.Size(), err)
+		return
+	}
+	if got := u.ID(); got != id {
+		u.Abort(r.Context())
+		writeError(w, http.StatusBadRequest, "the data's sha256 is %s, not %s (changed or cut off on the way); nothing stored", got, id)
+		return
+	}
+	b, created, err := u.Commit(r.Context(), name, isArchive)
+	if s.blobRefused(w, err) {
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, b)
+}
+
+// errArchiveRefused stops an upload whose archive check failed.
+var errArchiveRefused = errors.New("the archive was refused")
+
+// checkPipe feeds an archive's check; once the check has refused the
+// archive, writing fails with errArchiveRefused.
+type checkPipe struct{ pw *io.PipeWriter }
+
+func (c checkPipe) Write(p []byte) (int, error) {
+	n, err := c.pw.Write(p)
+	if err != nil {
+		return n, errArchiveRefused
+	}
+	return n, nil
+}
+
+// blobRefused answers an upload's error, if any, and reports whether it
+// did.
+func (s *Server) blobRefused(w http.ResponseWriter, err error) bool {
+	var qe *store.QuotaError
+	switch {
+	case err == nil:
+		return false
+	case errors.As(err, &qe):
+		writeError(w, http.StatusRequestEntityTooLarge, "%v; nothing stored", qe)
+	case errors.Is(err, store.ErrTooManyUploads):
+		w.Header().Set("Retry-After", "10")
+		writeError(w, http.StatusTooManyRequests, "%v", store.ErrTooManyUploads)
+	default:
+		s.serverError(w, "store data", err)
+	}
+	return true
+}
+
+// handleBlob answers HEAD and GET /api/v1/blobs/ID for the blob's owner:
+// whether it is there (a client skips what is), and its bytes. Another
+// owner's blob answers exactly as an absent one.
+func (s *Server) handleBlob(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	id := r.PathValue("id")
+	b, err := s.store.OwnerBlob(r.Context(), owner.ID, id)
+	if err != nil {
+		s.notFoundOr(w, "data "+id, err)
+		return
+	}
+	w.Header().Set("X-Cyclepool-Name", b.Name)
+	w.Header().Set("X-Cyclepool-Archive", strconv.FormatBool(b.Archive))
+	s.serveBlob(w, r, id, "private")
+}
+
+// handleBlobs lists the owner's blobs.
+func (s *Server) handleBlobs(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	bs, err := s.store.Blobs(r.Context(), owner.ID)
+	if err != nil {
+		s.serverError(w, "list data", err)
+		return
+	}
+	if bs == nil {
+		bs = []store.Blob{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"blobs": bs})
+}
+
+// handleRemoveBlob takes a blob off the owner's list and quota.
+func (s *Server) handleRemoveBlob(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	id := r.PathValue("id")
+	if err := s.store.RemoveBlob(r.Context(), owner.ID, id); err != nil {
+		s.notFoundOr(w, "data "+id, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
