@@ -25,10 +25,10 @@ import (
 
 // blobServer is a Server on a fresh database with two owners.
 type blobServer struct {
-	srv          *Server
-	url          string
-	alice, bob   string // owner tokens
-	db           *pgx.Conn
+	srv        *Server
+	url        string
+	alice, bob string // owner tokens
+	db         *pgx.Conn
 }
 
 func newBlobServer(t *testing.T, cfg Config) *blobServer {
