@@ -1,6 +1,9 @@
 package protocol
 
-import "strconv"
+import (
+	"encoding/json"
+	"strconv"
+)
 
 // encodeFast writes the JSON header of the most frequent frames, assign,
 // result and ack, byte for byte as json.Marshal would, without reflection:
@@ -156,6 +159,15 @@ func (e *fastEncoder) assign(a *Assign) {
 	e.int(`},"ckpt_ms":`, a.CkptMS)
 	e.raw(`,"priority":`)
 	e.str(a.Priority)
+	if a.Setup != nil {
+		// Rare, and small next to what it sets up: the standard encoder.
+		b, err := json.Marshal(a.Setup)
+		if err != nil {
+			b = []byte("null")
+		}
+		e.raw(`,"setup":`)
+		e.buf = append(e.buf, b...)
+	}
 	e.raw("}")
 }
 

@@ -137,6 +137,39 @@ type Assign struct {
 	Limits   Limits   `json:"limits"`   //
 	CkptMS   int64    `json:"ckpt_ms"`  // wanted checkpoint interval; 0 = never due
 	Priority string   `json:"priority"` // "interactive" or "batch"
+	// Setup is the task's environment and file system beyond /in and
+	// /out (docs/DATA.md); nil for most tasks.
+	Setup *Setup `json:"setup,omitempty"`
+}
+
+// Setup is a task's environment, working directory and the files mounted
+// into its file system, as the workflow file's env, cwd, files and outputs
+// give them (docs/WORKFLOW.md).
+type Setup struct {
+	Env []string `json:"env,omitempty"` // "NAME=value", sorted by name
+	Cwd string   `json:"cwd,omitempty"` // absolute; "" is "/"
+	// Files are sorted by path, so that a mount inside another comes
+	// after it. An input from an upstream task is not here: it travels
+	// as an entry of Assign.Inputs named by its absolute path.
+	Files []File `json:"files,omitempty"`
+	// Outputs are paths outside /out whose files are outputs too, named
+	// by their absolute path.
+	Outputs []string `json:"outputs,omitempty"`
+	// ScratchBytes bounds what the task writes outside /out.
+	ScratchBytes int64 `json:"scratch_bytes,omitempty"`
+}
+
+// File is one entry of a task's file system: inline Data, or the blob
+// Blob of Size bytes, which the worker downloads from URL (relative to
+// the server's address) and checks against its hash.
+type File struct {
+	Path     string  `json:"path"`
+	Data     *string `json:"data,omitempty"`
+	Blob     string  `json:"blob,omitempty"`
+	Size     int64   `json:"size,omitempty"`
+	URL      string  `json:"url,omitempty"`
+	Archive  bool    `json:"archive,omitempty"`  // a tar archive unpacked at Path
+	Writable bool    `json:"writable,omitempty"` // the task writes a private copy
 }
 
 // Progress reports one running attempt in a heartbeat.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -22,15 +23,29 @@ type fileJSON struct {
 }
 
 type taskJSON struct {
-	Name               string             `json:"name"`
-	Module             string             `json:"module"`
-	Args               []string           `json:"args,omitempty"`
-	Inputs             map[string]refJSON `json:"inputs,omitempty"`
-	Stdin              *stdinJSON         `json:"stdin,omitempty"`
-	Timeout            *string            `json:"timeout,omitempty"`
-	MaxAttempts        *int               `json:"max_attempts,omitempty"`
-	Limits             *limitsJSON        `json:"limits,omitempty"`
-	CheckpointInterval *string            `json:"checkpoint_interval,omitempty"`
+	Name               string                     `json:"name"`
+	Module             string                     `json:"module"`
+	Args               []string                   `json:"args,omitempty"`
+	Inputs             map[string]refJSON         `json:"inputs,omitempty"`
+	Stdin              *stdinJSON                 `json:"stdin,omitempty"`
+	Timeout            *string                    `json:"timeout,omitempty"`
+	MaxAttempts        *int                       `json:"max_attempts,omitempty"`
+	Limits             *limitsJSON                `json:"limits,omitempty"`
+	CheckpointInterval *string                    `json:"checkpoint_interval,omitempty"`
+	Env                map[string]string          `json:"env,omitempty"`
+	Cwd                *string                    `json:"cwd,omitempty"`
+	Files              map[string]*fileSourceJSON `json:"files,omitempty"`
+	Outputs            []string                   `json:"outputs,omitempty"`
+}
+
+// fileSourceJSON is what a path of a task's file system holds.
+type fileSourceJSON struct {
+	Blob     *string `json:"blob,omitempty"`
+	Archive  *bool   `json:"archive,omitempty"`
+	Writable *bool   `json:"writable,omitempty"`
+	Data     *string `json:"data,omitempty"`
+	From     *string `json:"from,omitempty"`
+	Output   *string `json:"output,omitempty"`
 }
 
 type refJSON struct {
@@ -45,9 +60,10 @@ type stdinJSON struct {
 }
 
 type limitsJSON struct {
-	MemoryMiB *int `json:"memory_mib,omitempty"`
-	OutputMiB *int `json:"output_mib,omitempty"`
-	LogKiB    *int `json:"log_kib,omitempty"`
+	MemoryMiB  *int `json:"memory_mib,omitempty"`
+	OutputMiB  *int `json:"output_mib,omitempty"`
+	LogKiB     *int `json:"log_kib,omitempty"`
+	ScratchMiB *int `json:"scratch_mib,omitempty"`
 }
 
 // Parse parses and validates a workflow file. A refused file gives an *Error
@@ -382,6 +398,19 @@ func (s *Spec) buildTask(i int, tj *taskJSON) error {
 	if t.CheckpointInterval, msg = parseDuration(tj.CheckpointInterval, DefaultCheckpointInterval, MinCheckpointTime, MaxTimeout); msg != "" {
 		return fail("checkpoint_interval", msg)
 	}
+	if n, msg = intField(l.ScratchMiB, DefaultScratchMiB, 1, MaxScratchMiB); msg != "" {
+		return fail("limits.scratch_mib", msg)
+	}
+	t.ScratchBytes = int64(n) << 20
+	if field, msg := s.buildSetup(i, tj, t); msg != "" {
+		return fail(field, msg)
+	}
+	for _, f := range t.Files {
+		if f.Source != nil && !slices.Contains(s.deps[i], f.Source.Task) {
+			s.deps[i] = append(s.deps[i], f.Source.Task)
+		}
+	}
+	sort.Ints(s.deps[i])
 	return nil
 }
 

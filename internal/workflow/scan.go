@@ -23,6 +23,7 @@ const (
 	tObject // fixed fields
 	tMap    // any keys, values of one schema
 	tArray
+	tBool
 )
 
 type node struct {
@@ -36,7 +37,9 @@ var schema = func() *node {
 	num := &node{typ: tInt}
 	ref := &node{typ: tObject, fields: map[string]*node{"from": str, "output": str}}
 	stdin := &node{typ: tObject, fields: map[string]*node{"from": str, "output": str, "data": str}}
-	limits := &node{typ: tObject, fields: map[string]*node{"memory_mib": num, "output_mib": num, "log_kib": num}}
+	boolean := &node{typ: tBool}
+	limits := &node{typ: tObject, fields: map[string]*node{"memory_mib": num, "output_mib": num, "log_kib": num, "scratch_mib": num}}
+	file := &node{typ: tObject, fields: map[string]*node{"blob": str, "archive": boolean, "writable": boolean, "data": str, "from": str, "output": str}}
 	task := &node{typ: tObject, fields: map[string]*node{
 		"name":                str,
 		"module":              str,
@@ -47,6 +50,10 @@ var schema = func() *node {
 		"max_attempts":        num,
 		"limits":              limits,
 		"checkpoint_interval": str,
+		"env":                 {typ: tMap, elem: str},
+		"cwd":                 str,
+		"files":               {typ: tMap, elem: file},
+		"outputs":             {typ: tArray, elem: str},
 	}}
 	return &node{typ: tObject, fields: map[string]*node{
 		"name":     str,
@@ -180,6 +187,7 @@ var typeWord = map[nodeType]string{
 	tObject: "an object",
 	tMap:    "an object",
 	tArray:  "an array",
+	tBool:   "true or false",
 }
 
 // value reads one value that must match n.
@@ -197,6 +205,11 @@ func (s *scanner) value(n *node) error {
 	switch n.typ {
 	case tString:
 		if _, ok := tok.(string); !ok {
+			return wrong()
+		}
+		return nil
+	case tBool:
+		if _, ok := tok.(bool); !ok {
 			return wrong()
 		}
 		return nil

@@ -30,6 +30,13 @@ const (
 	MaxLogKiB         = 8192
 	MinCheckpointTime = time.Second
 	MaxReplicas       = 16 // replicas of a task started at first (result verification)
+	MaxEnv            = 256
+	MaxEnvBytes       = 64 << 10 // names and values of one task together
+	MaxFiles          = 1000     // entries of one task's files
+	MaxDataBytes      = 1 << 20  // inline data of one task's files together
+	MaxPathLen        = 4096
+	MaxOutputPaths    = 100
+	MaxScratchMiB     = 64 << 10
 )
 
 // Defaults applied to fields left out of a task.
@@ -41,6 +48,7 @@ const (
 	DefaultLogKiB             = 1024
 	DefaultCheckpointInterval = 30 * time.Second
 	DefaultOutput             = "stdout"
+	DefaultScratchMiB         = 1024
 )
 
 // WasmPageSize is the size of a WebAssembly memory page in bytes.
@@ -117,6 +125,37 @@ type TaskSpec struct {
 	OutputBytes        int64 // limit of all outputs together
 	LogBytes           int64 // stderr kept as the task's log
 	CheckpointInterval time.Duration
+	// Env holds the task's environment variables as "NAME=value", sorted
+	// by name.
+	Env []string
+	// Cwd is the task's working directory, "/" by default.
+	Cwd string
+	// Files are the entries of the task's file system beyond /in and
+	// /out, sorted by path.
+	Files []File
+	// Outputs are the paths outside /out whose files are outputs too.
+	Outputs []string
+	// ScratchBytes bounds what the task writes outside /out.
+	ScratchBytes int64
+}
+
+// File is one entry of a task's file system at Path, an absolute clean
+// path: inline Data, the blob Blob (an id or, before the CLI pushed it, a
+// path), or an upstream task's output Source. Archive blobs are unpacked
+// as a directory tree; Writable ones are copied for the task to change.
+type File struct {
+	Path     string
+	Data     *string
+	Blob     string
+	Archive  bool
+	Writable bool
+	Source   *Source
+}
+
+// HasSetup reports whether the task has an environment or files of its own
+// (its assignment then carries a protocol.Setup).
+func (t *TaskSpec) HasSetup() bool {
+	return len(t.Env) > 0 || t.Cwd != "/" || len(t.Files) > 0 || len(t.Outputs) > 0
 }
 
 // MemoryPages is the memory limit in 64 KiB WebAssembly pages.

@@ -66,7 +66,7 @@ func TestDefaults(t *testing.T) {
 		Name: "a", Module: "a.wasm", Args: []string{},
 		Timeout: time.Hour, MaxAttempts: 3,
 		MemoryBytes: 256 << 20, OutputBytes: 64 << 20, LogBytes: 1024 << 10,
-		CheckpointInterval: 30 * time.Second,
+		CheckpointInterval: 30 * time.Second, Cwd: "/", ScratchBytes: 1 << 30,
 	}
 	got.Args = []string{}
 	if !reflect.DeepEqual(got, want) {

@@ -3,6 +3,7 @@ package headless
 import (
 	"bufio"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -156,7 +157,13 @@ func appendAssign(b []byte, a *protocol.Assign) []byte {
 	b = appendInt(b, a.Limits.OutputBytes)
 	b = appendInt(b, a.Limits.LogBytes)
 	b = appendInt(b, a.CkptMS)
-	return appendString(b, a.Priority)
+	b = appendString(b, a.Priority)
+	// The setup is rare: JSON, empty when there is none.
+	var setup []byte
+	if a.Setup != nil {
+		setup, _ = json.Marshal(a.Setup)
+	}
+	return appendBytes(b, setup)
 }
 
 // wireBuf reads fields; the first error sticks and later reads return
@@ -304,6 +311,12 @@ func (d *wireBuf) assign() *protocol.Assign {
 	a.Limits.LogBytes = d.int()
 	a.CkptMS = d.int()
 	a.Priority = d.string()
+	if setup := d.raw(); len(setup) > 0 {
+		a.Setup = new(protocol.Setup)
+		if err := json.Unmarshal(setup, a.Setup); err != nil {
+			d.fail("setup")
+		}
+	}
 	return a
 }
 
