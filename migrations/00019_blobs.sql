@@ -56,6 +56,10 @@ CREATE TABLE workflow_blobs (
 );
 CREATE INDEX workflow_blobs_blob ON workflow_blobs (blob_id);
 
+-- A task's environment and file system beyond /in and /out: the
+-- protocol.Setup of its assignments, as JSON (NULL for most tasks).
+ALTER TABLE tasks ADD COLUMN setup jsonb;
+
 -- Secrets every replica shares, made by the first replica that needs one.
 CREATE TABLE secrets (
     name        text PRIMARY KEY,
@@ -63,5 +67,6 @@ CREATE TABLE secrets (
 );
 
 -- +goose Down
+ALTER TABLE tasks DROP COLUMN setup;
 DROP TABLE secrets, workflow_blobs, owner_blobs, blob_chunks, blobs, blob_uploads;
 DROP SEQUENCE blob_keys;

@@ -134,7 +134,7 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		writeError(w, http.StatusRequestEntityTooLarge, "workflow file is larger than %d MiB", workflow.MaxFileSize>>20)
 		return
 	}
-	spec, we, err := s.checkSubmission(r.Context(), owner, body)
+	spec, blobs, we, err := s.checkSubmission(r.Context(), owner, body)
 	if err != nil {
 		s.serverError(w, "check modules", err)
 		return
@@ -143,7 +143,12 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		writeJSON(w, http.StatusBadRequest, apiError{Error: we.Error(), Task: we.Task, Field: we.Field})
 		return
 	}
-	id, err := s.submit(r.Context(), owner.ID, toNewWorkflow(spec, s.cfg.Verify.MaxReplicas))
+	nw, err := s.toNewWorkflow(r.Context(), spec, blobs)
+	if err != nil {
+		s.serverError(w, "create workflow", err)
+		return
+	}
+	id, err := s.submit(r.Context(), owner.ID, nw)
 	if err != nil {
 		s.wake() // it may have committed, its notification lost with the connection
 		s.serverError(w, "create workflow", err)
@@ -155,12 +160,25 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 
 // checkSubmission runs every check a submission must pass before anything
 // is written: the size, workflow.Parse (fields, names, cycles, inputs),
-// modules given as ids rather than paths, and modules the owner has
-// pushed. The API's submit handler and the dashboard's Check button both
+// modules and data given as ids rather than paths, and modules and data
+// the owner has pushed (returned by id). The API's submit handler and the dashboard's Check button both
 // call it, so their rules cannot drift apart. A refusal comes back as a
 // *workflow.Error naming the task and field; err is for the server's own
 // failures.
-func (s *Server) checkSubmission(ctx context.Context, owner store.Owner, body []byte) (*workflow.Spec, *workflow.Error, error) {
+func (s *Server) checkSubmission(ctx context.Context, owner store.Owner, body []byte) (*workflow.Spec, map[string]store.Blob, *workflow.Error, error) {
+	spec, we, err := s.checkModules(ctx, owner, body)
+	if spec == nil {
+		return nil, nil, we, err
+	}
+	blobs, we, err := s.checkBlobs(ctx, owner, spec)
+	if we != nil || err != nil {
+		return nil, nil, we, err
+	}
+	return spec, blobs, nil, nil
+}
+
+// checkModules is checkSubmission up to the modules.
+func (s *Server) checkModules(ctx context.Context, owner store.Owner, body []byte) (*workflow.Spec, *workflow.Error, error) {
 	if len(body) > workflow.MaxFileSize {
 		return nil, &workflow.Error{Msg: fmt.Sprintf("workflow file is larger than %d MiB", workflow.MaxFileSize>>20)}, nil
 	}
@@ -206,9 +224,20 @@ func firstTaskWithModule(spec *workflow.Spec, m string) int {
 	return 0
 }
 
-// toNewWorkflow is the store's form of a parsed workflow; a replicated one
-// may make up to maxReplicas replicas of a task at least (Config.Verify).
-func toNewWorkflow(spec *workflow.Spec, maxReplicas int) *store.NewWorkflow {
+// toNewWorkflow is the store's form of a parsed workflow, whose tasks read
+// blobs; a replicated one may make up to Config.Verify.MaxReplicas
+// replicas of a task at least.
+func (s *Server) toNewWorkflow(ctx context.Context, spec *workflow.Spec, blobs map[string]store.Blob) (*store.NewWorkflow, error) {
+	nw, err := toNewWorkflow(spec, s.cfg.Verify.MaxReplicas, blobs, func(id string) (string, error) { return s.blobToken(ctx, id) })
+	if err != nil {
+		return nil, fmt.Errorf("set up the tasks' files: %w", err)
+	}
+	return nw, nil
+}
+
+// toNewWorkflow is Server.toNewWorkflow with the blobs' capabilities from
+// token.
+func toNewWorkflow(spec *workflow.Spec, maxReplicas int, blobs map[string]store.Blob, token func(id string) (string, error)) (*store.NewWorkflow, error) {
 	nw := &store.NewWorkflow{Name: spec.Name, Priority: string(spec.Priority), Tasks: make([]store.NewTask, len(spec.Tasks)),
 		Replicas: spec.Replicas, Quorum: spec.Quorum}
 	if spec.Replicas > 1 || spec.Quorum > 1 {
@@ -235,9 +264,25 @@ func toNewWorkflow(spec *workflow.Spec, maxReplicas int) *store.NewWorkflow {
 				nt.Stdin = []byte(t.Stdin.Data)
 			}
 		}
+		if t.HasSetup() {
+			setup, err := toSetup(&t, blobs, token)
+			if err != nil {
+				return nil, err
+			}
+			if nt.Setup, err = json.Marshal(setup); err != nil {
+				return nil, err
+			}
+			for _, f := range t.Files {
+				if f.Source != nil {
+					// An upstream output at a path: an input named by it.
+					nt.Inputs = append(nt.Inputs, store.NewInput{Name: f.Path, From: f.Source.Task, Output: f.Source.Output})
+				}
+			}
+		}
 		nw.Tasks[i] = nt
 	}
-	return nw
+	nw.Blobs = spec.BlobIDs()
+	return nw, nil
 }
 
 // taskSeed returns the seed of the deterministic clocks and random source

@@ -1,12 +1,14 @@
 package server
 
 import (
+	"encoding/json"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/cyclepool/cyclepool/internal/fill"
+	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/store"
 )
 
@@ -25,7 +27,16 @@ func TestToAssignSetsEveryField(t *testing.T) {
 			}
 		}
 	}
+	// The setup is JSON, as the submission wrote it.
+	var su protocol.Setup
+	if err := fill.Value(reflect.ValueOf(&su).Elem()); err != nil {
+		t.Fatal(err)
+	}
+	c.Setup, _ = json.Marshal(su)
 	a := toAssign(&c)
+	if !reflect.DeepEqual(a.Setup, &su) {
+		t.Errorf("toAssign's setup %+v, want %+v", a.Setup, su)
+	}
 	// Blob names of stdin and restore are not used (those blobs are
 	// data), and a blob's size is the encoder's to write.
 	unset := zeroFields(reflect.ValueOf(a), "Assign")

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/archive"
+	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/internal/workflow"
 )
@@ -239,4 +241,64 @@ func (s *Server) handleRemoveBlob(w http.ResponseWriter, r *http.Request, owner 
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// checkBlobs refuses a workflow whose files name data by path (the CLI
+// pushes paths first), data the owner has not pushed, or an archive mount
+// of data not pushed as an archive. It returns the owner's blobs by id.
+func (s *Server) checkBlobs(ctx context.Context, owner store.Owner, spec *workflow.Spec) (map[string]store.Blob, *workflow.Error, error) {
+	ids := spec.BlobIDs()
+	paths := spec.BlobPaths()
+	if len(ids) == 0 && len(paths) == 0 {
+		return nil, nil, nil
+	}
+	blobs, err := s.store.OwnerBlobs(ctx, owner.ID, ids)
+	if err != nil {
+		return nil, nil, fmt.Errorf("check data: %w", err)
+	}
+	for _, t := range spec.Tasks {
+		for _, f := range t.Files {
+			if f.Blob == "" {
+				continue
+			}
+			field := "files." + f.Path + ".blob"
+			b, ok := blobs[f.Blob]
+			switch {
+			case !workflow.IsModuleID(f.Blob):
+				return nil, &workflow.Error{Task: t.Name, Field: field,
+					Msg: fmt.Sprintf("data %q is a path: push it first and use its sha256: id (cyclepool submit pushes paths itself)", f.Blob)}, nil
+			case !ok:
+				return nil, &workflow.Error{Task: t.Name, Field: field,
+					Msg: fmt.Sprintf("unknown data %s: push it first (cyclepool data push FILE)", f.Blob)}, nil
+			case f.Archive && !b.Archive:
+				return nil, &workflow.Error{Task: t.Name, Field: field,
+					Msg: fmt.Sprintf("data %s was not pushed as an archive (cyclepool data push DIR, or --archive for a tar file)", f.Blob)}, nil
+			}
+		}
+	}
+	return blobs, nil, nil
+}
+
+// toSetup is the protocol.Setup of a task: its files' blobs with their
+// size and the address workers download them from.
+func toSetup(t *workflow.TaskSpec, blobs map[string]store.Blob, token func(id string) (string, error)) (*protocol.Setup, error) {
+	su := &protocol.Setup{Env: t.Env, Outputs: t.Outputs, ScratchBytes: t.ScratchBytes}
+	if t.Cwd != "/" {
+		su.Cwd = t.Cwd
+	}
+	for _, f := range t.Files {
+		if f.Source != nil {
+			continue // an input named by its path
+		}
+		pf := protocol.File{Path: f.Path, Data: f.Data, Archive: f.Archive, Writable: f.Writable}
+		if f.Blob != "" {
+			tok, err := token(f.Blob)
+			if err != nil {
+				return nil, err
+			}
+			pf.Blob, pf.Size, pf.URL = f.Blob, blobs[f.Blob].Size, "/blobs/"+f.Blob+"?k="+tok
+		}
+		su.Files = append(su.Files, pf)
+	}
+	return su, nil
 }

@@ -76,7 +76,8 @@ func (d dashboardBackend) API() http.Handler {
 // CheckWorkflow runs the very checks POST /api/v1/workflows makes before
 // it writes anything (Server.checkSubmission), without submitting.
 func (d dashboardBackend) CheckWorkflow(ctx context.Context, owner store.Owner, body []byte) (*workflow.Spec, *workflow.Error, error) {
-	return d.s.checkSubmission(ctx, owner, body)
+	spec, _, we, err := d.s.checkSubmission(ctx, owner, body)
+	return spec, we, err
 }
 
 // Status is the workflow's status, as GET /api/v1/workflows/{id} shows it.

@@ -12,6 +12,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -662,6 +663,13 @@ func toAssign(c *store.Claimed) protocol.Assign {
 	}
 	for _, in := range c.Inputs {
 		a.Inputs = append(a.Inputs, protocol.Blob{Name: in.Name, Data: in.Data})
+	}
+	if c.Setup != nil {
+		// Written by toNewWorkflow from a protocol.Setup: it decodes.
+		a.Setup = new(protocol.Setup)
+		if err := json.Unmarshal(c.Setup, a.Setup); err != nil {
+			a.Setup = nil
+		}
 	}
 	return a
 }

@@ -46,6 +46,9 @@ type Job struct {
 	// the page fetches and caches modules itself.
 	Fetch func(ctx context.Context) ([]byte, error)
 	Host  Host
+	// Server is the address of the server that assigned the attempt, to
+	// which the URLs of its data are relative.
+	Server string
 }
 
 // Outcome is how an attempt ended.

@@ -827,7 +827,7 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		var out *Outcome
 		if actx.Err() == nil {
 			a.host = host{w: w, a: a}
-			a.job = Job{Assign: as, ModuleID: as.Module, Host: &a.host, Fetch: w.moduleFetcher(server, as.Module)}
+			a.job = Job{Assign: as, ModuleID: as.Module, Host: &a.host, Fetch: w.moduleFetcher(server, as.Module), Server: server}
 			out = w.cfg.Runner.Run(actx, &a.job)
 		}
 		// Stopped (by HandBack, the server's cancel or a lost lease), not

@@ -30,6 +30,8 @@ type Claimed struct {
 	Seed        int64
 	Restore     []byte
 	Inputs      []Input
+	// Setup is the task's protocol.Setup as JSON, nil for most tasks.
+	Setup []byte
 	// Missing names an input whose upstream output does not exist; such an
 	// attempt must be failed instead of sent.
 	Missing string
@@ -288,7 +290,7 @@ func collectClaimed(br pgx.BatchResults) ([]Claimed, error) {
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claimed, error) {
 		var c Claimed
 		err := r.Scan(&c.Attempt, &worker, &c.TaskID, &wf, &c.Name, &module, &c.Args, &c.Stdin, &prio,
-			&c.TimeoutMS, &c.MemoryPages, &c.OutputBytes, &c.LogBytes, &c.CkptMS, &c.Seed, &c.Restore, &c.hasInputs)
+			&c.TimeoutMS, &c.MemoryPages, &c.OutputBytes, &c.LogBytes, &c.CkptMS, &c.Seed, &c.Restore, &c.Setup, &c.hasInputs)
 		c.Worker, c.WorkflowID, c.Module, c.Priority = in.of(worker), in.of(wf), in.of(module), in.of(prio)
 		return c, err
 	})
@@ -368,7 +370,7 @@ WITH p AS (
 // claimLockedCTE locks the picked tasks that are still ready.
 const claimLockedCTE = `, locked AS (
 	SELECT t.id, t.pending, t.attempts, t.avoid, t.failed_by, t.workflow_id, t.name, t.module_id, t.args, t.stdin, t.priority, t.timeout_ms, t.memory_pages,
-		t.output_bytes, t.log_bytes, t.ckpt_ms, t.seed,
+		t.output_bytes, t.log_bytes, t.ckpt_ms, t.seed, t.setup,
 		-- Replicas are independent: none resumes from a checkpoint that
 		-- another replica's worker saved.
 		CASE WHEN t.max_replicas > 1 THEN NULL ELSE t.checkpoint END AS checkpoint,
@@ -387,7 +389,7 @@ var claimReplicasCTEs = `, fit AS (
 	-- statistics of a table analyzed while small).
 	SELECT d.*, row_number() OVER (PARTITION BY d.task_id ORDER BY d.ord) AS k FROM (
 		SELECT DISTINCT ON (p.task_id, p.w) p.*, l.pending, l.workflow_id, l.name, l.module_id, l.args, l.stdin, l.priority,
-			l.timeout_ms, l.memory_pages, l.output_bytes, l.log_bytes, l.seed, l.checkpoint, l.checkpoint_seq, l.ckpt_ms AS task_ckpt_ms
+			l.timeout_ms, l.memory_pages, l.output_bytes, l.log_bytes, l.seed, l.setup, l.checkpoint, l.checkpoint_seq, l.ckpt_ms AS task_ckpt_ms
 		FROM p JOIN locked l ON l.id = p.task_id
 		LEFT JOIN LATERAL (SELECT 1 AS x FROM attempts a WHERE l.attempts > 0 AND a.task_id = p.task_id AND a.worker_id = p.w
 			AND a.state IN ('running', 'succeeded') AND NOT a.superseded LIMIT 1) ran ON true
@@ -399,7 +401,7 @@ var claimReplicasCTEs = `, fit AS (
 	-- the insert nor the result needs a join with another CTE's rows.
 	SELECT nextval('attempts_id_seq') AS attempt, o.* FROM (
 		SELECT fit.task_id, fit.w, fit.ckpt, fit.solo, fit.ord, fit.workflow_id, fit.name, fit.module_id, fit.args, fit.stdin,
-			fit.priority, fit.timeout_ms, fit.memory_pages, fit.output_bytes, fit.log_bytes, fit.seed, fit.checkpoint,
+			fit.priority, fit.timeout_ms, fit.memory_pages, fit.output_bytes, fit.log_bytes, fit.seed, fit.setup, fit.checkpoint,
 			fit.checkpoint_seq, CASE WHEN fit.ckpt > 0 THEN fit.ckpt ELSE fit.task_ckpt_ms END AS ckpt_ms
 		FROM fit WHERE fit.k <= fit.pending ORDER BY fit.ord
 	) o
@@ -419,7 +421,7 @@ var claimReplicasCTEs = `, fit AS (
 var claimOnePerTaskCTEs = `, ok AS (
 	SELECT nextval('attempts_id_seq') AS attempt, o.* FROM (
 		SELECT p.task_id, p.w, p.ckpt, p.solo, p.ord, l.workflow_id, l.name, l.module_id, l.args, l.stdin,
-			l.priority, l.timeout_ms, l.memory_pages, l.output_bytes, l.log_bytes, l.seed, l.checkpoint,
+			l.priority, l.timeout_ms, l.memory_pages, l.output_bytes, l.log_bytes, l.seed, l.setup, l.checkpoint,
 			l.checkpoint_seq, CASE WHEN p.ckpt > 0 THEN p.ckpt ELSE l.ckpt_ms END AS ckpt_ms
 		FROM p JOIN locked l ON l.id = p.task_id
 		LEFT JOIN LATERAL (SELECT 1 AS x FROM attempts a WHERE l.attempts > 0 AND a.task_id = p.task_id AND a.worker_id = p.w
@@ -447,6 +449,6 @@ const claimTailSQL = `, ins AS (
 	FROM (SELECT w AS worker_id, count(*) AS n FROM ok GROUP BY w ORDER BY w) c WHERE w.id = c.worker_id
 )
 SELECT ok.attempt, ok.w::text, ok.task_id, ok.workflow_id::text, ok.name, ok.module_id, ok.args, ok.stdin, ok.priority,
-	ok.timeout_ms, ok.memory_pages, ok.output_bytes, ok.log_bytes, ok.ckpt_ms, ok.seed, ok.checkpoint,
+	ok.timeout_ms, ok.memory_pages, ok.output_bytes, ok.log_bytes, ok.ckpt_ms, ok.seed, ok.checkpoint, ok.setup,
 	EXISTS (SELECT 1 FROM task_inputs ti WHERE ti.task_id = ok.task_id)
 FROM ok ORDER BY ok.attempt`

@@ -25,6 +25,9 @@ type NewWorkflow struct {
 	Replicas    int
 	Quorum      int
 	MaxReplicas int
+	// Blobs are the data blobs the tasks read (Setup), kept while the
+	// workflow is.
+	Blobs []string
 }
 
 // NewTask is one task of a NewWorkflow.
@@ -41,6 +44,8 @@ type NewTask struct {
 	OutputBytes int64
 	LogBytes    int64
 	CkptMS      int64
+	// Setup is the task's protocol.Setup as JSON, nil when it has none.
+	Setup []byte
 }
 
 // NewInput maps an output of an upstream task (by index in Tasks) to a file
@@ -127,10 +132,18 @@ func (s *Store) createLarge(ctx context.Context, ownerID int64, w *NewWorkflow) 
 				args = []string{}
 			}
 			rows[i] = []any{ids[i], uid, t.Name, t.Module, args, t.Stdin, w.Priority, state, deps, key,
-				t.MaxAttempts, t.TimeoutMS, t.MemoryPages, t.OutputBytes, t.LogBytes, t.CkptMS, t.Seed}
+				t.MaxAttempts, t.TimeoutMS, t.MemoryPages, t.OutputBytes, t.LogBytes, t.CkptMS, t.Seed, t.Setup}
 		}
 		if err := insertTasks(ctx, tx, rows); err != nil {
 			return err
+		}
+		if len(w.Blobs) > 0 {
+			// The blobs' keys keep them from collection while the
+			// workflow is.
+			if _, err := tx.Exec(ctx, `INSERT INTO workflow_blobs (workflow_id, blob_id) SELECT $1, b FROM unnest($2::text[]) b`,
+				uid, w.Blobs); err != nil {
+				return err
+			}
 		}
 		if w.Replicas > 1 || w.Quorum > 1 {
 			// Replicated tasks: a failed replica must not use up the
@@ -181,9 +194,18 @@ type SubmitPick struct {
 }
 
 // Claimable reports whether CreateWorkflowClaiming takes w: a small
-// workflow, written in one round trip.
+// workflow, written in one round trip, whose tasks have no setup (data
+// and files are written by createLarge only).
 func (w *NewWorkflow) Claimable() bool {
-	return len(w.Tasks) <= smallWorkflow
+	if len(w.Tasks) > smallWorkflow || len(w.Blobs) > 0 {
+		return false
+	}
+	for i := range w.Tasks {
+		if w.Tasks[i].Setup != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // CreateWorkflowClaiming is CreateWorkflow for a Claimable workflow whose
@@ -468,7 +490,7 @@ SELECT wf.id::text FROM wf CROSS JOIN LATERAL (SELECT CASE WHEN $25 <> '' THEN p
 
 // taskColumns are the columns of a row built by CreateWorkflow.
 var taskColumns = []string{"id", "workflow_id", "name", "module_id", "args", "stdin", "priority", "state", "deps_left", "sort_key",
-	"max_attempts", "timeout_ms", "memory_pages", "output_bytes", "log_bytes", "ckpt_ms", "seed"}
+	"max_attempts", "timeout_ms", "memory_pages", "output_bytes", "log_bytes", "ckpt_ms", "seed", "setup"}
 
 // insertTasks writes the task rows of a large workflow with COPY.
 func insertTasks(ctx context.Context, tx pgx.Tx, rows [][]any) error {

@@ -34,6 +34,8 @@ type attempt struct {
 	limits protocol.Limits
 	wall   time.Duration
 	dir    string // temp dir holding in/ and out/
+	ownDir bool   // dir is the attempt's own (not a slot's reused one): removed at the end
+	setup  *setupFS
 
 	stop     context.CancelCauseFunc // stops the module early, with a limit error
 	mem      *memoryLimit
@@ -88,7 +90,7 @@ func newAttempt(e *engine, job *wasmworker.Job, mod *compiled) *attempt {
 }
 
 func (a *attempt) cleanup() {
-	if a.e.slot != nil {
+	if a.e.slot != nil && !a.ownDir {
 		return // the slot's directories are reused; the slot empties them
 	}
 	if a.dir != "" {
@@ -108,7 +110,11 @@ func (a *attempt) fail(reason, format string, args ...any) *wasmworker.Outcome {
 
 func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 	as := a.job.Assign
-	if err := a.prepareDirs(); err != nil {
+	prepare := a.prepareDirs
+	if as.Setup != nil {
+		prepare = a.prepareSetup
+	}
+	if err := prepare(); err != nil {
 		var be *badInputError
 		if errors.As(err, &be) {
 			return a.fail(protocol.ReasonWorker, "bad assignment: %v", err)
@@ -165,7 +171,9 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 	a.stdin.Reset(as.Stdin.Data)
 
 	var cfg wazero.ModuleConfig
-	if a.e.slot != nil {
+	if as.Setup != nil {
+		cfg = a.setupModuleConfig()
+	} else if a.e.slot != nil {
 		// Attempts run one after the other: they share a configuration
 		// that reads the current one.
 		sc := a.e.slotCfg
@@ -332,6 +340,9 @@ func (a *attempt) exitOutcome(ctx, parent context.Context, ee *sys.ExitError) *w
 		return o
 	}
 	outputs, err := a.collectOutputs()
+	if err == nil && a.setup != nil {
+		outputs, err = a.collectSetupOutputs(outputs)
+	}
 	if err != nil {
 		var le *limitError
 		if errors.As(err, &le) {

@@ -333,6 +333,28 @@ type outCount struct {
 	stop    func(*limitError) // stops the attempt with that cause
 	bytes   int64
 	entries int
+	// maxEntries bounds entries (0: MaxOutEntries); what, when set, names
+	// the space counted in messages ("scratch": a task's own tree).
+	maxEntries int
+	what       string
+}
+
+// max is the bound on entries.
+func (c *outCount) max() int {
+	if c.maxEntries > 0 {
+		return c.maxEntries
+	}
+	return MaxOutEntries
+}
+
+// bytesMsg is the message of a write of name that passes the limit.
+func (c *outCount) bytesMsg(verb, name string) string {
+	if c.what != "" {
+		return fmt.Sprintf("%s limit of %d bytes exceeded: the task's files outside /out would add up to more (%s /%s)",
+			c.what, c.limit, verb, name)
+	}
+	return fmt.Sprintf("output limit of %d bytes exceeded: stdout and files under /out would add up to more (%s /out/%s)",
+		c.limit, verb, name)
 }
 
 // room reports whether growth more bytes fit.
@@ -370,8 +392,7 @@ func (c *outCount) grow(f experimentalsys.File, name string, n, off int64, trunc
 	if !c.room(growth) {
 		c.recount()
 		if !c.room(growth) {
-			c.exceed(fmt.Sprintf("output limit of %d bytes exceeded: stdout and files under /out would add up to more (writing /out/%s)",
-				c.limit, name))
+			c.exceed(c.bytesMsg("writing", name))
 		}
 	}
 	c.bytes += growth
@@ -381,7 +402,7 @@ func (c *outCount) grow(f experimentalsys.File, name string, n, off int64, trunc
 // reports whether something is there already, in which case nothing is
 // made); it stops the attempt when that would cross MaxOutEntries.
 func (c *outCount) create(name string, exists func() bool) {
-	if c.entries < MaxOutEntries {
+	if c.entries < c.max() {
 		c.entries++ // at most what the creation adds
 		return
 	}
@@ -389,9 +410,11 @@ func (c *outCount) create(name string, exists func() bool) {
 		return
 	}
 	c.recount()
-	if c.entries >= MaxOutEntries {
-		c.exceed(fmt.Sprintf("output limit of %d files and directories under /out exceeded (creating /out/%s)",
-			MaxOutEntries, name))
+	if c.entries >= c.max() {
+		if c.what != "" {
+			c.exceed(fmt.Sprintf("%s limit of %d files and directories outside /out exceeded (creating /%s)", c.what, c.max(), name))
+		}
+		c.exceed(fmt.Sprintf("output limit of %d files and directories under /out exceeded (creating /out/%s)", c.max(), name))
 	}
 	c.entries++
 }
@@ -473,8 +496,7 @@ func (f countFS) Link(oldPath, newPath string) experimentalsys.Errno {
 	if !c.room(st.Size) {
 		c.recount()
 		if !c.room(st.Size) {
-			c.exceed(fmt.Sprintf("output limit of %d bytes exceeded: stdout and files under /out would add up to more (linking /out/%s)",
-				c.limit, newPath))
+			c.exceed(c.bytesMsg("linking", newPath))
 		}
 	}
 	c.bytes += st.Size

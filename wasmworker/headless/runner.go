@@ -63,6 +63,13 @@ type Config struct {
 	// IdleTimeout is how long an idle slot process is kept; 0 means
 	// DefaultIdleTimeout.
 	IdleTimeout time.Duration
+	// DataDir is where the data that tasks mount is kept between
+	// attempts (data.go). Empty means a directory of the user's cache
+	// (os.UserCacheDir), else of os.TempDir().
+	DataDir string
+	// DataCacheBytes bounds the data cache; 0 means
+	// DefaultDataCacheBytes. Data in use is never evicted.
+	DataCacheBytes int64
 
 	// unstoppable turns off wazero's WithCloseOnContextDone in in-process
 	// mode. Only benchmarks use it: a running module then cannot be
@@ -84,6 +91,7 @@ const DefaultIdleTimeout = 10 * time.Minute
 type Runner struct {
 	eng  *engine   // in-process mode
 	pool *slotPool // isolation mode
+	data *dataCache
 }
 
 // engine runs attempts in the calling process: a wazero runtime, its
@@ -94,6 +102,9 @@ type engine struct {
 	cache  wazero.CompilationCache
 	rt     wazero.Runtime
 	tmpDir string     // parent of per-attempt directories
+	// dataDir is the data cache's directory, where the blobs a task
+	// mounts are (dataCache.prepare put them there).
+	dataDir string
 	slot   *slotChild // set in a slot process
 	// memPool keeps the linear memory of the last attempt for the next
 	// (slot processes only: their attempts run one after the other and
@@ -142,13 +153,17 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	if tmp == "" {
 		tmp = defaultTempDir()
 	}
+	data, err := newDataCache(cfg.DataDir, cfg.DataCacheBytes, log)
+	if err != nil {
+		return nil, err
+	}
 	if !cfg.InProcess {
 		if slotHookCalled.Load() {
-			p, err := newSlotPool(cfg, log, tmp)
+			p, err := newSlotPool(cfg, log, tmp, data.dir)
 			if err != nil {
 				return nil, err
 			}
-			return &Runner{pool: p}, nil
+			return &Runner{pool: p, data: data}, nil
 		}
 		log.Warn("headless: this binary does not call headless.ServeSlotIfChild; running attempts in-process (slower, see docs/TASK_ABI.md)")
 	}
@@ -156,7 +171,8 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{eng: e}, nil
+	e.dataDir = data.dir
+	return &Runner{eng: e, data: data}, nil
 }
 
 // newEngine creates an engine.
@@ -205,6 +221,15 @@ func newRuntime(ctx context.Context, cache wazero.CompilationCache, closeOnConte
 // Run runs one attempt and reports how it ended. It returns promptly, with
 // Reason protocol.ReasonCancelled, when ctx is cancelled.
 func (r *Runner) Run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outcome {
+	if su := job.Assign.Setup; su != nil {
+		// The data the task mounts, in the cache before the attempt
+		// starts (and kept there until it ends).
+		release, o := r.data.prepare(ctx, job.Server, su)
+		if o != nil {
+			return o
+		}
+		defer release()
+	}
 	if r.pool != nil {
 		return r.pool.run(ctx, job)
 	}

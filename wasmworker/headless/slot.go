@@ -51,6 +51,7 @@ type slotPool struct {
 	log         *slog.Logger
 	exe         string
 	cacheDir    string
+	dataDir     string // the data cache's directory, for the slot processes
 	baseDir     string // holds one directory per slot process
 	idleTimeout time.Duration
 
@@ -122,7 +123,7 @@ type slotProc struct {
 	exited   chan struct{} // closed when reaped and its directory removed
 }
 
-func newSlotPool(cfg Config, log *slog.Logger, tmp string) (*slotPool, error) {
+func newSlotPool(cfg Config, log *slog.Logger, tmp, dataDir string) (*slotPool, error) {
 	exe, err := selfExecutable()
 	if err != nil {
 		return nil, fmt.Errorf("headless: finding this executable for slot processes: %w", err)
@@ -136,7 +137,7 @@ func newSlotPool(cfg Config, log *slog.Logger, tmp string) (*slotPool, error) {
 	if idle <= 0 {
 		idle = DefaultIdleTimeout
 	}
-	p := &slotPool{log: log, exe: exe, cacheDir: cfg.CacheDir, baseDir: base, idleTimeout: idle,
+	p := &slotPool{log: log, exe: exe, cacheDir: cfg.CacheDir, dataDir: dataDir, baseDir: base, idleTimeout: idle,
 		all: map[*slotProc]struct{}{}, modules: map[string]*moduleBytes{},
 		pipe: pipelining{depth: pipelineDepth, minBusy: runtime.NumCPU(), short: pipelineShort, wait: pipelineWait}}
 	p.closing, p.close = context.WithCancel(context.Background())
@@ -1029,7 +1030,7 @@ func (p *slotPool) spawn(ctx context.Context) (c *slotProc, err error) {
 		}
 		return nil, err
 	}
-	if err := c.send(&slotRequest{Kind: reqInit, Version: wireVersion, CacheDir: p.cacheDir, Dir: c.dir, Gate: gateFile != nil}); err != nil {
+	if err := c.send(&slotRequest{Kind: reqInit, Version: wireVersion, CacheDir: p.cacheDir, Dir: c.dir, DataDir: p.dataDir, Gate: gateFile != nil}); err != nil {
 		return fail(err)
 	}
 	// The hello is read here; the end of ctx, or the time limit, kills the

@@ -102,6 +102,9 @@ func serveSlot() int {
 	defer stopProfile()
 	ctx := context.Background()
 	e, err := newEngine(ctx, init.CacheDir, slog.New(slog.DiscardHandler), init.Dir, false)
+	if e != nil {
+		e.dataDir = init.DataDir
+	}
 	if err == nil {
 		c.dir = init.Dir
 		c.cur, err = makeAttemptDir(c.dir)

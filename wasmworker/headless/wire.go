@@ -88,6 +88,7 @@ type slotRequest struct {
 	Version  int
 	CacheDir string // wazero's compilation cache; "" = in memory only
 	Dir      string // the child's own directory, made and removed by the parent
+	DataDir  string // the worker's data cache (data.go)
 	Gate     bool   // file descriptor 3 holds the gate (gate_unix.go)
 
 	// load and run

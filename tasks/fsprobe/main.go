@@ -1,0 +1,95 @@
+// Command fsprobe is a test task for the task's environment and file
+// system (docs/DATA.md). Its arguments are commands, run in order, each
+// printing one line to stdout (an error is printed, not fatal):
+//
+//	env             the environment, sorted, joined by spaces
+//	pwd             the working directory
+//	cat PATH        the file's content
+//	ls DIR          the directory's entries, joined by spaces
+//	write PATH TEXT writes TEXT to the file
+//	append PATH TEXT appends TEXT to the file
+//	rm PATH         removes the file
+//	mv FROM TO      renames
+//	fill PATH N     writes N bytes to the file
+//	stat PATH       size and modification time (Unix seconds)
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+func main() {
+	args := os.Args[1:]
+	for len(args) > 0 {
+		cmd := args[0]
+		need := map[string]int{"env": 0, "pwd": 0, "cat": 1, "ls": 1, "write": 2, "append": 2, "rm": 1, "mv": 2, "fill": 2, "stat": 1}[cmd]
+		if len(args) < 1+need {
+			fmt.Fprintf(os.Stderr, "fsprobe: %s wants %d arguments\n", cmd, need)
+			os.Exit(2)
+		}
+		a := args[1 : 1+need]
+		args = args[1+need:]
+		fmt.Println(run(cmd, a))
+	}
+}
+
+func run(cmd string, a []string) string {
+	switch cmd {
+	case "env":
+		e := os.Environ()
+		sort.Strings(e)
+		return strings.Join(e, " ")
+	case "pwd":
+		d, err := os.Getwd()
+		return result(d, err)
+	case "cat":
+		b, err := os.ReadFile(a[0])
+		return result(string(b), err)
+	case "ls":
+		es, err := os.ReadDir(a[0])
+		var names []string
+		for _, e := range es {
+			names = append(names, e.Name())
+		}
+		return result(strings.Join(names, " "), err)
+	case "write":
+		return result("ok", os.WriteFile(a[0], []byte(a[1]), 0o644))
+	case "append":
+		f, err := os.OpenFile(a[0], os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			return result("", err)
+		}
+		_, err = f.WriteString(a[1])
+		f.Close()
+		return result("ok", err)
+	case "rm":
+		return result("ok", os.Remove(a[0]))
+	case "mv":
+		return result("ok", os.Rename(a[0], a[1]))
+	case "fill":
+		n, err := strconv.Atoi(a[1])
+		if err != nil {
+			return result("", err)
+		}
+		return result("ok", os.WriteFile(a[0], bytes.Repeat([]byte("x"), n), 0o644))
+	case "stat":
+		fi, err := os.Stat(a[0])
+		if err != nil {
+			return result("", err)
+		}
+		return fmt.Sprintf("%d %d", fi.Size(), fi.ModTime().Unix())
+	}
+	return "unknown command " + cmd
+}
+
+func result(s string, err error) string {
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	return s
+}

@@ -1,0 +1,423 @@
+package headless
+
+import (
+	"archive/tar"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/archive"
+	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/wasmworker"
+)
+
+// DefaultDataCacheBytes bounds the data cache by default.
+const DefaultDataCacheBytes = 20 << 30
+
+// dataCache keeps the blobs tasks mount, downloaded once per worker: the
+// file HEX (the blob sha256:HEX, checked against its hash before use) and,
+// for archives, the tree HEX.d unpacked from it. A download that breaks
+// off leaves HEX.part, which the next one resumes with a range request.
+// Blobs in use by an attempt are never evicted; the others go, least
+// recently used first, when the cache passes its bound.
+type dataCache struct {
+	dir string
+	max int64
+	log *slog.Logger
+
+	mu      sync.Mutex
+	entries map[string]*dataEntry // by hex
+	client  *http.Client
+}
+
+// dataEntry is one blob of the cache.
+type dataEntry struct {
+	ready chan struct{} // closed once fetched (or failed: err)
+	err   error
+	size  int64 // the file and, once unpacked, its tree
+	tree  bool  // the tree HEX.d is unpacked
+	users int
+	used  time.Time
+}
+
+func newDataCache(dir string, max int64, log *slog.Logger) (*dataCache, error) {
+	if dir == "" {
+		base, err := os.UserCacheDir()
+		if err != nil {
+			base = os.TempDir()
+		}
+		dir = filepath.Join(base, "cyclepool", "data")
+	}
+	if max <= 0 {
+		max = DefaultDataCacheBytes
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("headless: data cache %s: %w", dir, err)
+	}
+	c := &dataCache{dir: dir, max: max, log: log, entries: map[string]*dataEntry{}, client: &http.Client{}}
+	// What an earlier run left: complete blobs (checked when they were
+	// downloaded, and renamed into place whole) are kept, first in line
+	// for eviction; unpacked trees are made again.
+	names, _ := os.ReadDir(dir)
+	for _, n := range names {
+		name := n.Name()
+		if isHexID("sha256:"+name) && n.Type().IsRegular() {
+			if info, err := n.Info(); err == nil {
+				ready := make(chan struct{})
+				close(ready)
+				c.entries[name] = &dataEntry{ready: ready, size: info.Size()}
+				continue
+			}
+		}
+		if h, rest, _ := strings.Cut(name, "."); isHexID("sha256:"+h) && (rest == "d" || rest == "d.tmp") {
+			os.RemoveAll(filepath.Join(dir, name)) // only what this cache makes
+		}
+	}
+	return c, nil
+}
+
+// dataPath is where blob id is in a data cache at dir.
+func dataPath(dir, id string) string {
+	return filepath.Join(dir, strings.TrimPrefix(id, "sha256:"))
+}
+
+// prepare puts the blobs of a setup in the cache (an archive unpacked),
+// and holds them there until release is called. A blob that cannot be
+// fetched or does not match its hash ends the attempt with an Outcome.
+func (c *dataCache) prepare(ctx context.Context, server string, su *protocol.Setup) (release func(), o *wasmworker.Outcome) {
+	var held []*dataEntry
+	release = func() {
+		c.mu.Lock()
+		for _, e := range held {
+			e.users--
+			e.used = time.Now()
+		}
+		c.mu.Unlock()
+	}
+	for _, f := range su.Files {
+		if f.Blob == "" {
+			continue
+		}
+		e, err := c.get(ctx, server, f)
+		if e != nil {
+			held = append(held, e)
+		}
+		if err != nil {
+			release()
+			if ctx.Err() != nil {
+				return nil, &wasmworker.Outcome{Reason: protocol.ReasonCancelled, Message: "cancelled"}
+			}
+			return nil, &wasmworker.Outcome{Reason: protocol.ReasonWorker, Message: clip(fmt.Sprintf("fetching data for %s: %v", f.Path, err))}
+		}
+	}
+	c.evict()
+	return release, nil
+}
+
+// get returns the entry of f's blob, held (users counted), once it is in
+// the cache, and unpacked when f is an archive.
+func (c *dataCache) get(ctx context.Context, server string, f protocol.File) (*dataEntry, error) {
+	if !isHexID(f.Blob) {
+		return nil, fmt.Errorf("bad data id %q", f.Blob)
+	}
+	hexID := strings.TrimPrefix(f.Blob, "sha256:")
+	c.mu.Lock()
+	e := c.entries[hexID]
+	if e != nil {
+		e.users++
+		c.mu.Unlock()
+		select {
+		case <-e.ready:
+		case <-ctx.Done():
+			return e, ctx.Err()
+		}
+		if e.err != nil { // written before ready was closed
+			return e, e.err
+		}
+	} else {
+		e = &dataEntry{ready: make(chan struct{}), users: 1}
+		c.entries[hexID] = e
+		c.mu.Unlock()
+		size, err := c.fetch(ctx, server, f, hexID)
+		c.mu.Lock()
+		e.size, e.err = size, err
+		if err != nil {
+			delete(c.entries, hexID) // the next attempt tries again
+		}
+		c.mu.Unlock()
+		close(e.ready)
+		if err != nil {
+			return e, err
+		}
+	}
+	if f.Archive {
+		return e, c.unpack(hexID, e)
+	}
+	return e, nil
+}
+
+func isHexID(id string) bool {
+	h, ok := strings.CutPrefix(id, "sha256:")
+	if !ok || len(h) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(h)
+	return err == nil && strings.ToLower(h) == h
+}
+
+// fetch makes sure the file HEX holds the blob: kept from before and
+// matching its hash, or downloaded (resuming HEX.part) and checked. A
+// download whose hash does not match is thrown away and made once more
+// from the start.
+func (c *dataCache) fetch(ctx context.Context, server string, f protocol.File, hexID string) (int64, error) {
+	p := filepath.Join(c.dir, hexID)
+	if sum, size, err := hashFile(p); err == nil {
+		if sum == hexID {
+			return size, nil
+		}
+		os.Remove(p) // damaged since
+	}
+	var last error
+	for try := 0; try < 3; try++ {
+		err := c.download(ctx, server+f.URL, p+".part", f.Size)
+		if err == nil {
+			sum, size, herr := hashFile(p + ".part")
+			switch {
+			case herr != nil:
+				err = herr
+			case sum != hexID:
+				os.Remove(p + ".part")
+				err = fmt.Errorf("downloaded %d bytes whose sha256 is %s, not %s", size, sum, hexID)
+			default:
+				os.Chtimes(p+".part", inputTime, inputTime)
+				if err := os.Rename(p+".part", p); err != nil {
+					return 0, err
+				}
+				return size, nil
+			}
+		}
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		last = err
+		c.log.Warn("data download", "blob", hexID, "try", try+1, "err", err)
+	}
+	return 0, last
+}
+
+// download writes url into part, resuming from part's size with a range
+// request, until it holds want bytes.
+func (c *dataCache) download(ctx context.Context, url, part string, want int64) error {
+	f, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	have, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return err
+	}
+	if have > want {
+		if err := f.Truncate(0); err != nil {
+			return err
+		}
+		have, _ = f.Seek(0, io.SeekStart)
+	}
+	if have == want {
+		return nil
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	if have > 0 {
+		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", have))
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode == http.StatusPartialContent && have > 0:
+	case resp.StatusCode == http.StatusOK:
+		if have > 0 { // the range was not honoured: from the start
+			if err := f.Truncate(0); err != nil {
+				return err
+			}
+			if _, err := f.Seek(0, io.SeekStart); err != nil {
+				return err
+			}
+			have = 0
+		}
+	default:
+		return fmt.Errorf("GET %s: %s", strings.SplitN(url, "?", 2)[0], resp.Status)
+	}
+	n, err := io.Copy(f, io.LimitReader(resp.Body, want-have))
+	if err != nil {
+		return err
+	}
+	if have+n != want {
+		return fmt.Errorf("download cut off at %d of %d bytes", have+n, want)
+	}
+	return f.Sync()
+}
+
+// hashFile returns the hex sha256 and the size of a file.
+func hashFile(p string) (string, int64, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return "", 0, err
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// unpack unpacks the archive HEX into the tree HEX.d, once.
+func (c *dataCache) unpack(hexID string, e *dataEntry) error {
+	c.mu.Lock()
+	defer c.mu.Unlock() // one at a time: rare, and the tree is then shared
+	if e.tree {
+		return nil
+	}
+	dir := filepath.Join(c.dir, hexID+".d")
+	tmp := dir + ".tmp"
+	os.RemoveAll(tmp)
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return err
+	}
+	f, err := os.Open(filepath.Join(c.dir, hexID))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	size, err := unpackTree(f, tmp)
+	if err != nil {
+		os.RemoveAll(tmp)
+		return fmt.Errorf("unpacking the archive: %w", err)
+	}
+	os.RemoveAll(dir)
+	if err := os.Rename(tmp, dir); err != nil {
+		return err
+	}
+	e.tree, e.size = true, e.size+size
+	return nil
+}
+
+// unpackTree unpacks a checked archive into dir and returns the bytes it
+// wrote. Symbolic links to files of the archive become hard links, and
+// every time is inputTime: the tree reads the same on every worker, and no
+// host symbolic link can lead a task out of it (docs/DATA.md says what is
+// not supported yet).
+func unpackTree(r io.Reader, dir string) (int64, error) {
+	var links []archive.Entry
+	files := map[string]bool{}
+	var size int64
+	err := archive.Walk(r, func(e archive.Entry, body io.Reader) error {
+		p := filepath.Join(dir, filepath.FromSlash(e.Name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		switch e.Type {
+		case tar.TypeDir:
+			if err := os.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+				return err
+			}
+		case tar.TypeSymlink:
+			links = append(links, e)
+		default:
+			out, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+			if err != nil {
+				return err
+			}
+			n, err := io.Copy(out, body)
+			size += n
+			if cerr := out.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+			files[e.Name] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range links {
+		target := path.Join(path.Dir(l.Name), l.Linkname)
+		for range 40 { // a link to a link: follow it, as the kernel would
+			next, ok := linkTarget(links, target)
+			if !ok {
+				break
+			}
+			target = next
+		}
+		if files[target] {
+			if err := os.Link(filepath.Join(dir, filepath.FromSlash(target)), filepath.Join(dir, filepath.FromSlash(l.Name))); err != nil {
+				return 0, err
+			}
+		}
+	}
+	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Chtimes(p, inputTime, inputTime)
+	})
+	return size, err
+}
+
+// linkTarget returns where the link named name leads, if name is a link.
+func linkTarget(links []archive.Entry, name string) (string, bool) {
+	for _, l := range links {
+		if l.Name == name {
+			return path.Join(path.Dir(l.Name), l.Linkname), true
+		}
+	}
+	return "", false
+}
+
+// evict removes blobs no attempt holds, least recently used first, until
+// the cache is within its bound.
+func (c *dataCache) evict() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var total int64
+	var idle []string
+	for h, e := range c.entries {
+		total += e.size
+		if e.users == 0 {
+			idle = append(idle, h)
+		}
+	}
+	sort.Slice(idle, func(i, j int) bool { return c.entries[idle[i]].used.Before(c.entries[idle[j]].used) })
+	for _, h := range idle {
+		if total <= c.max {
+			return
+		}
+		total -= c.entries[h].size
+		delete(c.entries, h)
+		os.RemoveAll(filepath.Join(c.dir, h+".d"))
+		os.Remove(filepath.Join(c.dir, h))
+	}
+}

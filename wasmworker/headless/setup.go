@@ -1,0 +1,448 @@
+package headless
+
+import (
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/tetratelabs/wazero"
+	experimentalsys "github.com/tetratelabs/wazero/experimental/sys"
+	experimentalsysfs "github.com/tetratelabs/wazero/experimental/sysfs"
+	"github.com/tetratelabs/wazero/sys"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+)
+
+// setupFS is the file system of an attempt with a protocol.Setup: the
+// task's root, a private directory (root/) holding its writable files,
+// with the read-only blobs it mounts seen through it where they are
+// mounted (roFiles) or mounted as trees of their own (roTrees), and /in
+// and /out as for every task.
+type setupFS struct {
+	root    string
+	roFiles map[string]string // guest path (without the leading /) -> host file in the data cache
+	roTrees map[string]string // guest path (with the leading /) -> host tree in the data cache
+	scratch outCount          // what the task writes under root/
+}
+
+// prepareSetup lays out the attempt's directory for a task with a setup:
+// in/, out/ and root/ with the task's files. It runs in a directory of its
+// own (not a slot's reused one) and is removed afterwards.
+func (a *attempt) prepareSetup() error {
+	su := a.job.Assign.Setup
+	dir, err := makeAttemptDir(a.e.tmpDir)
+	if err != nil {
+		return err
+	}
+	a.dir, a.ownDir = dir, true
+	root := filepath.Join(dir, "root")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		return err
+	}
+	sfs := &setupFS{root: root, roFiles: map[string]string{}, roTrees: map[string]string{}}
+	a.setup = sfs
+	host := func(guest string) string { return filepath.Join(root, filepath.FromSlash(guest)) }
+
+	inDir := filepath.Join(dir, "in")
+	for _, in := range a.job.Assign.Inputs {
+		p := filepath.Join(inDir, in.Name)
+		if strings.HasPrefix(in.Name, "/") {
+			// An upstream output at a path of the task's own.
+			if msg := checkGuestPath(in.Name); msg != "" {
+				return &badInputError{msg}
+			}
+			p = host(in.Name)
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				return err
+			}
+		} else if err := checkInputName(in.Name); err != nil {
+			return err
+		}
+		if err := writeFixed(p, in.Data, 0o644); err != nil {
+			return err
+		}
+	}
+	files := append([]protocol.File(nil), su.Files...)
+	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
+	for k, f := range files {
+		if f.Path != "/" {
+			if msg := checkGuestPath(f.Path); msg != "" {
+				return &badInputError{msg}
+			}
+		}
+		p := host(f.Path)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		switch {
+		case f.Data != nil:
+			if err := writeFixed(p, []byte(*f.Data), 0o644); err != nil {
+				return err
+			}
+		case f.Archive:
+			tree := dataPath(a.e.dataDir, f.Blob) + ".d"
+			// A tree is mounted as it is in the cache, read-only, unless
+			// the task may change it, it is the root, or other files go
+			// inside it: then the task gets a copy.
+			inside := slices_any(files[k+1:], func(g protocol.File) bool { return strings.HasPrefix(g.Path, strings.TrimSuffix(f.Path, "/")+"/") })
+			if f.Writable || f.Path == "/" || inside {
+				if err := copyTree(tree, p); err != nil {
+					return err
+				}
+			} else {
+				if err := os.MkdirAll(p, 0o755); err != nil {
+					return err
+				}
+				sfs.roTrees[f.Path] = tree
+			}
+		case f.Writable:
+			if err := copyFile(dataPath(a.e.dataDir, f.Blob), p); err != nil {
+				return err
+			}
+		default:
+			// A placeholder, so that the directory lists it; the task
+			// reads the cache's file through setupFS.
+			if err := writeFixed(p, nil, 0o444); err != nil {
+				return err
+			}
+			sfs.roFiles[strings.TrimPrefix(f.Path, "/")] = dataPath(a.e.dataDir, f.Blob)
+		}
+	}
+	for _, d := range []string{"in", "out", strings.TrimPrefix(path.Clean("/"+su.Cwd), "/")} {
+		if d != "" {
+			if err := os.MkdirAll(host(d), 0o755); err != nil {
+				return fmt.Errorf("the working directory %s: %w", su.Cwd, err)
+			}
+		}
+	}
+	// Everything the task finds in its tree, at the same times everywhere.
+	if err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Chtimes(p, inputTime, inputTime)
+	}); err != nil {
+		return err
+	}
+	if err := os.Chtimes(inDir, inputTime, inputTime); err != nil {
+		return err
+	}
+	sfs.scratch = outCount{dir: root, stdout: func() int64 { return 0 }, maxEntries: MaxScratchEntries,
+		stop: func(le *limitError) { a.stop(le) }}
+	sfs.scratch.recount()
+	scratch := su.ScratchBytes
+	if scratch <= 0 {
+		scratch = DefaultScratchBytes
+	}
+	sfs.scratch.limit = sfs.scratch.bytes + scratch
+	sfs.scratch.what = "scratch"
+	return nil
+}
+
+// slices_any reports whether some element of s passes f.
+func slices_any[T any](s []T, f func(T) bool) bool {
+	for _, v := range s {
+		if f(v) {
+			return true
+		}
+	}
+	return false
+}
+
+// DefaultScratchBytes bounds what a task with a setup writes outside /out
+// when the assignment does not say.
+const DefaultScratchBytes = 1 << 30
+
+// MaxScratchEntries bounds the files and directories a task makes outside
+// /out.
+const MaxScratchEntries = 100000
+
+// checkGuestPath says what is wrong with an absolute path of a task's file
+// system that an assignment names ("" when nothing).
+func checkGuestPath(p string) string {
+	if !strings.HasPrefix(p, "/") || path.Clean(p) != p || p == "/" || strings.ContainsAny(p, "\\\x00") {
+		return fmt.Sprintf("path %q is not a clean absolute path", p)
+	}
+	if p == "/in" || p == "/out" || strings.HasPrefix(p, "/in/") || strings.HasPrefix(p, "/out/") {
+		return fmt.Sprintf("path %q is under /in or /out", p)
+	}
+	return ""
+}
+
+// writeFixed writes a file with the fixed time every input has.
+func writeFixed(p string, b []byte, perm fs.FileMode) error {
+	if err := os.WriteFile(p, b, perm); err != nil {
+		return err
+	}
+	return os.Chtimes(p, inputTime, inputTime)
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// copyTree copies the unpacked tree from into to (merged with what is
+// there).
+func copyTree(from, to string) error {
+	return filepath.WalkDir(from, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(from, p)
+		if err != nil {
+			return err
+		}
+		dst := filepath.Join(to, rel)
+		if d.IsDir() {
+			return os.MkdirAll(dst, 0o755)
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		return copyFile(p, dst)
+	})
+}
+
+// fsConfig mounts the task's file system: its root, the read-only trees,
+// /in and /out.
+func (s *setupFS) fsConfig(dir string, t *touched, out func() *outCount) wazero.FSConfig {
+	fsc := wazero.NewFSConfig().(experimentalsysfs.FSConfig).
+		WithSysFSMount(&rootFS{noLinkFS{countFS{experimentalsysfs.DirFS(s.root), func() *outCount { return &s.scratch }}}, s}, "/").(experimentalsysfs.FSConfig)
+	trees := make([]string, 0, len(s.roTrees))
+	for g := range s.roTrees {
+		trees = append(trees, g)
+	}
+	sort.Strings(trees)
+	for _, g := range trees {
+		fsc = fsc.WithSysFSMount(&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(s.roTrees[g])}, g).(experimentalsysfs.FSConfig)
+	}
+	return fsc.WithSysFSMount(touchFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(dir, "in"))}, &t.in}, "/in").(experimentalsysfs.FSConfig).
+		WithSysFSMount(noLinkFS{touchFS{countFS{experimentalsysfs.DirFS(filepath.Join(dir, "out")), out}, &t.out}}, "/out")
+}
+
+// setupModuleConfig is moduleConfig for a task with a setup: its file
+// system, and its environment with PWD set to its working directory
+// (where Go programs start; docs/DATA.md says what C and Rust do).
+func (a *attempt) setupModuleConfig() wazero.ModuleConfig {
+	su := a.job.Assign.Setup
+	cfg := moduleConfig(a.dir, a.touched, func() *outCount { return &a.out }, &a.stdin, a.stdout, a.stderr,
+		a.clock.walltime, a.clock.nanotime, a.clock.nanosleep, &a.clock.rand).
+		WithFSConfig(a.setup.fsConfig(a.dir, a.touched, func() *outCount { return &a.out }))
+	pwd := false
+	for _, kv := range su.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		cfg = cfg.WithEnv(k, v)
+		pwd = pwd || k == "PWD"
+	}
+	if !pwd {
+		cwd := su.Cwd
+		if cwd == "" {
+			cwd = "/"
+		}
+		cfg = cfg.WithEnv("PWD", cwd)
+	}
+	return cfg
+}
+
+// collectSetupOutputs adds the files at the setup's output paths (a file,
+// or every file under a directory) to outputs, named by their absolute
+// path, within the output limit.
+func (a *attempt) collectSetupOutputs(outputs []protocol.Blob) ([]protocol.Blob, error) {
+	total := int64(0)
+	for _, o := range outputs {
+		total += int64(o.Size)
+	}
+	for _, guest := range a.job.Assign.Setup.Outputs {
+		if msg := checkGuestPath(guest); msg != "" {
+			continue
+		}
+		base := filepath.Join(a.setup.root, filepath.FromSlash(guest))
+		err := filepath.WalkDir(base, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if !d.Type().IsRegular() {
+				return nil
+			}
+			rel, err := filepath.Rel(a.setup.root, p)
+			if err != nil {
+				return err
+			}
+			name := "/" + filepath.ToSlash(rel)
+			if _, ro := a.setup.roFiles[strings.TrimPrefix(name, "/")]; ro {
+				return nil // a placeholder of a mounted blob
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			total += int64(len(b))
+			if total > a.limits.OutputBytes {
+				return &limitError{protocol.ReasonOutput, fmt.Sprintf("output limit of %d bytes exceeded: stdout, /out and the outputs add up to more (at %s)",
+					a.limits.OutputBytes, name)}
+			}
+			outputs = append(outputs, protocol.Blob{Name: name, Size: len(b), Data: b})
+			return nil
+		})
+		if err != nil && !os.IsNotExist(err) {
+			return nil, err
+		}
+	}
+	sort.Slice(outputs[1:], func(i, j int) bool { return outputs[1+i].Name < outputs[1+j].Name })
+	return outputs, nil
+}
+
+// rootFS is the root of a task with a setup: its private tree, where the
+// read-only blobs it mounts are read from the data cache and cannot be
+// changed, moved or removed (nor can the directories that hold them).
+type rootFS struct {
+	experimentalsys.FS
+	s *setupFS
+}
+
+// ro returns the cache file mounted at p, if any.
+func (f rootFS) ro(p string) (string, bool) {
+	h, ok := f.s.roFiles[strings.TrimPrefix(path.Clean("/"+p), "/")]
+	return h, ok
+}
+
+// holds reports whether p is a mounted file or a directory holding one.
+func (f rootFS) holds(p string) bool {
+	c := strings.TrimPrefix(path.Clean("/"+p), "/")
+	for g := range f.s.roFiles {
+		if g == c || c == "" || strings.HasPrefix(g, c+"/") {
+			return true
+		}
+	}
+	for g := range f.s.roTrees {
+		g = strings.TrimPrefix(g, "/")
+		if g == c || c == "" || strings.HasPrefix(g, c+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+func (f rootFS) OpenFile(p string, flag experimentalsys.Oflag, perm fs.FileMode) (experimentalsys.File, experimentalsys.Errno) {
+	h, ok := f.ro(p)
+	if !ok {
+		return f.FS.OpenFile(p, flag, perm)
+	}
+	if flag&(experimentalsys.O_WRONLY|experimentalsys.O_RDWR|experimentalsys.O_TRUNC|experimentalsys.O_APPEND) != 0 {
+		return nil, experimentalsys.EROFS
+	}
+	if flag&experimentalsys.O_CREAT != 0 && flag&experimentalsys.O_EXCL != 0 {
+		return nil, experimentalsys.EEXIST
+	}
+	if flag&experimentalsys.O_DIRECTORY != 0 {
+		return nil, experimentalsys.ENOTDIR
+	}
+	file, errno := experimentalsysfs.DirFS(filepath.Dir(h)).OpenFile(filepath.Base(h), experimentalsys.O_RDONLY, 0)
+	if errno != 0 {
+		return nil, errno
+	}
+	return roFile{file}, 0
+}
+
+func (f rootFS) Stat(p string) (sys.Stat_t, experimentalsys.Errno) {
+	if h, ok := f.ro(p); ok {
+		return statFixed(h)
+	}
+	return f.FS.Stat(p)
+}
+
+func (f rootFS) Lstat(p string) (sys.Stat_t, experimentalsys.Errno) {
+	if h, ok := f.ro(p); ok {
+		return statFixed(h)
+	}
+	return f.FS.Lstat(p)
+}
+
+func (f rootFS) Unlink(p string) experimentalsys.Errno {
+	if f.holds(p) {
+		return experimentalsys.EPERM
+	}
+	return f.FS.Unlink(p)
+}
+
+func (f rootFS) Rmdir(p string) experimentalsys.Errno {
+	if f.holds(p) {
+		return experimentalsys.EPERM
+	}
+	return f.FS.Rmdir(p)
+}
+
+func (f rootFS) Rename(from, to string) experimentalsys.Errno {
+	if f.holds(from) || f.holds(to) {
+		return experimentalsys.EPERM
+	}
+	return f.FS.Rename(from, to)
+}
+
+func (f rootFS) Link(oldPath, newPath string) experimentalsys.Errno {
+	if f.holds(oldPath) || f.holds(newPath) {
+		return experimentalsys.EPERM
+	}
+	return f.FS.Link(oldPath, newPath)
+}
+
+func (f rootFS) Chmod(p string, perm fs.FileMode) experimentalsys.Errno {
+	if _, ok := f.ro(p); ok {
+		return experimentalsys.EROFS
+	}
+	return f.FS.Chmod(p, perm)
+}
+
+func (f rootFS) Utimens(p string, atim, mtim int64) experimentalsys.Errno {
+	if _, ok := f.ro(p); ok {
+		return experimentalsys.EROFS
+	}
+	return f.FS.Utimens(p, atim, mtim)
+}
+
+// statFixed stats a cache file as the task sees it: at inputTime.
+func statFixed(h string) (sys.Stat_t, experimentalsys.Errno) {
+	st, errno := experimentalsysfs.DirFS(filepath.Dir(h)).Stat(filepath.Base(h))
+	if errno == 0 {
+		st.Atim, st.Mtim, st.Ctim = inputTime.UnixNano(), inputTime.UnixNano(), inputTime.UnixNano()
+		st.Mode = 0o444
+	}
+	return st, errno
+}
+
+// roFile is a mounted blob opened by a task: read-only, at inputTime.
+type roFile struct{ experimentalsys.File }
+
+func (f roFile) Stat() (sys.Stat_t, experimentalsys.Errno) {
+	st, errno := f.File.Stat()
+	if errno == 0 {
+		st.Atim, st.Mtim, st.Ctim = inputTime.UnixNano(), inputTime.UnixNano(), inputTime.UnixNano()
+		st.Mode = 0o444
+	}
+	return st, errno
+}
+
+func (f roFile) Utimens(atim, mtim int64) experimentalsys.Errno { return experimentalsys.EROFS }
+func (f roFile) Truncate(int64) experimentalsys.Errno            { return experimentalsys.EBADF }
+func (f roFile) Write([]byte) (int, experimentalsys.Errno)       { return 0, experimentalsys.EBADF }
+func (f roFile) Pwrite([]byte, int64) (int, experimentalsys.Errno) {
+	return 0, experimentalsys.EBADF
+}

@@ -1,0 +1,212 @@
+package headless
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+)
+
+// blobHost serves blobs by id as the server does, counting downloads and
+// able to cut the first download of each short.
+type blobHost struct {
+	blobs     map[string][]byte
+	gets      atomic.Int32
+	cutFirst  atomic.Bool
+	corrupted atomic.Bool
+}
+
+func (h *blobHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id := strings.TrimPrefix(r.URL.Path, "/blobs/")
+	b, ok := h.blobs[id]
+	if !ok || r.URL.Query().Get("k") != "cap" {
+		http.NotFound(w, r)
+		return
+	}
+	n := h.gets.Add(1)
+	if n == 1 && h.cutFirst.Load() {
+		// Half the bytes, then the connection dies.
+		w.Header().Set("Content-Length", "100000000")
+		w.Write(b[:len(b)/2])
+		panic(http.ErrAbortHandler)
+	}
+	if h.corrupted.Swap(false) {
+		bad := bytes.Clone(b)
+		bad[len(bad)-1] ^= 1
+		b = bad
+	}
+	http.ServeContent(w, r, "", inputTime, bytes.NewReader(b))
+}
+
+func (h *blobHost) add(b []byte) string {
+	sum := sha256.Sum256(b)
+	id := "sha256:" + hex.EncodeToString(sum[:])
+	h.blobs[id] = b
+	return id
+}
+
+func blobFile(path, id string, size int, archive, writable bool) protocol.File {
+	return protocol.File{Path: path, Blob: id, Size: int64(size), URL: "/blobs/" + id + "?k=cap", Archive: archive, Writable: writable}
+}
+
+func tarOf(t *testing.T, files map[string]string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, name := range []string{"lib/", "lib/a.txt", "lib/b.txt", "lib/link"} {
+		switch {
+		case strings.HasSuffix(name, "/"):
+			tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeDir, Mode: 0o755})
+		case name == "lib/link":
+			tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeSymlink, Linkname: "a.txt"})
+		default:
+			tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(files[name]))})
+			tw.Write([]byte(files[name]))
+		}
+	}
+	tw.Close()
+	return buf.Bytes()
+}
+
+// A task sees its env, starts in its cwd, reads the files it mounts (a
+// blob, an archive, inline data, an upstream output at a path), cannot
+// change a read-only blob, writes scratch files and declared outputs, and
+// a blob is downloaded once for many attempts.
+func TestSetup(t *testing.T) { eachMode(t, testSetup) }
+
+func testSetup(t *testing.T, r *Runner) {
+	host := &blobHost{blobs: map[string][]byte{}}
+	srv := httptest.NewServer(host)
+	defer srv.Close()
+	genome := bytes.Repeat([]byte("ACGT"), 50000)
+	gid := host.add(genome)
+	tree := tarOf(t, map[string]string{"lib/a.txt": "alpha", "lib/b.txt": "beta"})
+	tid := host.add(tree)
+	params := `{"min": 3}`
+	su := &protocol.Setup{
+		Env: []string{"INDEX=/data/index", "LANG=C"},
+		Cwd: "/work",
+		Files: []protocol.File{
+			blobFile("/data/genome.fa", gid, len(genome), false, false),
+			blobFile("/data/index", tid, len(tree), true, false),
+			{Path: "/work/params.json", Data: &params},
+		},
+		Outputs:      []string{"/work/counts.tsv"},
+		ScratchBytes: 1 << 20,
+	}
+	args := []string{"env", "pwd", "cat", "params.json", "cat", "/work/part.txt", "stat", "/data/genome.fa",
+		"ls", "/", "ls", "/data", "cat", "/data/index/lib/b.txt", "cat", "/data/index/lib/link",
+		"write", "/data/genome.fa", "x", "rm", "/data/genome.fa", "mv", "/data", "/d2", "write", "/data/index/lib/new", "x",
+		"write", "/work/counts.tsv", "A\t3", "write", "/tmp-file", "scratch", "cat", "/tmp-file"}
+	j, _ := job(t, "fsprobe", protocol.Assign{Args: args, Setup: su,
+		Inputs: []protocol.Blob{{Name: "/work/part.txt", Data: []byte("part three")}}})
+	j.Server = srv.URL
+	o := r.Run(context.Background(), j)
+	if o.Reason != "" {
+		t.Fatalf("%s: %s\n%s", o.Reason, o.Message, o.Log)
+	}
+	lines := strings.Split(strings.TrimSuffix(outputs(o)["stdout"], "\n"), "\n")
+	want := []string{
+		"INDEX=/data/index LANG=C PWD=/work",
+		"/work",
+		params,
+		"part three",
+		"200000 1700000000",
+		"data in out work",
+		"genome.fa index",
+		"beta",
+		"alpha",
+		"error: open /data/genome.fa: read-only file system",
+		"error: remove /data/genome.fa: operation not permitted",
+		"error: rename /data /d2: operation not permitted",
+		"error: open /data/index/lib/new: read-only file system",
+		"ok",
+		"ok",
+		"scratch",
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("stdout:\n%s\nwant %d lines", strings.Join(lines, "\n"), len(want))
+	}
+	for i := range want {
+		if lines[i] != want[i] && !(strings.HasPrefix(want[i], "error:") && strings.HasPrefix(lines[i], "error:")) {
+			t.Errorf("line %d (%s): %q, want %q", i, args, lines[i], want[i])
+		}
+	}
+	if got := outputs(o)["/work/counts.tsv"]; got != "A\t3" {
+		t.Errorf("output /work/counts.tsv = %q, want the file the task wrote (outputs %v)", got, names(o))
+	}
+	// Again: the blobs come from the cache.
+	before := host.gets.Load()
+	for range 3 {
+		j, _ := job(t, "fsprobe", protocol.Assign{Args: []string{"cat", "/data/index/lib/a.txt"}, Setup: su,
+			Inputs: []protocol.Blob{{Name: "/work/part.txt", Data: nil}}})
+		j.Server = srv.URL
+		if o := r.Run(context.Background(), j); o.Reason != "" || outputs(o)["stdout"] != "alpha\n" {
+			t.Fatalf("again: %s %s %q", o.Reason, o.Message, outputs(o)["stdout"])
+		}
+	}
+	if n := host.gets.Load() - before; n != 0 {
+		t.Errorf("%d more downloads for attempts of blobs in the cache, want none", n)
+	}
+}
+
+// The scratch limit stops a task that writes too much outside /out.
+func TestSetupScratchLimit(t *testing.T) {
+	r := sharedRunner(t, true)
+	j, _ := job(t, "fsprobe", protocol.Assign{Args: []string{"fill", "/big", "300000"},
+		Setup: &protocol.Setup{ScratchBytes: 100000}})
+	o := r.Run(context.Background(), j)
+	if o.Reason != protocol.ReasonOutput || !strings.Contains(o.Message, "scratch limit of 100000 bytes") {
+		t.Fatalf("%s: %s, want limit_output naming the scratch limit", o.Reason, o.Message)
+	}
+}
+
+// A download cut off is resumed; one whose hash does not match is made
+// again; a blob the server does not have fails the attempt, not the task,
+// in words.
+func TestSetupDownloadFaults(t *testing.T) {
+	r, err := New(context.Background(), Config{CacheDir: cacheDir(), InProcess: true, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(context.Background())
+	host := &blobHost{blobs: map[string][]byte{}}
+	srv := httptest.NewServer(host)
+	defer srv.Close()
+	data := bytes.Repeat([]byte("0123456789"), 30000)
+	id := host.add(data)
+	host.cutFirst.Store(true)
+	run := func(f protocol.File) *protocol.Blob {
+		t.Helper()
+		j, _ := job(t, "fsprobe", protocol.Assign{Args: []string{"stat", "/d"}, Setup: &protocol.Setup{Files: []protocol.File{f}}})
+		j.Server = srv.URL
+		o := r.Run(context.Background(), j)
+		if o.Reason != "" {
+			return &protocol.Blob{Name: o.Reason + ": " + o.Message}
+		}
+		return &protocol.Blob{Name: "ok", Data: o.Outputs[0].Data}
+	}
+	if got := run(blobFile("/d", id, len(data), false, false)); got.Name != "ok" || string(got.Data) != "300000 1700000000\n" {
+		t.Fatalf("after a cut download: %s %q", got.Name, got.Data)
+	}
+	if n := host.gets.Load(); n != 2 {
+		t.Errorf("%d requests, want 2: the cut one and the rest", n)
+	}
+	other := host.add(bytes.Repeat([]byte("z"), 5000))
+	host.corrupted.Store(true)
+	if got := run(blobFile("/d", other, 5000, false, false)); got.Name != "ok" {
+		t.Fatalf("after a corrupted download: %s", got.Name)
+	}
+	missing := "sha256:" + strings.Repeat("0", 64)
+	if got := run(blobFile("/d", missing, 10, false, false)); !strings.HasPrefix(got.Name, protocol.ReasonWorker+": fetching data for /d") {
+		t.Fatalf("a missing blob: %s", got.Name)
+	}
+}
