@@ -101,11 +101,11 @@ type engine struct {
 	log    *slog.Logger
 	cache  wazero.CompilationCache
 	rt     wazero.Runtime
-	tmpDir string     // parent of per-attempt directories
+	tmpDir string // parent of per-attempt directories
 	// dataDir is the data cache's directory, where the blobs a task
 	// mounts are (dataCache.prepare put them there).
 	dataDir string
-	slot   *slotChild // set in a slot process
+	slot    *slotChild // set in a slot process
 	// memPool keeps the linear memory of the last attempt for the next
 	// (slot processes only: their attempts run one after the other and
 	// are never closed from another goroutine).

@@ -441,8 +441,8 @@ func (f roFile) Stat() (sys.Stat_t, experimentalsys.Errno) {
 }
 
 func (f roFile) Utimens(atim, mtim int64) experimentalsys.Errno { return experimentalsys.EROFS }
-func (f roFile) Truncate(int64) experimentalsys.Errno            { return experimentalsys.EBADF }
-func (f roFile) Write([]byte) (int, experimentalsys.Errno)       { return 0, experimentalsys.EBADF }
+func (f roFile) Truncate(int64) experimentalsys.Errno           { return experimentalsys.EBADF }
+func (f roFile) Write([]byte) (int, experimentalsys.Errno)      { return 0, experimentalsys.EBADF }
 func (f roFile) Pwrite([]byte, int64) (int, experimentalsys.Errno) {
 	return 0, experimentalsys.EBADF
 }
