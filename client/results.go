@@ -36,7 +36,9 @@ func (c *Client) Results(ctx context.Context, id, dir string) error {
 			if err := checkOutputName(o.Name); err != nil {
 				return fmt.Errorf("results of workflow %s: task %q: %w", id, t.Name, err)
 			}
-			files = append(files, file{t.Name, o.Name, t.Name + "/" + o.Name})
+			// An output by path outside /out goes where it was in the
+			// task's tree: /work/top.txt to DIR/<task>/work/top.txt.
+			files = append(files, file{t.Name, o.Name, t.Name + "/" + strings.TrimPrefix(o.Name, "/")})
 		}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -103,6 +105,9 @@ func checkTaskName(name string) error {
 // checkOutputName refuses output names that are not clean relative
 // slash-separated paths inside the task's directory.
 func checkOutputName(name string) error {
+	if rel, ok := strings.CutPrefix(name, "/"); ok && rel != "" && !strings.HasPrefix(rel, "/") {
+		name = rel // an output by path outside /out
+	}
 	switch {
 	case name == "":
 		return fmt.Errorf("refusing empty output name")

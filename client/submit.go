@@ -26,7 +26,8 @@ func IsModuleID(s string) bool { return moduleID.MatchString(s) }
 // server gives it. Nothing else in the file changes: the other bytes, the
 // order of fields and fields this client does not know reach the server as
 // they were written, for the server to judge. Submitted.Modules lists the
-// paths that were pushed.
+// paths that were pushed. Data paths in the tasks' "files" are pushed the
+// same way (a directory as an archive) and listed in Submitted.Data.
 func (c *Client) SubmitFile(ctx context.Context, path string) (Submitted, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -36,11 +37,15 @@ func (c *Client) SubmitFile(ctx context.Context, path string) (Submitted, error)
 	if err != nil {
 		return Submitted{}, fmt.Errorf("submit %s: %w", path, err)
 	}
+	out, data2, err := c.pushBlobs(ctx, out, filepath.Dir(path))
+	if err != nil {
+		return Submitted{}, fmt.Errorf("submit %s: %w", path, err)
+	}
 	s, err := c.submit(ctx, out)
 	if err != nil {
 		return Submitted{}, fmt.Errorf("submit %s: %w", path, err)
 	}
-	s.Modules = pushed
+	s.Modules, s.Data = pushed, data2
 	return s, nil
 }
 

@@ -46,6 +46,9 @@ type Submitted struct {
 	// the workflow file, to the module id it was rewritten to. It is not
 	// part of the server's answer.
 	Modules map[string]string `json:"-"`
+	// Data maps every data path that SubmitFile pushed (a file, or a
+	// directory as an archive) to its id, as Modules does for modules.
+	Data map[string]string `json:"-"`
 }
 
 // Counts is the number of tasks of a workflow in each task state.

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/cyclepool/cyclepool/internal/taskbuild"
 )
@@ -35,7 +36,7 @@ func TestExamplesOnTheEmbeddedDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	examples := []string{"primes", "mandelbrot", "inspection"}
+	examples := []string{"primes", "mandelbrot", "inspection", "wordcount"}
 
 	// The user's directory: the modules where `make build` puts them.
 	work := t.TempDir()
@@ -126,6 +127,7 @@ func TestExamplesOnTheEmbeddedDatabase(t *testing.T) {
 	checkPrimes(t, examplePrimeRanges(t, filepath.Join(root, "examples", "primes.json")), out)
 	checkMandelbrot(t, out)
 	checkInspection(t, out)
+	checkWordcount(t, filepath.Join(root, "examples", "data"), out)
 
 	// Stopped, the server stops its PostgreSQL; started again, it has kept
 	// every workflow.
@@ -315,5 +317,59 @@ func checkInspection(t *testing.T, out func(ex, task, name string) []byte) {
 	}
 	if report.AnomaliesTotal != total || len(report.Anomalies) != total {
 		t.Errorf("the report has %d anomalies (%d listed), its anomaly tasks found %d", report.AnomaliesTotal, len(report.Anomalies), total)
+	}
+}
+
+// checkWordcount checks the word counts of wordcount.json (four parts of a
+// corpus mounted from a data blob, stop words from a mounted directory,
+// reduced) against a count of the whole corpus made here, and the top
+// words the reduce wrote in its working directory.
+func checkWordcount(t *testing.T, dataDir string, out func(ex, task, name string) []byte) {
+	t.Helper()
+	corpus, err := os.ReadFile(filepath.Join(dataDir, "corpus.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopList, err := os.ReadFile(filepath.Join(dataDir, "wordcount-conf", "stopwords.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := map[string]bool{}
+	for _, w := range strings.Fields(string(stopList)) {
+		stop[w] = true
+	}
+	want := map[string]int{}
+	for _, w := range strings.FieldsFunc(strings.ToLower(string(corpus)), func(r rune) bool { return !unicode.IsLetter(r) }) {
+		if !stop[w] {
+			want[w]++
+		}
+	}
+	got := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out("wordcount", "reduce", "counts.tsv"))), "\n") {
+		w, n, _ := strings.Cut(line, "\t")
+		got[w], _ = strconv.Atoi(n)
+	}
+	if len(got) != len(want) {
+		t.Errorf("wordcount: %d distinct words, want %d", len(got), len(want))
+	}
+	for w, n := range want {
+		if got[w] != n {
+			t.Errorf("wordcount: %q counted %d times, want %d", w, got[w], n)
+			break
+		}
+	}
+	top := strings.Split(strings.TrimSpace(string(out("wordcount", "reduce", "work/top.txt"))), "\n")
+	if len(top) != 20 {
+		t.Fatalf("wordcount: top.txt has %d lines, want 20 ($TOP)", len(top))
+	}
+	var first string
+	var firstN int
+	for w, n := range want {
+		if n > firstN || n == firstN && w < first {
+			first, firstN = w, n
+		}
+	}
+	if top[0] != fmt.Sprintf("%d %s", firstN, first) {
+		t.Errorf("wordcount: the top word is %q, want \"%d %s\"", top[0], firstN, first)
 	}
 }

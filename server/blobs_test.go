@@ -335,3 +335,71 @@ func TestBlobTransferMemoryIsBounded(t *testing.T) {
 		t.Fatalf("the heap grew by %d MiB while moving a %d MiB blob, want at most 40", grew>>20, size>>20)
 	}
 }
+
+// A workflow may mount only the owner's own data, archives only as
+// archives; the data a workflow mounts stays while the workflow does.
+func TestSubmitChecksData(t *testing.T) {
+	b := newBlobServer(t, Config{})
+	st, body, _ := b.do(t, "POST", "/api/v1/modules", b.alice, bytes.NewReader(minimalModule))
+	if st != 201 {
+		t.Fatalf("push module: %d %s", st, body)
+	}
+	var m struct{ ID string }
+	json.Unmarshal(body, &m)
+	file := []byte("some data")
+	fileID := blobID(file)
+	for _, tok := range []string{b.alice, b.bob} {
+		if st, body, _ := b.do(t, "PUT", "/api/v1/blobs/"+fileID, tok, bytes.NewReader(file)); st != 201 {
+			t.Fatalf("push data: %d %s", st, body)
+		}
+	}
+	bobOnly := []byte("bob's")
+	if st, _, _ := b.do(t, "PUT", "/api/v1/blobs/"+blobID(bobOnly), b.bob, bytes.NewReader(bobOnly)); st != 201 {
+		t.Fatal("push bob's data")
+	}
+	wf := func(files string) string {
+		return `{"name": "w", "tasks": [{"name": "t", "module": "` + m.ID + `", "files": {` + files + `}}]}`
+	}
+	tests := []struct {
+		files, field, msg string
+	}{
+		{`"/d": {"blob": "` + blobID(bobOnly) + `"}`, "files./d.blob", "unknown data"},
+		{`"/d": {"blob": "` + blobID([]byte("nobody's")) + `"}`, "files./d.blob", "unknown data"},
+		{`"/d": {"blob": "` + fileID + `", "archive": true}`, "files./d.blob", "not pushed as an archive"},
+		{`"/d": {"blob": "./local/file"}`, "files./d.blob", "is a path"},
+		{`"/in/x": {"data": "x"}`, "files./in/x", "under /in"},
+	}
+	for _, tc := range tests {
+		st, body, _ := b.do(t, "POST", "/api/v1/workflows", b.alice, strings.NewReader(wf(tc.files)))
+		var e struct{ Error, Task, Field string }
+		json.Unmarshal(body, &e)
+		if st != 400 || e.Task != "t" || e.Field != tc.field || !strings.Contains(e.Error, tc.msg) {
+			t.Errorf("files {%s}: %d %s, want 400 naming task t, field %s, with %q", tc.files, st, body, tc.field, tc.msg)
+		}
+	}
+	var workflows int
+	b.db.QueryRow(context.Background(), `SELECT count(*) FROM workflows`).Scan(&workflows)
+	if workflows != 0 {
+		t.Fatalf("%d workflows written by refused submissions", workflows)
+	}
+	st, body, _ = b.do(t, "POST", "/api/v1/workflows", b.alice, strings.NewReader(wf(`"/d": {"blob": "`+fileID+`"}`)))
+	if st != 201 {
+		t.Fatalf("submit: %d %s", st, body)
+	}
+	var setup string
+	if err := b.db.QueryRow(context.Background(), `SELECT setup::text FROM tasks`).Scan(&setup); err != nil || !strings.Contains(setup, `"size": 9`) || !strings.Contains(setup, "/blobs/"+fileID+"?k=") {
+		t.Fatalf("the task's setup %s (%v), want the blob with its size and address", setup, err)
+	}
+	// Removed by both owners, the data stays while the workflow reads it.
+	for _, tok := range []string{b.alice, b.bob} {
+		b.do(t, "DELETE", "/api/v1/blobs/"+fileID, tok, nil)
+	}
+	if _, err := b.srv.store.CollectBlobGarbage(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var kept int
+	b.db.QueryRow(context.Background(), `SELECT count(*) FROM blobs WHERE id = $1`, fileID).Scan(&kept)
+	if kept != 1 {
+		t.Fatal("the data a workflow reads was collected")
+	}
+}

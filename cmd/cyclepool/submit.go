@@ -31,6 +31,14 @@ func runSubmit(ctx context.Context, args []string) error {
 	for _, p := range paths {
 		fmt.Fprintf(os.Stderr, "pushed %s as %s\n", p, sub.Modules[p])
 	}
+	paths = paths[:0]
+	for p := range sub.Data {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		fmt.Fprintf(os.Stderr, "pushed data %s as %s\n", p, sub.Data[p])
+	}
 	fmt.Println(sub.ID)
 	return nil
 }

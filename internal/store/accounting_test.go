@@ -366,9 +366,9 @@ func TestResultsBreakingTheTasksRulesAreRefused(t *testing.T) {
 		{"an output name that climbs out", func(c Claimed) Completion {
 			return Completion{Attempt: c.Attempt, Worker: c.Worker, OK: true, Outputs: []Output{{Name: "../../pwned", Data: []byte("x")}}}
 		}, "must be a clean relative path", "ready", 0},
-		{"an absolute output name", func(c Claimed) Completion {
-			return Completion{Attempt: c.Attempt, Worker: c.Worker, OK: true, Outputs: []Output{{Name: "/etc/abs", Data: []byte("x")}}}
-		}, "must be a clean relative path", "ready", 0},
+		{"an absolute output name under /in", func(c Claimed) Completion {
+			return Completion{Attempt: c.Attempt, Worker: c.Worker, OK: true, Outputs: []Output{{Name: "/in/abs", Data: []byte("x")}}}
+		}, "must be a clean path outside /in and /out", "ready", 0},
 		{"a result within the limits", func(c Claimed) Completion {
 			return Completion{Attempt: c.Attempt, Worker: c.Worker, OK: true, Outputs: []Output{{Name: "stdout", Data: big(1 << 20)}}, Log: big(1 << 10)}
 		}, "", "done", 1 << 10},

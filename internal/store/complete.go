@@ -205,7 +205,8 @@ func appendStored(keys []int64, names []string, datas [][]byte, key int64, os []
 
 // badOutputs says what is wrong with a result's outputs ("" when
 // nothing): distinct names, valid UTF-8, each one the workflow file could
-// name (workflow.CheckOutputName: a clean relative path).
+// name (workflow.CheckOutputName: a clean relative path, or an absolute
+// one outside /in and /out).
 func badOutputs(os []Output) string {
 	names := make(map[string]bool, len(os))
 	for _, o := range os {

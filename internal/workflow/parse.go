@@ -219,10 +219,19 @@ func checkInputName(n string) string {
 
 // CheckOutputName says what is wrong with an output name ("" when
 // nothing): the rule the workflow file's "output" fields follow, which the
-// server also applies to the outputs a worker reports.
+// server also applies to the outputs a worker reports. A name is a clean
+// relative path (a file under /out, or "stdout"), or a clean absolute one
+// outside /in and /out (a file of the task's "outputs").
 func CheckOutputName(o string) string { return checkOutputName(o) }
 
 func checkOutputName(o string) string {
+	if rel, ok := strings.CutPrefix(o, "/"); ok {
+		// An output declared by its path outside /out ("outputs").
+		if msg := checkPath(o); msg != "" || rel == "" {
+			return fmt.Sprintf("output name %q: an absolute output name must be a clean path outside /in and /out", o)
+		}
+		o = rel
+	}
 	switch {
 	case o == "":
 		return "output name must not be empty"
