@@ -12,11 +12,14 @@
 //	mv FROM TO      renames
 //	fill PATH N     writes N bytes to the file
 //	stat PATH       size and modification time (Unix seconds)
+//	sha PATH        the file's size and sha256, in hex
 package main
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strconv"
@@ -27,7 +30,7 @@ func main() {
 	args := os.Args[1:]
 	for len(args) > 0 {
 		cmd := args[0]
-		need := map[string]int{"env": 0, "pwd": 0, "cat": 1, "ls": 1, "write": 2, "append": 2, "rm": 1, "mv": 2, "fill": 2, "stat": 1}[cmd]
+		need := map[string]int{"env": 0, "pwd": 0, "cat": 1, "ls": 1, "write": 2, "append": 2, "rm": 1, "mv": 2, "fill": 2, "stat": 1, "sha": 1}[cmd]
 		if len(args) < 1+need {
 			fmt.Fprintf(os.Stderr, "fsprobe: %s wants %d arguments\n", cmd, need)
 			os.Exit(2)
@@ -77,6 +80,15 @@ func run(cmd string, a []string) string {
 			return result("", err)
 		}
 		return result("ok", os.WriteFile(a[0], bytes.Repeat([]byte("x"), n), 0o644))
+	case "sha":
+		f, err := os.Open(a[0])
+		if err != nil {
+			return result("", err)
+		}
+		defer f.Close()
+		h := sha256.New()
+		n, err := io.Copy(h, f)
+		return result(fmt.Sprintf("%d %x", n, h.Sum(nil)), err)
 	case "stat":
 		fi, err := os.Stat(a[0])
 		if err != nil {

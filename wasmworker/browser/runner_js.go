@@ -5,10 +5,12 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"path"
 	"sort"
 	"strings"
 	"sync"
@@ -283,8 +285,8 @@ func (r *runner) run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 		list := make([]any, 0, len(as.Inputs))
 		seen := map[string]bool{}
 		for _, in := range as.Inputs {
-			if in.Name == "" || in.Name == "." || in.Name == ".." || strings.ContainsAny(in.Name, "/\\\x00") {
-				return fail(start, protocol.ReasonWorker, "input name %q is not a plain file name", in.Name)
+			if !inputNameOK(in.Name) {
+				return fail(start, protocol.ReasonWorker, "input name %q is not a plain file name or a clean absolute path", in.Name)
 			}
 			if seen[in.Name] {
 				return fail(start, protocol.ReasonWorker, "input %q appears twice", in.Name)
@@ -346,9 +348,17 @@ func (r *runner) run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 	}()
 
 	share := r.b.share()
+	var setup any // null for most tasks; else the protocol.Setup as JSON, for worker.js to fetch its data
+	if as.Setup != nil {
+		b, err := json.Marshal(as.Setup)
+		if err != nil {
+			return fail(start, protocol.ReasonWorker, "bad setup: %v", err)
+		}
+		setup = string(b)
+	}
 	r.run_.Invoke(float64(as.Attempt), as.Module, lim.MemoryPages, args, bytesOrNull(as.Stdin.Data), inputs,
 		bytesOrNull(as.Restore.Data), float64(as.Seed>>32), float64(as.Seed&0xffffffff), as.CkptMS, share,
-		lim.WallMS, lim.OutputBytes, lim.LogBytes, float64(time.Since(start))/1e6)
+		lim.WallMS, lim.OutputBytes, lim.LogBytes, float64(time.Since(start))/1e6, setup)
 
 	var out *wasmworker.Outcome
 	select {
@@ -524,6 +534,17 @@ func unpack(b []byte) (outputs []protocol.Blob, log []byte, err error) {
 }
 
 // bytesOrNull is b as a Uint8Array, or null when b is empty.
+// inputNameOK accepts an input's name: a plain file name (a file of /in)
+// or a clean absolute path outside /in and /out (an upstream output at a
+// path of the task's own tree, with a setup).
+func inputNameOK(name string) bool {
+	if rest, ok := strings.CutPrefix(name, "/"); ok {
+		return rest != "" && path.Clean(name) == name && !strings.ContainsAny(name, "\\\x00") &&
+			rest != "in" && rest != "out" && !strings.HasPrefix(rest, "in/") && !strings.HasPrefix(rest, "out/")
+	}
+	return name != "" && name != "." && name != ".." && !strings.ContainsAny(name, "/\\\x00")
+}
+
 func bytesOrNull(b []byte) any {
 	if len(b) == 0 {
 		return nil

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -89,7 +90,7 @@ func (a *attempt) prepareSetup() error {
 			// A tree is mounted as it is in the cache, read-only, unless
 			// the task may change it, it is the root, or other files go
 			// inside it: then the task gets a copy.
-			inside := slices_any(files[k+1:], func(g protocol.File) bool { return strings.HasPrefix(g.Path, strings.TrimSuffix(f.Path, "/")+"/") })
+			inside := slices.ContainsFunc(files[k+1:], func(g protocol.File) bool { return strings.HasPrefix(g.Path, strings.TrimSuffix(f.Path, "/")+"/") })
 			if f.Writable || f.Path == "/" || inside {
 				if err := copyTree(tree, p); err != nil {
 					return err
@@ -142,16 +143,6 @@ func (a *attempt) prepareSetup() error {
 	sfs.scratch.limit = sfs.scratch.bytes + scratch
 	sfs.scratch.what = "scratch"
 	return nil
-}
-
-// slices_any reports whether some element of s passes f.
-func slices_any[T any](s []T, f func(T) bool) bool {
-	for _, v := range s {
-		if f(v) {
-			return true
-		}
-	}
-	return false
 }
 
 // DefaultScratchBytes bounds what a task with a setup writes outside /out
@@ -232,7 +223,7 @@ func (s *setupFS) fsConfig(dir string, t *touched, out func() *outCount) wazero.
 	}
 	sort.Strings(trees)
 	for _, g := range trees {
-		fsc = fsc.WithSysFSMount(&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(s.roTrees[g])}, g).(experimentalsysfs.FSConfig)
+		fsc = fsc.WithSysFSMount(&roTreeFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(s.roTrees[g])}}, g).(experimentalsysfs.FSConfig)
 	}
 	return fsc.WithSysFSMount(touchFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(dir, "in"))}, &t.in}, "/in").(experimentalsysfs.FSConfig).
 		WithSysFSMount(noLinkFS{touchFS{countFS{experimentalsysfs.DirFS(filepath.Join(dir, "out")), out}, &t.out}}, "/out")
@@ -246,18 +237,18 @@ func (a *attempt) setupModuleConfig() wazero.ModuleConfig {
 	cfg := moduleConfig(a.dir, a.touched, func() *outCount { return &a.out }, &a.stdin, a.stdout, a.stderr,
 		a.clock.walltime, a.clock.nanotime, a.clock.nanosleep, &a.clock.rand).
 		WithFSConfig(a.setup.fsConfig(a.dir, a.touched, func() *outCount { return &a.out }))
-	pwd := false
-	for _, kv := range su.Env {
-		k, v, _ := strings.Cut(kv, "=")
-		cfg = cfg.WithEnv(k, v)
-		pwd = pwd || k == "PWD"
-	}
-	if !pwd {
+	env := append([]string(nil), su.Env...)
+	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "PWD=") }) {
 		cwd := su.Cwd
 		if cwd == "" {
 			cwd = "/"
 		}
-		cfg = cfg.WithEnv("PWD", cwd)
+		env = append(env, "PWD="+cwd)
+		sort.Strings(env) // as the browser's shim: sorted by name
+	}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		cfg = cfg.WithEnv(k, v)
 	}
 	return cfg
 }
@@ -445,4 +436,31 @@ func (f roFile) Truncate(int64) experimentalsys.Errno           { return experim
 func (f roFile) Write([]byte) (int, experimentalsys.Errno)      { return 0, experimentalsys.EBADF }
 func (f roFile) Pwrite([]byte, int64) (int, experimentalsys.Errno) {
 	return 0, experimentalsys.EBADF
+}
+
+// roTreeFS is a read-only tree a task mounts: every change is EROFS, as
+// in the browser's shim (wazero's ReadFS answers ENOSYS to some).
+type roTreeFS struct{ experimentalsys.FS }
+
+func (f *roTreeFS) OpenFile(p string, flag experimentalsys.Oflag, perm fs.FileMode) (experimentalsys.File, experimentalsys.Errno) {
+	if flag&(experimentalsys.O_WRONLY|experimentalsys.O_RDWR|experimentalsys.O_TRUNC|experimentalsys.O_APPEND) != 0 {
+		return nil, experimentalsys.EROFS
+	}
+	if flag&experimentalsys.O_CREAT != 0 {
+		if _, errno := f.FS.Lstat(p); errno == experimentalsys.ENOENT {
+			return nil, experimentalsys.EROFS
+		}
+	}
+	return f.FS.OpenFile(p, flag&^experimentalsys.O_CREAT, perm)
+}
+
+func (f *roTreeFS) Mkdir(string, fs.FileMode) experimentalsys.Errno { return experimentalsys.EROFS }
+func (f *roTreeFS) Chmod(string, fs.FileMode) experimentalsys.Errno { return experimentalsys.EROFS }
+func (f *roTreeFS) Rename(string, string) experimentalsys.Errno     { return experimentalsys.EROFS }
+func (f *roTreeFS) Rmdir(string) experimentalsys.Errno              { return experimentalsys.EROFS }
+func (f *roTreeFS) Unlink(string) experimentalsys.Errno             { return experimentalsys.EROFS }
+func (f *roTreeFS) Link(string, string) experimentalsys.Errno       { return experimentalsys.EROFS }
+func (f *roTreeFS) Symlink(string, string) experimentalsys.Errno    { return experimentalsys.EROFS }
+func (f *roTreeFS) Utimens(string, int64, int64) experimentalsys.Errno {
+	return experimentalsys.EROFS
 }

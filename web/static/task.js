@@ -140,6 +140,133 @@ function byteCompare(a, b) {
 }
 
 function newDir(writable, mtime) { return { dir: true, entries: new Map(), writable, mtime }; }
+
+// setupTree builds the tree of a task with a setup (docs/DATA.md) as the
+// headless runner lays it out: the files of the setup by path (a mount
+// inside another after it), upstream outputs at their paths, in/ and out/
+// as entries of the root, and the working directory. Read-only blobs and
+// trees are pinned: they and the directories holding them cannot be
+// removed or renamed. A read-only archive is preopened as a tree of its
+// own unless something is mounted inside it, it is the root, or it is
+// writable (then the task's tree holds a private copy).
+function setupTree(su, inputs, inDir, outDir) {
+  const root = newDir(true, EPOCH_NS);
+  const dirAt = (path) => {
+    let d = root;
+    for (const s of path.split("/").filter(Boolean)) {
+      let n = d.entries.get(s);
+      if (!n || !n.dir) { n = newDir(true, EPOCH_NS); d.entries.set(s, n); }
+      d = n;
+    }
+    return d;
+  };
+  const pin = (path) => { // the node at path and every directory above it
+    let d = root;
+    for (const s of path.split("/").filter(Boolean)) { d = d.entries.get(s); if (!d) return; d.pinned = true; }
+  };
+  const place = (path, node) => { const i = path.lastIndexOf("/"); dirAt(path.slice(0, i)).entries.set(path.slice(i + 1), node); };
+  const roTrees = [], files = [...su.files].sort((a, b) => byteCompare(a.path, b.path));
+  files.forEach((f, k) => {
+    if (f.archive) {
+      const inside = files.slice(k + 1).some((g) => g.path.startsWith(f.path === "/" ? "/" : f.path + "/"));
+      const writable = f.writable || f.path === "/" || inside;
+      const t = untar(f.bytes, writable);
+      if (f.path === "/") { for (const [name, n] of t.entries) if (name !== "in" && name !== "out") root.entries.set(name, n); return; }
+      if (writable) { const d = dirAt(f.path); for (const [name, n] of t.entries) d.entries.set(name, n); return; }
+      place(f.path, t); pin(f.path); roTrees.push({ path: f.path, node: t });
+    } else if (f.bytes === undefined) {
+      place(f.path, newFile(enc.encode(f.data), true, EPOCH_NS));
+    } else if (f.writable) {
+      place(f.path, newFile(f.bytes.slice(), true, EPOCH_NS));
+    } else {
+      place(f.path, newFile(f.bytes, false, EPOCH_NS)); pin(f.path);
+    }
+  });
+  for (const { name, data } of inputs) if (name.startsWith("/")) place(name, newFile(data.slice(), true, EPOCH_NS));
+  root.entries.set("in", inDir); root.entries.set("out", outDir);
+  const cwd = su.cwd || "/";
+  dirAt(cwd);
+  const env = [...su.env];
+  if (!env.some((kv) => kv.startsWith("PWD="))) { env.push("PWD=" + cwd); env.sort(byteCompare); }
+  const baseBytes = treeBytes(root, inDir, outDir);
+  const scratch = su.scratchBytes > 0 ? su.scratchBytes : 1 << 30;
+  return { root, roTrees, env, outputs: su.outputs, baseBytes, scratchLimit: baseBytes + scratch };
+}
+
+// treeBytes adds up the writable files' bytes of a tree, /in and /out
+// left out.
+function treeBytes(d, inDir, outDir) {
+  let n = 0;
+  for (const c of d.entries.values()) {
+    if (c === inDir || c === outDir) continue;
+    if (c.dir) n += treeBytes(c, inDir, outDir); else if (c.writable) n += c.size;
+  }
+  return n;
+}
+
+// lookup returns the node at an absolute path of a tree, or undefined.
+function lookup(root, path) {
+  let n = root;
+  for (const s of path.split("/").filter(Boolean)) { if (!n || !n.dir) return undefined; n = n.entries.get(s); }
+  return n;
+}
+
+// untar reads a tar archive (checked by the server when it was pushed:
+// internal/archive) into a directory tree. A symbolic link to a file of the
+// archive becomes a second name of that file, as the headless runner's
+// hard link; others are left out.
+function untar(bytes, writable) {
+  const root = newDir(writable, EPOCH_NS);
+  const links = [];
+  const field = (h, off, len) => { let e = off; while (e < off + len && h[e] !== 0) e++; return dec.decode(h.subarray(off, e)); };
+  const octal = (h, off, len) => parseInt(field(h, off, len).trim() || "0", 8);
+  let pax = {}, longName = null, longLink = null;
+  for (let off = 0; off + 512 <= bytes.length;) {
+    const h = bytes.subarray(off, off + 512);
+    if (h.every((b) => b === 0)) break;
+    const size = octal(h, 124, 12), type = String.fromCharCode(h[156] || 48);
+    const body = bytes.subarray(off + 512, off + 512 + size);
+    off += 512 + Math.ceil(size / 512) * 512;
+    if (type === "x") {
+      for (const rec of dec.decode(body).split("\n")) {
+        const m = /^\d+ ([^=]+)=(.*)$/s.exec(rec);
+        if (m) pax[m[1]] = m[2];
+      }
+      continue;
+    }
+    if (type === "g") continue;
+    if (type === "L") { longName = field(body, 0, body.length); continue; }
+    if (type === "K") { longLink = field(body, 0, body.length); continue; }
+    let name = pax.path || longName || (field(h, 345, 155) ? field(h, 345, 155) + "/" : "") + field(h, 0, 100);
+    const link = pax.linkpath || longLink || field(h, 157, 100);
+    pax = {}; longName = null; longLink = null;
+    const parts = name.split("/").filter((s) => s && s !== ".");
+    if (!parts.length) continue;
+    let d = root;
+    for (const s of parts.slice(0, -1)) {
+      let n = d.entries.get(s);
+      if (!n) { n = newDir(writable, EPOCH_NS); d.entries.set(s, n); }
+      d = n;
+    }
+    const last = parts[parts.length - 1];
+    if (type === "5") { if (!d.entries.has(last)) d.entries.set(last, newDir(writable, EPOCH_NS)); }
+    else if (type === "2") links.push({ dir: parts.slice(0, -1), name: last, parent: d, link });
+    else d.entries.set(last, newFile(body.slice(), writable, EPOCH_NS));
+  }
+  const follow = (dir, link, depth) => {
+    const stack = [...dir];
+    for (const s of link.split("/")) { if (s === "..") stack.pop(); else if (s && s !== ".") stack.push(s); }
+    let n = root;
+    for (const s of stack) { if (!n || !n.dir) return null; n = n.entries.get(s); }
+    if (!n && depth < 40) { // a link to a link
+      const l = links.find((x) => [...x.dir, x.name].join("/") === stack.join("/"));
+      if (l) return follow(l.dir, l.link, depth + 1);
+    }
+    return n && !n.dir ? n : null;
+  };
+  for (const l of links) { const n = follow(l.dir, l.link, 0); if (n) l.parent.entries.set(l.name, n); }
+  return root;
+}
 function newFile(data, writable, mtime) { return { dir: false, data, size: data.length, writable, mtime }; }
 function realNow() { return BigInt(Date.now()) * 1000000n; }
 
@@ -176,14 +303,22 @@ function runAttempt(p) {
 
   // ---- files ----
   const inDir = newDir(false, EPOCH_NS);
-  for (const { name, data } of p.inputs) inDir.entries.set(name, newFile(data, false, EPOCH_NS));
+  for (const { name, data } of p.inputs) if (!name.startsWith("/")) inDir.entries.set(name, newFile(data, false, EPOCH_NS));
   const outDir = newDir(true, realNow());
   const stdin = { kind: "stdin", data: p.stdin, pos: 0, flags: 0 };
   let stdoutParts = [], stdoutSize = 0;
   let logBuf = new Uint8Array(Math.min(limits.logBytes, 4096)), logSize = 0;
-  const fds = [stdin, { kind: "stdout", flags: 0 }, { kind: "stderr", flags: 0 },
-    { kind: "node", node: inDir, preopen: "/in", flags: 0, pos: 0 },
-    { kind: "node", node: outDir, preopen: "/out", flags: 0, pos: 0 }];
+  const fds = [stdin, { kind: "stdout", flags: 0 }, { kind: "stderr", flags: 0 }];
+  // A task with a setup has a tree of its own, preopened as "/" before the
+  // read-only trees it mounts, /in and /out, in the headless runner's order.
+  const tree = p.setup ? setupTree(p.setup, p.inputs, inDir, outDir) : null;
+  if (tree) {
+    fds.push({ kind: "node", node: tree.root, preopen: "/", flags: 0, pos: 0 });
+    for (const t of tree.roTrees) fds.push({ kind: "node", node: t.node, preopen: t.path, flags: 0, pos: 0 });
+  }
+  fds.push({ kind: "node", node: inDir, preopen: "/in", flags: 0, pos: 0 },
+    { kind: "node", node: outDir, preopen: "/out", flags: 0, pos: 0 });
+  const environ = tree ? tree.env.map((kv) => enc.encode(kv)) : [];
 
   let memory = null, u8 = new Uint8Array(0), dv = new DataView(new ArrayBuffer(0));
   const view = () => { if (u8.buffer !== memory.buffer) { u8 = new Uint8Array(memory.buffer); dv = new DataView(memory.buffer); } };
@@ -270,8 +405,19 @@ function runAttempt(p) {
       });
       return 0;
     },
-    environ_sizes_get(n, size) { view(); dv.setUint32(n >>> 0, 0, true); dv.setUint32(size >>> 0, 0, true); return 0; },
-    environ_get() { return 0; },
+    environ_sizes_get(n, size) {
+      view(); dv.setUint32(n >>> 0, environ.length, true);
+      dv.setUint32(size >>> 0, environ.reduce((s, kv) => s + kv.length + 1, 0), true);
+      return 0;
+    },
+    environ_get(ptrs, buf) {
+      view(); let b = buf >>> 0;
+      environ.forEach((kv, i) => {
+        dv.setUint32((ptrs >>> 0) + 4 * i, b, true);
+        u8.set(kv, b); u8[b + kv.length] = 0; b += kv.length + 1;
+      });
+      return 0;
+    },
     clock_res_get(id, ptr) {
       if (id !== 0 && id !== 1) return E.INVAL;
       view(); dv.setBigUint64(ptr >>> 0, STEP, true); return 0;
@@ -556,6 +702,7 @@ function runAttempt(p) {
       if (!r.node) return E.NOENT;
       if (!r.node.dir) return E.NOTDIR;
       if (r.node === r.root || r.name === ".") return E.INVAL;
+      if (r.node.pinned) return E.PERM;
       if (!r.parent.writable) return E.ROFS;
       if (r.node.entries.size) return E.NOTEMPTY;
       r.parent.entries.delete(r.name);
@@ -566,6 +713,7 @@ function runAttempt(p) {
       if (typeof r === "number") return r;
       if (!r.node) return E.NOENT;
       if (r.node.dir) return E.ISDIR;
+      if (r.node.pinned) return E.PERM;
       if (!r.parent.writable) return E.ROFS;
       r.parent.entries.delete(r.name);
       return 0;
@@ -575,6 +723,7 @@ function runAttempt(p) {
       if (typeof a === "number") return a;
       if (typeof b === "number") return b;
       if (!a.node) return E.NOENT;
+      if (a.node.pinned || (b.node && b.node.pinned)) return E.PERM;
       if (!a.parent.writable || !b.parent.writable) return E.ROFS;
       if (b.node && b.node.dir && !a.node.dir) return E.ISDIR;
       if (b.node && !b.node.dir && a.node.dir) return E.NOTDIR;
@@ -701,6 +850,29 @@ function runAttempt(p) {
     if (total > limits.outputBytes) {
       return result("limit_output", `output limit of ${limits.outputBytes} bytes exceeded: stdout and files under /out add up to more (at /out/${f.name})`);
     }
+  }
+  if (tree) {
+    // The task's own tree: within its scratch limit, and the files at
+    // its output paths are outputs, named by their path.
+    const scratch = treeBytes(tree.root, inDir, outDir);
+    if (scratch > tree.scratchLimit) {
+      return result("limit_output", `scratch limit of ${tree.scratchLimit - tree.baseBytes} bytes exceeded: the task's files outside /out add up to more`);
+    }
+    for (const path of tree.outputs) {
+      const n = lookup(tree.root, path);
+      if (!n || n === inDir || n === outDir) continue;
+      const add = (node, name) => {
+        if (node.dir) { for (const [k, c] of node.entries) add(c, name + "/" + k); return; }
+        if (node.pinned) return; // a mounted blob
+        files.push({ name, data: node.data.slice(0, node.size) });
+        total += node.size;
+      };
+      add(n, path);
+      if (total > limits.outputBytes) {
+        return result("limit_output", `output limit of ${limits.outputBytes} bytes exceeded: stdout, /out and the outputs add up to more (at ${path})`);
+      }
+    }
+    files.sort((a, b) => byteCompare(a.name, b.name));
   }
   const r = result("", "");
   r.started = started; r.ran = ran;

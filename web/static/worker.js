@@ -74,7 +74,7 @@ function makeTasks(taskJs, server) {
   // terminated and busy; attempts whose instance was made ahead of time
   // (task.js); modules fetched from the server and found in the IndexedDB
   // cache.
-  const counts = { started: 0, terminated: 0, busy: 0, ahead: 0, fetched: 0, cached: 0, batches: 0, sent: 0 };
+  const counts = { started: 0, terminated: 0, busy: 0, ahead: 0, fetched: 0, cached: 0, batches: 0, sent: 0, dataFetched: 0, dataCached: 0 };
   const hex = (buf) => Array.from(new Uint8Array(buf), (b) => b.toString(16).padStart(2, "0")).join("");
   const cache = moduleCache();
 
@@ -296,20 +296,87 @@ function makeTasks(taskJs, server) {
   // a module it has run before posts no module. Its events go to Go's
   // events function; its wall time counts from its start.
   function run(attempt, moduleId, pages, args, stdin, inputs, restore, seedHi, seedLo, ckptMs, share,
-    wallMs, outputBytes, logBytes, prepareMs) {
+    wallMs, outputBytes, logBytes, prepareMs, setupJSON) {
     const key = moduleId + "/" + pages;
     const r = { w: null, over: false, prepareMs, wallMs, key };
     runs.set(attempt, r);
     const p = {
       attempt, key, module: null, ahead: false, reset: false, args: args || [], stdin: stdin || EMPTY, inputs: inputs || [],
       restore, seed: (BigInt(seedHi) << 32n) | BigInt(seedLo), ckptMs, share, ctl: null,
-      limits: { memoryPages: pages, wallMs, outputBytes, logBytes },
+      limits: { memoryPages: pages, wallMs, outputBytes, logBytes }, setup: null,
     };
     const queue = (mod) => { pending.push({ attempt, r, p, mod }); pump(); };
     const mod = compiled.get(key);
-    if (mod) { queue(mod); return; }
-    compile(moduleId, pages).then((m) => { if (!r.over) queue(m); },
-      (err) => { if (!r.over) { r.over = true; runs.delete(attempt); fail(attempt, "module", String(err)); } });
+    if (mod && !setupJSON) { queue(mod); return; }
+    // A task with a setup waits for its data too (docs/DATA.md).
+    const ready = setupJSON ? Promise.all([compile(moduleId, pages), setupFiles(JSON.parse(setupJSON))]) : compile(moduleId, pages).then((m) => [m]);
+    ready.then(([m, setup]) => { if (!r.over) { if (setup) p.setup = setup; queue(m); } },
+      (err) => {
+        if (r.over) return;
+        r.over = true; runs.delete(attempt);
+        if (err && err.dataError) fail(attempt, "worker", err.message); else fail(attempt, "module", String(err));
+      });
+  }
+
+  // setupFiles fetches the data of a task's setup and returns it as
+  // task.js takes it: each file with its bytes (or inline data).
+  async function setupFiles(su) {
+    const files = await Promise.all((su.files || []).map(async (f) => {
+      if (!f.blob) return { path: f.path, data: f.data === undefined ? "" : f.data };
+      try {
+        return { path: f.path, bytes: await blobBytes(f), archive: !!f.archive, writable: !!f.writable };
+      } catch (err) {
+        const e = new Error(`fetching data for ${f.path}: ${err && err.message || err}`);
+        e.dataError = true;
+        throw e;
+      }
+    }));
+    return { env: su.env || [], cwd: su.cwd || "/", files, outputs: su.outputs || [], scratchBytes: su.scratch_bytes || 0 };
+  }
+
+  // blobBytes returns a blob's bytes, checked against its id: from this
+  // page's memory, from the Cache API of earlier visits, or downloaded.
+  // A full quota evicts what the cache holds rather than failing.
+  const blobsById = new Map(); // id -> Promise<Uint8Array>
+  function blobBytes(f) {
+    let p = blobsById.get(f.blob);
+    if (!p) {
+      p = (async () => {
+        const url = server + f.url;
+        const check = async (buf) => "sha256:" + hex(await crypto.subtle.digest("SHA-256", buf)) === f.blob;
+        const store = self.caches ? await self.caches.open("cyclepool-data").catch(() => null) : null;
+        if (store) {
+          const kept = await store.match(url).catch(() => null);
+          if (kept) {
+            const buf = await kept.arrayBuffer();
+            if (await check(buf)) { counts.dataCached++; return new Uint8Array(buf); }
+            await store.delete(url).catch(() => {});
+          }
+        }
+        let buf = null;
+        for (let tries = 0; tries < 2 && !buf; tries++) {
+          const resp = await fetch(url);
+          if (!resp.ok) throw new Error(`GET ${server + "/blobs/" + f.blob}: HTTP ${resp.status}`);
+          const b = await resp.arrayBuffer();
+          if (await check(b)) buf = b;
+        }
+        if (!buf) throw new Error(`the data downloaded for ${f.blob} does not match its hash`);
+        counts.dataFetched++;
+        if (store) {
+          const put = () => store.put(url, new Response(buf.slice(0)));
+          await put().catch(async () => {
+            // Out of quota: make room by emptying this cache, and go on.
+            for (const k of await store.keys().catch(() => [])) await store.delete(k).catch(() => {});
+            await put().catch(() => {});
+          });
+        }
+        return new Uint8Array(buf);
+      })();
+      blobsById.set(f.blob, p);
+      p.catch(() => blobsById.delete(f.blob));
+      if (blobsById.size > 8) blobsById.delete(blobsById.keys().next().value);
+    }
+    return p;
   }
 
   // A task Web Worker's handlers are set once; they act on its current

@@ -1,0 +1,146 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// A task's env, working directory and files (a data blob, an archive
+// pushed from a directory, inline data, an upstream output at a path) read
+// the same in a browser and on a headless worker, byte for byte; a blob
+// several tasks mount reaches the page once; a browser task reads a 50 MB
+// input and writes a 20 MB output.
+func TestBrowserDataMatchesHeadless(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	ctx := context.Background()
+	probe := push(t, p.client, "fsprobe")
+
+	// The owner's data: a 50 MB file and a directory with a link in it.
+	work := t.TempDir()
+	big := make([]byte, 50<<20)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < len(big); i += 8 {
+		v := r.Uint64()
+		for k := 0; k < 8 && i+k < len(big); k++ {
+			big[i+k] = byte(v >> (8 * k))
+		}
+	}
+	bigPath := filepath.Join(work, "big.bin")
+	if err := os.WriteFile(bigPath, big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tree := filepath.Join(work, "conf")
+	os.MkdirAll(filepath.Join(tree, "sub"), 0o755)
+	os.WriteFile(filepath.Join(tree, "a.txt"), []byte("alpha"), 0o644)
+	os.WriteFile(filepath.Join(tree, "sub", "b.txt"), []byte("beta"), 0o644)
+	os.Symlink("../a.txt", filepath.Join(tree, "sub", "link"))
+	bigBlob, err := p.client.PushData(ctx, bigPath, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	treeBlob, err := p.client.PushData(ctx, tree, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !treeBlob.Archive {
+		t.Fatalf("a directory was pushed as %+v, want an archive", treeBlob)
+	}
+
+	files := map[string]any{
+		"/data/big.bin":  map[string]any{"blob": bigBlob.ID},
+		"/etc/conf":      map[string]any{"blob": treeBlob.ID, "archive": true},
+		"/work/own":      map[string]any{"blob": treeBlob.ID, "archive": true, "writable": true},
+		"/work/p.json":   map[string]any{"data": `{"k": 3}`},
+		"/work/part.txt": map[string]any{"from": "first"},
+	}
+	probeArgs := []string{"env", "pwd", "cat", "p.json", "cat", "part.txt", "ls", "/", "ls", "/etc/conf", "ls", "/etc/conf/sub",
+		"cat", "/etc/conf/sub/link", "stat", "/data/big.bin", "sha", "/data/big.bin",
+		"write", "/data/big.bin", "x", "rm", "/data/big.bin", "write", "/etc/conf/new", "x", "mv", "/etc", "/etc2",
+		"append", "own/a.txt", "+more", "cat", "own/a.txt", "write", "out.txt", "mine", "fill", "/work/big-out", "20000000",
+		"sha", "/work/big-out"}
+	wf := workflow("data",
+		task{"name": "first", "module": probe, "args": []string{"write", "/out/x", "y"}},
+		task{"name": "probe", "module": probe, "args": probeArgs, "env": map[string]string{"LANG": "C", "MODE": "test"},
+			"cwd": "/work", "files": files, "outputs": []string{"/work/out.txt", "/work/big-out"}},
+		task{"name": "again", "module": probe, "args": []string{"stat", "/data/big.bin"}, "files": files},
+	)
+
+	proxy := newCountingProxy(t, p.srv.url)
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, proxy.url)
+	id := submit(t, p.client, wf)
+	st := wait(t, p.client, id, 3*time.Minute)
+	if st.State != "done" {
+		t.Fatalf("workflow in the browser ended %s: %+v", st.State, st.Tasks)
+	}
+	if n := proxy.count("/blobs/" + bigBlob.ID); n != 1 {
+		t.Errorf("the page downloaded the 50 MB blob %d times for two tasks, want once", n)
+	}
+	browserOut := map[string]string{}
+	for _, name := range []string{"stdout", "/work/out.txt", "/work/big-out"} {
+		browserOut[name] = output(t, p.client, id, "probe", name)
+	}
+	lines := strings.Split(browserOut["stdout"], "\n")
+	sum := sha256.Sum256(big)
+	want := map[int]string{
+		0:  "LANG=C MODE=test PWD=/work",
+		1:  "/work",
+		2:  `{"k": 3}`,
+		3:  "ok", // first's stdout, "ok\n"
+		4:  "",
+		5:  "data etc in out work",
+		6:  "a.txt sub",
+		7:  "b.txt link",
+		8:  "alpha",
+		9:  fmt.Sprintf("%d 1700000000", len(big)),
+		10: fmt.Sprintf("%d %x", len(big), sum),
+		11: "error: open /data/big.bin: Read-only file system",
+		12: "error: remove /data/big.bin: Operation not permitted",
+		13: "error: open /etc/conf/new: Read-only file system",
+		14: "error: rename /etc /etc2: Operation not permitted",
+		16: "alpha+more",
+	}
+	for i, w := range want {
+		if i >= len(lines) || lines[i] != w {
+			t.Errorf("browser stdout line %d: %q, want %q\n%s", i, lines[min(i, len(lines)-1)], w, browserOut["stdout"])
+		}
+	}
+	if got := browserOut["/work/out.txt"]; got != "mine" {
+		t.Errorf("output /work/out.txt = %q", got)
+	}
+	if n := len(browserOut["/work/big-out"]); n != 20000000 {
+		t.Errorf("output /work/big-out has %d bytes, want 20000000", n)
+	}
+
+	// The same on a headless worker.
+	b.do(chromedp.Click(chromedp.ID("toggle")))
+	eventually(t, 10*time.Second, "the page to stop", func() bool {
+		var running bool
+		b.eval(`window.cyclepool.running`, &running)
+		return !running
+	})
+	startWorker(t, "headless", 2, p.srv.url)
+	id2 := submit(t, p.client, wf)
+	if st := wait(t, p.client, id2, 3*time.Minute); st.State != "done" {
+		t.Fatalf("workflow on the headless worker ended %s: %+v", st.State, st.Tasks)
+	}
+	for name, w := range browserOut {
+		if got := output(t, p.client, id2, "probe", name); got != w {
+			if len(got) > 2000 {
+				got, w = fmt.Sprintf("%d bytes", len(got)), fmt.Sprintf("%d bytes (equal: %v)", len(w), bytes.Equal([]byte(got), []byte(w)))
+			}
+			t.Errorf("%s differs:\nbrowser:  %q\nheadless: %q", name, w, got)
+		}
+	}
+}
