@@ -51,7 +51,7 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.ChurnTasks, "churn-tasks", 0, "counter tasks (about 1 s each) in the churn soak (default: 32 per CPU)")
 	fs.IntVar(&cfg.HostileTasks, "hostile-tasks", 2000, "counter tasks in the hostile part's honest workflow")
 	fs.IntVar(&cfg.HostileTaskMS, "hostile-task-ms", 10, "busy milliseconds of each task of the hostile part")
-	only := fs.String("only", "", "comma-separated parts to run: single, dispatch, churn, conns, wasm, browser, hostile")
+	only := fs.String("only", "", "comma-separated parts to run: single, dispatch, data, churn, conns, wasm, browser, hostile")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -60,6 +60,7 @@ func runServe(ctx context.Context, args []string) error {
 	newWorkerBurst := fs.Int("new-workers-per-address", 30, "new worker identities one address may make at once, then one per --new-worker-every")
 	newWorkerEvery := fs.Duration("new-worker-every", 20*time.Second, "how often an address may make one more new worker identity "+
 		"(0: no limit; behind a reverse proxy every volunteer has the proxy's address)")
+	dataQuota := fs.Int64("data-quota", 10<<10, "MiB of data blobs one owner may keep (docs/DATA.md)")
 	nprocs := fs.Int("procs", 0, "CPUs running the server's code at once (GOMAXPROCS); default: GOMAXPROCS if set, else half the CPUs with the embedded PostgreSQL, all of them with --database-url")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
@@ -115,7 +116,7 @@ func runServe(ctx context.Context, args []string) error {
 		every = -1 // server.Config: no limit
 	}
 	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Poll: *poll, Fairness: strategy, WorkerRetention: *retention,
-		FrameAncestors: *frameAncestors, NewWorkerBurst: *newWorkerBurst, NewWorkerEvery: every, SessionKey: sessionKey, Verify: verify,
+		DataQuota: *dataQuota << 20, FrameAncestors: *frameAncestors, NewWorkerBurst: *newWorkerBurst, NewWorkerEvery: every, SessionKey: sessionKey, Verify: verify,
 		Logger: log})
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	// The server outlives ctx (SIGINT, SIGTERM) by the local worker's
@@ -146,7 +147,7 @@ func runServe(ctx context.Context, args []string) error {
 		url, filepath.Join(*dataDir, "worker.key"))
 	var local *wasmworker.Worker
 	if *localSlots > 0 {
-		r, err := headless.New(ctx, headless.Config{CacheDir: filepath.Join(*dataDir, "cache"), Logger: log})
+		r, err := headless.New(ctx, headless.Config{CacheDir: filepath.Join(*dataDir, "cache"), DataDir: filepath.Join(*dataDir, "worker-data"), Logger: log})
 		if err != nil {
 			stop()
 			<-done

@@ -30,6 +30,8 @@ func runWorker(ctx context.Context, args []string) error {
 	gather := fs.Duration("gather", defaultGather, "how long a finished task's result may wait for others, to travel to the server "+
 		"in one frame with them, while other tasks run or wait (0: never)")
 	cache := fs.String("cache-dir", defaultCacheDir(), "directory of the compiled-module cache")
+	dataDir := fs.String("data-dir", "", "directory of the data cache: the blobs tasks mount, kept for later tasks (default: the user's cache directory)")
+	dataMiB := fs.Int64("data-cache-mib", headless.DefaultDataCacheBytes>>20, "bound of the data cache in MiB (blobs in use are never evicted)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	pprofAddr := fs.String("pprof", "", "serve Go's profiler on this address (e.g. 127.0.0.1:6060)")
 	key := fs.String("key", os.Getenv("CYCLEPOOL_WORKER_KEY"), "operator key (the server's --data-dir/worker.key): this machine is "+
@@ -52,7 +54,7 @@ func runWorker(ctx context.Context, args []string) error {
 	}
 	log := newLogger(*logLevel)
 	servePprof(*pprofAddr, log)
-	r, err := headless.New(ctx, headless.Config{CacheDir: *cache, Logger: log})
+	r, err := headless.New(ctx, headless.Config{CacheDir: *cache, Logger: log, DataDir: *dataDir, DataCacheBytes: *dataMiB << 20})
 	if err != nil {
 		return err
 	}

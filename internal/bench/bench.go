@@ -47,7 +47,7 @@ type Config struct {
 	Slots   int       // worker slots per worker process (default 16)
 	Workers int       // worker processes (default 2)
 	Queue   int       // attempts each worker accepts ahead of time
-	Only    []string  // run only these parts: single, dispatch, churn, conns, wasm, browser, hostile
+	Only    []string  // run only these parts: single, dispatch, data, churn, conns, wasm, browser, hostile
 	// ChurnTasks is the number of counter tasks in the churn soak
 	// (default 32 per CPU).
 	ChurnTasks int
@@ -135,7 +135,7 @@ func Run(ctx context.Context, cfg Config) error {
 			b.printf("wasm_vs_native: error: %v", err)
 		}
 	}
-	if !want("single") && !want("dispatch") && !want("churn") && !want("conns") && !want("browser") && !want("hostile") {
+	if !want("single") && !want("dispatch") && !want("churn") && !want("conns") && !want("browser") && !want("hostile") && !want("data") {
 		return nil
 	}
 	// The embedded default, durable as in production.
@@ -184,6 +184,11 @@ func Run(ctx context.Context, cfg Config) error {
 			b.printf("dispatch_tasks_per_s: error: %v", err)
 		}
 	}
+	if want("data") {
+		if err := b.data(ctx); err != nil {
+			b.printf("blob_download_mib_per_s: error: %v", err)
+		}
+	}
 	if want("churn") {
 		for _, w := range b.workers { // the churn part starts its own
 			w.stop()
@@ -229,7 +234,9 @@ type bench struct {
 	workers []*process
 	url     string
 	client  *client.Client
-	noop    string
+	// ownerToken is the owner's token, which client holds.
+	ownerToken string
+	noop       string
 	// browserPID is the Chromium of the browser part, once started.
 	browserPID int
 }
@@ -324,7 +331,7 @@ func (b *bench) startServer(ctx context.Context, db string) error {
 	}
 	select {
 	case t := <-tok:
-		b.client = client.New(b.url, t)
+		b.client, b.ownerToken = client.New(b.url, t), t
 		return nil
 	case <-b.server.done:
 		return errors.New("the server exited at start")
