@@ -161,6 +161,12 @@ type pageStatus struct {
 		Fetched int `json:"fetched"` // from the server (or the HTTP cache)
 		Cached  int `json:"cached"`  // from IndexedDB
 	} `json:"modules"`
+	Data struct {
+		Fetched int `json:"fetched"` // blobs downloaded
+		Cached  int `json:"cached"`  // from the Cache API
+		Evicted int `json:"evicted"` // times the data cache was emptied for room
+		Unkept  int `json:"unkept"`  // blobs that did not fit even then
+	} `json:"data"`
 	Identity struct {
 		ID string `json:"id"` // the worker's id, once the server gave it
 	} `json:"identity"`

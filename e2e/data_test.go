@@ -1,3 +1,5 @@
+//go:build unix
+
 package e2e
 
 import (
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/storage"
 	"github.com/chromedp/chromedp"
 )
 
@@ -142,5 +145,51 @@ func TestBrowserDataMatchesHeadless(t *testing.T) {
 			}
 			t.Errorf("%s differs:\nbrowser:  %q\nheadless: %q", name, w, got)
 		}
+	}
+}
+
+// A browser whose storage quota is full still runs a task that mounts
+// data: the page empties its data cache to make room and, when that is not
+// enough, goes on without keeping the blob.
+func TestBrowserDataFullQuota(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	ctx := context.Background()
+	probe := push(t, p.client, "fsprobe")
+	var ids []string
+	var sums []string
+	for i := range 2 {
+		data := bytes.Repeat([]byte{byte('a' + i)}, 8<<20)
+		path := filepath.Join(t.TempDir(), "d.bin")
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		b, err := p.client.PushData(ctx, path, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, b.ID)
+		sums = append(sums, fmt.Sprintf("%d %x", len(data), sha256.Sum256(data)))
+	}
+	b := newBrowser(t, 1280, 900, charging)
+	quota := float64(6 << 20) // the module fits; neither blob does
+	if _, err := chromedp.Call(b.ctx, storage.OverrideQuotaForOrigin, storage.OverrideQuotaForOriginParams{Origin: p.srv.url, QuotaSize: &quota}); err != nil {
+		t.Fatalf("override the quota: %v", err)
+	}
+	openVolunteerPage(t, b, p.srv.url)
+	for i, id := range ids {
+		wid := submit(t, p.client, workflow(fmt.Sprintf("quota-%d", i),
+			task{"name": "t", "module": probe, "args": []string{"sha", "/d"}, "files": map[string]any{"/d": map[string]any{"blob": id}}}))
+		st := wait(t, p.client, wid, 2*time.Minute)
+		if st.State != "done" {
+			t.Fatalf("blob %d with a full quota: workflow ended %s: %+v", i, st.State, st.Tasks)
+		}
+		if got := strings.TrimSpace(output(t, p.client, wid, "t", "stdout")); got != sums[i] {
+			t.Errorf("blob %d read %q, want %q", i, got, sums[i])
+		}
+	}
+	// The quota was met, and the page went on.
+	if d := b.status().Data; d.Fetched != 2 || d.Evicted == 0 || d.Unkept == 0 {
+		t.Errorf("the page's data counts %+v: want 2 fetched, and the full quota met (evicted, unkept)", d)
 	}
 }

@@ -230,7 +230,9 @@ func main() {
 				"busy": counts.Get("busy"), "ahead": counts.Get("ahead"), "batches": counts.Get("batches"),
 				"sent": counts.Get("sent")},
 			"modules": map[string]any{"fetched": counts.Get("fetched"), "cached": counts.Get("cached")},
-			"trace":   trace,
+			"data": map[string]any{"fetched": counts.Get("dataFetched"), "cached": counts.Get("dataCached"),
+				"evicted": counts.Get("dataEvicted"), "unkept": counts.Get("dataUnkept")},
+			"trace": trace,
 		})
 	}
 	tick := time.NewTicker(250 * time.Millisecond)

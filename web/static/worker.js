@@ -74,7 +74,7 @@ function makeTasks(taskJs, server) {
   // terminated and busy; attempts whose instance was made ahead of time
   // (task.js); modules fetched from the server and found in the IndexedDB
   // cache.
-  const counts = { started: 0, terminated: 0, busy: 0, ahead: 0, fetched: 0, cached: 0, batches: 0, sent: 0, dataFetched: 0, dataCached: 0 };
+  const counts = { started: 0, terminated: 0, busy: 0, ahead: 0, fetched: 0, cached: 0, batches: 0, sent: 0, dataFetched: 0, dataCached: 0, dataEvicted: 0, dataUnkept: 0 };
   const hex = (buf) => Array.from(new Uint8Array(buf), (b) => b.toString(16).padStart(2, "0")).join("");
   const cache = moduleCache();
 
@@ -365,9 +365,11 @@ function makeTasks(taskJs, server) {
         if (store) {
           const put = () => store.put(url, new Response(buf.slice(0)));
           await put().catch(async () => {
-            // Out of quota: make room by emptying this cache, and go on.
+            // Out of quota: make room by emptying this cache, and go on
+            // (unkept: the blob did not fit even then).
+            counts.dataEvicted++;
             for (const k of await store.keys().catch(() => [])) await store.delete(k).catch(() => {});
-            await put().catch(() => {});
+            await put().catch(() => { counts.dataUnkept++; });
           });
         }
         return new Uint8Array(buf);
