@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -213,6 +214,20 @@ type countingProxy struct {
 	url string
 	mu  sync.Mutex
 	log []string // request paths, in order
+	// blobBytes counts the bytes of the answers to /blobs/ requests.
+	blobBytes atomic.Int64
+}
+
+// countingWriter counts what a handler writes.
+type countingWriter struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (w countingWriter) Write(b []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(b)
+	w.n.Add(int64(n))
+	return n, err
 }
 
 func newCountingProxy(t *testing.T, target string) *countingProxy {
@@ -227,6 +242,9 @@ func newCountingProxy(t *testing.T, target string) *countingProxy {
 		cp.mu.Lock()
 		cp.log = append(cp.log, r.URL.Path)
 		cp.mu.Unlock()
+		if strings.HasPrefix(r.URL.Path, "/blobs/") {
+			w = countingWriter{w, &cp.blobBytes}
+		}
 		rp.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)

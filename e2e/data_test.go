@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -191,5 +192,81 @@ func TestBrowserDataFullQuota(t *testing.T) {
 	// The quota was met, and the page went on.
 	if d := b.status().Data; d.Fetched != 2 || d.Evicted == 0 || d.Unkept == 0 {
 		t.Errorf("the page's data counts %+v: want 2 fetched, and the full quota met (evicted, unkept)", d)
+	}
+}
+
+// A 300 MB blob mounted into 50 tasks on two headless workers reaches each
+// worker once, and the server stays small throughout, upload included.
+func TestLargeDataOncePerWorker(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	ctx := context.Background()
+	probe := push(t, p.client, "fsprobe")
+	const size = 300 << 20
+	path := filepath.Join(t.TempDir(), "big.bin")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.New()
+	r := rand.New(rand.NewPCG(3, 4))
+	buf := make([]byte, 1<<20)
+	for range size / len(buf) {
+		for i := 0; i < len(buf); i += 8 {
+			v := r.Uint64()
+			for k := range 8 {
+				buf[i+k] = byte(v >> (8 * k))
+			}
+		}
+		f.Write(buf)
+		h.Write(buf)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sum := fmt.Sprintf("%d %x", size, h.Sum(nil))
+	blob, err := p.client.PushData(ctx, path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(path)
+
+	proxy := newCountingProxy(t, p.srv.url)
+	for i := range 2 {
+		w := start(t, fmt.Sprintf("worker-%d", i), "worker", "--server", proxy.url, "--slots", "2",
+			"--cache-dir", filepath.Join(os.TempDir(), "cyclepool-e2e-cache"), "--data-dir", t.TempDir())
+		if _, ok := w.out.waitFor(regexp.MustCompile(`msg=connected`), 30*time.Second); !ok {
+			t.Fatalf("worker %d did not connect:\n%s", i, w.out)
+		}
+	}
+	files := map[string]any{"/data/big.bin": map[string]any{"blob": blob.ID}}
+	var tasks []task
+	for i := range 50 {
+		args := []string{"stat", "/data/big.bin"}
+		if i%25 == 0 {
+			args = []string{"sha", "/data/big.bin"}
+		}
+		tasks = append(tasks, task{"name": fmt.Sprintf("t%02d", i), "module": probe, "args": args, "files": files})
+	}
+	id := submit(t, p.client, workflow("big", tasks...))
+	st := wait(t, p.client, id, 5*time.Minute)
+	if st.State != "done" {
+		t.Fatalf("workflow ended %s", st.State)
+	}
+	for _, name := range []string{"t00", "t25"} {
+		if got := strings.TrimSpace(output(t, p.client, id, name, "stdout")); got != sum {
+			t.Errorf("%s read %q, want %q", name, got, sum)
+		}
+	}
+	if got := strings.TrimSpace(output(t, p.client, id, "t01", "stdout")); got != fmt.Sprintf("%d 1700000000", size) {
+		t.Errorf("t01: %q", got)
+	}
+	if n := proxy.blobBytes.Load(); n > 2*size {
+		t.Errorf("the server sent %d MiB of data for 50 tasks on 2 workers, want at most 2 x %d MiB", n>>20, size>>20)
+	}
+	peak, _ := peakRSS(t, p.srv.cmd.Process.Pid)
+	t.Logf("data sent %d MiB for 50 tasks on 2 workers; server peak resident memory %d MiB", proxy.blobBytes.Load()>>20, peak>>20)
+	if peak > 200<<20 {
+		t.Errorf("the server's resident memory peaked at %d MiB, want under 200 MiB", peak>>20)
 	}
 }
