@@ -134,6 +134,19 @@ func TestStatusShowsWorkerAndCheckpoint(t *testing.T) {
 			t.Errorf("task change of the running task: worker %q, checkpoint at %v", tk.Worker, tk.CheckpointAt)
 		}
 	}
+	// Done, the task still names the worker that ran it.
+	if _, err := f.s.Complete(ctx, []Completion{ok(c, "out")}); err != nil {
+		t.Fatal(err)
+	}
+	st, err = f.s.Status(ctx, f.owner, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range st.Tasks {
+		if tk.Name == c.Name && (tk.State != StateDone || tk.Worker != f.worker) {
+			t.Errorf("done task: state %s, worker %q; want done, worker %s", tk.State, tk.Worker, f.worker)
+		}
+	}
 }
 
 // ModuleUse and Edges read an owner's own workflows only.

@@ -576,7 +576,8 @@ type TaskStatus struct {
 	// CheckpointAt is when the latest checkpoint was saved (null: none).
 	CheckpointAt *time.Time `json:"checkpoint_at"`
 	// Worker is the id of the worker running the task's latest running
-	// attempt ("" when none runs).
+	// attempt, or for a done task of the worker whose result was
+	// accepted (the latest, with replicas); "" otherwise.
 	Worker     string     `json:"worker"`
 	StartedAt  *time.Time `json:"started_at"`
 	FinishedAt *time.Time `json:"finished_at"`
@@ -659,9 +660,11 @@ func looksLikeUUID(s string) bool {
 }
 
 // runningAttemptSQL joins a task (t) to its latest running attempt (ra:
-// progress, worker), if any.
+// progress, worker), if any, or for a done task to the latest attempt
+// whose result counted (its worker is the one that ran it).
 const runningAttemptSQL = ` LEFT JOIN LATERAL (SELECT a.progress, a.worker_id::text AS worker FROM attempts a
-		WHERE a.task_id = t.id AND a.state = 'running' ORDER BY a.id DESC LIMIT 1) ra ON true`
+		WHERE a.task_id = t.id AND (a.state = 'running' OR t.state = 'done' AND a.state = 'succeeded' AND NOT a.superseded)
+		ORDER BY a.state = 'running' DESC, a.id DESC LIMIT 1) ra ON true`
 
 const taskStatusSQL = `SELECT t.name, t.state, t.attempts, t.max_attempts,
 	CASE WHEN t.state = 'done' THEN 1 ELSE coalesce(ra.progress, 0) END,
