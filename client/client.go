@@ -211,16 +211,26 @@ func (c *Client) doJSON(ctx context.Context, method, path string, body io.Reader
 // answers with its content-addressed id; pushing the same bytes twice gives
 // the same Module.
 func (c *Client) PushModule(ctx context.Context, wasm []byte) (Module, error) {
-	m, err := c.pushModule(ctx, wasm)
+	return c.PushModuleNamed(ctx, "", wasm)
+}
+
+// PushModuleNamed is PushModule for a module whose file name the owner's
+// lists show beside its id.
+func (c *Client) PushModuleNamed(ctx context.Context, name string, wasm []byte) (Module, error) {
+	m, err := c.pushModule(ctx, name, wasm)
 	if err != nil {
 		return Module{}, fmt.Errorf("push module: %w", err)
 	}
 	return m, nil
 }
 
-func (c *Client) pushModule(ctx context.Context, wasm []byte) (Module, error) {
+func (c *Client) pushModule(ctx context.Context, name string, wasm []byte) (Module, error) {
 	var m Module
-	_, err := c.doJSON(ctx, http.MethodPost, pathOf("modules"), bytes.NewReader(wasm), "application/wasm", &m)
+	p := pathOf("modules")
+	if name != "" {
+		p += "?name=" + url.QueryEscape(name)
+	}
+	_, err := c.doJSON(ctx, http.MethodPost, p, bytes.NewReader(wasm), "application/wasm", &m)
 	return m, err
 }
 

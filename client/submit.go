@@ -91,7 +91,7 @@ func (c *Client) rewriteModules(ctx context.Context, data []byte, wfDir string) 
 				if err != nil {
 					return nil, nil, fmt.Errorf("%s: module %s: %w", where, r.value, err)
 				}
-				m, err := c.pushModule(ctx, wasm)
+				m, err := c.pushModule(ctx, filepath.Base(file), wasm)
 				if err != nil {
 					return nil, nil, fmt.Errorf("%s: push module %s: %w", where, file, err)
 				}

@@ -31,6 +31,7 @@ var TaskStates = []string{TaskBlocked, TaskReady, TaskRunning, TaskDone, TaskFai
 // Module is a pushed WebAssembly module (POST/GET /api/v1/modules).
 type Module struct {
 	ID        string    `json:"id"`
+	Name      string    `json:"name"`
 	Size      int64     `json:"size"`
 	Imports   []string  `json:"imports"`
 	CreatedAt time.Time `json:"created_at"`

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/chromedp/cdproto/storage"
 	"github.com/chromedp/chromedp"
+
+	"github.com/cyclepool/cyclepool/internal/taskbuild"
 )
 
 // A task's env, working directory and files (a data blob, an archive
@@ -268,5 +271,75 @@ func TestLargeDataOncePerWorker(t *testing.T) {
 	t.Logf("data sent %d MiB for 50 tasks on 2 workers; server peak resident memory %d MiB", proxy.blobBytes.Load()>>20, peak>>20)
 	if peak > 200<<20 {
 		t.Errorf("the server's resident memory peaked at %d MiB, want under 200 MiB", peak>>20)
+	}
+}
+
+// The dashboard's Data page uploads a file (streamed into the database)
+// and lists it by the name it had, refuses a hostile archive naming its
+// entry; the Modules page shows the file name a module was uploaded with;
+// and a done task names the worker that ran it.
+func TestDashboardData(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	base := p.srv.url
+	b := newBrowser(t, 1280, 900, "")
+	b.signIn(base, p.srv.token)
+
+	modPath := taskbuild.Build(t, "fsprobe")
+	b.do(chromedp.Navigate(base+"/app/modules"), chromedp.SetUploadFiles(chromedp.ID("module"), []string{modPath}), chromedp.Click(chromedp.ID("upload")))
+	b.waitJS(20*time.Second, "the module upload", `document.getElementById("upload-ok") || document.getElementById("upload-error")`)
+	if e := b.text("#upload-error"); e != "" {
+		t.Fatalf("module upload: %s", e)
+	}
+	if got := b.text("#modules"); !strings.Contains(got, "fsprobe.wasm") {
+		t.Errorf("the modules page does not show the module's file name: %q", got)
+	}
+
+	dir := t.TempDir()
+	data := bytes.Repeat([]byte("0123456789abcdef"), 300000) // 4.8 MB
+	dataPath := filepath.Join(dir, "table.csv")
+	if err := os.WriteFile(dataPath, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.do(chromedp.Navigate(base+"/app/data"), chromedp.SetUploadFiles(chromedp.ID("data"), []string{dataPath}), chromedp.Click(chromedp.ID("data-upload")))
+	b.waitJS(20*time.Second, "the data upload", `document.getElementById("data-ok") || document.getElementById("data-error")`)
+	if e := b.text("#data-error"); e != "" {
+		t.Fatalf("data upload: %s", e)
+	}
+	id := fmt.Sprintf("sha256:%x", sha256.Sum256(data))
+	if got := b.text("#blobs"); !strings.Contains(got, "table.csv") || !strings.Contains(got, id) {
+		t.Errorf("the data page lists %q, want table.csv with its id %s", got, id)
+	}
+
+	// A tar with an entry that climbs out is refused, naming it.
+	var tb bytes.Buffer
+	tw := tar.NewWriter(&tb)
+	tw.WriteHeader(&tar.Header{Name: "../evil.sh", Typeflag: tar.TypeReg, Mode: 0o755, Size: 2})
+	tw.Write([]byte("hi"))
+	tw.Close()
+	evil := filepath.Join(dir, "evil.tar")
+	os.WriteFile(evil, tb.Bytes(), 0o644)
+	b.do(chromedp.Navigate(base+"/app/data"), chromedp.Click(`input[name="archive"]`), chromedp.SetUploadFiles(chromedp.ID("data"), []string{evil}),
+		chromedp.Click(chromedp.ID("data-upload")))
+	b.waitJS(20*time.Second, "the refusal", `document.getElementById("data-error") || document.getElementById("data-ok")`)
+	if e := b.text("#data-error"); !strings.Contains(e, "../evil.sh") {
+		t.Errorf("a hostile archive: %q, want a refusal naming ../evil.sh", e)
+	}
+	if got := b.text("#blobs"); strings.Contains(got, "evil.tar") {
+		t.Errorf("the refused archive is listed: %q", got)
+	}
+
+	// A task that reads it, done, names its worker.
+	startWorker(t, "headless", 1, base)
+	mod := fmt.Sprintf("sha256:%x", sha256.Sum256(taskbuild.Bytes(t, "fsprobe")))
+	wid := submit(t, p.client, workflow("dash-data", task{"name": "read", "module": mod, "args": []string{"sha", "/d/table.csv"},
+		"files": map[string]any{"/d/table.csv": map[string]any{"blob": id}}}))
+	if st := wait(t, p.client, wid, time.Minute); st.State != "done" {
+		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
+	}
+	b.do(chromedp.Navigate(base + "/app/workflows/" + wid))
+	b.waitJS(10*time.Second, "the workflow page", `document.querySelector("#tasks tbody tr")`)
+	if w := b.text(`#tasks tbody tr .c-worker`); w == "" {
+		t.Errorf("the done task's worker column is empty")
 	}
 }

@@ -60,6 +60,9 @@ CREATE INDEX workflow_blobs_blob ON workflow_blobs (blob_id);
 -- protocol.Setup of its assignments, as JSON (NULL for most tasks).
 ALTER TABLE tasks ADD COLUMN setup jsonb;
 
+-- The file name a module was pushed with, for the owner's lists.
+ALTER TABLE owner_modules ADD COLUMN name text NOT NULL DEFAULT '';
+
 -- Secrets every replica shares, made by the first replica that needs one.
 CREATE TABLE secrets (
     name        text PRIMARY KEY,
@@ -67,6 +70,7 @@ CREATE TABLE secrets (
 );
 
 -- +goose Down
+ALTER TABLE owner_modules DROP COLUMN name;
 ALTER TABLE tasks DROP COLUMN setup;
 DROP TABLE secrets, workflow_blobs, owner_blobs, blob_chunks, blobs, blob_uploads;
 DROP SEQUENCE blob_keys;

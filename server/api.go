@@ -29,6 +29,7 @@ func (s *Server) routeAPI(mux *http.ServeMux, owned func(ownerHandler) http.Hand
 	mux.HandleFunc("POST /api/v1/modules", owned(s.handlePushModule))
 	mux.HandleFunc("GET /api/v1/modules", owned(s.handleModules))
 	mux.HandleFunc("PUT /api/v1/blobs/{id}", owned(s.handlePushBlob))
+	mux.HandleFunc("POST /api/v1/blobs", owned(s.handlePushBlob))
 	mux.HandleFunc("GET /api/v1/blobs/{id}", owned(s.handleBlob))
 	mux.HandleFunc("DELETE /api/v1/blobs/{id}", owned(s.handleRemoveBlob))
 	mux.HandleFunc("GET /api/v1/blobs", owned(s.handleBlobs))

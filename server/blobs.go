@@ -85,12 +85,14 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, id, cache str
 }
 
 // handlePushBlob stores the request's body as a blob: PUT
-// /api/v1/blobs/ID?name=NAME[&archive=1]. The body is streamed into the
-// database a chunk at a time; its hash must be ID. Nothing of a refused
-// or interrupted upload becomes visible.
+// /api/v1/blobs/ID?name=NAME[&archive=1], whose body's hash must be ID, or
+// POST /api/v1/blobs?name=NAME[&archive=1] (the dashboard's upload, and
+// clients that cannot hash first). The body is streamed into the database
+// a chunk at a time. Nothing of a refused or interrupted upload becomes
+// visible.
 func (s *Server) handlePushBlob(w http.ResponseWriter, r *http.Request, owner store.Owner) {
-	id := r.PathValue("id")
-	if !workflow.IsModuleID(id) {
+	id := r.PathValue("id") // "" for POST /api/v1/blobs: whatever the hash is
+	if r.Method == http.MethodPut && !workflow.IsModuleID(id) {
 		writeError(w, http.StatusBadRequest, "data id %q is not sha256: and 64 lower-case hex digits", id)
 		return
 	}
@@ -156,7 +158,7 @@ func (s *Server) handlePushBlob(w http.ResponseWriter, r *http.Request, owner st
 		writeError(w, http.StatusBadRequest, "upload cut off after %d bytes: %v; nothing stored", u.Size(), err)
 		return
 	}
-	if got := u.ID(); got != id {
+	if got := u.ID(); id != "" && got != id {
 		u.Abort(r.Context())
 		writeError(w, http.StatusBadRequest, "the data's sha256 is %s, not %s (changed or cut off on the way); nothing stored", got, id)
 		return

@@ -99,6 +99,11 @@ func (d dashboardBackend) Modules(ctx context.Context, owner store.Owner) ([]sto
 	return d.s.store.Modules(ctx, owner.ID)
 }
 
+// Blobs is the owner's data blobs.
+func (d dashboardBackend) Blobs(ctx context.Context, owner store.Owner) ([]store.Blob, error) {
+	return d.s.store.Blobs(ctx, owner.ID)
+}
+
 // ModuleUse maps each of the owner's modules to the names of the owner's
 // workflows (newest first, at most 5) whose tasks run it.
 func (d dashboardBackend) ModuleUse(ctx context.Context, owner store.Owner) (map[string][]string, error) {

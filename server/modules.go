@@ -112,6 +112,13 @@ func (s *Server) handlePushModule(w http.ResponseWriter, r *http.Request, owner 
 		s.serverError(w, "store module", err)
 		return
 	}
+	if name := r.URL.Query().Get("name"); name != "" && len(name) <= MaxBlobNameBytes && name != m.Name {
+		if err := s.store.NameModule(r.Context(), owner.ID, id, name); err != nil {
+			s.serverError(w, "store module", err)
+			return
+		}
+		m.Name = name
+	}
 	status := http.StatusOK
 	if created {
 		status = http.StatusCreated

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"text/tabwriter"
 	"time"
 )
@@ -30,7 +31,7 @@ func runModule(ctx context.Context, args []string) error {
 			if err != nil {
 				return fmt.Errorf("module push: %w", err)
 			}
-			m, err := c.PushModule(ctx, wasm)
+			m, err := c.PushModuleNamed(ctx, filepath.Base(path), wasm)
 			if err != nil {
 				return fmt.Errorf("module push %s: %w", path, err)
 			}
@@ -46,9 +47,9 @@ func runModule(ctx context.Context, args []string) error {
 			return err
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tSIZE\tCREATED")
+		fmt.Fprintln(tw, "ID\tNAME\tSIZE\tCREATED")
 		for _, m := range mods {
-			fmt.Fprintf(tw, "%s\t%d\t%s\n", m.ID, m.Size, m.CreatedAt.Local().Format(time.DateTime))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", m.ID, m.Name, m.Size, m.CreatedAt.Local().Format(time.DateTime))
 		}
 		return tw.Flush()
 	}

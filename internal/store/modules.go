@@ -12,6 +12,7 @@ import (
 // Module describes a stored task module.
 type Module struct {
 	ID        string    `json:"id"`
+	Name      string    `json:"name"` // the file name it was pushed with ("" when not given)
 	Size      int       `json:"size"`
 	Imports   []string  `json:"imports"`
 	CreatedAt time.Time `json:"created_at"`
@@ -30,8 +31,8 @@ func (s *Store) PutModule(ctx context.Context, ownerID int64, id string, body []
 			return err
 		}
 		created = tag.RowsAffected() == 1
-		return tx.QueryRow(ctx, `SELECT m.id, m.size, m.imports, om.created_at FROM modules m JOIN owner_modules om ON om.module_id = m.id
-			WHERE m.id = $1 AND om.owner_id = $2`, id, ownerID).Scan(&m.ID, &m.Size, &m.Imports, &m.CreatedAt)
+		return tx.QueryRow(ctx, `SELECT m.id, om.name, m.size, m.imports, om.created_at FROM modules m JOIN owner_modules om ON om.module_id = m.id
+			WHERE m.id = $1 AND om.owner_id = $2`, id, ownerID).Scan(&m.ID, &m.Name, &m.Size, &m.Imports, &m.CreatedAt)
 	})
 	if err != nil {
 		return m, false, fmt.Errorf("store module %s: %w", id, err)
@@ -39,16 +40,24 @@ func (s *Store) PutModule(ctx context.Context, ownerID int64, id string, body []
 	return m, created, nil
 }
 
+// NameModule sets the file name the owner pushed module id with.
+func (s *Store) NameModule(ctx context.Context, ownerID int64, id, name string) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE owner_modules SET name = $3 WHERE owner_id = $1 AND module_id = $2`, ownerID, id, name); err != nil {
+		return fmt.Errorf("name module %s: %w", id, err)
+	}
+	return nil
+}
+
 // Modules lists the modules an owner has pushed, newest first.
 func (s *Store) Modules(ctx context.Context, ownerID int64) ([]Module, error) {
-	rows, err := s.pool.Query(ctx, `SELECT m.id, m.size, m.imports, om.created_at FROM modules m JOIN owner_modules om ON om.module_id = m.id
+	rows, err := s.pool.Query(ctx, `SELECT m.id, om.name, m.size, m.imports, om.created_at FROM modules m JOIN owner_modules om ON om.module_id = m.id
 		WHERE om.owner_id = $1 ORDER BY om.created_at DESC, m.id`, ownerID)
 	if err != nil {
 		return nil, fmt.Errorf("list modules: %w", err)
 	}
 	ms, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Module, error) {
 		var m Module
-		err := r.Scan(&m.ID, &m.Size, &m.Imports, &m.CreatedAt)
+		err := r.Scan(&m.ID, &m.Name, &m.Size, &m.Imports, &m.CreatedAt)
 		return m, err
 	})
 	if err != nil {

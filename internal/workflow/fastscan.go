@@ -90,6 +90,47 @@ func (p fastScanner) task(t *taskJSON) bool {
 				}
 				return false
 			})
+		case "env":
+			t.Env = map[string]string{}
+			return p.Object(func(name []byte) bool {
+				var v string
+				ok := p.string(&v)
+				t.Env[string(name)] = v
+				return ok
+			})
+		case "cwd":
+			return p.stringPtr(&t.Cwd)
+		case "files":
+			t.Files = map[string]*fileSourceJSON{}
+			return p.Object(func(path []byte) bool {
+				f := &fileSourceJSON{}
+				t.Files[string(path)] = f
+				return p.Object(func(key []byte) bool {
+					switch string(key) {
+					case "blob":
+						return p.stringPtr(&f.Blob)
+					case "data":
+						return p.stringPtr(&f.Data)
+					case "from":
+						return p.stringPtr(&f.From)
+					case "output":
+						return p.stringPtr(&f.Output)
+					case "archive":
+						return p.boolPtr(&f.Archive)
+					case "writable":
+						return p.boolPtr(&f.Writable)
+					}
+					return false
+				})
+			})
+		case "outputs":
+			t.Outputs = []string{}
+			return p.Array(func() bool {
+				var o string
+				ok := p.string(&o)
+				t.Outputs = append(t.Outputs, o)
+				return ok
+			})
 		case "timeout":
 			return p.stringPtr(&t.Timeout)
 		case "max_attempts":
@@ -104,6 +145,8 @@ func (p fastScanner) task(t *taskJSON) bool {
 					return p.intPtr(&t.Limits.OutputMiB)
 				case "log_kib":
 					return p.intPtr(&t.Limits.LogKiB)
+				case "scratch_mib":
+					return p.intPtr(&t.Limits.ScratchMiB)
 				}
 				return false
 			})
@@ -135,6 +178,14 @@ func (p fastScanner) string(v *string) bool {
 func (p fastScanner) stringPtr(v **string) bool {
 	*v = new(string)
 	return p.string(*v)
+}
+
+// boolPtr consumes a boolean into v.
+func (p fastScanner) boolPtr(v **bool) bool {
+	p.Space()
+	b, ok := p.Bool()
+	*v = &b
+	return ok
 }
 
 // intPtr consumes an integer of at most 9 digits (which fits in 32 bits).

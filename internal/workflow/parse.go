@@ -300,6 +300,11 @@ func (s *Spec) source(i int, from, output *string) (*Source, *Error) {
 		}
 		out = *output
 	}
+	if strings.HasPrefix(out, "/") && !slices.ContainsFunc(s.file.Tasks[j].Outputs, func(o string) bool {
+		return out == o || strings.HasPrefix(out, o+"/")
+	}) {
+		return nil, &Error{Msg: fmt.Sprintf("output %q is not under a path of task %q's \"outputs\"", out, *from)}
+	}
 	return &Source{From: *from, Task: j, Output: out}, nil
 }
 

@@ -41,6 +41,15 @@ type dataCache struct {
 	mu      sync.Mutex
 	entries map[string]*dataEntry // by hex
 	client  *http.Client
+	release func() // gives the cache up (close)
+}
+
+// close gives the cache up: the lock on a shared one, the whole of a
+// private one.
+func (c *dataCache) close() {
+	if c.release != nil {
+		c.release()
+	}
 }
 
 // dataEntry is one blob of the cache.
@@ -64,10 +73,33 @@ func newDataCache(dir string, max int64, log *slog.Logger) (*dataCache, error) {
 	if max <= 0 {
 		max = DefaultDataCacheBytes
 	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("headless: data cache %s: %w", dir, err)
 	}
-	c := &dataCache{dir: dir, max: max, log: log, entries: map[string]*dataEntry{}, client: &http.Client{}}
+	c := &dataCache{max: max, log: log, entries: map[string]*dataEntry{}, client: &http.Client{}}
+	// One worker process per cache: another worker on the machine (or a
+	// test beside it) gets a private cache inside, removed when it closes,
+	// rather than evicting and unpacking what the first one reads.
+	if release, ok := lockDataDir(dir); ok {
+		c.release = release
+	} else {
+		private, err := os.MkdirTemp(dir, "worker-")
+		if err != nil {
+			return nil, fmt.Errorf("headless: data cache %s: %w", dir, err)
+		}
+		unlock, _ := lockDataDir(private) // held while in use: see the sweep below
+		c.release = func() {
+			os.RemoveAll(private)
+			if unlock != nil {
+				unlock()
+			}
+		}
+		dir = private
+	}
+	c.dir = dir
 	// What an earlier run left: complete blobs (checked when they were
 	// downloaded, and renamed into place whole) are kept, first in line
 	// for eviction; unpacked trees are made again.
@@ -84,6 +116,14 @@ func newDataCache(dir string, max int64, log *slog.Logger) (*dataCache, error) {
 		}
 		if h, rest, _ := strings.Cut(name, "."); isHexID("sha256:"+h) && (rest == "d" || rest == "d.tmp") {
 			os.RemoveAll(filepath.Join(dir, name)) // only what this cache makes
+		}
+		if strings.HasPrefix(name, "worker-") && n.IsDir() {
+			// A private cache: removed when its worker is gone (its
+			// lock is free).
+			if unlock, ok := lockDataDir(filepath.Join(dir, name)); ok {
+				os.RemoveAll(filepath.Join(dir, name))
+				unlock()
+			}
 		}
 	}
 	return c, nil

@@ -241,6 +241,7 @@ func (r *Runner) Run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 // isolation mode it kills every slot process and waits for them to exit.
 // Later Runs fail.
 func (r *Runner) Close(ctx context.Context) error {
+	defer r.data.close()
 	if r.pool != nil {
 		return r.pool.closeAll(ctx)
 	}

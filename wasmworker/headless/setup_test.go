@@ -8,6 +8,8 @@ import (
 	"encoding/hex"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -208,5 +210,36 @@ func TestSetupDownloadFaults(t *testing.T) {
 	missing := "sha256:" + strings.Repeat("0", 64)
 	if got := run(blobFile("/d", missing, 10, false, false)); !strings.HasPrefix(got.Name, protocol.ReasonWorker+": fetching data for /d") {
 		t.Fatalf("a missing blob: %s", got.Name)
+	}
+}
+
+// Two workers on one data directory do not share a cache: the second gets
+// a private one inside, removed when it closes (and by the first worker to
+// start after, had it died).
+func TestDataCacheOneWorkerPerDirectory(t *testing.T) {
+	dir := t.TempDir()
+	a, err := newDataCache(dir, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := newDataCache(dir, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.dir != dir || b.dir == dir || filepath.Dir(b.dir) != dir {
+		t.Fatalf("caches at %s and %s, want %s and a directory inside it", a.dir, b.dir, dir)
+	}
+	b.close()
+	if _, err := os.Stat(b.dir); !os.IsNotExist(err) {
+		t.Errorf("the private cache %s is still there after close (%v)", b.dir, err)
+	}
+	a.close()
+	c, err := newDataCache(dir, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	if c.dir != dir {
+		t.Errorf("after the first closed, a new cache is at %s, want %s", c.dir, dir)
 	}
 }

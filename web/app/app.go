@@ -54,6 +54,8 @@ type Backend interface {
 	List(ctx context.Context, owner store.Owner, o store.ListOptions) ([]store.WorkflowStatus, int, error)
 	Modules(ctx context.Context, owner store.Owner) ([]store.Module, error)
 	ModuleUse(ctx context.Context, owner store.Owner) (map[string][]string, error)
+	// Blobs is the owner's data blobs, as GET /api/v1/blobs lists them.
+	Blobs(ctx context.Context, owner store.Owner) ([]store.Blob, error)
 	// Volunteers is the connected workers as GET /api/v1/workers shows
 	// them, and the last hour's activity.
 	Volunteers(ctx context.Context, owner store.Owner) (Volunteers, error)
@@ -150,6 +152,8 @@ func New(b Backend, opt Options) http.Handler {
 	m.HandleFunc("POST /app/submit", h.formPage(h.submit))
 	m.HandleFunc("GET /app/modules", h.page(h.modulesPage))
 	m.HandleFunc("POST /app/modules", h.formPage(h.upload))
+	m.HandleFunc("GET /app/data", h.page(h.dataPage))
+	m.HandleFunc("POST /app/data", h.formPage(h.dataUpload))
 	m.HandleFunc("GET /app/history", h.page(h.history))
 	m.HandleFunc("GET /app/volunteers", h.page(h.volunteers))
 	m.HandleFunc("GET /app/volunteers.json", h.page(h.volunteersJSON))
@@ -252,7 +256,13 @@ type apiError struct {
 // callAPI runs one REST API request for the page's owner through the API's
 // own handler.
 func (h *handler) callAPI(p *pageCtx, method, path string, body []byte) apiResult {
-	req, _ := http.NewRequestWithContext(p.r.Context(), method, path, bytes.NewReader(body))
+	return h.callAPIStream(p, method, path, bytes.NewReader(body))
+}
+
+// callAPIStream is callAPI with a body read as the API handler reads it:
+// an upload streams through without being held here.
+func (h *handler) callAPIStream(p *pageCtx, method, path string, body io.Reader) apiResult {
+	req, _ := http.NewRequestWithContext(p.r.Context(), method, path, body)
 	req = req.WithContext(WithOwner(req.Context(), p.owner))
 	rec := &recorder{header: http.Header{}, status: http.StatusOK}
 	h.api.ServeHTTP(rec, req)

@@ -332,6 +332,9 @@ func (h *handler) readForm(p *pageCtx, limit int64) (map[string][]byte, bool, er
 		}
 		if part.FileName() == "" || len(b) > 0 {
 			f[part.FormName()] = b
+			if part.FileName() != "" {
+				f[part.FormName()+":filename"] = []byte(part.FileName())
+			}
 		}
 	}
 	return f, h.csrfOK(p.sess, string(f["csrf"])), nil
@@ -428,6 +431,7 @@ func looseTasks(body []byte, we *workflow.Error) []SubmitTask {
 // ModuleRow is a module on the modules page.
 type ModuleRow struct {
 	ID, Short, Size, Created string
+	Name                     string // the file name it was pushed with
 	Imports                  []string
 	HostImports              string // the cyclepool host functions it uses
 	UsedBy                   []string
@@ -444,7 +448,7 @@ func (h *handler) moduleRows(p *pageCtx) ([]ModuleRow, error) {
 	}
 	out := make([]ModuleRow, len(ms))
 	for i, m := range ms {
-		out[i] = ModuleRow{ID: m.ID, Short: truncate(strings.TrimPrefix(m.ID, "sha256:"), 13), Size: size(int64(m.Size)),
+		out[i] = ModuleRow{ID: m.ID, Name: m.Name, Short: truncate(strings.TrimPrefix(m.ID, "sha256:"), 13), Size: size(int64(m.Size)),
 			Created: m.CreatedAt.Local().Format("2006-01-02 15:04:05"), Imports: m.Imports, UsedBy: use[m.ID]}
 		var host []string
 		for _, i := range m.Imports {
@@ -481,7 +485,7 @@ func (h *handler) upload(p *pageCtx) {
 	case len(f["module"]) == 0:
 		msg, status = "Choose a .wasm file first.", http.StatusBadRequest
 	default:
-		res := h.callAPI(p, http.MethodPost, "/api/v1/modules", f["module"])
+		res := h.callAPI(p, http.MethodPost, "/api/v1/modules?name="+url.QueryEscape(string(f["module:filename"])), f["module"])
 		if res.status >= 400 {
 			msg, status = res.err.Error, res.status
 		} else {
@@ -710,4 +714,98 @@ func size(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/1024)
 	}
 	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}
+
+// BlobRow is a data blob on the data page.
+type BlobRow struct {
+	ID, Name, Size, Kind, Created string
+}
+
+func (h *handler) blobRows(p *pageCtx) ([]BlobRow, error) {
+	bs, err := h.b.Blobs(p.r.Context(), p.owner)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]BlobRow, len(bs))
+	for i, b := range bs {
+		kind := "file"
+		if b.Archive {
+			kind = "archive"
+		}
+		out[i] = BlobRow{ID: b.ID, Name: b.Name, Size: size(b.Size), Kind: kind, Created: b.CreatedAt.Local().Format("2006-01-02 15:04:05")}
+	}
+	return out, nil
+}
+
+func (h *handler) dataPage(p *pageCtx) {
+	bs, err := h.blobRows(p)
+	if err != nil {
+		h.serverError(p, "list data", err)
+		return
+	}
+	h.render(p, http.StatusOK, DataPage(h.layout(p, "data"), bs, "", ""))
+}
+
+// dataUpload streams an uploaded file into POST /api/v1/blobs: the form's
+// fields come first (csrf, archive), then the file, which is never held
+// whole here.
+func (h *handler) dataUpload(p *pageCtx) {
+	msg, okMsg, status := h.streamData(p)
+	if status == http.StatusForbidden {
+		http.Error(p.w, msg, status)
+		return
+	}
+	bs, err := h.blobRows(p)
+	if err != nil {
+		h.serverError(p, "list data", err)
+		return
+	}
+	h.render(p, status, DataPage(h.layout(p, "data"), bs, msg, okMsg))
+}
+
+// streamData reads the data form and uploads its file; it returns the
+// error or success message and the status to answer with.
+func (h *handler) streamData(p *pageCtx) (msg, okMsg string, status int) {
+	mr, err := p.r.MultipartReader()
+	if err != nil {
+		return "Could not read the upload: " + err.Error(), "", http.StatusBadRequest
+	}
+	csrfOK, archive := false, false
+	for {
+		part, err := mr.NextPart()
+		if errors.Is(err, io.EOF) {
+			return "Choose a file first.", "", http.StatusBadRequest
+		}
+		if err != nil {
+			return "Could not read the upload: " + err.Error(), "", http.StatusBadRequest
+		}
+		switch part.FormName() {
+		case "csrf":
+			b, _ := io.ReadAll(io.LimitReader(part, 1024))
+			csrfOK = h.csrfOK(p.sess, string(b))
+		case "archive":
+			archive = true
+		case "data":
+			if !csrfOK {
+				return "the form has expired or did not come from this site: reload the page and try again", "", http.StatusForbidden
+			}
+			if part.FileName() == "" {
+				return "Choose a file first.", "", http.StatusBadRequest
+			}
+			q := url.Values{"name": {part.FileName()}}
+			if archive {
+				q.Set("archive", "1")
+			}
+			res := h.callAPIStream(p, http.MethodPost, "/api/v1/blobs?"+q.Encode(), part)
+			if res.status >= 400 {
+				return res.err.Error, "", res.status
+			}
+			var b store.Blob
+			_ = json.Unmarshal(res.body, &b)
+			if res.status == http.StatusOK {
+				return "", "You had already uploaded this data: " + b.ID + ".", http.StatusOK
+			}
+			return "", "Uploaded " + b.Name + " as " + b.ID + ".", http.StatusOK
+		}
+	}
 }
