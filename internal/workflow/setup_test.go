@@ -112,3 +112,25 @@ func TestSetupRefusals(t *testing.T) {
 		})
 	}
 }
+
+// A downstream task may read an output an upstream task declares by path
+// (or a file under a declared directory), and no other absolute name.
+func TestOutputsByPath(t *testing.T) {
+	for _, tc := range []struct {
+		output string
+		ok     bool
+	}{
+		{"/work/counts.tsv", true},
+		{"/res/part/1.bin", true},
+		{"/res", true},
+		{"/work/other.tsv", false},
+		{"/resx", false},
+	} {
+		_, err := Parse([]byte(`{"name": "w", "tasks": [
+			{"name": "a", "module": "m.wasm", "outputs": ["/work/counts.tsv", "/res"]},
+			{"name": "b", "module": "m.wasm", "inputs": {"f": {"from": "a", "output": "` + tc.output + `"}}}]}`))
+		if (err == nil) != tc.ok {
+			t.Errorf("output %q: %v, want ok %v", tc.output, err, tc.ok)
+		}
+	}
+}
