@@ -330,10 +330,19 @@ func TestDashboardData(t *testing.T) {
 	}
 
 	// A task that reads it, done, names its worker.
+	binPath := filepath.Join(dir, "b.bin")
+	os.WriteFile(binPath, []byte("a\x00b"), 0o644)
+	bin, err := p.client.PushData(context.Background(), binPath, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	binID := bin.ID
 	startWorker(t, "headless", 1, base)
 	mod := fmt.Sprintf("sha256:%x", sha256.Sum256(taskbuild.Bytes(t, "fsprobe")))
-	wid := submit(t, p.client, workflow("dash-data", task{"name": "read", "module": mod, "args": []string{"sha", "/d/table.csv"},
-		"files": map[string]any{"/d/table.csv": map[string]any{"blob": id}}}))
+	wid := submit(t, p.client, workflow("dash-data", task{"name": "read", "module": mod,
+		"args":    []string{"sha", "/d/table.csv", "write", "/out/pic.png", "not really a png"},
+		"files":   map[string]any{"/d/table.csv": map[string]any{"blob": id}, "/work/b.bin": map[string]any{"blob": binID, "writable": true}},
+		"outputs": []string{"/work/b.bin"}}))
 	if st := wait(t, p.client, wid, time.Minute); st.State != "done" {
 		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
 	}
@@ -341,5 +350,25 @@ func TestDashboardData(t *testing.T) {
 	b.waitJS(10*time.Second, "the workflow page", `document.querySelector("#tasks tbody tr")`)
 	if w := b.text(`#tasks tbody tr .c-worker`); w == "" {
 		t.Errorf("the done task's worker column is empty")
+	}
+	// Previews: text, an image (served as one), binary data.
+	b.do(chromedp.Click(`a.preview[data-preview="stdout"]`))
+	b.waitJS(10*time.Second, "the text preview", `document.getElementById("preview-text")`)
+	if got, want := b.text("#preview-text"), fmt.Sprintf("%d %x", len(data), sha256.Sum256(data)); !strings.Contains(got, want) {
+		t.Errorf("the stdout preview shows %q, want %q", got, want)
+	}
+	b.do(chromedp.Navigate(base + "/app/workflows/" + wid + "/tasks/read/preview/pic.png"))
+	b.waitJS(10*time.Second, "the image preview", `document.getElementById("preview-image")`)
+	var ct string
+	b.eval(`fetch(document.getElementById("preview-image").src).then(r => r.headers.get("content-type"))`, &ct)
+	if ct != "image/png" {
+		t.Errorf("the image preview is served as %q, want image/png", ct)
+	}
+	b.do(chromedp.Navigate(base + "/app/workflows/" + wid + "/tasks/read/preview/work/b.bin"))
+	b.waitJS(10*time.Second, "the binary preview", `document.getElementById("preview-binary")`)
+	var downloaded string
+	b.eval(`fetch(document.getElementById("download").href).then(r => r.text())`, &downloaded)
+	if downloaded != "a\x00b" {
+		t.Errorf("the download of output /work/b.bin gave %q", downloaded)
 	}
 }

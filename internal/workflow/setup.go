@@ -120,6 +120,9 @@ func (s *Spec) buildSetup(i int, tj *taskJSON, t *TaskSpec) (string, string) {
 			if f.Archive != nil || f.Writable != nil || f.Output != nil {
 				return field, `"data" takes no "archive", "writable" or "output" (inline data is a writable file)`
 			}
+			if strings.IndexByte(*f.Data, 0) >= 0 {
+				return field, "inline data must not hold NUL: push binary data with `cyclepool data push` and mount it with \"blob\""
+			}
 			data += len(*f.Data)
 			if data > MaxDataBytes {
 				return field, fmt.Sprintf("inline data of the task's files adds up to more than %d bytes: push large data with `cyclepool data push`", MaxDataBytes)

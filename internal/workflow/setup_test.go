@@ -80,6 +80,7 @@ func TestSetupRefusals(t *testing.T) {
 	}{
 		{`"env": {"A=B": "x"}`, "t", "env.A=B", "'='"},
 		{`"env": {"A": "x\u0000"}`, "t", "env.A", "NUL"},
+		{`"files": {"/a": {"data": "x\u0000y"}}`, "t", "files./a", "must not hold NUL"},
 		{`"cwd": "work"`, "t", "cwd", "absolute"},
 		{`"cwd": "/a/../b"`, "t", "cwd", "clean path"},
 		{`"files": {"/a/../../etc/passwd": {"data": "x"}}`, "t", "files./a/../../etc/passwd", "clean path"},

@@ -152,6 +152,8 @@ func New(b Backend, opt Options) http.Handler {
 	m.HandleFunc("POST /app/submit", h.formPage(h.submit))
 	m.HandleFunc("GET /app/modules", h.page(h.modulesPage))
 	m.HandleFunc("POST /app/modules", h.formPage(h.upload))
+	m.HandleFunc("GET /app/workflows/{id}/tasks/{task}/preview/{output...}", h.page(h.previewPage))
+	m.HandleFunc("GET /app/workflows/{id}/tasks/{task}/image/{output...}", h.page(h.previewImage))
 	m.HandleFunc("GET /app/data", h.page(h.dataPage))
 	m.HandleFunc("POST /app/data", h.formPage(h.dataUpload))
 	m.HandleFunc("GET /app/history", h.page(h.history))

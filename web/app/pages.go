@@ -1,6 +1,9 @@
 package app
 
 import (
+	"unicode/utf8"
+	"path"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -97,8 +100,8 @@ type TaskRow struct {
 	CancelURL string
 }
 
-// OutputLink is a download link of one output.
-type OutputLink struct{ Name, URL, Size string }
+// OutputLink is a download link of one output, and its preview page.
+type OutputLink struct{ Name, URL, Size, Preview string }
 
 func (h *handler) workflowPage(p *pageCtx) {
 	ctx := p.r.Context()
@@ -195,7 +198,8 @@ func (h *handler) workflowPage(p *pageCtx) {
 			r.LogURL = tb + "/log"
 		}
 		for _, o := range t.Outputs {
-			r.OutputURLs = append(r.OutputURLs, OutputLink{Name: o.Name, URL: tb + "/outputs/" + escapePath(o.Name), Size: size(int64(o.Size))})
+			r.OutputURLs = append(r.OutputURLs, OutputLink{Name: o.Name, URL: tb + "/outputs/" + outputPath(o.Name), Size: size(int64(o.Size)),
+				Preview: "/app/workflows/" + url.PathEscape(st.ID) + "/tasks/" + url.PathEscape(t.Name) + "/preview/" + escapePath(strings.TrimPrefix(o.Name, "/"))})
 		}
 		d.Tasks = append(d.Tasks, r)
 	}
@@ -220,6 +224,16 @@ func (h *handler) workflowPage(p *pageCtx) {
 		d.NextURL = link(page + 1)
 	}
 	h.render(p, http.StatusOK, WorkflowPage(h.layout(p, "home"), d))
+}
+
+// outputPath is an output's name as the API's URLs take it: an output named
+// by an absolute path keeps its leading / escaped (a // would be cleaned
+// away by the router).
+func outputPath(name string) string {
+	if rest, ok := strings.CutPrefix(name, "/"); ok {
+		return "%2F" + escapePath(rest)
+	}
+	return escapePath(name)
 }
 
 func escapePath(p string) string {
@@ -808,4 +822,96 @@ func (h *handler) streamData(p *pageCtx) (msg, okMsg string, status int) {
 			return "", "Uploaded " + b.Name + " as " + b.ID + ".", http.StatusOK
 		}
 	}
+}
+
+// previewLines and previewBytes bound a text output's preview.
+const (
+	previewLines = 100
+	previewBytes = 64 << 10
+)
+
+// imageTypes are the outputs shown inline as images, by extension (never
+// SVG, which can carry script).
+var imageTypes = map[string]string{".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif", ".webp": "image/webp"}
+
+// PreviewData is an output's preview page.
+type PreviewData struct {
+	Workflow, WorkflowURL, Task, Output, Size, DownloadURL string
+	ImageURL                                                string
+	Lines                                                   []string
+	More                                                    bool   // the text goes on past the preview
+	Binary                                                  string // why it is not shown
+}
+
+// outputOf reads an output through the API, as the owner; the path's
+// output may be given without the leading / of an output named by path.
+func (h *handler) outputOf(p *pageCtx) (name string, res apiResult) {
+	id, task, name := p.r.PathValue("id"), p.r.PathValue("task"), p.r.PathValue("output")
+	tb := "/api/v1/workflows/" + url.PathEscape(id) + "/tasks/" + url.PathEscape(task) + "/outputs/"
+	res = h.callAPI(p, http.MethodGet, tb+outputPath(name), nil)
+	if res.status == http.StatusNotFound {
+		if r2 := h.callAPI(p, http.MethodGet, tb+outputPath("/"+name), nil); r2.status < 400 {
+			return "/" + name, r2
+		}
+	}
+	return name, res
+}
+
+// previewPage shows an output: an image inline, the first lines of text,
+// or its size; it links the download either way.
+func (h *handler) previewPage(p *pageCtx) {
+	id, task := p.r.PathValue("id"), p.r.PathValue("task")
+	name, res := h.outputOf(p)
+	if res.status >= 400 {
+		http.Error(p.w, res.err.Error, res.status)
+		return
+	}
+	d := PreviewData{Workflow: id, WorkflowURL: "/app/workflows/" + url.PathEscape(id), Task: task, Output: name, Size: size(int64(len(res.body))),
+		DownloadURL: "/app/api/v1/workflows/" + url.PathEscape(id) + "/tasks/" + url.PathEscape(task) + "/outputs/" + outputPath(name)}
+	body := res.body
+	switch {
+	case imageTypes[strings.ToLower(path.Ext(name))] != "":
+		d.ImageURL = "/app/workflows/" + url.PathEscape(id) + "/tasks/" + url.PathEscape(task) + "/image/" + escapePath(strings.TrimPrefix(name, "/"))
+	case bytes.IndexByte(body[:min(len(body), previewBytes)], 0) >= 0 || !utf8.Valid(trimRune(body[:min(len(body), previewBytes)])):
+		d.Binary = "binary data: download it to see it"
+	default:
+		text := string(trimRune(body[:min(len(body), previewBytes)]))
+		d.Lines = strings.Split(strings.TrimSuffix(text, "\n"), "\n")
+		d.More = len(body) > previewBytes
+		if len(d.Lines) > previewLines {
+			d.Lines, d.More = d.Lines[:previewLines], true
+		}
+	}
+	h.render(p, http.StatusOK, PreviewPage(h.layout(p, "home"), d))
+}
+
+// trimRune drops an incomplete UTF-8 sequence cut at the end of b.
+func trimRune(b []byte) []byte {
+	for k := 1; k <= 3 && k <= len(b); k++ {
+		if utf8.RuneStart(b[len(b)-k]) {
+			if !utf8.FullRune(b[len(b)-k:]) {
+				return b[:len(b)-k]
+			}
+			break
+		}
+	}
+	return b
+}
+
+// previewImage serves an image output with its image type, for the
+// preview page's img (the API serves every output as octet-stream).
+func (h *handler) previewImage(p *pageCtx) {
+	name, res := h.outputOf(p)
+	if res.status >= 400 {
+		http.Error(p.w, res.err.Error, res.status)
+		return
+	}
+	ct := imageTypes[strings.ToLower(path.Ext(name))]
+	if ct == "" {
+		http.Error(p.w, "not an image output", http.StatusNotFound)
+		return
+	}
+	p.w.Header().Set("Content-Type", ct)
+	p.w.Header().Set("Cache-Control", "private, max-age=3600")
+	_, _ = p.w.Write(res.body)
 }

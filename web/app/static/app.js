@@ -172,7 +172,7 @@
           if (t.started_at) r.started = Date.parse(t.started_at);
           if (t.finished_at) r.ended = Date.parse(t.finished_at);
           if (r.started) r.run.textContent = dur((r.ended || Date.now()) - r.started);
-          const want = (t.outputs || []).length + (t.attempts > 0 ? 1 : 0);
+          const want = 2 * (t.outputs || []).length + (t.attempts > 0 ? 1 : 0); // download and view links
           if (r.files.querySelectorAll("a").length === want) continue;
           r.files.textContent = "";
           const base = api + "/tasks/" + encodeURIComponent(t.name);
@@ -183,13 +183,19 @@
           }
           for (const o of t.outputs || []) {
             const a = document.createElement("a");
-            a.href = base + "/outputs/" + o.name.split("/").map(encodeURIComponent).join("/");
+            // An output named by an absolute path keeps its leading / escaped.
+            a.href = base + "/outputs/" + (o.name.startsWith("/") ? "%2F" : "") +
+              o.name.replace(/^\//, "").split("/").map(encodeURIComponent).join("/");
             a.className = "output"; a.dataset.output = o.name; a.download = t.name + "-" + o.name;
             a.textContent = o.name + " ";
             const s = document.createElement("span");
             s.className = "muted"; s.textContent = o.size < 1024 ? o.size + " B" : (o.size / 1024).toFixed(1) + " KiB";
             a.append(s);
-            r.files.append(a, " ");
+            const v = document.createElement("a");
+            v.href = "/app/workflows/" + encodeURIComponent(wf.dataset.id) + "/tasks/" + encodeURIComponent(t.name) + "/preview/" +
+              o.name.replace(/^\//, "").split("/").map(encodeURIComponent).join("/");
+            v.className = "preview small"; v.dataset.preview = o.name; v.textContent = "view";
+            r.files.append(a, " ", v, " ");
           }
         }
         if (st.finished_at) finishedAt = Date.parse(st.finished_at);
