@@ -1,8 +1,6 @@
 package app
 
 import (
-	"unicode/utf8"
-	"path"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -10,9 +8,11 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/internal/workflow"
@@ -837,10 +837,10 @@ var imageTypes = map[string]string{".png": "image/png", ".jpg": "image/jpeg", ".
 // PreviewData is an output's preview page.
 type PreviewData struct {
 	Workflow, WorkflowURL, Task, Output, Size, DownloadURL string
-	ImageURL                                                string
-	Lines                                                   []string
-	More                                                    bool   // the text goes on past the preview
-	Binary                                                  string // why it is not shown
+	ImageURL                                               string
+	Lines                                                  []string
+	More                                                   bool   // the text goes on past the preview
+	Binary                                                 string // why it is not shown
 }
 
 // outputOf reads an output through the API, as the owner; the path's
