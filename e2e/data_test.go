@@ -75,7 +75,7 @@ func TestBrowserDataMatchesHeadless(t *testing.T) {
 		"cat", "/etc/conf/sub/link", "stat", "/data/big.bin", "sha", "/data/big.bin",
 		"write", "/data/big.bin", "x", "rm", "/data/big.bin", "write", "/etc/conf/new", "x", "mv", "/etc", "/etc2",
 		"append", "own/a.txt", "+more", "cat", "own/a.txt", "write", "out.txt", "mine", "fill", "/work/big-out", "20000000",
-		"sha", "/work/big-out"}
+		"sha", "/work/big-out", "sock"}
 	wf := workflow("data",
 		task{"name": "first", "module": probe, "args": []string{"write", "/out/x", "y"}},
 		task{"name": "probe", "module": probe, "args": probeArgs, "env": map[string]string{"LANG": "C", "MODE": "test"},

@@ -13,6 +13,7 @@
 //	fill PATH N     writes N bytes to the file
 //	stat PATH       size and modification time (Unix seconds)
 //	sha PATH        the file's size and sha256, in hex
+//	sock            the errnos of the socket functions (a task has no sockets)
 package main
 
 import (
@@ -30,7 +31,7 @@ func main() {
 	args := os.Args[1:]
 	for len(args) > 0 {
 		cmd := args[0]
-		need := map[string]int{"env": 0, "pwd": 0, "cat": 1, "ls": 1, "write": 2, "append": 2, "rm": 1, "mv": 2, "fill": 2, "stat": 1, "sha": 1}[cmd]
+		need := map[string]int{"env": 0, "pwd": 0, "cat": 1, "ls": 1, "write": 2, "append": 2, "rm": 1, "mv": 2, "fill": 2, "stat": 1, "sha": 1, "sock": 0}[cmd]
 		if len(args) < 1+need {
 			fmt.Fprintf(os.Stderr, "fsprobe: %s wants %d arguments\n", cmd, need)
 			os.Exit(2)
@@ -80,6 +81,8 @@ func run(cmd string, a []string) string {
 			return result("", err)
 		}
 		return result("ok", os.WriteFile(a[0], bytes.Repeat([]byte("x"), n), 0o644))
+	case "sock":
+		return sockErrnos()
 	case "sha":
 		f, err := os.Open(a[0])
 		if err != nil {

@@ -734,7 +734,12 @@ function runAttempt(p) {
     path_symlink() { return E.PERM; }, // symbolic links cannot be created
     path_link() { return E.PERM; },
     path_readlink() { return E.INVAL; },
-    sock_accept() { return E.NOSYS; }, sock_recv() { return E.NOSYS; }, sock_send() { return E.NOSYS; }, sock_shutdown() { return E.NOSYS; },
+    // A task has no sockets: wazero's answers (EBADF; sock_send looks at
+    // its flags before the descriptor).
+    sock_accept() { return E.BADF; },
+    sock_recv() { return E.BADF; },
+    sock_send(_fd, _d, _n, flags) { return flags !== 0 ? E.NOTSUP : E.BADF; },
+    sock_shutdown() { return E.BADF; },
   };
 
   // ---- the cyclepool host functions ----
