@@ -19,6 +19,7 @@ import (
 	"github.com/chromedp/cdproto/storage"
 	"github.com/chromedp/chromedp"
 
+	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/taskbuild"
 )
 
@@ -370,5 +371,40 @@ func TestDashboardData(t *testing.T) {
 	b.eval(`fetch(document.getElementById("download").href).then(r => r.text())`, &downloaded)
 	if downloaded != "a\x00b" {
 		t.Errorf("the download of output /work/b.bin gave %q", downloaded)
+	}
+}
+
+// A worker of an older build (its hello does not say it lays out setups)
+// gets no task with files, which it would run without them: a later plain
+// task goes to it, the task with files waits for a worker that can.
+func TestOldWorkerGetsNoTaskWithFiles(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	probe := push(t, p.client, "fsprobe")
+	old := dialFakeHello(t, p.srv.url, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1})
+	withFiles := submit(t, p.client, workflow("with-files", task{"name": "f", "module": probe, "args": []string{"cat", "/etc/x"},
+		"files": map[string]any{"/etc/x": map[string]any{"data": "from the workflow"}}}))
+	plain := submit(t, p.client, workflow("plain", task{"name": "p", "module": probe, "args": []string{"pwd"}}))
+	select {
+	case fr := <-old.frames:
+		if fr.Type != protocol.TypeAssign || len(fr.Assign) != 1 || !strings.HasPrefix(fr.Assign[0].Task, plain+"/") || fr.Assign[0].Setup != nil {
+			t.Fatalf("the old worker got %+v, want the plain task alone", fr)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the old worker got nothing")
+	}
+	st, err := p.client.Status(context.Background(), withFiles)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tk := st.Tasks[0]; tk.State != "ready" || tk.Attempts != 0 {
+		t.Fatalf("the task with files is %s after %d attempts, want ready and untouched", tk.State, tk.Attempts)
+	}
+	startWorker(t, "headless", 1, p.srv.url)
+	if st := wait(t, p.client, withFiles, time.Minute); st.State != "done" {
+		t.Fatalf("the task with files ended %s", st.State)
+	}
+	if got := output(t, p.client, withFiles, "f", "stdout"); got != "from the workflow\n" {
+		t.Errorf("the task read %q", got)
 	}
 }

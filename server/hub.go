@@ -40,6 +40,9 @@ type conn struct {
 	fencedRun int
 	// addr is the address the connection came from (remoteHost).
 	addr string
+	// setup: the worker lays out tasks' setups (protocol.FeatureSetup);
+	// without it, it gets no task that has one.
+	setup bool
 
 	// heard is when the last frame arrived (Unix ns). A worker heartbeats
 	// every heartbeat interval, so a connection silent for longer than the

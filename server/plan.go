@@ -159,6 +159,8 @@ type planWorker struct {
 	w    sched.Worker
 	rep  sched.Reputation
 	idle int
+	// setup: the worker runs tasks with a setup (protocol.FeatureSetup).
+	setup bool
 }
 
 // plan decides which ready task replicas go to which reserved slots, with
@@ -182,6 +184,14 @@ func (s *Server) plan(now time.Time, cands []store.Candidate, workers []planWork
 	// map's table, in an allocation per entry.
 	byID := make(map[string]int, len(cands))
 	tasks := make([]sched.Task, 0, len(cands)) // a replica each, mostly
+	// Workers that cannot lay out a task's setup (older builds) never get
+	// a task that has one.
+	var noSetup []string
+	for _, w := range workers {
+		if !w.setup {
+			noSetup = append(noSetup, w.w.ID)
+		}
+	}
 	for i, c := range cands {
 		id := strconv.FormatInt(c.TaskID, 10)
 		byID[id] = i
@@ -195,13 +205,17 @@ func (s *Server) plan(now time.Time, cands []store.Candidate, workers []planWork
 		// round's Schedule (the same stats serve every round); 0 when
 		// unknown, which Schedule looks up itself.
 		est, _ := stats.Expected(c.Module, c.Name)
+		exclude := slices.Clone(c.Exclude)
+		if c.Setup {
+			exclude = append(exclude, noSetup...)
+		}
 		for j := range c.Pending {
 			r := j
 			if c.Replicas > 1 {
 				r += len(c.Exclude)
 			}
 			tasks = append(tasks, sched.Task{ID: id, Replica: r, Workflow: c.WorkflowID, Module: c.Module, Name: c.Name,
-				Priority: prio, ReadySince: ready, CheckpointCost: ckptCost[c.Module], Exclude: slices.Clone(c.Exclude),
+				Priority: prio, ReadySince: ready, CheckpointCost: ckptCost[c.Module], Exclude: slices.Clone(exclude),
 				Estimate: est})
 		}
 	}
@@ -280,8 +294,9 @@ func (s *Server) planWorkers(reserved map[string][]*conn) []planWorker {
 		out = append(out, planWorker{
 			w: sched.Worker{ID: id, Slots: c.slots, Samples: slices.Clone(c.samples), History: c.history(),
 				Rep: rep, JobsDone: c.tasksDone, Link: -1},
-			rep:  rep,
-			idle: len(reserved[id]),
+			rep:   rep,
+			idle:  len(reserved[id]),
+			setup: c.setup,
 		})
 	}
 	return out

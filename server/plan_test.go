@@ -59,6 +59,19 @@ func TestPlan(t *testing.T) {
 			workers: []planWorker{worker("a", 1, hb(true, 0.5, false)[5:], trusted)},
 			stats:   map[string]time.Duration{"long": time.Hour},
 			want:    []store.Pick{{TaskID: 1, Worker: "a"}}},
+		{name: "a task with a setup goes only to a worker that lays setups out",
+			cands: []store.Candidate{{TaskID: 1, Module: "m", Name: "t", Priority: "batch", Pending: 1, Replicas: 1, Setup: true}},
+			workers: []planWorker{worker("a", 1, hb(true, -1, false), sched.Reputation{}),
+				func() planWorker {
+					w := worker("b", 1, hb(true, -1, false), sched.Reputation{})
+					w.setup = true
+					return w
+				}()},
+			want: []store.Pick{{TaskID: 1, Worker: "b"}}},
+		{name: "a task with a setup waits while no worker lays setups out",
+			cands:   []store.Candidate{{TaskID: 1, Module: "m", Name: "t", Priority: "batch", Pending: 1, Replicas: 1, Setup: true}},
+			workers: []planWorker{worker("a", 2, hb(true, -1, false), sched.Reputation{})},
+			want:    nil},
 		{name: "too unstable worker gets nothing",
 			cands:   []store.Candidate{task(1, 1, 1)},
 			workers: []planWorker{worker("a", 1, hb(false, -1, false), sched.Reputation{})},

@@ -298,7 +298,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 		running: map[int64]string{}, paused: h.Device.Paused,
 		device: h.Device, connected: time.Now(),
 		record:   store.WorkerRecord{ID: id, Kind: h.Kind, Slots: h.Slots, Operator: operator},
-		operator: operator, addr: remoteHost(r),
+		operator: operator, addr: remoteHost(r), setup: slices.Contains(h.Features, protocol.FeatureSetup),
 	}
 	for a, m := range reg.Modules { // the attempts it kept
 		c.running[a] = m

@@ -312,7 +312,7 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	defer scancel()
 
 	w.mu.Lock()
-	hello := &protocol.Hello{Version: protocol.Version, Build: version.String(), Kind: w.cfg.Kind, Slots: w.cfg.Slots, Queue: w.queue, WorkerID: w.id,
+	hello := &protocol.Hello{Version: protocol.Version, Build: version.String(), Features: []string{protocol.FeatureSetup}, Kind: w.cfg.Kind, Slots: w.cfg.Slots, Queue: w.queue, WorkerID: w.id,
 		ReconnectToken: w.token, Volunteer: w.cfg.Volunteer, Device: w.pausedIfHandingBack(w.cfg.Device())}
 	for id := range w.running {
 		hello.Running = append(hello.Running, id)

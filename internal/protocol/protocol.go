@@ -98,11 +98,20 @@ type Hello struct {
 	Running   []int64 `json:"running,omitempty"`
 	Volunteer string  `json:"volunteer,omitempty"` // browser volunteer id, kept in the browser
 	Device    Device  `json:"device"`
+	// Features lists what this worker can do beyond the protocol's
+	// version: FeatureSetup. The server gives a worker only the tasks it
+	// can run as they are meant to run.
+	Features []string `json:"features,omitempty"`
 	// Build is the worker's build (as `cyclepool version` prints it), for
 	// display: a worker of another build than the server's is visible in
 	// the workers' list. At most 100 bytes are kept.
 	Build string `json:"build,omitempty"`
 }
+
+// FeatureSetup says the worker lays out a task's Assign.Setup (env, cwd,
+// files, outputs by path). A worker without it gets no task that has one:
+// it would run the task without its files.
+const FeatureSetup = "setup"
 
 // Welcome answers hello.
 type Welcome struct {

@@ -139,6 +139,9 @@ type Candidate struct {
 	// lost or broke the rules of an attempt of it).
 	Exclude []string
 	CkptMS  int64
+	// Setup: the task has a setup (env, files...), which only workers
+	// with protocol.FeatureSetup lay out.
+	Setup bool
 }
 
 // Candidates reads up to limit ready tasks in dispatch order (sort_key, id),
@@ -162,7 +165,7 @@ func (s *Store) Candidates(ctx context.Context, limit int) ([]Candidate, error) 
 			cs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Candidate, error) {
 				var c Candidate
 				err := r.Scan(&c.TaskID, &wf, &module, &c.Name, &prio, &c.ReadySince, &c.Pending, &c.Replicas,
-					&c.Fresh, &c.CkptMS, &c.Exclude)
+					&c.Fresh, &c.CkptMS, &c.Exclude, &c.Setup)
 				c.WorkflowID, c.Module, c.Priority = in.of(wf), in.of(module), in.of(prio)
 				return c, err
 			})
@@ -183,7 +186,7 @@ var candidatesSQL = strings.ReplaceAll(`SELECT t.id, t.workflow_id::text, t.modu
 			t.attempts = 0, t.ckpt_ms,
 			CASE WHEN t.max_replicas > 1 THEN ARRAY(SELECT DISTINCT a.worker_id::text FROM attempts a
 				WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) || {avoided}
-			ELSE {avoided} END
+			ELSE {avoided} END, t.setup IS NOT NULL
 		FROM tasks t WHERE t.pending > 0 AND t.sort_key IS NOT NULL AND t.state = 'ready' ORDER BY t.sort_key, t.id LIMIT $1`,
 	"{avoided}", `CASE WHEN t.avoid IS NOT NULL THEN
 		ARRAY(SELECT x::text FROM unnest(t.avoid) AS x WHERE `+avoids("t", "x")+`) END`)

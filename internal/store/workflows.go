@@ -434,7 +434,7 @@ func (s *Store) SubmissionCandidates(w *NewWorkflow, now time.Time) []Candidate 
 	for i := range w.Tasks {
 		t := &w.Tasks[i]
 		if len(t.Inputs) == 0 {
-			cs = append(cs, Candidate{TaskID: int64(i), Module: t.Module, Name: t.Name, Priority: w.Priority, ReadySince: now,
+			cs = append(cs, Candidate{TaskID: int64(i), Module: t.Module, Name: t.Name, Priority: w.Priority, ReadySince: now, Setup: t.Setup != nil,
 				Pending: replicas, Replicas: replicas, Fresh: true, CkptMS: t.CkptMS})
 		}
 	}
