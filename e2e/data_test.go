@@ -408,3 +408,69 @@ func TestOldWorkerGetsNoTaskWithFiles(t *testing.T) {
 		t.Errorf("the task read %q", got)
 	}
 }
+
+// Locality: each worker says in its hello which data it keeps, and the
+// dispatcher gives it the tasks that read that data: of tasks alternating
+// between two blobs, each kept by one of two workers, nearly all run where
+// their data is (in the order alone, half would; a worker left without
+// tasks of its own data near the end takes the others', which is right).
+func TestLocalityTasksGoToTheirData(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	ctx := context.Background()
+	probe := push(t, p.client, "fsprobe")
+	holder := map[string]string{} // blob id -> the worker keeping it
+	var ids []string
+	for _, name := range []string{"a", "b"} {
+		data := bytes.Repeat([]byte(name), 1<<20)
+		path := filepath.Join(t.TempDir(), name)
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		blob, err := p.client.PushData(ctx, path, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, blob.ID)
+		// The worker kept it from an earlier run.
+		dataDir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dataDir, strings.TrimPrefix(blob.ID, "sha256:")), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		w := start(t, "worker-"+name, "worker", "--server", p.srv.url, "--slots", "1",
+			"--cache-dir", filepath.Join(os.TempDir(), "cyclepool-e2e-cache"), "--data-dir", dataDir)
+		line, ok := w.out.waitFor(regexp.MustCompile(`msg=connected .*worker=(\S+)`), 30*time.Second)
+		if !ok {
+			t.Fatalf("worker %s did not connect:\n%s", name, w.out)
+		}
+		holder[blob.ID] = line
+	}
+	const n = 32
+	var tasks []task
+	blobOf := map[string]string{}
+	for i := range n {
+		blob := ids[(i/2)%2] // a a b b a a b b ...
+		name := fmt.Sprintf("t%02d", i)
+		blobOf[name] = blob
+		tasks = append(tasks, task{"name": name, "module": probe, "args": []string{"stat", "/d"},
+			"files": map[string]any{"/d": map[string]any{"blob": blob}}})
+	}
+	id := submit(t, p.client, workflow("locality", tasks...))
+	if st := wait(t, p.client, id, 2*time.Minute); st.State != "done" {
+		t.Fatalf("workflow ended %s", st.State)
+	}
+	local := 0
+	for name, blob := range blobOf {
+		as, err := p.client.Attempts(ctx, id, name)
+		if err != nil || len(as) == 0 {
+			t.Fatalf("attempts of %s: %v %v", name, as, err)
+		}
+		if as[len(as)-1].Worker == holder[blob] {
+			local++
+		}
+	}
+	t.Logf("%d of %d tasks ran on the worker keeping their data", local, n)
+	if local < 3*n/4 {
+		t.Errorf("%d of %d tasks ran on the worker keeping their data, want at least %d", local, n, 3*n/4)
+	}
+}

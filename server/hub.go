@@ -43,6 +43,10 @@ type conn struct {
 	// setup: the worker lays out tasks' setups (protocol.FeatureSetup);
 	// without it, it gets no task that has one.
 	setup bool
+	// data has the blobs the worker keeps, as far as this replica knows
+	// (its hello, and the tasks it was given): the plan prefers it for
+	// tasks that read them. Guarded by hub.mu.
+	data map[string]bool
 
 	// heard is when the last frame arrived (Unix ns). A worker heartbeats
 	// every heartbeat interval, so a connection silent for longer than the
@@ -285,9 +289,31 @@ func (h *hub) started(c *conn, as []protocol.Assign) bool {
 	for i := range as {
 		c.running[as[i].Attempt] = as[i].Module
 		h.attempts[as[i].Attempt] = c
+		if su := as[i].Setup; su != nil {
+			for _, f := range su.Files {
+				if f.Blob != "" {
+					c.keep(f.Blob)
+				}
+			}
+		}
 	}
 	return true
 }
+
+// keep records that the worker of c keeps blob id (it was given a task
+// that reads it, or said so in its hello), up to maxHeld blobs; hub.mu
+// held (or c not yet shared).
+func (c *conn) keep(id string) {
+	if c.data == nil {
+		c.data = map[string]bool{}
+	}
+	if len(c.data) < maxHeld {
+		c.data[id] = true
+	}
+}
+
+// maxHeld bounds the blobs a connection is known to hold.
+const maxHeld = protocol.MaxHelloData
 
 // holds reports whether attempt runs (or waits) on c, as far as this
 // replica knows, and its module ("" when unknown).

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -216,7 +217,7 @@ func (s *Server) plan(now time.Time, cands []store.Candidate, workers []planWork
 			}
 			tasks = append(tasks, sched.Task{ID: id, Replica: r, Workflow: c.WorkflowID, Module: c.Module, Name: c.Name,
 				Priority: prio, ReadySince: ready, CheckpointCost: ckptCost[c.Module], Exclude: slices.Clone(exclude),
-				Estimate: est})
+				Estimate: est, Data: c.Blobs})
 		}
 	}
 	ws := make([]sched.Worker, len(workers))
@@ -291,9 +292,13 @@ func (s *Server) planWorkers(reserved map[string][]*conn) []planWorker {
 	for _, id := range ids {
 		c := reserved[id][0]
 		rep := c.record.Reputation(s.cfg.Verify)
+		var holds map[string]bool
+		if len(c.data) > 0 {
+			holds = maps.Clone(c.data) // the plan runs without hub.mu
+		}
 		out = append(out, planWorker{
 			w: sched.Worker{ID: id, Slots: c.slots, Samples: slices.Clone(c.samples), History: c.history(),
-				Rep: rep, JobsDone: c.tasksDone, Link: -1},
+				Rep: rep, JobsDone: c.tasksDone, Link: -1, Holds: holds},
 			rep:   rep,
 			idle:  len(reserved[id]),
 			setup: c.setup,

@@ -72,6 +72,21 @@ func TestPlan(t *testing.T) {
 			cands:   []store.Candidate{{TaskID: 1, Module: "m", Name: "t", Priority: "batch", Pending: 1, Replicas: 1, Setup: true}},
 			workers: []planWorker{worker("a", 2, hb(true, -1, false), sched.Reputation{})},
 			want:    nil},
+		{name: "a task goes to the worker that keeps its data",
+			cands: []store.Candidate{{TaskID: 1, Module: "m", Name: "t", Priority: "batch", ReadySince: now.Add(-time.Second), Pending: 1, Replicas: 1, Setup: true, Blobs: []string{"B"}},
+				{TaskID: 2, Module: "m", Name: "t", Priority: "batch", ReadySince: now.Add(-time.Second), Pending: 1, Replicas: 1, Setup: true, Blobs: []string{"A"}}},
+			workers: []planWorker{
+				func() planWorker {
+					w := worker("a", 1, hb(true, -1, false), sched.Reputation{})
+					w.setup, w.w.Holds = true, map[string]bool{"A": true}
+					return w
+				}(),
+				func() planWorker {
+					w := worker("b", 1, hb(true, -1, false), sched.Reputation{})
+					w.setup, w.w.Holds = true, map[string]bool{"B": true}
+					return w
+				}()},
+			want: []store.Pick{{TaskID: 2, Worker: "a"}, {TaskID: 1, Worker: "b"}}},
 		{name: "too unstable worker gets nothing",
 			cands:   []store.Candidate{task(1, 1, 1)},
 			workers: []planWorker{worker("a", 1, hb(false, -1, false), sched.Reputation{})},

@@ -21,6 +21,7 @@ import (
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/store"
+	"github.com/cyclepool/cyclepool/internal/workflow"
 )
 
 // A worker's WebSocket session: the upgrade and who may connect
@@ -302,6 +303,11 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 	}
 	for a, m := range reg.Modules { // the attempts it kept
 		c.running[a] = m
+	}
+	for _, id := range h.Data[:min(len(h.Data), protocol.MaxHelloData)] {
+		if workflow.IsModuleID(id) {
+			c.keep(id)
+		}
 	}
 	c.free = c.slots - len(c.running)
 	c.heard.Store(time.Now().UnixNano())

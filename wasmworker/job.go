@@ -19,6 +19,15 @@ type Runner interface {
 	Run(ctx context.Context, job *Job) *Outcome
 }
 
+// DataHolder is a Runner that keeps data blobs between attempts: the worker
+// tells the server which (Hello.Data), so that tasks reading them come to
+// it (locality).
+type DataHolder interface {
+	// Holding returns the ids of the blobs kept, at most
+	// protocol.MaxHelloData.
+	Holding() []string
+}
+
 // Host is what a running attempt may ask of the worker.
 type Host interface {
 	// Progress records the fraction of the attempt done (0 to 1).

@@ -314,6 +314,9 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	w.mu.Lock()
 	hello := &protocol.Hello{Version: protocol.Version, Build: version.String(), Features: []string{protocol.FeatureSetup}, Kind: w.cfg.Kind, Slots: w.cfg.Slots, Queue: w.queue, WorkerID: w.id,
 		ReconnectToken: w.token, Volunteer: w.cfg.Volunteer, Device: w.pausedIfHandingBack(w.cfg.Device())}
+	if dh, ok := w.cfg.Runner.(DataHolder); ok {
+		hello.Data = dh.Holding()
+	}
 	for id := range w.running {
 		hello.Running = append(hello.Running, id)
 	}

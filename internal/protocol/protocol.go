@@ -102,11 +102,18 @@ type Hello struct {
 	// version: FeatureSetup. The server gives a worker only the tasks it
 	// can run as they are meant to run.
 	Features []string `json:"features,omitempty"`
+	// Data lists the data blobs ("sha256:<hex>") the worker keeps in its
+	// cache, at most MaxHelloData: the server prefers it for tasks that
+	// read them (locality).
+	Data []string `json:"data,omitempty"`
 	// Build is the worker's build (as `cyclepool version` prints it), for
 	// display: a worker of another build than the server's is visible in
 	// the workers' list. At most 100 bytes are kept.
 	Build string `json:"build,omitempty"`
 }
+
+// MaxHelloData bounds Hello.Data; a server reads no more.
+const MaxHelloData = 4096
 
 // FeatureSetup says the worker lays out a task's Assign.Setup (env, cwd,
 // files, outputs by path). A worker without it gets no task that has one:

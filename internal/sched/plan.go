@@ -33,6 +33,9 @@ type Task struct {
 	// Exclude lists workers that hold or held a replica of this task: no
 	// replica of a task ever goes to the same worker twice.
 	Exclude []string
+	// Data lists the data blobs the task reads (its files): a worker that
+	// holds them all is preferred for it (ScheduleRounds, "locality").
+	Data []string
 }
 
 // Worker is what the server knows of one connected worker.
@@ -49,6 +52,9 @@ type Worker struct {
 	// Speed scales run times (1 = the reference the averages were measured
 	// on; 0 counts as 1).
 	Speed float64
+	// Holds has the data blobs the worker keeps (reported in its hello,
+	// and those of the tasks it was given since).
+	Holds map[string]bool
 }
 
 // Config selects the policies of a server.
@@ -222,6 +228,29 @@ func ScheduleRounds(clock Clock, in Input, cfg Config, placed func(Assignment) b
 			first++
 		}
 		placedAny := false
+		// Locality first: an idle worker that holds the data of a task
+		// near the head of the queue takes it (BOINC's locality
+		// scheduling), so that data is downloaded once per worker, not
+		// once per task. Only near the head (LocalityWindow tasks), and
+		// not while the oldest task has waited LocalityMaxWait: the queue's
+		// order bends, it does not starve anything.
+		for _, wi := range p.localityWorkers(left) {
+			ti := p.localTask(wi, first, done, withdrawn)
+			if ti < 0 {
+				continue
+			}
+			a := p.assign(ti, wi, false)
+			left[wi]--
+			offered--
+			done[ti], placedAny = true, true
+			p.plan.Assignments = append(p.plan.Assignments, a)
+			if placed != nil && !placed(a) {
+				if withdrawn == nil {
+					withdrawn = map[string]bool{}
+				}
+				withdrawn[a.Task] = true
+			}
+		}
 		for _, ti := range p.order[first:] {
 			if offered == 0 {
 				break
@@ -266,6 +295,73 @@ func ScheduleRounds(clock Clock, in Input, cfg Config, placed func(Assignment) b
 		p.plan.Waiting = append(p.plan.Waiting, Skip{Task: t.ID, Replica: t.Replica, Reason: reason})
 	}
 	return p.plan
+}
+
+// Locality bounds (see ScheduleRounds): how far from the head of the queue
+// a task may be taken ahead of its turn for the data a worker holds, and
+// how long the head may have waited for locality to still apply.
+const (
+	LocalityWindow  = 64
+	LocalityMaxWait = 10 * time.Second
+)
+
+// localityWorkers returns the workers with an idle slot this round that
+// hold data, in stability order; none without fairness off (a fairness
+// strategy chooses workers its own way) or once the head of the queue has
+// waited LocalityMaxWait.
+func (p *planner) localityWorkers(left []int) []int {
+	if p.cfg.Fairness != None {
+		return nil
+	}
+	var out []int
+	for _, wi := range p.wOrder {
+		if left[wi] > 0 && p.ws[wi].Idle > 0 && len(p.ws[wi].Holds) > 0 {
+			out = append(out, wi)
+		}
+	}
+	return out
+}
+
+// localTask returns the first task among the LocalityWindow undone ones
+// from p.order[first:] whose data worker wi holds all of and that wi may
+// take, or -1 (also when the oldest undone task has waited
+// LocalityMaxWait). Tasks whose instances were withdrawn are skipped.
+func (p *planner) localTask(wi, first int, done []bool, withdrawn map[string]bool) int {
+	w := &p.ws[wi]
+	seen := 0
+	for _, ti := range p.order[first:] {
+		if done[ti] || withdrawn[p.tasks[ti].ID] {
+			continue
+		}
+		t := &p.tasks[ti]
+		if seen == 0 && p.now.Sub(t.ReadySince) >= LocalityMaxWait {
+			return -1
+		}
+		if seen++; seen > LocalityWindow {
+			return -1
+		}
+		if len(t.Data) == 0 || !holdsAll(w.Holds, t.Data) {
+			continue
+		}
+		if _, ok := p.holds[hold{t.ID, w.ID}]; ok {
+			continue
+		}
+		if ok, _ := p.stab[wi].Fits(scaled(p.exps[ti], p.knowns[ti], w.Speed), t.Replica > 0, p.cfg.Stability); !ok {
+			continue
+		}
+		return ti
+	}
+	return -1
+}
+
+// holdsAll reports whether every blob of data is in holds.
+func holdsAll(holds map[string]bool, data []string) bool {
+	for _, d := range data {
+		if !holds[d] {
+			return false
+		}
+	}
+	return true
 }
 
 // planner is the state of one plan: the tasks in dispatch order, the

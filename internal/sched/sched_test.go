@@ -538,3 +538,51 @@ func TestStandingAllowance(t *testing.T) {
 		}
 	}
 }
+
+// Locality: an idle worker that holds a task's data takes that task before
+// its turn, within LocalityWindow of the head and while the head has not
+// waited LocalityMaxWait; past them, the order rules.
+func TestScheduleRoundsLocality(t *testing.T) {
+	mains := series(-1, 0, 10, false, "ethernet")
+	workers := func() []Worker {
+		return []Worker{
+			{ID: "a", Slots: 1, Idle: 1, Samples: mains, History: History{Attempts: 20}, Holds: map[string]bool{"X": true}},
+			{ID: "b", Slots: 1, Idle: 1, Samples: mains, History: History{Attempts: 20}, Holds: map[string]bool{"Y": true}},
+		}
+	}
+	tasks := func(waited time.Duration, filler int) []Task {
+		var ts []Task
+		for i := range filler {
+			ts = append(ts, Task{ID: fmt.Sprintf("f%02d", i), Estimate: time.Hour - time.Duration(i)*time.Second, ReadySince: t0.Add(-waited), Priority: Batch})
+		}
+		return append(ts,
+			Task{ID: "y1", Estimate: 4 * time.Minute, ReadySince: t0.Add(-waited), Priority: Batch, Data: []string{"Y"}},
+			Task{ID: "x1", Estimate: 3 * time.Minute, ReadySince: t0.Add(-waited), Priority: Batch, Data: []string{"X"}},
+			Task{ID: "y2", Estimate: 2 * time.Minute, ReadySince: t0.Add(-waited), Priority: Batch, Data: []string{"Y"}},
+			Task{ID: "xy", Estimate: time.Minute, ReadySince: t0.Add(-waited), Priority: Batch, Data: []string{"X", "Y"}},
+		)
+	}
+	tests := []struct {
+		name  string
+		tasks []Task
+		cfg   Config
+		want  string
+	}{
+		{"each worker takes the task whose data it holds", tasks(0, 0), DefaultConfig(), "[x1@a y1@b]"},
+		{"the head waited too long: order rules", tasks(LocalityMaxWait, 0), DefaultConfig(), "[y1@a x1@b]"},
+		{"data tasks past the window: order rules", tasks(0, LocalityWindow), DefaultConfig(), "[f00@a f01@b]"},
+		{"within the window: data first, then order", tasks(0, 3), DefaultConfig(), "[x1@a y1@b]"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := ScheduleRounds(FixedClock(t0), Input{Ready: tc.tasks, Workers: workers()}, tc.cfg, nil)
+			var got []string
+			for _, a := range p.Assignments {
+				got = append(got, a.Task+"@"+a.Worker)
+			}
+			if fmt.Sprint(got) != tc.want {
+				t.Fatalf("assignments %v, want %s", got, tc.want)
+			}
+		})
+	}
+}

@@ -140,8 +140,10 @@ type Candidate struct {
 	Exclude []string
 	CkptMS  int64
 	// Setup: the task has a setup (env, files...), which only workers
-	// with protocol.FeatureSetup lay out.
+	// with protocol.FeatureSetup lay out; Blobs are the data blobs its
+	// files read (the plan prefers workers that keep them).
 	Setup bool
+	Blobs []string
 }
 
 // Candidates reads up to limit ready tasks in dispatch order (sort_key, id),
@@ -165,7 +167,7 @@ func (s *Store) Candidates(ctx context.Context, limit int) ([]Candidate, error) 
 			cs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Candidate, error) {
 				var c Candidate
 				err := r.Scan(&c.TaskID, &wf, &module, &c.Name, &prio, &c.ReadySince, &c.Pending, &c.Replicas,
-					&c.Fresh, &c.CkptMS, &c.Exclude, &c.Setup)
+					&c.Fresh, &c.CkptMS, &c.Exclude, &c.Setup, &c.Blobs)
 				c.WorkflowID, c.Module, c.Priority = in.of(wf), in.of(module), in.of(prio)
 				return c, err
 			})
@@ -186,7 +188,8 @@ var candidatesSQL = strings.ReplaceAll(`SELECT t.id, t.workflow_id::text, t.modu
 			t.attempts = 0, t.ckpt_ms,
 			CASE WHEN t.max_replicas > 1 THEN ARRAY(SELECT DISTINCT a.worker_id::text FROM attempts a
 				WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) || {avoided}
-			ELSE {avoided} END, t.setup IS NOT NULL
+			ELSE {avoided} END, t.setup IS NOT NULL,
+			CASE WHEN t.setup IS NOT NULL THEN ARRAY(SELECT f->>'blob' FROM jsonb_array_elements(t.setup->'files') f WHERE f ? 'blob') END
 		FROM tasks t WHERE t.pending > 0 AND t.sort_key IS NOT NULL AND t.state = 'ready' ORDER BY t.sort_key, t.id LIMIT $1`,
 	"{avoided}", `CASE WHEN t.avoid IS NOT NULL THEN
 		ARRAY(SELECT x::text FROM unnest(t.avoid) AS x WHERE `+avoids("t", "x")+`) END`)

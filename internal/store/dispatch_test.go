@@ -470,3 +470,28 @@ func TestReconnectKeepsHeldAttemptsWithTheirModules(t *testing.T) {
 		t.Errorf("modules %v, want %d: %s", again.Modules, held, f.module)
 	}
 }
+
+// A candidate says whether its task has a setup, and which data blobs its
+// files read (for the plan's worker choice and locality).
+func TestCandidatesCarrySetupAndData(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	withFiles := f.task("files")
+	a, b := "sha256:"+strings.Repeat("a", 64), "sha256:"+strings.Repeat("b", 64)
+	withFiles.Setup = []byte(`{"env": ["A=1"], "files": [{"path": "/x", "blob": "` + a + `", "size": 1}, {"path": "/y", "data": "z"}, {"path": "/z", "blob": "` + b + `", "archive": true}]}`)
+	f.submit(t, "batch", f.task("plain"), withFiles)
+	cs, err := f.s.Candidates(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Candidate{}
+	for _, c := range cs {
+		got[c.Name] = c
+	}
+	if c := got["plain"]; c.Setup || c.Blobs != nil {
+		t.Errorf("plain task: setup %v, blobs %v", c.Setup, c.Blobs)
+	}
+	if c := got["files"]; !c.Setup || fmt.Sprint(c.Blobs) != fmt.Sprint([]string{a, b}) {
+		t.Errorf("task with files: setup %v, blobs %v, want true and [%s %s]", c.Setup, c.Blobs, a, b)
+	}
+}

@@ -437,6 +437,23 @@ func linkTarget(links []archive.Entry, name string) (string, bool) {
 	return "", false
 }
 
+// holding returns the ids of the blobs in the cache, at most
+// protocol.MaxHelloData, most recently used first.
+func (c *dataCache) holding() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	hexes := make([]string, 0, len(c.entries))
+	for h := range c.entries {
+		hexes = append(hexes, h)
+	}
+	sort.Slice(hexes, func(i, j int) bool { return c.entries[hexes[i]].used.After(c.entries[hexes[j]].used) })
+	hexes = hexes[:min(len(hexes), protocol.MaxHelloData)]
+	for i, h := range hexes {
+		hexes[i] = "sha256:" + h
+	}
+	return hexes
+}
+
 // evict removes blobs no attempt holds, least recently used first, until
 // the cache is within its bound.
 func (c *dataCache) evict() {

@@ -236,6 +236,9 @@ func (r *Runner) Run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 	return r.eng.run(ctx, job)
 }
 
+// Holding returns the data blobs in the Runner's cache (wasmworker.DataHolder).
+func (r *Runner) Holding() []string { return r.data.holding() }
+
 // Close stops the attempts still running (they end with ReasonWorker),
 // waits for them as long as ctx allows, and releases everything: in
 // isolation mode it kills every slot process and waits for them to exit.
