@@ -310,7 +310,7 @@ const (
 // strategy chooses workers its own way) or once the head of the queue has
 // waited LocalityMaxWait.
 func (p *planner) localityWorkers(left []int) []int {
-	if p.cfg.Fairness != None {
+	if p.cfg.Fairness != None || !p.anyHolds {
 		return nil
 	}
 	var out []int
@@ -382,6 +382,8 @@ type planner struct {
 	holds map[hold]struct{}
 	fits  []int // choose's scratch
 	plan  Plan
+	// anyHolds: some worker holds data (else no locality pass is needed).
+	anyHolds bool
 }
 
 // hold is a worker holding a replica of a task.
@@ -396,6 +398,7 @@ func newPlanner(clock Clock, in Input, cfg Config) *planner {
 	p.stab = make([]Stability, len(p.ws))
 	for i, w := range p.ws {
 		ids[i] = w.ID
+		p.anyHolds = p.anyHolds || len(w.Holds) > 0
 		if cfg.DeviceAware {
 			p.stab[i] = Classify(now, w.Samples, w.History, cfg.Stability)
 		} else {
