@@ -30,7 +30,9 @@ import (
 // input and writes a 20 MB output.
 func TestBrowserDataMatchesHeadless(t *testing.T) {
 	t.Parallel()
-	p := newPlatform(t)
+	// A lease of 10 s: the page moves 50 MB on a machine busy with the other
+	// tests, and a lost attempt never goes back to the same volunteer.
+	p := newPlatform(t, "--lease", "10s")
 	ctx := context.Background()
 	probe := push(t, p.client, "fsprobe")
 
@@ -158,7 +160,7 @@ func TestBrowserDataMatchesHeadless(t *testing.T) {
 // enough, goes on without keeping the blob.
 func TestBrowserDataFullQuota(t *testing.T) {
 	t.Parallel()
-	p := newPlatform(t)
+	p := newPlatform(t, "--lease", "10s")
 	ctx := context.Background()
 	probe := push(t, p.client, "fsprobe")
 	var ids []string

@@ -363,7 +363,7 @@ function makeTasks(taskJs, server) {
         if (!buf) throw new Error(`the data downloaded for ${f.blob} does not match its hash`);
         counts.dataFetched++;
         if (store) {
-          const put = () => store.put(url, new Response(buf.slice(0)));
+          const put = () => store.put(url, new Response(buf)); // Response copies the bytes
           await put().catch(async () => {
             // Out of quota: make room by emptying this cache, and go on
             // (unkept: the blob did not fit even then).
