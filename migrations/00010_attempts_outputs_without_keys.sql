@@ -3,7 +3,8 @@
 -- foreign keys of both to tasks ran a row-by-row check that also locked the
 -- task row (a WAL record each), 7 to 10 µs of PostgreSQL CPU per task, the
 -- largest single item of a no-op task's claim and completion
--- (docs/BENCHMARKS.md). The store writes these rows only from task rows it
+-- (docs/RATIONALE.md, "Why have tasks, edges, attempts and outputs no
+-- foreign keys?"). The store writes these rows only from task rows it
 -- has just read in the same statement (an attempt from the locked task, an
 -- output joined with its running task), so the keys guarded nothing the
 -- statements do not. What they still did, cascading the delete of a task

@@ -5,7 +5,8 @@
 -- 20,000-task workflow took 196 ms with them and 111 without, a chain of
 -- 20,000 tasks 410 ms and 135. The store writes tasks only in the statement that
 -- writes the workflow and its workflow_modules from the same tasks, and
--- edges only between tasks it has just written (docs/BENCHMARKS.md); a
+-- edges only between tasks it has just written (docs/RATIONALE.md, "Why
+-- have tasks, edges, attempts and outputs no foreign keys?"); a
 -- module in use still cannot be deleted (workflow_modules keeps its keys).
 -- What the keys still did, cascading the delete of a workflow to its tasks
 -- and of a task to its edges, statement triggers now do, as migration

@@ -121,9 +121,9 @@ func TestGatherOutcomes(t *testing.T) {
 		wantMost func(int) bool // the most outcomes in one frame
 	}{
 		{"no gather: a wave or two a frame", 0, 16, 20, func(n int) bool { return n <= 8 }},
-		{"a long gather: all together", 10 * time.Second, 16, 20, func(n int) bool { return n == 20 }},
-		{"no queue: no gather", 10 * time.Second, 0, 20, func(n int) bool { return n <= 8 }},
-		{"a lone attempt does not wait", 10 * time.Second, 16, 1, func(n int) bool { return n == 1 }},
+		{"a long gather: all together", time.Hour, 16, 20, func(n int) bool { return n == 20 }},
+		{"no queue: no gather", time.Hour, 0, 20, func(n int) bool { return n <= 8 }},
+		{"a lone attempt does not wait", time.Hour, 16, 1, func(n int) bool { return n == 1 }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -138,27 +138,23 @@ func TestGatherOutcomes(t *testing.T) {
 				Runner: sleepRunner{20 * time.Millisecond}, Gather: tc.gather, Logger: slog.New(slog.DiscardHandler)})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			start := time.Now()
 			go w.Run(ctx)
 			got, n, most := 0, 0, 0
-			var last time.Time
-			timeout := time.After(5 * time.Second)
+			// Every outcome must come long before an hour's gather ends:
+			// the gather ends when nothing is left to gather.
+			timeout := time.After(time.Minute)
 			for got < tc.attempts {
 				select {
 				case f := <-frames:
 					got += f.outcomes
 					n++
 					most = max(most, f.outcomes)
-					last = f.at
 				case <-timeout:
-					t.Fatalf("%d of %d outcomes within 5 s (gather %v)", got, tc.attempts, tc.gather)
+					t.Fatalf("%d of %d outcomes within a minute (gather %v): it waited for the gather to end", got, tc.attempts, tc.gather)
 				}
 			}
 			if !tc.wantMost(most) {
 				t.Errorf("%d outcomes came in %d frames, at most %d in one", got, n, most)
-			}
-			if took := last.Sub(start); took > 3*time.Second {
-				t.Errorf("the last outcome came after %v: it waited for the gather to end", took)
 			}
 		})
 	}
@@ -210,9 +206,11 @@ func TestHandBack(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	// An hour to hand back: returning within a minute means it did not
+	// wait for the time to run out, every report being acknowledged.
 	start := time.Now()
-	w.HandBack("shutting down", 3*time.Second)
-	if took := time.Since(start); took > 2*time.Second {
+	w.HandBack("shutting down", time.Hour)
+	if took := time.Since(start); took > time.Minute {
 		t.Errorf("HandBack took %v though every report was acknowledged", took)
 	}
 	paused := false

@@ -45,7 +45,7 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Singles, "singles", 300, "one-at-a-time tasks for the latency figures")
 	fs.IntVar(&cfg.Slots, "slots", 16, "slots per worker process")
 	fs.IntVar(&cfg.Workers, "workers", 2, "worker processes")
-	fs.IntVar(&cfg.Queue, "queue", 64, "tasks each worker accepts ahead of time")
+	fs.IntVar(&cfg.Queue, "queue", 64, "the workers' starting queue: attempts each accepts ahead of time (it adapts from there, up to 32 per slot)")
 	fs.IntVar(&cfg.BrowserTasks, "browser-tasks", 10000, "no-op tasks in the browser throughput run")
 	fs.StringVar(&cfg.Chromium, "chromium", bench.DefaultChromium, "the Chromium the browser part drives")
 	fs.IntVar(&cfg.ChurnTasks, "churn-tasks", 0, "counter tasks (about 1 s each) in the churn soak (default: 32 per CPU)")

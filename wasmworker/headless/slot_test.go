@@ -115,10 +115,11 @@ func TestIsolatedWallTime(t *testing.T) {
 	if o.Reason != protocol.ReasonWallTime || !strings.Contains(o.Message, "300ms") {
 		t.Fatalf("Reason %q (%s), want limit_wall_time", o.Reason, o.Message)
 	}
-	// The task would run for 1,000 s; the bound leaves room for starting
-	// the slot process and compiling the module on a busy machine.
-	if d < 300*time.Millisecond || d > 5*time.Second {
-		t.Errorf("Run took %v with a wall time limit of 300ms", d)
+	// The task would run for 1,000 s: ending in a minute means it was
+	// stopped (the reason says why), with room for starting the slot
+	// process and compiling the module on a machine as busy as can be.
+	if d < 300*time.Millisecond || d > time.Minute {
+		t.Errorf("Run returned after %v with a wall time limit of 300ms", d)
 	}
 	if !strings.Contains(string(o.Log), "resumed from step 0") {
 		t.Errorf("Log %q: the killed slot's stderr is lost", o.Log)
