@@ -4,6 +4,7 @@
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
+COPY tasks/sdk/go.mod tasks/sdk/
 RUN go mod download
 COPY . .
 # The volunteer page's browser worker is embedded in the binary: build it

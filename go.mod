@@ -7,6 +7,7 @@ require (
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/coder/websocket v1.8.15
+	github.com/cyclepool/cyclepool/tasks/sdk v0.0.0-00010101000000-000000000000
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/pressly/goose/v3 v3.29.0
@@ -34,3 +35,7 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
+
+// The task SDK is a module of its own, without dependencies, so that task
+// authors depend on it alone (docs/TASK_ABI.md).
+replace github.com/cyclepool/cyclepool/tasks/sdk => ./tasks/sdk

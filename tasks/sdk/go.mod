@@ -1,0 +1,3 @@
+module github.com/cyclepool/cyclepool/tasks/sdk
+
+go 1.21
