@@ -476,3 +476,67 @@ func TestLocalityTasksGoToTheirData(t *testing.T) {
 		t.Errorf("%d of %d tasks ran on the worker keeping their data, want at least %d", local, n, 3*n/4)
 	}
 }
+
+// The file system calls a task makes (directories, sparse writes, reads at
+// an offset, truncation, seeking, times, links, renames, removal, read-only
+// places) answer the same in a browser and on a headless worker, in a
+// task's own tree and in /in and /out.
+func TestBrowserFileSystemMatchesHeadless(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t, "--lease", "10s")
+	probe := push(t, p.client, "fsprobe")
+	ops := []string{
+		"mkdir", "d", "writeat", "d/f", "0", "hello", "writeat", "d/f", "10", "X", "readat", "d/f", "3", "10", "lsl", "d",
+		"trunc", "d/f", "3", "seek", "d/f", "utime", "d/f", "1234567", "stat", "d/f",
+		"link", "d/f", "d/g", "symlink", "f", "d/s", "mv", "d/f", "d/h", "lsl", "d", "rmdir", "d", "rm", "d/h", "rm", "d/g", "rmdir", "d",
+		"ls", "/w", "append", "p.txt", "+x", "cat", "p.txt", "mkdir", "/in/x", "writeat", "/in/x", "0", "y", "lsl", "/",
+		"writeat", "/out/a", "0", "hi", "mkdir", "/out/sub", "writeat", "/out/sub/b", "0", "yo", "lsl", "/out", "link", "/out/a", "/out/c",
+		"mv", "/out/a", "/out/sub/a", "lsl", "/out/sub", "trunc", "/out/sub/b", "0", "lsl", "/out/sub", "rm", "/nothing", "rmdir", "/w/p.txt",
+	}
+	wf := workflow("fs",
+		task{"name": "tree", "module": probe, "args": ops, "cwd": "/w", "files": map[string]any{"/w/p.txt": map[string]any{"data": "p"}}},
+		task{"name": "plain", "module": probe, "args": []string{"writeat", "/out/a", "0", "hi", "mkdir", "/out/sub", "lsl", "/out",
+			"link", "/out/a", "/out/c", "symlink", "a", "/out/s", "mv", "/out/a", "/out/sub/a", "lsl", "/out/sub", "writeat", "/in/x", "0", "y",
+			"ls", "/", "pwd", "env"}},
+	)
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, p.srv.url)
+	id := submit(t, p.client, wf)
+	if st := wait(t, p.client, id, 2*time.Minute); st.State != "done" {
+		t.Fatalf("workflow in the browser ended %s: %+v", st.State, st.Tasks)
+	}
+	browser := map[string]string{}
+	for _, tk := range []string{"tree", "plain"} {
+		browser[tk] = output(t, p.client, id, tk, "stdout")
+	}
+	b.do(chromedp.Click(chromedp.ID("toggle")))
+	eventually(t, 10*time.Second, "the page to stop", func() bool {
+		var running bool
+		b.eval(`window.cyclepool.running`, &running)
+		return !running
+	})
+	startWorker(t, "headless", 2, p.srv.url)
+	id2 := submit(t, p.client, wf)
+	if st := wait(t, p.client, id2, 2*time.Minute); st.State != "done" {
+		t.Fatalf("workflow on the headless worker ended %s: %+v", st.State, st.Tasks)
+	}
+	for tk, want := range browser {
+		got := output(t, p.client, id2, tk, "stdout")
+		if got == want {
+			continue
+		}
+		bl, hl := strings.Split(want, "\n"), strings.Split(got, "\n")
+		for i := range max(len(bl), len(hl)) {
+			var x, y string
+			if i < len(bl) {
+				x = bl[i]
+			}
+			if i < len(hl) {
+				y = hl[i]
+			}
+			if x != y {
+				t.Errorf("task %s, line %d:\nbrowser:  %q\nheadless: %q", tk, i, x, y)
+			}
+		}
+	}
+}

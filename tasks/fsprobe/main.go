@@ -14,6 +14,16 @@
 //	stat PATH       size and modification time (Unix seconds)
 //	sha PATH        the file's size and sha256, in hex
 //	sock            the errnos of the socket functions (a task has no sockets)
+//	mkdir PATH      makes a directory
+//	rmdir PATH      removes a directory
+//	trunc PATH N    truncates (or extends) the file to N bytes
+//	readat PATH OFF N  reads N bytes at OFF
+//	writeat PATH OFF TEXT  writes TEXT at OFF
+//	lsl DIR         the entries with their kind and size
+//	utime PATH SEC  sets the modification time (Unix seconds)
+//	link OLD NEW    makes a hard link
+//	symlink OLD NEW makes a symbolic link
+//	seek PATH       the size by seeking to the end, then reading from 1 byte before it
 package main
 
 import (
@@ -25,13 +35,14 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 func main() {
 	args := os.Args[1:]
 	for len(args) > 0 {
 		cmd := args[0]
-		need := map[string]int{"env": 0, "pwd": 0, "cat": 1, "ls": 1, "write": 2, "append": 2, "rm": 1, "mv": 2, "fill": 2, "stat": 1, "sha": 1, "sock": 0}[cmd]
+		need := map[string]int{"env": 0, "pwd": 0, "cat": 1, "ls": 1, "write": 2, "append": 2, "rm": 1, "mv": 2, "fill": 2, "stat": 1, "sha": 1, "sock": 0, "mkdir": 1, "rmdir": 1, "trunc": 2, "readat": 3, "writeat": 3, "lsl": 1, "utime": 2, "link": 2, "symlink": 2, "seek": 1}[cmd]
 		if len(args) < 1+need {
 			fmt.Fprintf(os.Stderr, "fsprobe: %s wants %d arguments\n", cmd, need)
 			os.Exit(2)
@@ -81,6 +92,86 @@ func run(cmd string, a []string) string {
 			return result("", err)
 		}
 		return result("ok", os.WriteFile(a[0], bytes.Repeat([]byte("x"), n), 0o644))
+	case "mkdir":
+		return result("ok", os.Mkdir(a[0], 0o755))
+	case "rmdir":
+		return result("ok", syscallRmdir(a[0]))
+	case "trunc":
+		n, err := strconv.ParseInt(a[1], 10, 64)
+		if err != nil {
+			return result("", err)
+		}
+		return result("ok", os.Truncate(a[0], n))
+	case "readat":
+		off, err1 := strconv.ParseInt(a[1], 10, 64)
+		n, err2 := strconv.Atoi(a[2])
+		if err1 != nil || err2 != nil {
+			return "bad numbers"
+		}
+		f, err := os.Open(a[0])
+		if err != nil {
+			return result("", err)
+		}
+		defer f.Close()
+		b := make([]byte, n)
+		k, err := f.ReadAt(b, off)
+		if err == io.EOF {
+			err = nil
+		}
+		return result(fmt.Sprintf("%d %q", k, b[:k]), err)
+	case "writeat":
+		off, err := strconv.ParseInt(a[1], 10, 64)
+		if err != nil {
+			return result("", err)
+		}
+		f, err := os.OpenFile(a[0], os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			return result("", err)
+		}
+		defer f.Close()
+		_, err = f.WriteAt([]byte(a[2]), off)
+		return result("ok", err)
+	case "lsl":
+		es, err := os.ReadDir(a[0])
+		var parts []string
+		for _, e := range es {
+			kind := "f"
+			if e.IsDir() {
+				kind = "d"
+			}
+			size := int64(-1)
+			if fi, err := e.Info(); err == nil && !e.IsDir() {
+				size = fi.Size()
+			}
+			parts = append(parts, fmt.Sprintf("%s:%s:%d", e.Name(), kind, size))
+		}
+		return result(strings.Join(parts, " "), err)
+	case "utime":
+		sec, err := strconv.ParseInt(a[1], 10, 64)
+		if err != nil {
+			return result("", err)
+		}
+		t := time.Unix(sec, 0)
+		return result("ok", os.Chtimes(a[0], t, t))
+	case "link":
+		return result("ok", os.Link(a[0], a[1]))
+	case "symlink":
+		return result("ok", os.Symlink(a[0], a[1]))
+	case "seek":
+		f, err := os.Open(a[0])
+		if err != nil {
+			return result("", err)
+		}
+		defer f.Close()
+		end, err := f.Seek(0, io.SeekEnd)
+		if err != nil {
+			return result("", err)
+		}
+		if _, err := f.Seek(-1, io.SeekCurrent); err != nil {
+			return result("", err)
+		}
+		b, err := io.ReadAll(f)
+		return result(fmt.Sprintf("%d %q", end, b), err)
 	case "sock":
 		return sockErrnos()
 	case "sha":
@@ -107,4 +198,17 @@ func result(s string, err error) string {
 		return "error: " + err.Error()
 	}
 	return s
+}
+
+// syscallRmdir removes an empty directory (os.Remove would try a file
+// first).
+func syscallRmdir(p string) error {
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("rmdir %s: not a directory", p)
+	}
+	return os.Remove(p)
 }

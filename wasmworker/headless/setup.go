@@ -225,8 +225,8 @@ func (s *setupFS) fsConfig(dir string, t *touched, out func() *outCount) wazero.
 	for _, g := range trees {
 		fsc = fsc.WithSysFSMount(&roTreeFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(s.roTrees[g])}}, g).(experimentalsysfs.FSConfig)
 	}
-	return fsc.WithSysFSMount(touchFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(dir, "in"))}, &t.in}, "/in").(experimentalsysfs.FSConfig).
-		WithSysFSMount(noLinkFS{touchFS{countFS{experimentalsysfs.DirFS(filepath.Join(dir, "out")), out}, &t.out}}, "/out")
+	return fsc.WithSysFSMount(touchFS{&roTreeFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(dir, "in"))}}, &t.in}, "/in").(experimentalsysfs.FSConfig).
+		WithSysFSMount(&noLinkFS{touchFS{countFS{experimentalsysfs.DirFS(filepath.Join(dir, "out")), out}, &t.out}}, "/out")
 }
 
 // setupModuleConfig is moduleConfig for a task with a setup: its file
@@ -438,8 +438,9 @@ func (f roFile) Pwrite([]byte, int64) (int, experimentalsys.Errno) {
 	return 0, experimentalsys.EBADF
 }
 
-// roTreeFS is a read-only tree a task mounts: every change is EROFS, as
-// in the browser's shim (wazero's ReadFS answers ENOSYS to some).
+// roTreeFS is a read-only tree (a tree a task mounts, and /in): every
+// change is EROFS, as in the browser's shim (wazero's ReadFS answers
+// ENOSYS to some).
 type roTreeFS struct{ experimentalsys.FS }
 
 func (f *roTreeFS) OpenFile(p string, flag experimentalsys.Oflag, perm fs.FileMode) (experimentalsys.File, experimentalsys.Errno) {

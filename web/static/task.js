@@ -732,7 +732,20 @@ function runAttempt(p) {
       return 0;
     },
     path_symlink() { return E.PERM; }, // symbolic links cannot be created
-    path_link() { return E.PERM; },
+    // A hard link: a second name of the same file (what wazero's host
+    // file system does); not of a directory, a mounted blob or across
+    // the read-only places.
+    path_link(oldFd, _flags, oldPtr, oldLen, newFdNum, newPtr, newLen) {
+      const a = resolve(oldFd, str(oldPtr, oldLen)), b = resolve(newFdNum, str(newPtr, newLen));
+      if (typeof a === "number") return a;
+      if (typeof b === "number") return b;
+      if (!a.node) return E.NOENT;
+      if (a.node.dir || a.node.pinned) return E.PERM;
+      if (b.node) return E.EXIST;
+      if (!b.parent.writable) return E.ROFS;
+      b.parent.entries.set(b.name, a.node);
+      return 0;
+    },
     path_readlink() { return E.INVAL; },
     // A task has no sockets: wazero's answers (EBADF; sock_send looks at
     // its flags before the descriptor).
