@@ -206,9 +206,9 @@ func (s *Server) plan(now time.Time, cands []store.Candidate, workers []planWork
 		// round's Schedule (the same stats serve every round); 0 when
 		// unknown, which Schedule looks up itself.
 		est, _ := stats.Expected(c.Module, c.Name)
-		exclude := slices.Clone(c.Exclude)
-		if c.Setup {
-			exclude = append(exclude, noSetup...)
+		exclude := c.Exclude
+		if c.Setup && len(noSetup) > 0 {
+			exclude = append(slices.Clone(c.Exclude), noSetup...)
 		}
 		for j := range c.Pending {
 			r := j
