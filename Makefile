@@ -5,7 +5,7 @@ DATA    ?= data
 ADDR    ?= :8080
 SLOTS   ?= 2
 
-.PHONY: all build tasks web templ run test fuzz bench vet clean chromium
+.PHONY: all build tasks ctoolchain web templ run test fuzz bench vet clean chromium
 
 all: build
 
@@ -25,8 +25,19 @@ templ:
 	$(GO) run github.com/a-h/templ/cmd/templ@v0.3.977 generate -path web
 	$(GO) run github.com/a-h/templ/cmd/templ@v0.3.977 generate -path web/app
 
-tasks:
+# The example tasks, Go and C; the C ones need Debian's clang, lld and
+# wasi-libc, installed when missing (as root, or through sudo).
+tasks: ctoolchain
 	sh tasks/build.sh bin/tasks
+
+ctoolchain:
+	@if ! command -v clang >/dev/null 2>&1 || [ ! -e /usr/include/wasm32-wasi/stdio.h ] || ! command -v wasm-ld >/dev/null 2>&1 || \
+		! ls /usr/lib/llvm-*/lib/clang/*/lib/wasi/libclang_rt.builtins-wasm32.a >/dev/null 2>&1; then \
+		echo "installing Debian's clang, lld and wasi-libc for the tasks in C"; \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y --no-install-recommends \
+			clang lld wasi-libc libclang-rt-14-dev-wasm32; \
+	fi
 
 # Starts the server on the embedded PostgreSQL (under $(DATA)) with a local
 # headless worker, and prints the URL and an owner token.

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Builds every example task (each tasks/<name>/ holding a main.go, tasks/sdk
-# excepted) to bin/tasks/<name>.wasm as a WASI preview 1 command module.
+# excepted, or a main.c, built with clang for wasm32-wasi) to bin/tasks/<name>.wasm as a WASI preview 1 command module.
 # The build is reproducible: -trimpath, no build ID, no VCS stamping, so the
 # same source and Go version give the same bytes (and the same module id).
 #
@@ -14,6 +14,16 @@ built=0
 for dir in tasks/*/; do
 	name=$(basename "$dir")
 	[ "$name" = sdk ] && continue
+	if [ -f "$dir/main.c" ]; then
+		# A task in C through tasks/include/cyclepool.h (docs/TASK_ABI.md).
+		if ! command -v clang >/dev/null 2>&1; then
+			echo "tasks/build.sh: $name is C: install clang, lld, wasi-libc and libclang-rt-14-dev-wasm32 (make tasks does)" >&2
+			exit 1
+		fi
+		clang --target=wasm32-wasi -O2 -I tasks/include -o "$out/$name.wasm" "$dir/main.c"
+		built=$((built + 1))
+		continue
+	fi
 	[ -f "$dir/main.go" ] || continue
 	GOOS=wasip1 GOARCH=wasm CGO_ENABLED=0 go build -trimpath -buildvcs=false \
 		-ldflags='-s -w -buildid=' -o "$out/$name.wasm" "./$dir"

@@ -25,7 +25,8 @@ var (
 	built = map[string]string{} // name -> path, for this process
 )
 
-// Build builds tasks/<name> with GOOS=wasip1 GOARCH=wasm, unless the shared
+// Build builds tasks/<name> with GOOS=wasip1 GOARCH=wasm (a task in C,
+// tasks/<name>/main.c, with clang: CFlags), unless the shared
 // cache already holds it, and returns the path of the .wasm file. It fails
 // the test when the build fails.
 func Build(t testing.TB, name string) string {
@@ -65,10 +66,14 @@ func Build(t testing.TB, name string) string {
 	tmp.Close()
 	defer os.Remove(tmp.Name())
 	cmd := exec.Command("go", "build", "-trimpath", "-o", tmp.Name(), "./tasks/"+name)
-	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "CGO_ENABLED=0")
+	if _, err := os.Stat(filepath.Join(root, "tasks", name, "main.c")); err == nil {
+		// A task in C, built as tasks/build.sh builds it.
+		cmd = exec.Command("clang", CFlags(filepath.Join(root, "tasks", "include"), tmp.Name(), filepath.Join("tasks", name, "main.c"))...)
+	}
+	cmd.Dir = root
 	if outb, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("taskbuild: go build ./tasks/%s: %v\n%s", name, err, outb)
+		t.Fatalf("taskbuild: %s: %v\n%s (make tasks installs the C toolchain)", strings.Join(cmd.Args, " "), err, outb)
 	}
 	// Rename is atomic: a concurrent test binary sees the old state or a
 	// complete file, never a partial one.
@@ -77,6 +82,12 @@ func Build(t testing.TB, name string) string {
 	}
 	built[name] = out
 	return out
+}
+
+// CFlags are clang's arguments that build a task in C (Debian's clang, lld
+// and wasi-libc) from src to out, with cyclepool.h from include.
+func CFlags(include, out, src string) []string {
+	return []string{"--target=wasm32-wasi", "-O2", "-I", include, "-o", out, src}
 }
 
 // Bytes builds tasks/<name> like Build and returns the module's bytes.
@@ -111,7 +122,7 @@ func RepoRoot() (string, error) {
 	return filepath.Dir(gomod), nil
 }
 
-// sourceHash hashes every .go file under tasks/ (by path and content),
+// sourceHash hashes every .go, .c and .h file under tasks/ (by path and content),
 // go.mod, go.sum and the Go version.
 func sourceHash(root string) (string, error) {
 	var files []string
@@ -119,7 +130,7 @@ func sourceHash(root string) (string, error) {
 		if err != nil {
 			return err
 		}
-		if !d.IsDir() && strings.HasSuffix(p, ".go") && !strings.HasSuffix(p, "_test.go") {
+		if !d.IsDir() && (strings.HasSuffix(p, ".go") && !strings.HasSuffix(p, "_test.go") || strings.HasSuffix(p, ".c") || strings.HasSuffix(p, ".h")) {
 			files = append(files, p)
 		}
 		return nil
