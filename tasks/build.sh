@@ -17,8 +17,8 @@ for dir in tasks/*/; do
 	if [ -f "$dir/main.c" ]; then
 		# A task in C through tasks/include/cyclepool.h (docs/TASK_ABI.md).
 		if ! command -v clang >/dev/null 2>&1; then
-			echo "tasks/build.sh: $name is C: install clang, lld, wasi-libc and libclang-rt-14-dev-wasm32 (make tasks does)" >&2
-			exit 1
+			echo "tasks/build.sh: skipping $name, a task in C: install clang, lld, wasi-libc and libclang-rt-14-dev-wasm32 (make tasks does)" >&2
+			continue
 		fi
 		clang --target=wasm32-wasi -O2 -I tasks/include -o "$out/$name.wasm" "$dir/main.c"
 		built=$((built + 1))
