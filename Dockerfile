@@ -7,8 +7,10 @@ COPY go.mod go.sum ./
 COPY tasks/sdk/go.mod tasks/sdk/
 RUN go mod download
 COPY . .
-# The example tasks in C need clang, lld and wasi-libc (tasks/build.sh).
-RUN apt-get update && apt-get install -y --no-install-recommends clang lld wasi-libc libclang-rt-14-dev-wasm32 && rm -rf /var/lib/apt/lists/*
+# The example tasks in C need clang, lld and wasi-libc, those in Rust
+# rustc and its wasm32-wasi standard library (tasks/build.sh).
+RUN apt-get update && apt-get install -y --no-install-recommends clang lld wasi-libc libclang-rt-14-dev-wasm32 \
+	rustc libstd-rust-dev-wasm32 && rm -rf /var/lib/apt/lists/*
 # The volunteer page's browser worker is embedded in the binary: build it
 # first, as `make build` does (web/static/worker.wasm is not committed).
 RUN make web && CGO_ENABLED=0 go build -trimpath -o /out/cyclepool ./cmd/cyclepool && sh tasks/build.sh /out/tasks

@@ -25,9 +25,10 @@ templ:
 	$(GO) run github.com/a-h/templ/cmd/templ@v0.3.977 generate -path web
 	$(GO) run github.com/a-h/templ/cmd/templ@v0.3.977 generate -path web/app
 
-# The example tasks, Go and C; the C ones need Debian's clang, lld and
-# wasi-libc, installed when missing (as root, or through sudo; without
-# either, the C tasks are skipped and make run still runs).
+# The example tasks, in Go, C and Rust; the C ones need Debian's clang,
+# lld and wasi-libc, the Rust ones its rustc and libstd-rust-dev-wasm32,
+# installed when missing (as root, or through sudo; without either, those
+# tasks are skipped and make run still runs).
 tasks: ctoolchain
 	sh tasks/build.sh bin/tasks
 
@@ -39,6 +40,13 @@ ctoolchain:
 		( $$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y --no-install-recommends \
 			clang lld wasi-libc libclang-rt-14-dev-wasm32 ) || \
 			echo "could not install the C toolchain: the tasks in C are not built (their tests fail, saying so)"; \
+	fi
+	@if [ ! -x /usr/bin/rustc ] || [ ! -d /usr/lib/rustlib/wasm32-wasi ]; then \
+		echo "installing Debian's rustc and its wasm32-wasi standard library for the tasks in Rust"; \
+		SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		( $$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y --no-install-recommends \
+			rustc libstd-rust-dev-wasm32 ) || \
+			echo "could not install rustc: the tasks in Rust are not built (their tests fail, saying so)"; \
 	fi
 
 # Starts the server on the embedded PostgreSQL (under $(DATA)) with a local

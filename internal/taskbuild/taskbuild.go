@@ -26,7 +26,8 @@ var (
 )
 
 // Build builds tasks/<name> with GOOS=wasip1 GOARCH=wasm (a task in C,
-// tasks/<name>/main.c, with clang: CFlags), unless the shared
+// tasks/<name>/main.c, with clang: CFlags; in Rust, main.rs, with Debian's
+// rustc: RustTaskFlags), unless the shared
 // cache already holds it, and returns the path of the .wasm file. It fails
 // the test when the build fails.
 func Build(t testing.TB, name string) string {
@@ -71,6 +72,17 @@ func Build(t testing.TB, name string) string {
 		// A task in C, built as tasks/build.sh builds it.
 		cmd = exec.Command("clang", CFlags(filepath.Join(root, "tasks", "include"), tmp.Name(), filepath.Join("tasks", name, "main.c"))...)
 	}
+	if _, err := os.Stat(filepath.Join(root, "tasks", name, "main.rs")); err == nil {
+		// A task in Rust: the cyclepool crate first, then the task.
+		rlib := tmp.Name() + ".rlib" // of this build alone: test binaries build at once
+		defer os.Remove(rlib)
+		crate := exec.Command(Rustc, RustCrateFlags(rlib, filepath.Join("tasks", "rust", "cyclepool", "src", "lib.rs"))...)
+		crate.Dir = root
+		if outb, err := crate.CombinedOutput(); err != nil {
+			t.Fatalf("taskbuild: %s: %v\n%s (make tasks installs Debian's rustc)", strings.Join(crate.Args, " "), err, outb)
+		}
+		cmd = exec.Command(Rustc, RustTaskFlags(rlib, tmp.Name(), filepath.Join("tasks", name, "main.rs"))...)
+	}
 	cmd.Dir = root
 	if outb, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("taskbuild: %s: %v\n%s (make tasks installs the C toolchain)", strings.Join(cmd.Args, " "), err, outb)
@@ -88,6 +100,23 @@ func Build(t testing.TB, name string) string {
 // and wasi-libc) from src to out, with cyclepool.h from include.
 func CFlags(include, out, src string) []string {
 	return []string{"--target=wasm32-wasi", "-O2", "-I", include, "-o", out, src}
+}
+
+// Rustc is Debian's rustc, whose standard library for wasm32-wasi is the
+// package libstd-rust-dev-wasm32 (a rustup one earlier in PATH may have
+// no such target).
+const Rustc = "/usr/bin/rustc"
+
+// RustCrateFlags are rustc's arguments that build the cyclepool crate
+// (tasks/rust/cyclepool) from src into the library rlib.
+func RustCrateFlags(rlib, src string) []string {
+	return []string{"--edition", "2021", "--crate-type", "rlib", "--crate-name", "cyclepool", "--target", "wasm32-wasi", "-O", "-o", rlib, src}
+}
+
+// RustTaskFlags are rustc's arguments that build a task in Rust from src
+// to out, against the cyclepool crate in rlib.
+func RustTaskFlags(rlib, out, src string) []string {
+	return []string{"--edition", "2021", "--target", "wasm32-wasi", "-O", "-C", "strip=symbols", "--extern", "cyclepool=" + rlib, "-o", out, src}
 }
 
 // Bytes builds tasks/<name> like Build and returns the module's bytes.
@@ -122,7 +151,7 @@ func RepoRoot() (string, error) {
 	return filepath.Dir(gomod), nil
 }
 
-// sourceHash hashes every .go, .c and .h file under tasks/ (by path and content),
+// sourceHash hashes every .go, .c, .h and .rs file under tasks/ (by path and content),
 // go.mod, go.sum and the Go version.
 func sourceHash(root string) (string, error) {
 	var files []string
@@ -130,7 +159,8 @@ func sourceHash(root string) (string, error) {
 		if err != nil {
 			return err
 		}
-		if !d.IsDir() && (strings.HasSuffix(p, ".go") && !strings.HasSuffix(p, "_test.go") || strings.HasSuffix(p, ".c") || strings.HasSuffix(p, ".h")) {
+		if !d.IsDir() && (strings.HasSuffix(p, ".go") && !strings.HasSuffix(p, "_test.go") ||
+			strings.HasSuffix(p, ".c") || strings.HasSuffix(p, ".h") || strings.HasSuffix(p, ".rs")) {
 			files = append(files, p)
 		}
 		return nil
