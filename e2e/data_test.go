@@ -540,3 +540,77 @@ func TestBrowserFileSystemMatchesHeadless(t *testing.T) {
 		}
 	}
 }
+
+// A volunteer's page keeps data across visits (the Cache API) and says so
+// in its hello: after a visit that read blob A, the next visit gets the
+// tasks that read A, and a headless worker keeping blob B the others.
+func TestBrowserLocalityAcrossVisits(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t, "--lease", "10s")
+	ctx := context.Background()
+	probe := push(t, p.client, "fsprobe")
+	var ids []string
+	var paths []string
+	for _, name := range []string{"a", "b"} {
+		data := bytes.Repeat([]byte(name), 1<<20)
+		path := filepath.Join(t.TempDir(), name)
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		blob, err := p.client.PushData(ctx, path, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, paths = append(ids, blob.ID), append(paths, path)
+	}
+	readTask := func(name, blob string) task {
+		return task{"name": name, "module": probe, "args": []string{"stat", "/d"}, "files": map[string]any{"/d": map[string]any{"blob": blob}}}
+	}
+	// First visit: the page reads A.
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, p.srv.url)
+	if st := wait(t, p.client, submit(t, p.client, workflow("first", readTask("a", ids[0]))), time.Minute); st.State != "done" {
+		t.Fatalf("first visit: %s", st.State)
+	}
+	var browserID string
+	eventually(t, 10*time.Second, "the page's worker id", func() bool { browserID = b.status().Identity.ID; return browserID != "" })
+	// The next visit, and a headless worker that kept B.
+	b.do(chromedp.Navigate("about:blank"))
+	openVolunteerPage(t, b, p.srv.url)
+	dataDir := t.TempDir()
+	bData, _ := os.ReadFile(paths[1])
+	if err := os.WriteFile(filepath.Join(dataDir, strings.TrimPrefix(ids[1], "sha256:")), bData, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w := start(t, "headless", "worker", "--server", p.srv.url, "--slots", "1",
+		"--cache-dir", filepath.Join(os.TempDir(), "cyclepool-e2e-cache"), "--data-dir", dataDir)
+	if _, ok := w.out.waitFor(regexp.MustCompile(`msg=connected`), 30*time.Second); !ok {
+		t.Fatalf("the headless worker did not connect:\n%s", w.out)
+	}
+	const n = 16
+	var tasks []task
+	for i := range n {
+		tasks = append(tasks, readTask(fmt.Sprintf("t%02d", i), ids[(i/2)%2])) // a a b b ...
+	}
+	id := submit(t, p.client, workflow("second", tasks...))
+	if st := wait(t, p.client, id, 2*time.Minute); st.State != "done" {
+		t.Fatalf("second visit: %s", st.State)
+	}
+	onBrowser := 0
+	for i := 0; i < n; i++ {
+		if (i/2)%2 != 0 {
+			continue
+		}
+		as, err := p.client.Attempts(ctx, id, fmt.Sprintf("t%02d", i))
+		if err != nil || len(as) == 0 {
+			t.Fatalf("attempts: %v %v", as, err)
+		}
+		if as[len(as)-1].Worker == browserID {
+			onBrowser++
+		}
+	}
+	t.Logf("%d of %d tasks reading A ran in the page that kept A", onBrowser, n/2)
+	if onBrowser < 3*n/8 {
+		t.Errorf("%d of %d tasks reading A ran in the page that kept A, want at least %d", onBrowser, n/2, 3*n/8)
+	}
+}

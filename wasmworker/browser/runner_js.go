@@ -182,6 +182,19 @@ func (r *runner) snapshot() ([]taskRun, time.Duration) {
 	return out, r.cpu
 }
 
+// Holding returns the data blobs the page keeps in the Cache API
+// (wasmworker.DataHolder): the worker's hello lists them, so that tasks
+// reading them come to this volunteer.
+func (r *runner) Holding() []string {
+	list := r.tasks.Call("held")
+	n := list.Length()
+	out := make([]string, 0, n)
+	for i := range n {
+		out = append(out, list.Index(i).String())
+	}
+	return out
+}
+
 // running returns the attempts running in task Web Workers now, as the
 // page shows them.
 func (r *runner) running() []taskRun {

@@ -338,6 +338,19 @@ function makeTasks(taskJs, server) {
   // page's memory, from the Cache API of earlier visits, or downloaded.
   // A full quota evicts what the cache holds rather than failing.
   const blobsById = new Map(); // id -> Promise<Uint8Array>
+  // dataHeld has the blobs this page keeps in the Cache API, for the
+  // worker's hello (locality: tasks reading them come to this volunteer,
+  // who then downloads nothing), read from the cache at start.
+  const dataHeld = new Set();
+  if (self.caches) {
+    self.caches.open("cyclepool-data").then((s) => s.keys()).then((reqs) => {
+      for (const r of reqs) {
+        const m = /\/blobs\/(sha256:[0-9a-f]{64})/.exec(decodeURIComponent(r.url));
+        if (m) dataHeld.add(m[1]);
+      }
+    }).catch(() => {});
+  }
+  const held = () => [...dataHeld].slice(0, 4096);
   function blobBytes(f) {
     let p = blobsById.get(f.blob);
     if (!p) {
@@ -349,7 +362,7 @@ function makeTasks(taskJs, server) {
           const kept = await store.match(url).catch(() => null);
           if (kept) {
             const buf = await kept.arrayBuffer();
-            if (await check(buf)) { counts.dataCached++; return new Uint8Array(buf); }
+            if (await check(buf)) { counts.dataCached++; dataHeld.add(f.blob); return new Uint8Array(buf); }
             await store.delete(url).catch(() => {});
           }
         }
@@ -364,12 +377,13 @@ function makeTasks(taskJs, server) {
         counts.dataFetched++;
         if (store) {
           const put = () => store.put(url, new Response(buf)); // Response copies the bytes
-          await put().catch(async () => {
+          await put().then(() => dataHeld.add(f.blob), async () => {
             // Out of quota: make room by emptying this cache, and go on
             // (unkept: the blob did not fit even then).
             counts.dataEvicted++;
             for (const k of await store.keys().catch(() => [])) await store.delete(k).catch(() => {});
-            await put().catch(() => { counts.dataUnkept++; });
+            dataHeld.clear();
+            await put().then(() => dataHeld.add(f.blob), () => { counts.dataUnkept++; });
           });
         }
         return new Uint8Array(buf);
@@ -549,7 +563,7 @@ function makeTasks(taskJs, server) {
   // traced returns the trace with Go's last segment added.
   const traced = (goReturn) => Object.assign({}, trace, { return: goReturn });
   const listen = (fn, n) => { events = fn; threads = Math.max(1, n | 0); };
-  return { compile, run, terminate, answer, listen, traced, running, counts };
+  return { compile, run, terminate, answer, listen, traced, running, counts, held };
 }
 
 // moduleCache keeps module bytes across visits in IndexedDB, keyed by module
