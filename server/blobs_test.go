@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,6 +22,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/cyclepool/cyclepool/internal/store"
 )
 
 // blobServer is a Server on a fresh database with two owners.
@@ -401,5 +404,64 @@ func TestSubmitChecksData(t *testing.T) {
 	b.db.QueryRow(context.Background(), `SELECT count(*) FROM blobs WHERE id = $1`, fileID).Scan(&kept)
 	if kept != 1 {
 		t.Fatal("the data a workflow reads was collected")
+	}
+}
+
+// An owner flooding the server with uploads gets MaxBlobUploads at once;
+// the next is refused with 429 and Retry-After, and none of them keeps
+// anything once cut off.
+func TestBlobUploadFlood(t *testing.T) {
+	b := newBlobServer(t, Config{})
+	var writers []*io.PipeWriter
+	done := make(chan int, store.MaxBlobUploads)
+	for i := range store.MaxBlobUploads {
+		pr, pw := io.Pipe()
+		writers = append(writers, pw)
+		id := blobID([]byte(fmt.Sprint("never sent ", i)))
+		go func() {
+			req, _ := http.NewRequest("PUT", b.url+"/api/v1/blobs/"+id, pr)
+			req.Header.Set("Authorization", "Bearer "+b.alice)
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				resp.Body.Close()
+				done <- resp.StatusCode
+				return
+			}
+			done <- 0
+		}()
+		// A MiB each, so that every upload is in progress in the database.
+		if _, err := pw.Write(bytes.Repeat([]byte{'x'}, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; b.stored(t)[2] < store.MaxBlobUploads; i++ {
+		if i > 1000 {
+			t.Fatalf("uploads in progress: %v, want %d", b.stored(t), store.MaxBlobUploads)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	st, body, h := b.do(t, "PUT", "/api/v1/blobs/"+blobID([]byte("one more")), b.alice, strings.NewReader("one more"))
+	if st != http.StatusTooManyRequests || h.Get("Retry-After") == "" || !strings.Contains(string(body), "in progress") {
+		t.Fatalf("upload %d: %d %s (Retry-After %q), want 429 with Retry-After", store.MaxBlobUploads+1, st, body, h.Get("Retry-After"))
+	}
+	// Bob is not held up by Alice's flood.
+	if st, body, _ := b.do(t, "PUT", "/api/v1/blobs/"+blobID([]byte("bob's")), b.bob, strings.NewReader("bob's")); st != http.StatusCreated {
+		t.Fatalf("another owner's upload during the flood: %d %s", st, body)
+	}
+	for _, pw := range writers {
+		pw.CloseWithError(errors.New("the client gave up"))
+	}
+	for range writers {
+		<-done
+	}
+	for i := 0; ; i++ {
+		n := b.stored(t)
+		if n[2] == 0 && n[0] == 1 { // bob's blob alone
+			break
+		}
+		if i > 3000 {
+			t.Fatalf("after the flood: %v stored, want bob's blob alone", n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
