@@ -15,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"time"
 )
 
@@ -297,8 +296,7 @@ func (c *Client) pushBlobs(ctx context.Context, data []byte, wfDir string) ([]by
 		return nil, nil, err
 	}
 	pushed := map[string]string{}
-	var out strings.Builder
-	prev := 0
+	var edits []edit
 	for _, r := range refs {
 		if IsModuleID(r.value) || r.value == "" {
 			continue
@@ -320,14 +318,7 @@ func (c *Client) pushBlobs(ctx context.Context, data []byte, wfDir string) ([]by
 			id = b.ID
 			pushed[r.value] = id
 		}
-		quoted, _ := json.Marshal(id)
-		out.Write(data[prev:r.start])
-		out.Write(quoted)
-		prev = r.end
+		edits = append(edits, edit{r.start, r.end, id})
 	}
-	if prev == 0 {
-		return data, pushed, nil
-	}
-	out.Write(data[prev:])
-	return []byte(out.String()), pushed, nil
+	return applyEdits(data, edits), pushed, nil
 }

@@ -66,8 +66,7 @@ func (c *Client) rewriteModules(ctx context.Context, data []byte, wfDir string) 
 	}
 	pushed := map[string]string{} // as written -> id
 	byFile := map[string]string{} // absolute file -> id
-	var out bytes.Buffer
-	prev := 0
+	var edits []edit
 	for _, r := range refs {
 		if IsModuleID(r.value) || r.value == "" {
 			continue // an id, or nothing to push: the server judges it
@@ -103,16 +102,34 @@ func (c *Client) rewriteModules(ctx context.Context, data []byte, wfDir string) 
 			}
 			pushed[r.value] = id
 		}
-		quoted, _ := json.Marshal(id)
-		out.Write(data[prev:r.start])
-		out.Write(quoted)
-		prev = r.end
+		edits = append(edits, edit{r.start, r.end, id})
 	}
-	if prev == 0 {
-		return data, pushed, nil
+	return applyEdits(data, edits), pushed, nil
+}
+
+// edit replaces the bytes [start, end) of a workflow file (a JSON string)
+// by the JSON string of value.
+type edit struct {
+	start, end int
+	value      string
+}
+
+// applyEdits returns data with edits, in file order, applied; data itself
+// when there are none. Nothing else in the file changes.
+func applyEdits(data []byte, edits []edit) []byte {
+	if len(edits) == 0 {
+		return data
+	}
+	var out bytes.Buffer
+	prev := 0
+	for _, e := range edits {
+		quoted, _ := json.Marshal(e.value)
+		out.Write(data[prev:e.start])
+		out.Write(quoted)
+		prev = e.end
 	}
 	out.Write(data[prev:])
-	return out.Bytes(), pushed, nil
+	return out.Bytes()
 }
 
 // resolveModule finds the file a module path names: relative to the current

@@ -208,6 +208,18 @@ func (b *browser) screenshot(name string, width, height int64) string {
 	return path
 }
 
+// stopPage stops the volunteer page's worker (its toggle) and waits until
+// it has: from then on only other workers compute.
+func stopPage(t *testing.T, b *browser) {
+	t.Helper()
+	b.do(chromedp.Click(chromedp.ID("toggle")))
+	eventually(t, 10*time.Second, "the page to stop", func() bool {
+		var running bool
+		b.eval(`window.cyclepool.running`, &running)
+		return !running
+	})
+}
+
 // countingProxy stands between the browser and a server (WebSockets
 // included) and counts the requests that reach the server, by path prefix.
 type countingProxy struct {

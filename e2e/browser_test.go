@@ -77,12 +77,7 @@ func TestBrowserMatchesHeadless(t *testing.T) {
 		}
 	}
 	// Stop the page: from now on only a headless worker computes.
-	b.do(chromedp.Click(chromedp.ID("toggle")))
-	eventually(t, 10*time.Second, "the page to stop", func() bool {
-		var running bool
-		b.eval(`window.cyclepool.running`, &running)
-		return !running
-	})
+	stopPage(t, b)
 
 	startWorker(t, "headless", 2, p.srv.url)
 	id2 := submit(t, p.client, wf) // same name and tasks: same seeds

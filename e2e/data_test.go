@@ -134,12 +134,7 @@ func TestBrowserDataMatchesHeadless(t *testing.T) {
 	}
 
 	// The same on a headless worker.
-	b.do(chromedp.Click(chromedp.ID("toggle")))
-	eventually(t, 10*time.Second, "the page to stop", func() bool {
-		var running bool
-		b.eval(`window.cyclepool.running`, &running)
-		return !running
-	})
+	stopPage(t, b)
 	startWorker(t, "headless", 2, p.srv.url)
 	id2 := submit(t, p.client, wf)
 	if st := wait(t, p.client, id2, 3*time.Minute); st.State != "done" {
@@ -509,12 +504,7 @@ func TestBrowserFileSystemMatchesHeadless(t *testing.T) {
 	for _, tk := range []string{"tree", "plain"} {
 		browser[tk] = output(t, p.client, id, tk, "stdout")
 	}
-	b.do(chromedp.Click(chromedp.ID("toggle")))
-	eventually(t, 10*time.Second, "the page to stop", func() bool {
-		var running bool
-		b.eval(`window.cyclepool.running`, &running)
-		return !running
-	})
+	stopPage(t, b)
 	startWorker(t, "headless", 2, p.srv.url)
 	id2 := submit(t, p.client, wf)
 	if st := wait(t, p.client, id2, 2*time.Minute); st.State != "done" {

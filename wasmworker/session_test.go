@@ -150,7 +150,7 @@ func TestGatherOutcomes(t *testing.T) {
 					n++
 					most = max(most, f.outcomes)
 				case <-timeout:
-					t.Fatalf("%d of %d outcomes within a minute (gather %v): it waited for the gather to end", got, tc.attempts, tc.gather)
+					t.Fatalf("%d of %d outcomes after a minute (gather %v): it waited for the gather to end", got, tc.attempts, tc.gather)
 				}
 			}
 			if !tc.wantMost(most) {

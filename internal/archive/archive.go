@@ -8,13 +8,10 @@ package archive
 
 import (
 	"archive/tar"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"path"
-	"path/filepath"
 	"strings"
 )
 
@@ -185,35 +182,4 @@ func checkLink(name, target string) string {
 // Check reads a whole tar stream and reports whether it may be mounted.
 func Check(r io.Reader) error {
 	return Walk(r, func(Entry, io.Reader) error { return nil })
-}
-
-// Extract unpacks a checked archive into dir, which must exist and be
-// empty. Files get their archive's permission bits for the owner, at least
-// read (and search for directories); times are left to the caller.
-func Extract(r io.Reader, dir string) error {
-	return Walk(r, func(e Entry, body io.Reader) error {
-		p := filepath.Join(dir, filepath.FromSlash(e.Name))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return err
-		}
-		switch e.Type {
-		case tar.TypeDir:
-			if err := os.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-				return err
-			}
-		case tar.TypeSymlink:
-			return os.Symlink(e.Linkname, p)
-		default:
-			f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o400|e.Mode&0o700)
-			if err != nil {
-				return err
-			}
-			if _, err := io.Copy(f, body); err != nil {
-				f.Close()
-				return err
-			}
-			return f.Close()
-		}
-		return nil
-	})
 }

@@ -228,18 +228,10 @@ func ScheduleRounds(clock Clock, in Input, cfg Config, placed func(Assignment) b
 			first++
 		}
 		placedAny := false
-		// Locality first: an idle worker that holds the data of a task
-		// near the head of the queue takes it (BOINC's locality
-		// scheduling), so that data is downloaded once per worker, not
-		// once per task. Only near the head (LocalityWindow tasks), and
-		// not while the oldest task has waited LocalityMaxWait: the queue's
-		// order bends, it does not starve anything.
-		for _, wi := range p.localityWorkers(left) {
-			ti := p.localTask(wi, first, done, withdrawn)
-			if ti < 0 {
-				continue
-			}
-			a := p.assign(ti, wi, false)
+		// place assigns task ti to worker wi, and withdraws the task's
+		// other instances when placed says so.
+		place := func(ti, wi int, off bool) {
+			a := p.assign(ti, wi, off)
 			left[wi]--
 			offered--
 			done[ti], placedAny = true, true
@@ -249,6 +241,17 @@ func ScheduleRounds(clock Clock, in Input, cfg Config, placed func(Assignment) b
 					withdrawn = map[string]bool{}
 				}
 				withdrawn[a.Task] = true
+			}
+		}
+		// Locality first: an idle worker that holds the data of a task
+		// near the head of the queue takes it (BOINC's locality
+		// scheduling), so that data is downloaded once per worker, not
+		// once per task. Only near the head (LocalityWindow tasks), and
+		// not while the oldest task has waited LocalityMaxWait: the queue's
+		// order bends, it does not starve anything.
+		for _, wi := range p.localityWorkers(left) {
+			if ti := p.localTask(wi, first, done, withdrawn); ti >= 0 {
+				place(ti, wi, false)
 			}
 		}
 		for _, ti := range p.order[first:] {
@@ -267,17 +270,7 @@ func ScheduleRounds(clock Clock, in Input, cfg Config, placed func(Assignment) b
 				reasons[ti] = reason
 				continue
 			}
-			a := p.assign(ti, chosen, off)
-			left[chosen]--
-			offered--
-			done[ti], placedAny = true, true
-			p.plan.Assignments = append(p.plan.Assignments, a)
-			if placed != nil && !placed(a) {
-				if withdrawn == nil {
-					withdrawn = map[string]bool{}
-				}
-				withdrawn[a.Task] = true
-			}
+			place(ti, chosen, off)
 		}
 		if !placedAny {
 			break
