@@ -434,7 +434,9 @@ func TestLocalityTasksGoToTheirData(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dataDir, strings.TrimPrefix(blob.ID, "sha256:")), data, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		w := start(t, "worker-"+name, "worker", "--server", p.srv.url, "--slots", "1",
+		// One attempt at a time, no queue: a worker that queued tasks
+		// ahead would take the other data's tasks while the other runs one.
+		w := start(t, "worker-"+name, "worker", "--server", p.srv.url, "--slots", "1", "--queue", "0", "--max-queue", "0",
 			"--cache-dir", filepath.Join(os.TempDir(), "cyclepool-e2e-cache"), "--data-dir", dataDir)
 		line, ok := w.out.waitFor(regexp.MustCompile(`msg=connected .*worker=(\S+)`), 30*time.Second)
 		if !ok {
@@ -572,7 +574,9 @@ func TestBrowserLocalityAcrossVisits(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dataDir, strings.TrimPrefix(ids[1], "sha256:")), bData, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	w := start(t, "headless", "worker", "--server", p.srv.url, "--slots", "1",
+	// One attempt at a time, no queue: a worker that queued tasks ahead
+	// would take the other data's tasks while the page runs one.
+	w := start(t, "headless", "worker", "--server", p.srv.url, "--slots", "1", "--queue", "0", "--max-queue", "0",
 		"--cache-dir", filepath.Join(os.TempDir(), "cyclepool-e2e-cache"), "--data-dir", dataDir)
 	if _, ok := w.out.waitFor(regexp.MustCompile(`msg=connected`), 30*time.Second); !ok {
 		t.Fatalf("the headless worker did not connect:\n%s", w.out)
@@ -599,7 +603,7 @@ func TestBrowserLocalityAcrossVisits(t *testing.T) {
 			onBrowser++
 		}
 	}
-	t.Logf("%d of %d tasks reading A ran in the page that kept A", onBrowser, n/2)
+	t.Logf("%d of %d tasks reading A ran in the page that kept A (the page's data counts: %+v)", onBrowser, n/2, b.status().Data)
 	if onBrowser < 3*n/8 {
 		t.Errorf("%d of %d tasks reading A ran in the page that kept A, want at least %d", onBrowser, n/2, 3*n/8)
 	}

@@ -185,14 +185,28 @@ func (r *runner) snapshot() ([]taskRun, time.Duration) {
 // Holding returns the data blobs the page keeps in the Cache API
 // (wasmworker.DataHolder): the worker's hello lists them, so that tasks
 // reading them come to this volunteer.
+// The page reads its cache once at start; the first hello waits for that
+// (at most a few seconds: then it says nothing of its data).
 func (r *runner) Holding() []string {
-	list := r.tasks.Call("held")
-	n := list.Length()
-	out := make([]string, 0, n)
-	for i := range n {
-		out = append(out, list.Index(i).String())
+	got := make(chan []string, 1)
+	var then js.Func
+	then = js.FuncOf(func(_ js.Value, args []js.Value) any {
+		defer then.Release()
+		list := args[0]
+		out := make([]string, 0, list.Length())
+		for i := range list.Length() {
+			out = append(out, list.Index(i).String())
+		}
+		got <- out
+		return nil
+	})
+	r.tasks.Call("held").Call("then", then)
+	select {
+	case ids := <-got:
+		return ids
+	case <-time.After(3 * time.Second):
+		return nil
 	}
-	return out
 }
 
 // running returns the attempts running in task Web Workers now, as the

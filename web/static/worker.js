@@ -342,15 +342,15 @@ function makeTasks(taskJs, server) {
   // worker's hello (locality: tasks reading them come to this volunteer,
   // who then downloads nothing), read from the cache at start.
   const dataHeld = new Set();
-  if (self.caches) {
+  const heldRead = !self.caches ? Promise.resolve() :
     self.caches.open("cyclepool-data").then((s) => s.keys()).then((reqs) => {
       for (const r of reqs) {
         const m = /\/blobs\/(sha256:[0-9a-f]{64})/.exec(decodeURIComponent(r.url));
         if (m) dataHeld.add(m[1]);
       }
     }).catch(() => {});
-  }
-  const held = () => [...dataHeld].slice(0, 4096);
+  // held resolves to the blobs kept, once the cache has been read.
+  const held = () => heldRead.then(() => [...dataHeld].slice(0, 4096));
   function blobBytes(f) {
     let p = blobsById.get(f.blob);
     if (!p) {
