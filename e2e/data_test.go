@@ -19,6 +19,7 @@ import (
 	"github.com/chromedp/cdproto/storage"
 	"github.com/chromedp/chromedp"
 
+	"github.com/cyclepool/cyclepool/client"
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/taskbuild"
 )
@@ -156,21 +157,12 @@ func TestBrowserDataMatchesHeadless(t *testing.T) {
 func TestBrowserDataFullQuota(t *testing.T) {
 	t.Parallel()
 	p := newPlatform(t, "--lease", "10s")
-	ctx := context.Background()
 	probe := push(t, p.client, "fsprobe")
 	var ids []string
 	var sums []string
 	for i := range 2 {
 		data := bytes.Repeat([]byte{byte('a' + i)}, 8<<20)
-		path := filepath.Join(t.TempDir(), "d.bin")
-		if err := os.WriteFile(path, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		b, err := p.client.PushData(ctx, path, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, b.ID)
+		ids = append(ids, pushBytes(t, p.client, "d.bin", data))
 		sums = append(sums, fmt.Sprintf("%d %x", len(data), sha256.Sum256(data)))
 	}
 	b := newBrowser(t, 1280, 900, charging)
@@ -328,13 +320,7 @@ func TestDashboardData(t *testing.T) {
 	}
 
 	// A task that reads it, done, names its worker.
-	binPath := filepath.Join(dir, "b.bin")
-	os.WriteFile(binPath, []byte("a\x00b"), 0o644)
-	bin, err := p.client.PushData(context.Background(), binPath, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	binID := bin.ID
+	binID := pushBytes(t, p.client, "b.bin", []byte("a\x00b"))
 	startWorker(t, "headless", 1, base)
 	mod := fmt.Sprintf("sha256:%x", sha256.Sum256(taskbuild.Bytes(t, "fsprobe")))
 	wid := submit(t, p.client, workflow("dash-data", task{"name": "read", "module": mod,
@@ -420,29 +406,9 @@ func TestLocalityTasksGoToTheirData(t *testing.T) {
 	var ids []string
 	for _, name := range []string{"a", "b"} {
 		data := bytes.Repeat([]byte(name), 1<<20)
-		path := filepath.Join(t.TempDir(), name)
-		if err := os.WriteFile(path, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		blob, err := p.client.PushData(ctx, path, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, blob.ID)
-		// The worker kept it from an earlier run.
-		dataDir := t.TempDir()
-		if err := os.WriteFile(filepath.Join(dataDir, strings.TrimPrefix(blob.ID, "sha256:")), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		// One attempt at a time, no queue: a worker that queued tasks
-		// ahead would take the other data's tasks while the other runs one.
-		w := start(t, "worker-"+name, "worker", "--server", p.srv.url, "--slots", "1", "--queue", "0", "--max-queue", "0",
-			"--cache-dir", filepath.Join(os.TempDir(), "cyclepool-e2e-cache"), "--data-dir", dataDir)
-		line, ok := w.out.waitFor(regexp.MustCompile(`msg=connected .*worker=(\S+)`), 30*time.Second)
-		if !ok {
-			t.Fatalf("worker %s did not connect:\n%s", name, w.out)
-		}
-		holder[blob.ID] = line
+		id := pushBytes(t, p.client, name, data)
+		ids = append(ids, id)
+		holder[id] = startWorkerKeeping(t, "worker-"+name, p.srv.url, id, data)
 	}
 	const n = 32
 	var tasks []task
@@ -542,18 +508,10 @@ func TestBrowserLocalityAcrossVisits(t *testing.T) {
 	ctx := context.Background()
 	probe := push(t, p.client, "fsprobe")
 	var ids []string
-	var paths []string
+	var datas [][]byte
 	for _, name := range []string{"a", "b"} {
 		data := bytes.Repeat([]byte(name), 1<<20)
-		path := filepath.Join(t.TempDir(), name)
-		if err := os.WriteFile(path, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		blob, err := p.client.PushData(ctx, path, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids, paths = append(ids, blob.ID), append(paths, path)
+		ids, datas = append(ids, pushBytes(t, p.client, name, data)), append(datas, data)
 	}
 	readTask := func(name, blob string) task {
 		return task{"name": name, "module": probe, "args": []string{"stat", "/d"}, "files": map[string]any{"/d": map[string]any{"blob": blob}}}
@@ -569,18 +527,7 @@ func TestBrowserLocalityAcrossVisits(t *testing.T) {
 	// The next visit, and a headless worker that kept B.
 	b.do(chromedp.Navigate("about:blank"))
 	openVolunteerPage(t, b, p.srv.url)
-	dataDir := t.TempDir()
-	bData, _ := os.ReadFile(paths[1])
-	if err := os.WriteFile(filepath.Join(dataDir, strings.TrimPrefix(ids[1], "sha256:")), bData, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// One attempt at a time, no queue: a worker that queued tasks ahead
-	// would take the other data's tasks while the page runs one.
-	w := start(t, "headless", "worker", "--server", p.srv.url, "--slots", "1", "--queue", "0", "--max-queue", "0",
-		"--cache-dir", filepath.Join(os.TempDir(), "cyclepool-e2e-cache"), "--data-dir", dataDir)
-	if _, ok := w.out.waitFor(regexp.MustCompile(`msg=connected`), 30*time.Second); !ok {
-		t.Fatalf("the headless worker did not connect:\n%s", w.out)
-	}
+	startWorkerKeeping(t, "headless", p.srv.url, ids[1], datas[1])
 	const n = 16
 	var tasks []task
 	for i := range n {
@@ -607,4 +554,38 @@ func TestBrowserLocalityAcrossVisits(t *testing.T) {
 	if onBrowser < 3*n/8 {
 		t.Errorf("%d of %d tasks reading A ran in the page that kept A, want at least %d", onBrowser, n/2, 3*n/8)
 	}
+}
+
+// pushBytes pushes data as a data blob, from a file named name as an owner
+// would, and returns its id.
+func pushBytes(t *testing.T, c *client.Client, name string, data []byte) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.PushData(context.Background(), path, false)
+	if err != nil {
+		t.Fatalf("push %s: %v", name, err)
+	}
+	return b.ID
+}
+
+// startWorkerKeeping starts a headless worker whose data cache kept blob id
+// (data) from an earlier run, and returns its worker id. It takes one
+// attempt at a time, without a queue: a worker that queued tasks ahead
+// would take the other data's tasks while another worker runs one.
+func startWorkerKeeping(t *testing.T, name, server, id string, data []byte) string {
+	t.Helper()
+	dataDir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dataDir, strings.TrimPrefix(id, "sha256:")), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w := start(t, name, "worker", "--server", server, "--slots", "1", "--queue", "0", "--max-queue", "0",
+		"--cache-dir", filepath.Join(os.TempDir(), "cyclepool-e2e-cache"), "--data-dir", dataDir)
+	line, ok := w.out.waitFor(regexp.MustCompile(`msg=connected .*worker=(\S+)`), 30*time.Second)
+	if !ok {
+		t.Fatalf("%s did not connect:\n%s", name, w.out)
+	}
+	return line
 }

@@ -29,7 +29,6 @@ func (r sleepRunner) Run(ctx context.Context, job *Job) *Outcome {
 
 // outcomeFrame is a result frame as the fake server saw it.
 type outcomeFrame struct {
-	at       time.Time
 	outcomes int
 }
 
@@ -130,7 +129,7 @@ func TestGatherOutcomes(t *testing.T) {
 			frames := make(chan outcomeFrame, tc.attempts)
 			url := fakeServer(t, time.Minute, []*protocol.Frame{assign(1, int64(tc.attempts))}, func(f *protocol.Frame) []*protocol.Frame {
 				if f.Type == protocol.TypeResult {
-					frames <- outcomeFrame{at: time.Now(), outcomes: len(f.Results)}
+					frames <- outcomeFrame{outcomes: len(f.Results)}
 				}
 				return nil
 			})
