@@ -408,9 +408,14 @@ func (s *Server) handleLog(w http.ResponseWriter, r *http.Request, owner store.O
 }
 
 func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request, owner store.Owner) {
-	data, err := s.store.Output(r.Context(), owner.ID, r.PathValue("id"), r.PathValue("task"), r.PathValue("output"))
+	data, blob, err := s.store.Output(r.Context(), owner.ID, r.PathValue("id"), r.PathValue("task"), r.PathValue("output"))
 	if err != nil {
 		s.notFoundOr(w, "output", err)
+		return
+	}
+	if blob != "" {
+		// Uploaded over HTTP: streamed from its chunks, with ranges.
+		s.serveBlob(w, r, blob, "private")
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")

@@ -33,7 +33,13 @@ func TestToAssignSetsEveryField(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Setup, _ = json.Marshal(su)
-	a := toAssign(&c)
+	for i := range c.Inputs {
+		c.Inputs[i].Blob = "" // inline inputs here: uploaded ones in TestToAssignUploadedInputs
+	}
+	a, err := toAssign(&c, assignee{upload: true})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !reflect.DeepEqual(a.Setup, &su) {
 		t.Errorf("toAssign's setup %+v, want %+v", a.Setup, su)
 	}
@@ -45,6 +51,54 @@ func TestToAssignSetsEveryField(t *testing.T) {
 	})
 	for _, p := range unset {
 		t.Errorf("toAssign leaves %s unset", p)
+	}
+}
+
+// An input uploaded over HTTP becomes a file of the setup, downloaded
+// from a signed address; output limits are cut to what the worker can
+// send back.
+func TestToAssignUploadedInputs(t *testing.T) {
+	blob := "sha256:" + strings.Repeat("ab", 32)
+	url := func(id string) (string, error) { return "/blobs/" + id + "?k=t", nil }
+	for _, tc := range []struct {
+		name      string
+		to        assignee
+		setup     []byte
+		inputs    []store.Input
+		wantFiles []protocol.File
+		wantLimit int64
+	}{
+		{name: "inline only", to: assignee{upload: true, blobURL: url}, inputs: []store.Input{{Name: "a", Data: []byte("x")}}, wantLimit: 1 << 30},
+		{name: "uploaded to /in", to: assignee{upload: true, blobURL: url}, inputs: []store.Input{{Name: "big", Blob: blob, Size: 5}},
+			wantFiles: []protocol.File{{Path: "/in/big", Blob: blob, Size: 5, URL: "/blobs/" + blob + "?k=t"}}, wantLimit: 1 << 30},
+		{name: "uploaded to its path", to: assignee{upload: true, blobURL: url}, setup: []byte(`{"cwd":"/w"}`),
+			inputs:    []store.Input{{Name: "/w/big", Blob: blob, Size: 5}},
+			wantFiles: []protocol.File{{Path: "/w/big", Blob: blob, Size: 5, URL: "/blobs/" + blob + "?k=t"}}, wantLimit: 1 << 30},
+		{name: "old worker", to: assignee{blobURL: url}, wantLimit: protocol.InlineOutputBytes},
+		{name: "browser", to: assignee{upload: true, browser: true, blobURL: url}, wantLimit: protocol.BrowserOutputBytes},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := store.Claimed{Attempt: 1, OutputBytes: 1 << 30, Setup: tc.setup, Inputs: tc.inputs}
+			a, err := toAssign(&c, tc.to)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.Limits.OutputBytes != tc.wantLimit {
+				t.Errorf("output limit %d, want %d", a.Limits.OutputBytes, tc.wantLimit)
+			}
+			var files []protocol.File
+			if a.Setup != nil {
+				files = a.Setup.Files
+			}
+			if !reflect.DeepEqual(files, tc.wantFiles) {
+				t.Errorf("setup files %+v, want %+v", files, tc.wantFiles)
+			}
+			for _, in := range a.Inputs {
+				if in.Name == "big" || in.Name == "/w/big" {
+					t.Errorf("uploaded input %q is also an inline input", in.Name)
+				}
+			}
+		})
 	}
 }
 

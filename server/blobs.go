@@ -36,17 +36,30 @@ type blobKeys struct {
 // expires (blobs are immutable), so caches near the workers can keep the
 // bytes under one address.
 func (s *Server) blobToken(ctx context.Context, id string) (string, error) {
-	s.blobKeys.mu.Lock()
-	defer s.blobKeys.mu.Unlock()
-	if s.blobKeys.key == nil {
-		k, err := s.store.Secret(ctx, "blob-token", 32)
+	return s.blobKeys.sign(ctx, s.store, id)
+}
+
+// uploadKey returns worker's capability for uploading the outputs of the
+// attempts it holds (protocol.Welcome.UploadKey). Signed with the key of
+// blob tokens under a prefix no blob id has.
+func (s *Server) uploadKey(ctx context.Context, worker string) (string, error) {
+	return s.blobKeys.sign(ctx, s.store, "upload\x00"+worker)
+}
+
+// sign returns the capability for msg, reading the shared key the first
+// time.
+func (k *blobKeys) sign(ctx context.Context, st *store.Store, msg string) (string, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.key == nil {
+		key, err := st.Secret(ctx, "blob-token", 32)
 		if err != nil {
 			return "", err
 		}
-		s.blobKeys.key = k
+		k.key = key
 	}
-	m := hmac.New(sha256.New, s.blobKeys.key)
-	m.Write([]byte(id))
+	m := hmac.New(sha256.New, k.key)
+	m.Write([]byte(msg))
 	return hex.EncodeToString(m.Sum(nil)[:16]), nil
 }
 

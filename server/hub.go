@@ -43,6 +43,9 @@ type conn struct {
 	// setup: the worker lays out tasks' setups (protocol.FeatureSetup);
 	// without it, it gets no task that has one.
 	setup bool
+	// upload: the worker uploads large outputs over HTTP
+	// (protocol.FeatureUpload).
+	upload bool
 	// data has the blobs the worker keeps, as far as this replica knows
 	// (its hello, and the tasks it was given): the plan prefers it for
 	// tasks that read them. Guarded by hub.mu.

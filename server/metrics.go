@@ -21,6 +21,8 @@ type metrics struct {
 	leaseGraces    prometheus.Counter
 	workerConnects *prometheus.CounterVec
 	badFrames      prometheus.Counter
+	uploadedBytes  prometheus.Counter
+	uploadSeconds  prometheus.Counter
 	leader         prometheus.Gauge
 	batchSize      *prometheus.HistogramVec
 	batchSeconds   *prometheus.HistogramVec
@@ -45,6 +47,10 @@ func newMetrics(s *Server) *metrics {
 			Name: "cyclepool_worker_connections_total", Help: "Worker connections accepted, by kind."}, []string{"kind"}),
 		badFrames: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cyclepool_bad_frames_total", Help: "Malformed or forbidden worker frames (each closed its socket)."}),
+		uploadedBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cyclepool_output_upload_bytes_total", Help: "Bytes of outputs workers uploaded over HTTP and the server stored."}),
+		uploadSeconds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cyclepool_output_upload_seconds_total", Help: "Time spent receiving the output uploads that were stored."}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cyclepool_maintenance_leader", Help: "1 when this replica runs the maintenance (lease reaper)."}),
 		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -57,7 +63,7 @@ func newMetrics(s *Server) *metrics {
 	for _, outcome := range []string{"run", "submission", "skipped"} {
 		m.rounds.WithLabelValues(outcome) // every outcome shows, 0 until it happens
 	}
-	m.reg.MustRegister(m.dispatched, m.rounds, m.completions, m.checkpoints, m.leaseExpiries, m.leaseGraces, m.workerConnects, m.badFrames,
+	m.reg.MustRegister(m.dispatched, m.rounds, m.completions, m.checkpoints, m.leaseExpiries, m.leaseGraces, m.workerConnects, m.badFrames, m.uploadedBytes, m.uploadSeconds,
 		m.leader, m.batchSize, m.batchSeconds, s.health.writable, s.health.faults,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{s: s,

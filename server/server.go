@@ -182,6 +182,7 @@ type Server struct {
 	knownModules sync.Map // ownedModule -> true: modules an owner has pushed
 	modules      *moduleCache
 	blobKeys     blobKeys
+	uploads      workerUploads // output uploads in progress, per worker
 
 	rt   *runtimes
 	ends *finishWaiters // requests waiting for workflows to end
@@ -584,7 +585,19 @@ func (s *Server) deliver(ctx context.Context, claimed []store.Claimed, err error
 			end(cl, c, store.Completion{Reason: "input", End: store.EndTaskFinal, Message: fmt.Sprintf(
 				"inputs, stdin and checkpoint take %d MiB, more than the %d MiB one assignment can carry", assignSize(cl)>>20, s.cfg.MaxFrameBytes>>20)})
 		default:
-			byConn[c] = append(byConn[c], toAssign(cl))
+			a, err := toAssign(cl, assignee{upload: c.upload, browser: c.kind == protocol.KindBrowser, blobURL: func(id string) (string, error) {
+				tok, err := s.blobToken(ctx, id)
+				return "/blobs/" + id + "?k=" + tok, err
+			}})
+			switch {
+			case err != nil:
+				end(cl, c, store.Completion{Reason: protocol.ReasonWorker, Message: "the server could not sign the task's data addresses; retried", End: store.EndServerFault})
+			case a.Setup != nil && !c.setup:
+				end(cl, c, store.Completion{Reason: protocol.ReasonWorker, End: store.EndUnstarted,
+					Message: "the task reads an output uploaded over HTTP, which this worker's build cannot download; queued again"})
+			default:
+				byConn[c] = append(byConn[c], a)
+			}
 		}
 	}
 	for _, cs := range reserved {
@@ -654,15 +667,32 @@ func assignSize(c *store.Claimed) int {
 	return n
 }
 
-func toAssign(c *store.Claimed) protocol.Assign {
+// assignee is what toAssign needs to know of the worker an attempt goes
+// to.
+type assignee struct {
+	// upload: the worker uploads large outputs (protocol.FeatureUpload);
+	// without it, output limits are at most what a result frame carries.
+	upload  bool
+	browser bool
+	// blobURL is the address a worker downloads blob id from.
+	blobURL func(id string) (string, error)
+}
+
+// toAssign is the assignment of a claimed attempt for worker w. An input
+// uploaded over HTTP becomes a file of the task's setup, at /in/NAME (or
+// its own path), which the worker downloads.
+func toAssign(c *store.Claimed, w assignee) (protocol.Assign, error) {
 	a := protocol.Assign{
 		Attempt: c.Attempt, Task: c.WorkflowID + "/" + c.Name, Module: c.Module, Args: c.Args,
 		Stdin: protocol.Blob{Data: c.Stdin}, Restore: protocol.Blob{Data: c.Restore},
 		Seed: uint64(c.Seed), CkptMS: c.CkptMS, Priority: c.Priority,
 		Limits: protocol.Limits{MemoryPages: uint32(c.MemoryPages), WallMS: c.TimeoutMS, OutputBytes: c.OutputBytes, LogBytes: c.LogBytes},
 	}
-	for _, in := range c.Inputs {
-		a.Inputs = append(a.Inputs, protocol.Blob{Name: in.Name, Data: in.Data})
+	if !w.upload {
+		a.Limits.OutputBytes = min(a.Limits.OutputBytes, protocol.InlineOutputBytes)
+	}
+	if w.browser {
+		a.Limits.OutputBytes = min(a.Limits.OutputBytes, protocol.BrowserOutputBytes)
 	}
 	if c.Setup != nil {
 		// Written by toNewWorkflow from a protocol.Setup: it decodes.
@@ -671,7 +701,25 @@ func toAssign(c *store.Claimed) protocol.Assign {
 			a.Setup = nil
 		}
 	}
-	return a
+	for _, in := range c.Inputs {
+		if in.Blob == "" {
+			a.Inputs = append(a.Inputs, protocol.Blob{Name: in.Name, Data: in.Data})
+			continue
+		}
+		u, err := w.blobURL(in.Blob)
+		if err != nil {
+			return a, err
+		}
+		if a.Setup == nil {
+			a.Setup = new(protocol.Setup)
+		}
+		p := in.Name
+		if !strings.HasPrefix(p, "/") {
+			p = "/in/" + p
+		}
+		a.Setup.Files = append(a.Setup.Files, protocol.File{Path: p, Blob: in.Blob, Size: in.Size, URL: u})
+	}
+	return a, nil
 }
 
 func (s *Server) flushRenewals(ctx context.Context, batch []renewal) {
@@ -810,6 +858,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /ws/worker", s.handleWorker)
 	mux.HandleFunc("GET /modules/{id}", s.handleModule)
 	mux.HandleFunc("GET /blobs/{id}", s.handleWorkerBlob)
+	mux.HandleFunc("PUT /outputs/{attempt}", s.handleUploadOutput)
 	healthz := []byte("ok cyclepool " + version.String() + "\n")
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(healthz) })
 	mux.HandleFunc("GET /readyz", s.handleReady)

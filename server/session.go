@@ -300,6 +300,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 		device: h.Device, connected: time.Now(),
 		record:   store.WorkerRecord{ID: id, Kind: h.Kind, Slots: h.Slots, Operator: operator},
 		operator: operator, addr: remoteHost(r), setup: slices.Contains(h.Features, protocol.FeatureSetup),
+		upload: slices.Contains(h.Features, protocol.FeatureUpload),
 	}
 	for a, m := range reg.Modules { // the attempts it kept
 		c.running[a] = m
@@ -315,6 +316,11 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 		WorkerID: id, ReconnectToken: token, HeartbeatMS: int(s.cfg.Heartbeat.Milliseconds()),
 		LeaseMS: int(s.cfg.Lease.Milliseconds()), MaxFrameBytes: s.cfg.MaxFrameBytes, Lost: lost,
 	}}
+	if c.upload {
+		if welcome.Welcome.UploadKey, err = s.uploadKey(ctx, id); err != nil {
+			return nil, fmt.Errorf("sign the upload key: %w", err)
+		}
+	}
 	data, _, err = protocol.Encode(welcome)
 	if err != nil {
 		return nil, err
@@ -701,6 +707,9 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 				Duration: time.Duration(r.DurationMS) * time.Millisecond}
 			for _, o := range r.Outputs {
 				comp.Outputs = append(comp.Outputs, store.Output{Name: o.Name, Data: o.Data})
+			}
+			for _, u := range r.Uploaded {
+				comp.Outputs = append(comp.Outputs, store.Output{Name: u.Name, Blob: u.Blob})
 			}
 			comps[i] = comp
 		}

@@ -58,6 +58,10 @@ type Job struct {
 	// Server is the address of the server that assigned the attempt, to
 	// which the URLs of its data are relative.
 	Server string
+	// Upload says the worker uploads large outputs over HTTP: the runner
+	// may leave outputs of protocol.UploadMinBytes or more in files
+	// (Outcome.Files) instead of reading them into memory.
+	Upload bool
 }
 
 // Outcome is how an attempt ended.
@@ -65,6 +69,11 @@ type Outcome struct {
 	// Outputs holds "stdout" first, then every file written under /out,
 	// named by its path relative to /out, sorted by name.
 	Outputs []protocol.Blob
+	// Files are outputs the runner left in files of its own (Job.Upload),
+	// which the worker uploads and then removes.
+	Files []OutputFile
+	// Uploaded are the outputs the worker uploaded (set by the worker).
+	Uploaded []protocol.Uploaded
 	// Log is the task's stderr, at most Limits.LogBytes long.
 	Log []byte
 	// Reason is empty on success, otherwise one of the protocol.Reason*
@@ -72,4 +81,12 @@ type Outcome struct {
 	Reason   string
 	Message  string
 	Duration time.Duration
+}
+
+// OutputFile is an output a runner left in a file for the worker to
+// upload: the output Name, in the file at Path of Size bytes.
+type OutputFile struct {
+	Name string
+	Path string
+	Size int64
 }

@@ -4,8 +4,10 @@ package wasmworker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 	"syscall/js"
@@ -253,4 +255,74 @@ func catch(f func()) (err error) {
 // modules itself (through the HTTP cache and IndexedDB), never through Go.
 func (w *Worker) moduleFetcher(server, id string) func(context.Context) ([]byte, error) {
 	return nil
+}
+
+// putOutput sends one upload through the browser's fetch and reports
+// whether a failure may pass. The page holds its outputs in memory
+// anyway: the body is copied to JavaScript whole.
+func putOutput(ctx context.Context, u string, body io.Reader, size int64) (protocol.Uploaded, bool, error) {
+	b, err := io.ReadAll(body)
+	if err != nil {
+		return protocol.Uploaded{}, false, err
+	}
+	type answer struct {
+		status     int
+		statusText string
+		text       []byte
+		err        error
+	}
+	done := make(chan answer, 1)
+	var then, fail, read js.Func
+	defer func() { then.Release(); fail.Release(); read.Release() }()
+	var status int
+	var statusText string
+	fail = js.FuncOf(func(_ js.Value, args []js.Value) any {
+		msg := "fetch failed"
+		if len(args) > 0 && args[0].Type() == js.TypeObject {
+			msg = args[0].Get("message").String()
+		}
+		done <- answer{err: errors.New(msg)}
+		return nil
+	})
+	read = js.FuncOf(func(_ js.Value, args []js.Value) any {
+		done <- answer{status: status, statusText: statusText, text: []byte(args[0].String())}
+		return nil
+	})
+	then = js.FuncOf(func(_ js.Value, args []js.Value) any {
+		status, statusText = args[0].Get("status").Int(), args[0].Get("statusText").String()
+		args[0].Call("text").Call("then", read, fail)
+		return nil
+	})
+	ctrl := js.Global().Get("AbortController").New()
+	if err := catch(func() {
+		arr := js.Global().Get("Uint8Array").New(len(b))
+		js.CopyBytesToJS(arr, b)
+		opts := js.Global().Get("Object").New()
+		opts.Set("method", "PUT")
+		opts.Set("body", arr)
+		opts.Set("signal", ctrl.Get("signal"))
+		js.Global().Call("fetch", u, opts).Call("then", then, fail)
+	}); err != nil {
+		return protocol.Uploaded{}, false, err
+	}
+	var a answer
+	select {
+	case a = <-done:
+	case <-ctx.Done():
+		ctrl.Call("abort")
+		<-done
+		return protocol.Uploaded{}, false, ctx.Err()
+	}
+	if a.err != nil {
+		return protocol.Uploaded{}, true, a.err
+	}
+	if a.status != 200 {
+		retry, err := uploadError(a.status, fmt.Sprintf("%d %s", a.status, a.statusText), a.text)
+		return protocol.Uploaded{}, retry, err
+	}
+	var got protocol.Uploaded
+	if err := json.Unmarshal(a.text, &got); err != nil {
+		return protocol.Uploaded{}, false, fmt.Errorf("the server's answer %q: %w", a.text, err)
+	}
+	return got, false, nil
 }

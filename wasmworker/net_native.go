@@ -4,6 +4,7 @@ package wasmworker
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
 )
 
 // wsConn adapts a github.com/coder/websocket connection to conn.
@@ -114,4 +117,29 @@ func (w *Worker) fetchModule(ctx context.Context, server, id string) ([]byte, er
 	w.modules[id] = b
 	w.mu.Unlock()
 	return b, nil
+}
+
+// putOutput sends one upload and reports whether a failure may pass.
+func putOutput(ctx context.Context, u string, body io.Reader, size int64) (protocol.Uploaded, bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u, body)
+	if err != nil {
+		return protocol.Uploaded{}, false, err
+	}
+	req.ContentLength = size
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return protocol.Uploaded{}, true, err
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		retry, err := uploadError(resp.StatusCode, resp.Status, msg)
+		return protocol.Uploaded{}, retry, err
+	}
+	var got protocol.Uploaded
+	if err := json.Unmarshal(msg, &got); err != nil {
+		return protocol.Uploaded{}, false, fmt.Errorf("the server's answer %q: %w", msg, err)
+	}
+	return got, false, nil
 }

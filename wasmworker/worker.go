@@ -101,6 +101,9 @@ type Worker struct {
 	// maxFrame bounds a frame the worker sends: the server's
 	// welcome.max_frame_bytes, protocol.DefaultMaxFrameBytes until then.
 	maxFrame int
+	// uploadKey is the capability for uploading outputs (the welcome's
+	// upload_key), the same on every replica; "" until welcomed.
+	uploadKey string
 }
 
 // Stats counts what a worker did since it started.
@@ -312,7 +315,7 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	defer scancel()
 
 	w.mu.Lock()
-	hello := &protocol.Hello{Version: protocol.Version, Build: version.String(), Features: []string{protocol.FeatureSetup}, Kind: w.cfg.Kind, Slots: w.cfg.Slots, Queue: w.queue, WorkerID: w.id,
+	hello := &protocol.Hello{Version: protocol.Version, Build: version.String(), Features: []string{protocol.FeatureSetup, protocol.FeatureUpload}, Kind: w.cfg.Kind, Slots: w.cfg.Slots, Queue: w.queue, WorkerID: w.id,
 		ReconnectToken: w.token, Volunteer: w.cfg.Volunteer, Device: w.pausedIfHandingBack(w.cfg.Device())}
 	if dh, ok := w.cfg.Runner.(DataHolder); ok {
 		hello.Data = dh.Holding()
@@ -358,7 +361,7 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	}
 	out := make(chan outMsg, 256)
 	w.mu.Lock()
-	w.id, w.token = wel.WorkerID, wel.ReconnectToken
+	w.id, w.token, w.uploadKey = wel.WorkerID, wel.ReconnectToken, wel.UploadKey
 	w.maxFrame = protocol.DefaultMaxFrameBytes
 	if wel.MaxFrameBytes > 0 {
 		w.maxFrame = wel.MaxFrameBytes
@@ -830,8 +833,12 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		var out *Outcome
 		if actx.Err() == nil {
 			a.host = host{w: w, a: a}
-			a.job = Job{Assign: as, ModuleID: as.Module, Host: &a.host, Fetch: w.moduleFetcher(server, as.Module), Server: server}
+			a.job = Job{Assign: as, ModuleID: as.Module, Host: &a.host, Fetch: w.moduleFetcher(server, as.Module), Server: server,
+				Upload: as.Limits.Uploads()}
 			out = w.cfg.Runner.Run(actx, &a.job)
+			if out != nil && a.job.Upload {
+				out = w.uploadOutputs(actx, server, as.Attempt, out)
+			}
 		}
 		// Stopped (by HandBack, the server's cancel or a lost lease), not
 		// ended on its own: its run time says nothing of the tasks.
@@ -856,7 +863,8 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		var f *protocol.Frame
 		if out.Reason == "" {
 			f = &protocol.Frame{Type: protocol.TypeResult, Results: []protocol.Result{{
-				Attempt: as.Attempt, Outputs: out.Outputs, Log: protocol.Blob{Data: out.Log}, DurationMS: out.Duration.Milliseconds()}}}
+				Attempt: as.Attempt, Outputs: out.Outputs, Log: protocol.Blob{Data: out.Log}, DurationMS: out.Duration.Milliseconds(),
+				Uploaded: out.Uploaded}}}
 		} else {
 			f = &protocol.Frame{Type: protocol.TypeFail, Fails: []protocol.Fail{{
 				Attempt: as.Attempt, Reason: out.Reason, Message: out.Message, Log: protocol.Blob{Data: out.Log}, DurationMS: out.Duration.Milliseconds()}}}

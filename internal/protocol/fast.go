@@ -255,6 +255,28 @@ func (p fastParser) result(r *Result) bool {
 			ok = p.blob(&r.Log)
 		case "duration_ms":
 			r.DurationMS, ok = p.int64()
+		case "uploaded":
+			r.Uploaded = []Uploaded{}
+			var null bool
+			ok, null = p.list(func() bool {
+				r.Uploaded = append(r.Uploaded, Uploaded{})
+				u := &r.Uploaded[len(r.Uploaded)-1]
+				return p.Object(func(key []byte) bool {
+					var ok bool
+					switch string(key) {
+					case "name":
+						u.Name, ok = p.str()
+					case "blob":
+						u.Blob, ok = p.str()
+					case "size":
+						u.Size, ok = p.int64()
+					}
+					return ok
+				})
+			})
+			if null {
+				r.Uploaded = nil
+			}
 		}
 		return ok
 	})

@@ -27,6 +27,7 @@ func encodeFast(f *Frame) ([]byte, bool) {
 	if n != 1 || !plain(f.Type) {
 		return nil, false
 	}
+
 	// About what an item takes, so that buf grows seldom.
 	e := fastEncoder{buf: make([]byte, 0, 64+320*(len(f.Assign)+len(f.Results)+len(f.Acks))), ok: true}
 	e.raw(`{"t":"`)
@@ -177,6 +178,22 @@ func (e *fastEncoder) result(r *Result) {
 	e.raw(`,"log":`)
 	e.blob(&r.Log)
 	e.int(`,"duration_ms":`, r.DurationMS)
+	if len(r.Uploaded) > 0 {
+		e.raw(`,"uploaded":[`)
+		for i := range r.Uploaded {
+			u := &r.Uploaded[i]
+			if i > 0 {
+				e.raw(",")
+			}
+			e.raw(`{"name":`)
+			e.str(u.Name)
+			e.raw(`,"blob":`)
+			e.str(u.Blob)
+			e.int(`,"size":`, u.Size)
+			e.raw("}")
+		}
+		e.raw("]")
+	}
 	e.raw("}")
 }
 

@@ -120,6 +120,11 @@ const MaxHelloData = 4096
 // it would run the task without its files.
 const FeatureSetup = "setup"
 
+// FeatureUpload says the worker uploads large outputs over HTTP
+// (Result.Uploaded). A worker without it is given output limits of at
+// most InlineOutputBytes, which a result frame carries.
+const FeatureUpload = "upload"
+
 // Welcome answers hello.
 type Welcome struct {
 	WorkerID       string `json:"worker_id"`
@@ -127,6 +132,9 @@ type Welcome struct {
 	HeartbeatMS    int    `json:"heartbeat_ms"`
 	LeaseMS        int    `json:"lease_ms"`
 	MaxFrameBytes  int    `json:"max_frame_bytes"`
+	// UploadKey is the worker's capability for uploading the outputs of
+	// the attempts it holds (Result.Uploaded).
+	UploadKey string `json:"upload_key,omitempty"`
 	// Lost lists attempts from Hello.Running that no longer hold a lease;
 	// the worker must stop them.
 	Lost []int64 `json:"lost,omitempty"`
@@ -139,6 +147,10 @@ type Limits struct {
 	OutputBytes int64  `json:"output_bytes"` // stdout plus every file under /out
 	LogBytes    int64  `json:"log_bytes"`    // stderr
 }
+
+// Uploads reports whether an attempt with these limits uploads its large
+// outputs over HTTP (see InlineOutputBytes).
+func (l Limits) Uploads() bool { return l.OutputBytes > InlineOutputBytes }
 
 // Assign gives one task attempt to the worker.
 type Assign struct {
@@ -231,7 +243,32 @@ type Result struct {
 	Outputs    []Blob `json:"outputs"` // "stdout" and every file under /out
 	Log        Blob   `json:"log"`     // stderr, capped
 	DurationMS int64  `json:"duration_ms"`
+	// Uploaded are the outputs the worker uploaded over HTTP before the
+	// result (docs/PROTOCOL.md, "Outputs over HTTP"), by name and blob
+	// id; their names are not in Outputs.
+	Uploaded []Uploaded `json:"uploaded,omitempty"`
 }
+
+// Uploaded names an output uploaded over HTTP: PUT
+// /outputs/{attempt}?name=NAME&w=WORKER&k=UPLOAD_KEY answered its Blob id
+// ("sha256:<hex>") and Size.
+type Uploaded struct {
+	Name string `json:"name"`
+	Blob string `json:"blob"`
+	Size int64  `json:"size"`
+}
+
+// Output sizes. An attempt whose Limits.OutputBytes is above
+// InlineOutputBytes (a task that is not replicated, given to a worker
+// with FeatureUpload) uploads each output of UploadMinBytes or more over
+// HTTP with Welcome.UploadKey; the rest travel in the result frame. A
+// browser page holds its task's outputs in memory: its attempts' limits
+// are at most BrowserOutputBytes.
+const (
+	InlineOutputBytes  = 64 << 20
+	UploadMinBytes     = 1 << 20
+	BrowserOutputBytes = 256 << 20
+)
 
 // Failure reasons, reported in Fail.Reason.
 const (

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // BlobChunkBytes is the size of the chunks a blob is stored in (the last
@@ -65,6 +66,9 @@ type BlobUpload struct {
 	size  int64
 	buf   []byte
 	h     hash.Hash
+	// over is the error of a write that passes quota (a *QuotaError
+	// when nil).
+	over func(used, size int64) error
 }
 
 // BeginBlobUpload starts an upload for owner, who may keep quota bytes in
@@ -98,6 +102,9 @@ func (s *Store) BeginBlobUpload(ctx context.Context, ownerID, quota, expect int6
 // blob would pass the owner's quota.
 func (u *BlobUpload) Write(ctx context.Context, p []byte) error {
 	if u.used+u.size+int64(len(p)) > u.quota {
+		if u.over != nil {
+			return u.over(u.used, u.size+int64(len(p)))
+		}
 		return &QuotaError{Quota: u.quota, Used: u.used, Size: u.size + int64(len(p))}
 	}
 	u.h.Write(p)
@@ -144,7 +151,7 @@ func (u *BlobUpload) flush(ctx context.Context) error {
 	if len(u.buf) == 0 {
 		return nil
 	}
-	err := u.s.tx(ctx, func(tx pgx.Tx) error {
+	err := txOn(ctx, u.s.bulk, func(tx pgx.Tx) error {
 		// Not waiting for the WAL flush is safe: the blob becomes
 		// visible only with Commit's transaction, whose flush covers
 		// every chunk's WAL before it (a crash before it loses chunks
@@ -233,7 +240,7 @@ func (u *BlobUpload) Abort(ctx context.Context) {
 func (u *BlobUpload) dropChunks(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	_, _ = u.s.pool.Exec(ctx, `DELETE FROM blob_chunks WHERE blob_key = $1 AND NOT EXISTS (SELECT 1 FROM blobs WHERE key = $1)`, u.key)
+	_, _ = u.s.bulk.Exec(ctx, `DELETE FROM blob_chunks WHERE blob_key = $1 AND NOT EXISTS (SELECT 1 FROM blobs WHERE key = $1)`, u.key)
 }
 
 // OwnerBlob returns the owner's blob id, or ErrNotFound when the owner has
@@ -304,7 +311,8 @@ func (s *Store) RemoveBlob(ctx context.Context, ownerID int64, id string) error 
 	return nil
 }
 
-// CollectBlobGarbage removes blobs that no owner and no workflow holds,
+// CollectBlobGarbage removes blobs that no owner, workflow, task output or
+// running attempt's upload holds,
 // and the chunks of uploads that wrote nothing for StaleBlobUpload (their
 // client went away and the server that served it died before cleaning up).
 // It returns how many blobs and uploads it removed.
@@ -312,8 +320,16 @@ func (s *Store) CollectBlobGarbage(ctx context.Context) (int64, error) {
 	var n int64
 	err := s.tx(ctx, func(tx pgx.Tx) error {
 		n = 0
+		// Uploaded outputs of attempts that ended: those of successes
+		// are task_outputs rows by now.
+		if _, err := tx.Exec(ctx, `DELETE FROM output_uploads u WHERE NOT EXISTS
+			(SELECT 1 FROM attempts a WHERE a.id = u.attempt_id AND a.state = 'running')`); err != nil {
+			return err
+		}
 		rows, err := tx.Query(ctx, `DELETE FROM blobs b WHERE NOT EXISTS (SELECT 1 FROM owner_blobs ob WHERE ob.blob_id = b.id)
-			AND NOT EXISTS (SELECT 1 FROM workflow_blobs wb WHERE wb.blob_id = b.id) RETURNING key`)
+			AND NOT EXISTS (SELECT 1 FROM workflow_blobs wb WHERE wb.blob_id = b.id)
+			AND NOT EXISTS (SELECT 1 FROM output_uploads u WHERE u.blob_id = b.id)
+			AND NOT EXISTS (SELECT 1 FROM task_outputs o WHERE o.blob_id = b.id) RETURNING key`)
 		if err != nil {
 			return err
 		}
@@ -355,6 +371,7 @@ type BlobReader struct {
 	pos        int64
 	seq        int64    // the first chunk in chunks
 	chunks     [][]byte // readAhead chunks from seq, read in one query
+	bufs       [][]byte // the chunks' memory, reused by every load
 }
 
 // readAhead is how many chunks a BlobReader reads in one query: one round
@@ -364,18 +381,25 @@ const readAhead = 4
 // load reads the chunks from seq on.
 func (r *BlobReader) load(seq int64) error {
 	r.chunks = r.chunks[:0]
-	rows, err := r.s.pool.Query(r.ctx, `SELECT data FROM blob_chunks WHERE blob_key = $1 AND seq >= $2 AND seq < $3 ORDER BY seq`,
+	rows, err := r.s.bulk.Query(r.ctx, `SELECT data FROM blob_chunks WHERE blob_key = $1 AND seq >= $2 AND seq < $3 ORDER BY seq`,
 		r.key, seq, seq+readAhead)
 	if err != nil {
 		return fmt.Errorf("read data chunk %d: %w", seq, err)
 	}
+	// Copied from the connection's buffer into the reader's own, reused:
+	// a download allocates readAhead chunks once, not per load.
+	var b pgtype.DriverBytes
 	for rows.Next() {
-		var b []byte
 		if err := rows.Scan(&b); err != nil {
 			rows.Close()
 			return fmt.Errorf("read data chunk %d: %w", seq, err)
 		}
-		r.chunks = append(r.chunks, b)
+		i := len(r.chunks)
+		if i == len(r.bufs) {
+			r.bufs = append(r.bufs, nil)
+		}
+		r.bufs[i] = append(r.bufs[i][:0], b...)
+		r.chunks = append(r.chunks, r.bufs[i])
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read data chunk %d: %w", seq, err)

@@ -17,10 +17,13 @@ import (
 	"github.com/cyclepool/cyclepool/internal/workflow"
 )
 
-// Output is one named output of a finished attempt.
+// Output is one named output of a finished attempt: its bytes, or the
+// blob it was uploaded as (Blob, of Size bytes).
 type Output struct {
 	Name string
 	Data []byte
+	Blob string // "sha256:<hex>" of an output uploaded over HTTP (BeginOutputUpload)
+	Size int64  // the uploaded blob's size, as recorded at its upload
 }
 
 // Completion is how a worker says an attempt ended.
@@ -102,6 +105,9 @@ func (s *Store) CompleteFinished(ctx context.Context, cs []Completion) (accepted
 	}
 	if len(keep) == 0 {
 		return accepted, nil, nil
+	}
+	if err := s.resolveUploads(ctx, cs); err != nil {
+		return accepted, nil, err
 	}
 	batch := pick(cs, keep)
 	acc, finished, err := s.completeBatch(ctx, batch)
@@ -185,14 +191,14 @@ const Stdout = "stdout"
 // Most tasks write their results to files or to a short stdout; for those
 // with nothing on stdout, a row and its index entry per task cost about a
 // third of a completion's time in BenchmarkCandidatesClaimPicksComplete.
-func implied(o Output) bool { return o.Name == Stdout && len(o.Data) == 0 }
+func implied(o Output) bool { return o.Name == Stdout && len(o.Data) == 0 && o.Blob == "" }
 
 // appendStored appends the outputs os of one success that get a
 // task_outputs row (not the implied ones) to the arrays of a completion
 // statement, each with key (its attempt or task, as the statement wants).
 func appendStored(keys []int64, names []string, datas [][]byte, key int64, os []Output) ([]int64, []string, [][]byte) {
 	for _, o := range os {
-		if implied(o) {
+		if implied(o) || o.Blob != "" {
 			continue
 		}
 		if o.Data == nil {
@@ -240,7 +246,7 @@ const uncountedLogBytes = 4 << 10
 func outputBytes(os []Output) int64 {
 	var n int64
 	for _, o := range os {
-		n += int64(len(o.Data))
+		n += int64(len(o.Data)) + o.Size
 	}
 	return n
 }
@@ -251,7 +257,7 @@ func outputBytes(os []Output) int64 {
 // second fails, accepted and finished still report what the first
 // committed, beside the error.
 func (s *Store) completeBatch(ctx context.Context, cs []Completion) (accepted []bool, finished []string, err error) {
-	if len(cs) > fastBatch || !allOK(cs) {
+	if len(cs) > fastBatch || !allOK(cs) || slices.ContainsFunc(cs, func(c Completion) bool { return hasUploaded(&c) }) {
 		accepted, err = s.completeGeneral(ctx, cs)
 		return accepted, nil, err
 	}
@@ -508,6 +514,8 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	var outTask []int64
 	var outName []string
 	var outData [][]byte
+	var upTask []int64
+	var upName, upBlob []string
 	var ends []attemptEnd
 	var vres []replicaResult
 	invalid := map[string]int{} // workers whose results were refused
@@ -531,6 +539,7 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 		} else if cs[i].OK {
 			done = append(done, t)
 			outTask, outName, outData = appendStored(outTask, outName, outData, t, cs[i].Outputs)
+			upTask, upName, upBlob = appendUploaded(upTask, upName, upBlob, t, cs[i].Outputs)
 		} else {
 			ends = append(ends, attemptEnd{task: t, worker: cs[i].Worker, reason: cs[i].reason(), end: cs[i].End})
 		}
@@ -558,6 +567,9 @@ func (s *Store) completeOnce(ctx context.Context, cs []Completion, accepted []bo
 	if len(outTask) > 0 {
 		// Only for tasks still running: a cancelled task keeps no outputs.
 		b.Queue(insertOutputsSQL, outTask, outName, outData)
+	}
+	if len(upTask) > 0 {
+		b.Queue(insertUploadedSQL, upTask, upName, upBlob)
 	}
 	var marked int64 // tasks marked done
 	if len(done) > 0 {

@@ -160,7 +160,7 @@ func TestCompletionsCommittedBeforeAFailureStayAccepted(t *testing.T) {
 			if want := []bool{true, false}; !reflect.DeepEqual(acc, want) {
 				t.Errorf("accepted = %v, want %v", acc, want)
 			}
-			if out, err := f.s.Output(ctx, f.owner, plain, "a", "stdout"); err != nil || string(out) != "out of a" {
+			if out, err := outputBytesOf(f.s.Output(ctx, f.owner, plain, "a", "stdout")); err != nil || string(out) != "out of a" {
 				t.Errorf("a's output = %q, %v", out, err)
 			}
 			if st := f.states(t, plain); st["a"] != StateDone {
@@ -362,11 +362,11 @@ func TestEmptyStdoutIsImplied(t *testing.T) {
 			if len(outs["b"]) != 0 {
 				t.Errorf("status lists outputs %v of b, which is not done", outs["b"])
 			}
-			if data, err := f.s.Output(ctx, f.owner, id, "a", Stdout); err != nil || data == nil || len(data) != 0 {
+			if data, err := outputBytesOf(f.s.Output(ctx, f.owner, id, "a", Stdout)); err != nil || data == nil || len(data) != 0 {
 				t.Errorf("Output(a, stdout) = %q, %v; want empty", data, err)
 			}
 			for _, tcase := range []struct{ task, output string }{{"a", "nope"}, {"b", Stdout}, {"c", Stdout}} {
-				if _, err := f.s.Output(ctx, f.owner, id, tcase.task, tcase.output); !errors.Is(err, ErrNotFound) {
+				if _, err := outputBytesOf(f.s.Output(ctx, f.owner, id, tcase.task, tcase.output)); !errors.Is(err, ErrNotFound) {
 					t.Errorf("Output(%s, %s): %v, want ErrNotFound", tcase.task, tcase.output, err)
 				}
 			}

@@ -67,7 +67,7 @@ func TestCancelTask(t *testing.T) {
 	if _, err := f.s.CancelTask(ctx, f.owner, id, "d"); !errors.Is(err, ErrTaskFinished) {
 		t.Errorf("cancel a done task: %v, want ErrTaskFinished", err)
 	}
-	if out, err := f.s.Output(ctx, f.owner, id, "d", "stdout"); err != nil || string(out) != "D" {
+	if out, err := outputBytesOf(f.s.Output(ctx, f.owner, id, "d", "stdout")); err != nil || string(out) != "D" {
 		t.Errorf("d's output after a refused cancel: %q, %v", out, err)
 	}
 	if st := f.states(t, id); st[""] != "failed" {

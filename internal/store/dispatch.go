@@ -39,10 +39,14 @@ type Claimed struct {
 	hasInputs bool
 }
 
-// Input is one input file of a claimed task; Name "" is stdin.
+// Input is one input file of a claimed task; Name "" is stdin. An
+// upstream output uploaded over HTTP has no Data: Blob names it (of Size
+// bytes), and the worker downloads it.
 type Input struct {
 	Name string
 	Data []byte
+	Blob string
+	Size int64
 }
 
 // MaxAssignInputBytes bounds the inputs (files and stdin from upstream
@@ -71,13 +75,14 @@ func (s *Store) loadInputs(ctx context.Context, cs []Claimed) error {
 		return nil
 	}
 	rows, err := s.pool.Query(ctx, `SELECT x.task_id, x.name, x.output, x.upstream, x.state,
-			CASE WHEN x.total <= $2 THEN o.data END, x.total
+			CASE WHEN x.total <= $2 THEN o.data END, x.total, coalesce(o.blob_id, ''), coalesce(b.size, 0)
 		FROM (SELECT ti.task_id, ti.name, ti.output, ti.from_task, up.name AS upstream, up.state,
-				sum(coalesce(octet_length(o.data), 0)) OVER (PARTITION BY ti.task_id) AS total
+				sum(CASE WHEN o.blob_id IS NULL THEN coalesce(octet_length(o.data), 0) ELSE 0 END) OVER (PARTITION BY ti.task_id) AS total
 			FROM task_inputs ti JOIN tasks up ON up.id = ti.from_task
 			LEFT JOIN task_outputs o ON o.task_id = ti.from_task AND o.name = ti.output
 			WHERE ti.task_id = ANY($1)) x
 		LEFT JOIN task_outputs o ON o.task_id = x.from_task AND o.name = x.output
+		LEFT JOIN blobs b ON b.id = o.blob_id
 		ORDER BY x.task_id, x.name`, ids, MaxAssignInputBytes)
 	if err != nil {
 		return fmt.Errorf("load inputs: %w", err)
@@ -87,9 +92,24 @@ func (s *Store) loadInputs(ctx context.Context, cs []Claimed) error {
 		var id int64
 		var name, output, upstream, state string
 		var data []byte
-		var total int64
-		if err := rows.Scan(&id, &name, &output, &upstream, &state, &data, &total); err != nil {
+		var total, size int64
+		var blob string
+		if err := rows.Scan(&id, &name, &output, &upstream, &state, &data, &total, &blob, &size); err != nil {
 			return fmt.Errorf("load inputs: %w", err)
+		}
+		if blob != "" {
+			// Uploaded over HTTP: the worker downloads it, as a file of
+			// its setup.
+			c := byTask[id]
+			if name == "" {
+				if c.Missing == "" {
+					c.Missing = fmt.Sprintf("stdin: output %q of task %q is %d MiB, uploaded over HTTP: read it as a file (inputs or files) instead of stdin",
+						output, upstream, size>>20)
+				}
+				continue
+			}
+			c.Inputs = append(c.Inputs, Input{Name: name, Blob: blob, Size: size})
+			continue
 		}
 		if total > MaxAssignInputBytes {
 			if c := byTask[id]; c.Missing == "" {

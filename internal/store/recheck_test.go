@@ -84,7 +84,7 @@ func (f *verifyFixture) attemptStates(t *testing.T, wf, task string) map[int64]A
 
 func (f *verifyFixture) output(t *testing.T, wf, task string) string {
 	t.Helper()
-	out, err := f.s.Output(context.Background(), f.owner, wf, task, "stdout")
+	out, err := outputBytesOf(f.s.Output(context.Background(), f.owner, wf, task, "stdout"))
 	if err != nil {
 		t.Fatalf("output of %s: %v", task, err)
 	}

@@ -68,7 +68,7 @@ func TestReplicatedTaskNeedsQuorum(t *testing.T) {
 	if st := f.states(t, id); st["a"] != StateDone || st[""] != StateDone {
 		t.Fatalf("after a quorum: %v, want done", st)
 	}
-	out, err := f.s.Output(ctx, f.owner, id, "a", "stdout")
+	out, err := outputBytesOf(f.s.Output(ctx, f.owner, id, "a", "stdout"))
 	if err != nil || string(out) != "real" {
 		t.Fatalf("output = %q, %v; want the quorum's", out, err)
 	}

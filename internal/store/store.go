@@ -40,6 +40,7 @@ const (
 // Store is a handle on the database.
 type Store struct {
 	pool *pgxpool.Pool
+	bulk *pgxpool.Pool // moves blob chunks (bulkConns)
 	// InteractiveHeadStart is how far ahead of batch work an interactive
 	// task is queued; a batch task that waited longer overtakes it.
 	interactiveHeadStart time.Duration
@@ -92,12 +93,23 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("store: connect: %w", err)
 	}
 	s.pool = pool
+	// Chunks of data blobs move on connections of their own: a flood of
+	// transfers cannot take the connections the dispatcher needs, and the
+	// megabyte buffers pgx keeps on a connection that moved chunks stay on
+	// few connections, which close when idle.
+	bcfg := cfg.Copy()
+	bcfg.MaxConns, bcfg.MinConns, bcfg.MaxConnIdleTime, bcfg.AfterConnect = bulkConns, 0, 30*time.Second, nil
+	if s.bulk, err = pgxpool.NewWithConfig(ctx, bcfg); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("store: connect: %w", err)
+	}
 	s.stats = newStatsRefresher(statsRefreshGap, func(ctx context.Context, sql string) error {
 		_, err := pool.Exec(ctx, sql)
 		return err
 	})
 	if err := s.migrate(ctx); err != nil {
 		pool.Close()
+		s.bulk.Close()
 		return nil, err
 	}
 	return s, nil
@@ -167,7 +179,11 @@ func (s *Store) migrate(ctx context.Context) error {
 func (s *Store) Close() {
 	s.stats.stop()
 	s.pool.Close()
+	s.bulk.Close()
 }
+
+// bulkConns bounds the connections that move the chunks of data blobs.
+const bulkConns = 4
 
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
@@ -176,8 +192,13 @@ func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 // deadlock or a serialization failure, which batched writes from several
 // replicas can provoke.
 func (s *Store) tx(ctx context.Context, fn func(pgx.Tx) error) error {
+	return txOn(ctx, s.pool, fn)
+}
+
+// txOn is tx on pool.
+func txOn(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
 	for attempt := 0; ; attempt++ {
-		err := pgx.BeginFunc(ctx, s.pool, fn)
+		err := pgx.BeginFunc(ctx, pool, fn)
 		if err != nil && attempt < 5 && retryable(err) {
 			continue
 		}

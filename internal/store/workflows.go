@@ -676,7 +676,7 @@ const taskStatusSQL = `SELECT t.name, t.state, t.attempts, t.max_attempts,
 // (outs), sorted by name: its task_outputs rows, and the empty stdout a
 // done task has without a row (implied).
 const taskOutputsSQL = ` LEFT JOIN LATERAL (SELECT array_agg(x.name ORDER BY x.name) AS names, array_agg(x.size ORDER BY x.name) AS sizes
-		FROM (SELECT o.name, length(o.data) AS size FROM task_outputs o WHERE o.task_id = t.id
+		FROM (SELECT o.name, coalesce((SELECT b.size FROM blobs b WHERE b.id = o.blob_id), length(o.data)) AS size FROM task_outputs o WHERE o.task_id = t.id
 			UNION ALL SELECT '` + Stdout + `', 0 WHERE t.state = 'done'
 				AND NOT EXISTS (SELECT 1 FROM task_outputs o WHERE o.task_id = t.id AND o.name = '` + Stdout + `')) x) outs ON true`
 
@@ -915,24 +915,24 @@ func (s *Store) Attempts(ctx context.Context, ownerID int64, id, task string) ([
 	return as, nil
 }
 
-// Output returns one output of a task.
-func (s *Store) Output(ctx context.Context, ownerID int64, id, task, output string) ([]byte, error) {
+// Output returns one output of a task: its bytes, or the id of the blob
+// it was uploaded as (then data is empty; OpenBlob reads it).
+func (s *Store) Output(ctx context.Context, ownerID int64, id, task, output string) (data []byte, blob string, err error) {
 	if _, err := s.ownedWorkflow(ctx, nil, ownerID, id); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	// A done task without a stdout row has an empty stdout (implied).
-	var data []byte
-	err := s.pool.QueryRow(ctx, `SELECT coalesce(o.data, '') FROM tasks t
+	err = s.pool.QueryRow(ctx, `SELECT coalesce(o.data, ''), coalesce(o.blob_id, '') FROM tasks t
 		LEFT JOIN task_outputs o ON o.task_id = t.id AND o.name = $3
 		WHERE t.workflow_id = $1 AND t.name = $2 AND (o.task_id IS NOT NULL OR ($3 = '`+Stdout+`' AND t.state = 'done'))`,
-		id, task, output).Scan(&data)
+		id, task, output).Scan(&data, &blob)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, ErrNotFound
+		return nil, "", ErrNotFound
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read output: %w", err)
+		return nil, "", fmt.Errorf("read output: %w", err)
 	}
-	return data, nil
+	return data, blob, nil
 }
 
 // Log returns the log of a task's latest finished attempt.

@@ -401,7 +401,14 @@ func (s *Spec) buildTask(i int, tj *taskJSON) error {
 		return fail("limits.memory_mib", msg)
 	}
 	t.MemoryBytes = int64(n) << 20
-	if n, msg = intField(l.OutputMiB, DefaultOutputMiB, 1, MaxOutputMiB); msg != "" {
+	outDefault, outMax := DefaultOutputMiB, MaxOutputMiB
+	if s.Replicas > 1 || s.Quorum > 1 {
+		outDefault, outMax = MaxReplicatedOutputMiB, MaxReplicatedOutputMiB
+	}
+	if n, msg = intField(l.OutputMiB, outDefault, 1, outMax); msg != "" {
+		if outMax == MaxReplicatedOutputMiB {
+			msg += " (a replicated task's outputs travel in its result frame)"
+		}
 		return fail("limits.output_mib", msg)
 	}
 	t.OutputBytes = int64(n) << 20

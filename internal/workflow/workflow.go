@@ -16,27 +16,31 @@ import (
 
 // Limits of a workflow file.
 const (
-	MaxFileSize       = 8 << 20 // bytes of JSON
-	MaxTasks          = 100000
-	MaxNameLen        = 200 // characters of the workflow name
-	MaxTaskNameLen    = 128 // bytes of a task name
-	MaxInputNameLen   = 255 // bytes of an input file name
-	MaxOutputNameLen  = 1024
-	MaxModulePathLen  = 4096
-	MaxAttemptsLimit  = 100
-	MaxTimeout        = 24 * time.Hour
-	MaxMemoryMiB      = 4096
-	MaxOutputMiB      = 64 // a result travels in one frame of at most protocol.DefaultMaxFrameBytes
-	MaxLogKiB         = 8192
-	MinCheckpointTime = time.Second
-	MaxReplicas       = 16 // replicas of a task started at first (result verification)
-	MaxEnv            = 256
-	MaxEnvBytes       = 64 << 10 // names and values of one task together
-	MaxFiles          = 1000     // entries of one task's files
-	MaxDataBytes      = 1 << 20  // inline data of one task's files together
-	MaxPathLen        = 4096
-	MaxOutputPaths    = 100
-	MaxScratchMiB     = 64 << 10
+	MaxFileSize      = 8 << 20 // bytes of JSON
+	MaxTasks         = 100000
+	MaxNameLen       = 200 // characters of the workflow name
+	MaxTaskNameLen   = 128 // bytes of a task name
+	MaxInputNameLen  = 255 // bytes of an input file name
+	MaxOutputNameLen = 1024
+	MaxModulePathLen = 4096
+	MaxAttemptsLimit = 100
+	MaxTimeout       = 24 * time.Hour
+	MaxMemoryMiB     = 4096
+	MaxOutputMiB     = 64 << 10 // large outputs are uploaded over HTTP
+	// MaxReplicatedOutputMiB bounds the outputs of a replicated task:
+	// they travel in its result frame (compared by hash), of at most
+	// protocol.DefaultMaxFrameBytes.
+	MaxReplicatedOutputMiB = 64
+	MaxLogKiB              = 8192
+	MinCheckpointTime      = time.Second
+	MaxReplicas            = 16 // replicas of a task started at first (result verification)
+	MaxEnv                 = 256
+	MaxEnvBytes            = 64 << 10 // names and values of one task together
+	MaxFiles               = 1000     // entries of one task's files
+	MaxDataBytes           = 1 << 20  // inline data of one task's files together
+	MaxPathLen             = 4096
+	MaxOutputPaths         = 100
+	MaxScratchMiB          = 64 << 10
 )
 
 // Defaults applied to fields left out of a task.
@@ -44,7 +48,7 @@ const (
 	DefaultTimeout            = time.Hour
 	DefaultMaxAttempts        = 3
 	DefaultMemoryMiB          = 256
-	DefaultOutputMiB          = 64
+	DefaultOutputMiB          = 1024
 	DefaultLogKiB             = 1024
 	DefaultCheckpointInterval = 30 * time.Second
 	DefaultOutput             = "stdout"

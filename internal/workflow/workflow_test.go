@@ -65,7 +65,7 @@ func TestDefaults(t *testing.T) {
 	want := TaskSpec{
 		Name: "a", Module: "a.wasm", Args: []string{},
 		Timeout: time.Hour, MaxAttempts: 3,
-		MemoryBytes: 256 << 20, OutputBytes: 64 << 20, LogBytes: 1024 << 10,
+		MemoryBytes: 256 << 20, OutputBytes: 1024 << 20, LogBytes: 1024 << 10,
 		CheckpointInterval: 30 * time.Second, Cwd: "/", ScratchBytes: 1 << 30,
 	}
 	got.Args = []string{}
@@ -225,7 +225,8 @@ func TestRefusals(t *testing.T) {
 		{"attempts big", task(`, "max_attempts": 101`), "t", "max_attempts", "out of range (1 to 100)"},
 		{"memory big", task(`, "limits": {"memory_mib": 4097}`), "t", "limits.memory_mib", "out of range"},
 		{"memory zero", task(`, "limits": {"memory_mib": 0}`), "t", "limits.memory_mib", "out of range"},
-		{"output big", task(`, "limits": {"output_mib": 65}`), "t", "limits.output_mib", "out of range"},
+		{"output big", task(`, "limits": {"output_mib": 65537}`), "t", "limits.output_mib", "out of range"},
+		{"output big replicated", `{"name": "w", "replicas": 2, "tasks": [{"name": "t", "module": "m", "limits": {"output_mib": 65}}]}`, "t", "limits.output_mib", "travel in its result frame"},
 		{"log big", task(`, "limits": {"log_kib": 8193}`), "t", "limits.log_kib", "out of range"},
 		{"checkpoint small", task(`, "checkpoint_interval": "10ms"`), "t", "checkpoint_interval", "out of range"},
 		{"cycle", `{"name": "w", "tasks": [

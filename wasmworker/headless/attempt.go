@@ -55,6 +55,7 @@ type attempt struct {
 	touched    *touched
 	ownTouched touched
 	stdin      bytes.Reader
+	files      []wasmworker.OutputFile // outputs spilled to files (spill)
 }
 
 // touched records whether a task used /in and /out.
@@ -156,7 +157,14 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 	if a.e.slot != nil {
 		a.mem.onRefuse = a.e.slot.memoryRefused
 	}
-	a.stdout = &cappedWriter{limit: a.limits.OutputBytes, onFull: func() {
+	// Standard output is held in memory: at most what a result frame
+	// carries, whatever the output limit (larger outputs go to files).
+	stdoutMax := min(a.limits.OutputBytes, protocol.InlineOutputBytes)
+	a.stdout = &cappedWriter{limit: stdoutMax, onFull: func() {
+		if stdoutMax < a.limits.OutputBytes {
+			stop(&limitError{protocol.ReasonOutput, fmt.Sprintf("stdout limit of %d bytes exceeded: standard output is kept in memory; write larger outputs to files under /out", stdoutMax)})
+			return
+		}
 		stop(&limitError{protocol.ReasonOutput, fmt.Sprintf("output limit of %d bytes exceeded by stdout", a.limits.OutputBytes)})
 	}}
 	a.stderr = &cappedWriter{limit: a.limits.LogBytes, onFull: func() {
@@ -347,13 +355,14 @@ func (a *attempt) exitOutcome(ctx, parent context.Context, ee *sys.ExitError) *w
 		outputs, err = a.collectSetupOutputs(outputs)
 	}
 	if err != nil {
+		a.dropSpilled()
 		var le *limitError
 		if errors.As(err, &le) {
 			return a.fail(le.reason, "%s", le.msg)
 		}
 		return a.fail(protocol.ReasonWorker, "collecting outputs: %v", err)
 	}
-	return &wasmworker.Outcome{Outputs: outputs, Log: a.stderr.bytes()}
+	return &wasmworker.Outcome{Outputs: outputs, Files: a.files, Log: a.stderr.bytes()}
 }
 
 // lastLine returns the last non-empty line of a log, at most 200 bytes.

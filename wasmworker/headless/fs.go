@@ -15,6 +15,7 @@ import (
 	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/wasmworker"
 )
 
 // inputTime is the modification time of every file under /in, so that a
@@ -207,6 +208,12 @@ func (a *attempt) collectOutputs() ([]protocol.Blob, error) {
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].name < files[j].name })
 	for _, f := range files {
+		if a.job.Upload && f.size >= protocol.UploadMinBytes {
+			if err := a.spill(f.name, f.path); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		b, err := os.ReadFile(f.path)
 		if err != nil {
 			return nil, err
@@ -217,6 +224,41 @@ func (a *attempt) collectOutputs() ([]protocol.Blob, error) {
 		outputs = append(outputs, protocol.Blob{Name: f.name, Size: len(b), Data: b})
 	}
 	return outputs, nil
+}
+
+// spill moves the output file p out of the attempt's tree into a file of
+// its own in the engine's temporary directory, for the worker to upload
+// (wasmworker.Outcome.Files), instead of reading it into memory.
+func (a *attempt) spill(name, p string) error {
+	f, err := os.CreateTemp(a.e.tmpDir, "cyclepool-output-*")
+	if err != nil {
+		return err
+	}
+	spool := f.Name()
+	f.Close()
+	if err := os.Rename(p, spool); err != nil {
+		err = copyFile(p, spool)
+		if err != nil {
+			os.Remove(spool)
+			return err
+		}
+	}
+	info, err := os.Stat(spool)
+	if err != nil {
+		os.Remove(spool)
+		return err
+	}
+	a.files = append(a.files, wasmworker.OutputFile{Name: name, Path: spool, Size: info.Size()})
+	return nil
+}
+
+// dropSpilled removes the files spill made, for an attempt that failed
+// after all.
+func (a *attempt) dropSpilled() {
+	for _, f := range a.files {
+		os.Remove(f.Path)
+	}
+	a.files = nil
 }
 
 // noLinkFS is the /out file system: a directory the task may write, without

@@ -68,7 +68,31 @@ func (a *attempt) prepareSetup() error {
 			return err
 		}
 	}
-	files := append([]protocol.File(nil), su.Files...)
+	files := make([]protocol.File, 0, len(su.Files))
+	for _, f := range su.Files {
+		name, ok := strings.CutPrefix(f.Path, "/in/")
+		if !ok {
+			files = append(files, f)
+			continue
+		}
+		// An input uploaded over HTTP (by an upstream task): a file of
+		// /in, read-only there, linked from the cache.
+		if err := checkInputName(name); err != nil {
+			return err
+		}
+		if f.Blob == "" || f.Archive || f.Writable {
+			return &badInputError{fmt.Sprintf("file %s: only a read-only blob may be put under /in", f.Path)}
+		}
+		p := filepath.Join(inDir, name)
+		if err := os.Link(dataPath(a.e.dataDir, f.Blob), p); err != nil {
+			if err := copyFile(dataPath(a.e.dataDir, f.Blob), p); err != nil {
+				return err
+			}
+		}
+		if err := os.Chtimes(p, inputTime, inputTime); err != nil {
+			return err
+		}
+	}
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
 	for k, f := range files {
 		if f.Path != "/" {
@@ -261,6 +285,9 @@ func (a *attempt) collectSetupOutputs(outputs []protocol.Blob) ([]protocol.Blob,
 	for _, o := range outputs {
 		total += int64(o.Size)
 	}
+	for _, f := range a.files {
+		total += f.Size
+	}
 	for _, guest := range a.job.Assign.Setup.Outputs {
 		if msg := checkGuestPath(guest); msg != "" {
 			continue
@@ -281,14 +308,21 @@ func (a *attempt) collectSetupOutputs(outputs []protocol.Blob) ([]protocol.Blob,
 			if _, ro := a.setup.roFiles[strings.TrimPrefix(name, "/")]; ro {
 				return nil // a placeholder of a mounted blob
 			}
-			b, err := os.ReadFile(p)
+			info, err := d.Info()
 			if err != nil {
 				return err
 			}
-			total += int64(len(b))
+			total += info.Size()
 			if total > a.limits.OutputBytes {
 				return &limitError{protocol.ReasonOutput, fmt.Sprintf("output limit of %d bytes exceeded: stdout, /out and the outputs add up to more (at %s)",
 					a.limits.OutputBytes, name)}
+			}
+			if a.job.Upload && info.Size() >= protocol.UploadMinBytes {
+				return a.spill(name, p)
+			}
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
 			}
 			outputs = append(outputs, protocol.Blob{Name: name, Size: len(b), Data: b})
 			return nil

@@ -463,7 +463,7 @@ func (p *slotPool) attempt(ctx context.Context, c *slotProc, t *ticket, job *was
 			p.passTurn(c, t, max(m.Took, time.Nanosecond))
 			// Duration: the time the attempt ran, as the slot process
 			// measured it, without the wait behind others in its pipe.
-			return &wasmworker.Outcome{Outputs: m.Outputs, Log: log, Reason: m.Reason, Message: m.Message, Duration: m.Took}, againNo
+			return &wasmworker.Outcome{Outputs: m.Outputs, Files: m.Files, Log: log, Reason: m.Reason, Message: m.Message, Duration: m.Took}, againNo
 		default:
 			p.log.Error("slot process: unexpected reply", "kind", m.Kind)
 			c.kill()

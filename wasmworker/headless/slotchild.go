@@ -276,12 +276,13 @@ func (c *slotChild) run(ctx context.Context, e *engine, m *slotRequest) {
 	var l protocol.Limits
 	if m.Assign != nil {
 		l = m.Assign.Limits
+		job.Upload = l.Uploads()
 	}
 	limitAddressSpace(runRoom(l))
 	start := time.Now()
 	o := e.run(ctx, job)
 	unlimitAddressSpace()
-	c.send(&slotReply{Kind: repDone, Outputs: o.Outputs, Reason: o.Reason, Message: o.Message, Took: time.Since(start)})
+	c.send(&slotReply{Kind: repDone, Outputs: o.Outputs, Files: o.Files, Reason: o.Reason, Message: o.Message, Took: time.Since(start)})
 	c.tidy()
 }
 

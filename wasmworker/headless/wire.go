@@ -28,7 +28,7 @@ package headless
 //	child:  log{Data}*  progress{Fraction}*  memory{Message}?
 //	        checkpoint{Data} -> parent: checkpointed{Err}   (zero or more; the
 //	                                                        child waits for each)
-//	child:  done{Outputs, Reason, Message, Took}
+//	child:  done{Outputs, Files, Reason, Message, Took}
 //
 // log carries, in order, every byte of stderr the attempt keeps (so a child
 // that is killed loses no log); done therefore carries no log. The child
@@ -61,6 +61,7 @@ import (
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/wasmworker"
 )
 
 // slotEnv is the environment variable that makes a process a slot process.
@@ -69,7 +70,7 @@ const slotEnv = "CYCLEPOOL_SLOT_PROCESS"
 // wireVersion changes with any incompatible change of the messages below.
 // Parent and child are the same executable, so it only guards against a
 // binary replaced on disk while the worker runs.
-const wireVersion = 4
+const wireVersion = 5
 
 type requestKind uint8
 
@@ -140,6 +141,7 @@ type slotReply struct {
 
 	// done
 	Outputs []protocol.Blob
+	Files   []wasmworker.OutputFile // outputs left in files for the worker to upload
 	Reason  string
 	Took    time.Duration // how long the attempt ran in the child
 }

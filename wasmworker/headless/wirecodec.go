@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/wasmworker"
 )
 
 // The encoding of the messages between the worker and a slot process (see
@@ -367,6 +368,12 @@ func (m *slotReply) appendWire(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(m.Fraction))
 	b = appendString(b, m.Message)
 	b = appendBlobs(b, m.Outputs)
+	b = appendUint(b, uint64(len(m.Files)))
+	for _, f := range m.Files {
+		b = appendString(b, f.Name)
+		b = appendString(b, f.Path)
+		b = appendInt(b, f.Size)
+	}
 	b = appendString(b, m.Reason)
 	return appendInt(b, int64(m.Took))
 }
@@ -381,6 +388,12 @@ func (m *slotReply) decodeWire(d *wireBuf) error {
 	m.Fraction = d.float()
 	m.Message = d.string()
 	m.Outputs = d.blobs()
+	if n := d.count(3); n > 0 {
+		m.Files = make([]wasmworker.OutputFile, n)
+		for i := range m.Files {
+			m.Files[i] = wasmworker.OutputFile{Name: d.string(), Path: d.string(), Size: d.int()}
+		}
+	}
 	m.Reason = d.string()
 	m.Took = time.Duration(d.int())
 	return d.err

@@ -246,6 +246,7 @@ func (h *handler) proxyAPI(w http.ResponseWriter, r *http.Request) {
 type apiResult struct {
 	status int
 	body   []byte
+	header http.Header
 	err    apiError
 }
 
@@ -264,11 +265,19 @@ func (h *handler) callAPI(p *pageCtx, method, path string, body []byte) apiResul
 // callAPIStream is callAPI with a body read as the API handler reads it:
 // an upload streams through without being held here.
 func (h *handler) callAPIStream(p *pageCtx, method, path string, body io.Reader) apiResult {
+	return h.callAPIHeader(p, method, path, body, nil)
+}
+
+// callAPIHeader is callAPIStream with request headers (a Range, say).
+func (h *handler) callAPIHeader(p *pageCtx, method, path string, body io.Reader, hdr http.Header) apiResult {
 	req, _ := http.NewRequestWithContext(p.r.Context(), method, path, body)
 	req = req.WithContext(WithOwner(req.Context(), p.owner))
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
 	rec := &recorder{header: http.Header{}, status: http.StatusOK}
 	h.api.ServeHTTP(rec, req)
-	res := apiResult{status: rec.status, body: rec.buf.Bytes()}
+	res := apiResult{status: rec.status, body: rec.buf.Bytes(), header: rec.header}
 	if rec.status >= 400 {
 		if json.Unmarshal(res.body, &res.err) != nil || res.err.Error == "" {
 			res.err.Error = strings.TrimSpace(string(res.body))

@@ -828,6 +828,8 @@ func (h *handler) streamData(p *pageCtx) (msg, okMsg string, status int) {
 const (
 	previewLines = 100
 	previewBytes = 64 << 10
+	// maxPreviewImage bounds an image shown inline (it is read whole).
+	maxPreviewImage = 32 << 20
 )
 
 // imageTypes are the outputs shown inline as images, by extension (never
@@ -845,28 +847,41 @@ type PreviewData struct {
 
 // outputOf reads an output through the API, as the owner; the path's
 // output may be given without the leading / of an output named by path.
-func (h *handler) outputOf(p *pageCtx) (name string, res apiResult) {
+//
+// At most the first n bytes are read (an output uploaded over HTTP answers
+// the range; a small one comes whole); total is the output's size.
+func (h *handler) outputOf(p *pageCtx, n int) (name string, res apiResult, total int64) {
 	id, task, name := p.r.PathValue("id"), p.r.PathValue("task"), p.r.PathValue("output")
 	tb := "/api/v1/workflows/" + url.PathEscape(id) + "/tasks/" + url.PathEscape(task) + "/outputs/"
-	res = h.callAPI(p, http.MethodGet, tb+outputPath(name), nil)
+	hdr := http.Header{"Range": {fmt.Sprintf("bytes=0-%d", n-1)}}
+	res = h.callAPIHeader(p, http.MethodGet, tb+outputPath(name), nil, hdr)
 	if res.status == http.StatusNotFound {
-		if r2 := h.callAPI(p, http.MethodGet, tb+outputPath("/"+name), nil); r2.status < 400 {
-			return "/" + name, r2
+		if r2 := h.callAPIHeader(p, http.MethodGet, tb+outputPath("/"+name), nil, hdr); r2.status < 400 {
+			name, res = "/"+name, r2
 		}
 	}
-	return name, res
+	total = int64(len(res.body))
+	if res.status == http.StatusPartialContent {
+		// "bytes 0-N/TOTAL"
+		if _, t, ok := strings.Cut(res.header.Get("Content-Range"), "/"); ok {
+			if v, err := strconv.ParseInt(t, 10, 64); err == nil {
+				total = v
+			}
+		}
+	}
+	return name, res, total
 }
 
 // previewPage shows an output: an image inline, the first lines of text,
 // or its size; it links the download either way.
 func (h *handler) previewPage(p *pageCtx) {
 	id, task := p.r.PathValue("id"), p.r.PathValue("task")
-	name, res := h.outputOf(p)
+	name, res, total := h.outputOf(p, previewBytes)
 	if res.status >= 400 {
 		http.Error(p.w, res.err.Error, res.status)
 		return
 	}
-	d := PreviewData{Workflow: id, WorkflowURL: "/app/workflows/" + url.PathEscape(id), Task: task, Output: name, Size: size(int64(len(res.body))),
+	d := PreviewData{Workflow: id, WorkflowURL: "/app/workflows/" + url.PathEscape(id), Task: task, Output: name, Size: size(total),
 		DownloadURL: "/app/api/v1/workflows/" + url.PathEscape(id) + "/tasks/" + url.PathEscape(task) + "/outputs/" + outputPath(name)}
 	body := res.body
 	switch {
@@ -877,7 +892,7 @@ func (h *handler) previewPage(p *pageCtx) {
 	default:
 		text := string(trimRune(body[:min(len(body), previewBytes)]))
 		d.Lines = strings.Split(strings.TrimSuffix(text, "\n"), "\n")
-		d.More = len(body) > previewBytes
+		d.More = total > previewBytes
 		if len(d.Lines) > previewLines {
 			d.Lines, d.More = d.Lines[:previewLines], true
 		}
@@ -901,9 +916,13 @@ func trimRune(b []byte) []byte {
 // previewImage serves an image output with its image type, for the
 // preview page's img (the API serves every output as octet-stream).
 func (h *handler) previewImage(p *pageCtx) {
-	name, res := h.outputOf(p)
+	name, res, total := h.outputOf(p, maxPreviewImage)
 	if res.status >= 400 {
 		http.Error(p.w, res.err.Error, res.status)
+		return
+	}
+	if total > int64(len(res.body)) {
+		http.Error(p.w, fmt.Sprintf("the image is larger than %d MiB: download it to see it", maxPreviewImage>>20), http.StatusRequestEntityTooLarge)
 		return
 	}
 	ct := imageTypes[strings.ToLower(path.Ext(name))]

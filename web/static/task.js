@@ -167,6 +167,10 @@ function setupTree(su, inputs, inDir, outDir) {
   const place = (path, node) => { const i = path.lastIndexOf("/"); dirAt(path.slice(0, i)).entries.set(path.slice(i + 1), node); };
   const roTrees = [], files = [...su.files].sort((a, b) => byteCompare(a.path, b.path));
   files.forEach((f, k) => {
+    if (f.path.startsWith("/in/") && f.bytes !== undefined) { // an input uploaded over HTTP
+      inDir.entries.set(f.path.slice(4), newFile(f.bytes, false, EPOCH_NS));
+      return;
+    }
     if (f.archive) {
       const inside = files.slice(k + 1).some((g) => g.path.startsWith(f.path === "/" ? "/" : f.path + "/"));
       const writable = f.writable || f.path === "/" || inside;

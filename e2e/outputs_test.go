@@ -1,0 +1,143 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A headless task writes a 500 MiB output: the worker uploads it over
+// HTTP (the result frame only names it), it arrives intact (its hash
+// checked by the owner's download and by two downstream tasks, one
+// reading it under /in and one at a path of its own), and the server's
+// memory stays bounded throughout.
+func TestLargeOutputOverHTTP(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	startWorker(t, "worker", 2, p.srv.url)
+	fill, probe := push(t, p.client, "outfill"), push(t, p.client, "fsprobe")
+	const size = 500 << 20
+	h := sha256.New()
+	chunk := []byte(strings.Repeat("b", 64<<10))
+	for range size / len(chunk) {
+		h.Write(chunk)
+	}
+	want := fmt.Sprintf("%d %x", size, h.Sum(nil))
+	id := submit(t, p.client, workflow("big-output",
+		task{"name": "make", "module": fill, "args": []string{"bytes", strconv.Itoa(size)}},
+		task{"name": "in", "module": probe, "args": []string{"sha", "/in/big"},
+			"inputs": map[string]any{"big": map[string]any{"from": "make", "output": "big"}}},
+		task{"name": "path", "module": probe, "args": []string{"sha", "/data/big"},
+			"files": map[string]any{"/data/big": map[string]any{"from": "make", "output": "big"}}},
+	))
+	st := wait(t, p.client, id, 5*time.Minute)
+	if st.State != "done" {
+		for _, tk := range st.Tasks {
+			t.Logf("%s: %s %s", tk.Name, tk.State, tk.Error)
+		}
+		t.Fatalf("workflow ended %s", st.State)
+	}
+	for _, name := range []string{"in", "path"} {
+		if got := strings.TrimSpace(output(t, p.client, id, name, "stdout")); got != want {
+			t.Errorf("%s read %q, want %q", name, got, want)
+		}
+	}
+	r, err := p.client.Output(context.Background(), id, "make", "big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Reset()
+	n, err := io.Copy(h, r)
+	r.Close()
+	if got := fmt.Sprintf("%d %x", n, h.Sum(nil)); err != nil || got != want {
+		t.Errorf("downloaded %q (%v), want %q", got, err, want)
+	}
+	// The dashboard previews it from its first bytes, not the whole.
+	cookie, _ := dashSession(t, p.srv.url, p.srv.token)
+	resp, page := dashRequest(t, http.MethodGet, p.srv.url+"/app/workflows/"+id+"/tasks/make/preview/big", cookie, nil, nil)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(page, strings.Repeat("b", 1000)) || !strings.Contains(page, "500") {
+		t.Errorf("preview of the output: %d\n%.2000s", resp.StatusCode, page)
+	}
+	// It travelled over HTTP, not in a frame.
+	if up := metricFloat(t, p.srv.url, "cyclepool_output_upload_bytes_total"); up < size {
+		t.Errorf("the server stored %d bytes of uploaded outputs, want at least %d", int64(up), size)
+	}
+	peak, _ := peakRSS(t, p.srv.cmd.Process.Pid)
+	t.Logf("server peak resident memory %d MiB", peak>>20)
+	if peak > 200<<20 {
+		t.Errorf("the server's resident memory peaked at %d MiB, want under 200 MiB", peak>>20)
+	}
+}
+
+// metricFloat reads one unlabelled value from a server's /metrics.
+func metricFloat(t *testing.T, base, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s in /metrics", name)
+	return 0
+}
+
+// A browser task reads a 50 MB input from a blob and writes a 20 MiB
+// output, which the page uploads over HTTP; a second task on the page
+// reads that output back under /in.
+func TestBrowserLargeInputAndOutput(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t, "--lease", "10s")
+	probe := push(t, p.client, "fsprobe")
+	in := make([]byte, 50_000_000)
+	r := rand.New(rand.NewPCG(5, 6))
+	for i := range in {
+		in[i] = byte(r.Uint32())
+	}
+	blob := pushBytes(t, p.client, "in.bin", in)
+	const outSize = 20 << 20
+	sum := func(b []byte) string { return fmt.Sprintf("%d %x", len(b), sha256.Sum256(b)) }
+	wantIn, wantOut := sum(in), sum(bytes.Repeat([]byte("x"), outSize))
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, p.srv.url)
+	id := submit(t, p.client, workflow("browser-big",
+		task{"name": "big", "module": probe, "args": []string{"sha", "/data/in.bin", "fill", "/out/big", strconv.Itoa(outSize)},
+			"files": map[string]any{"/data/in.bin": map[string]any{"blob": blob}}},
+		task{"name": "check", "module": probe, "args": []string{"sha", "/in/big"},
+			"inputs": map[string]any{"big": map[string]any{"from": "big", "output": "big"}}},
+	))
+	st := wait(t, p.client, id, 3*time.Minute)
+	if st.State != "done" {
+		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
+	}
+	if got := strings.TrimSpace(output(t, p.client, id, "big", "stdout")); got != wantIn+"\nok" {
+		t.Errorf("the browser task printed %q, want %q", got, wantIn+"\nok")
+	}
+	if got := strings.TrimSpace(output(t, p.client, id, "check", "stdout")); got != wantOut {
+		t.Errorf("the downstream task read %q, want %q", got, wantOut)
+	}
+	if got := sum([]byte(output(t, p.client, id, "big", "big"))); got != wantOut {
+		t.Errorf("downloaded %q, want %q", got, wantOut)
+	}
+	if up := metricFloat(t, p.srv.url, "cyclepool_output_upload_bytes_total"); up < outSize {
+		t.Errorf("the server stored %d bytes of uploaded outputs, want at least %d: the page did not upload", int64(up), outSize)
+	}
+}

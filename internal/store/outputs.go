@@ -1,0 +1,204 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrNotHeld refuses an output upload for an attempt that is not running
+// on the worker that sends it (it ended, lost its lease or is another
+// worker's).
+var ErrNotHeld = errors.New("the attempt is not running on this worker")
+
+// ErrReplicated refuses an output upload for an attempt of a replicated
+// task: results are compared by hash, so their outputs travel in the
+// result frame.
+var ErrReplicated = errors.New("the outputs of a replicated task travel in its result frame, not over HTTP")
+
+// OutputLimitError refuses an output upload that would take the outputs
+// of its attempt past the task's limit.
+type OutputLimitError struct {
+	Limit int64 // the task's output_bytes
+	Used  int64 // bytes the attempt uploaded under other names
+	Size  int64 // bytes of this upload, or what arrived before it passed the limit
+}
+
+func (e *OutputLimitError) Error() string {
+	return fmt.Sprintf("output limit of %d bytes exceeded: the attempt uploaded %d bytes of other outputs and this one has %d",
+		e.Limit, e.Used, e.Size)
+}
+
+// OutputUpload streams one output of a running attempt into a blob
+// (docs/PROTOCOL.md, "Outputs over HTTP"). Nothing of it is visible until
+// Commit; Abort removes what it wrote.
+type OutputUpload struct {
+	*BlobUpload
+	attempt int64
+	name    string
+}
+
+// BeginOutputUpload starts the upload of output name of attempt, which
+// must be running on worker. It fails with ErrNotHeld, ErrReplicated, or
+// an *OutputLimitError when expect (the size if known, else -1) would
+// take the attempt's uploads past its task's output limit.
+func (s *Store) BeginOutputUpload(ctx context.Context, attempt int64, worker, name string, expect int64) (*OutputUpload, error) {
+	u := &OutputUpload{BlobUpload: &BlobUpload{s: s, h: sha256.New()}, attempt: attempt, name: name}
+	err := s.tx(ctx, func(tx pgx.Tx) error {
+		var replicas int
+		err := tx.QueryRow(ctx, `SELECT w.owner_id, t.output_bytes, t.max_replicas,
+				coalesce((SELECT sum(size) FROM output_uploads WHERE attempt_id = a.id AND name <> $3), 0)
+			FROM attempts a JOIN tasks t ON t.id = a.task_id JOIN workflows w ON w.id = t.workflow_id
+			WHERE a.id = $1 AND a.worker_id = $2::uuid AND a.state = 'running'`,
+			attempt, worker, name).Scan(&u.owner, &u.quota, &replicas, &u.used)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotHeld
+		}
+		if err != nil {
+			return err
+		}
+		if replicas > 1 {
+			return ErrReplicated
+		}
+		if u.used+max(expect, 0) > u.quota {
+			return &OutputLimitError{Limit: u.quota, Used: u.used, Size: expect}
+		}
+		return tx.QueryRow(ctx, `INSERT INTO blob_uploads (key, owner_id) VALUES (nextval('blob_keys'), $1) RETURNING key`, u.owner).Scan(&u.key)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("begin upload of output %q of attempt %d: %w", name, attempt, err)
+	}
+	u.over = func(used, size int64) error { return &OutputLimitError{Limit: u.quota, Used: used, Size: size} }
+	return u, nil
+}
+
+// Commit stores the output's blob and records it as output name of the
+// attempt (replacing an earlier upload under that name), after checking
+// again that the attempt is running on its worker and that its uploads
+// fit the task's limit. It returns the blob id.
+func (u *OutputUpload) Commit(ctx context.Context, worker string) (string, error) {
+	if err := u.flush(ctx); err != nil {
+		u.Abort(ctx)
+		return "", err
+	}
+	id := u.ID()
+	err := u.s.tx(ctx, func(tx pgx.Tx) error {
+		// The attempt's row orders concurrent uploads of one attempt.
+		var used, limit int64
+		err := tx.QueryRow(ctx, `SELECT t.output_bytes, coalesce((SELECT sum(size) FROM output_uploads WHERE attempt_id = a.id AND name <> $3), 0)
+			FROM attempts a JOIN tasks t ON t.id = a.task_id
+			WHERE a.id = $1 AND a.worker_id = $2::uuid AND a.state = 'running' FOR UPDATE OF a`,
+			u.attempt, worker, u.name).Scan(&limit, &used)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotHeld
+		}
+		if err != nil {
+			return err
+		}
+		if used+u.size > limit {
+			return &OutputLimitError{Limit: limit, Used: used, Size: u.size}
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO blobs (id, key, size, chunk_bytes, archive) VALUES ($1, $2, $3, $4, false)
+			ON CONFLICT (id) DO NOTHING`, id, u.key, u.size, BlobChunkBytes); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM blob_uploads WHERE key = $1`, u.key); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO output_uploads (attempt_id, name, blob_id, size) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (attempt_id, name) DO UPDATE SET blob_id = excluded.blob_id, size = excluded.size, created_at = now()`,
+			u.attempt, u.name, id, u.size)
+		return err
+	})
+	if err != nil {
+		u.Abort(ctx)
+		return "", fmt.Errorf("store output %q of attempt %d: %w", u.name, u.attempt, err)
+	}
+	u.dropChunks(ctx) // the bytes were stored already: this upload's chunks are garbage
+	return id, nil
+}
+
+// hasUploaded reports whether a completion names uploaded outputs.
+func hasUploaded(c *Completion) bool {
+	for _, o := range c.Outputs {
+		if o.Blob != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// resolveUploads checks the uploaded outputs that successes name against
+// what their attempts uploaded (output_uploads) and takes their sizes from
+// there: a result that names a blob its attempt did not upload under that
+// name (another owner's, say) is refused.
+func (s *Store) resolveUploads(ctx context.Context, cs []Completion) error {
+	var ids []int64
+	for i := range cs {
+		if cs[i].OK && hasUploaded(&cs[i]) {
+			ids = append(ids, cs[i].Attempt)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	type key struct {
+		attempt int64
+		name    string
+	}
+	type upload struct {
+		blob string
+		size int64
+	}
+	rows, err := s.pool.Query(ctx, `SELECT attempt_id, name, blob_id, size FROM output_uploads WHERE attempt_id = ANY($1)`, ids)
+	if err != nil {
+		return fmt.Errorf("read uploaded outputs: %w", err)
+	}
+	got := map[key]upload{}
+	var k key
+	var u upload
+	if _, err := pgx.ForEachRow(rows, []any{&k.attempt, &k.name, &u.blob, &u.size}, func() error {
+		got[k] = u
+		return nil
+	}); err != nil {
+		return fmt.Errorf("read uploaded outputs: %w", err)
+	}
+	for i := range cs {
+		c := &cs[i]
+		if !c.OK || !hasUploaded(c) {
+			continue
+		}
+		for j, o := range c.Outputs {
+			if o.Blob == "" {
+				continue
+			}
+			up, ok := got[key{c.Attempt, o.Name}]
+			if !ok || up.blob != o.Blob {
+				refuse(c, fmt.Sprintf("output %q names data %s that attempt %d did not upload under that name", o.Name, o.Blob, c.Attempt))
+				break
+			}
+			c.Outputs[j].Size = up.size
+		}
+	}
+	return nil
+}
+
+// appendUploaded appends the uploaded outputs of one success to the
+// arrays of insertUploadedSQL, with its task.
+func appendUploaded(tasks []int64, names, blobs []string, task int64, os []Output) ([]int64, []string, []string) {
+	for _, o := range os {
+		if o.Blob != "" {
+			tasks, names, blobs = append(tasks, task), append(names, o.Name), append(blobs, o.Blob)
+		}
+	}
+	return tasks, names, blobs
+}
+
+// insertUploadedSQL stores uploaded outputs ($1 task, $2 name, $3 blob)
+// of tasks still running, as insertOutputsSQL does inline ones.
+const insertUploadedSQL = `INSERT INTO task_outputs (task_id, name, data, blob_id)
+	SELECT u.task_id, u.name, '', u.blob FROM unnest($1::bigint[], $2::text[], $3::text[]) AS u(task_id, name, blob)
+	JOIN tasks t ON t.id = u.task_id WHERE t.state COLLATE "C" = 'running'`

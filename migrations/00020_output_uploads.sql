@@ -1,0 +1,25 @@
+-- +goose Up
+-- Outputs uploaded over HTTP (docs/PROTOCOL.md, "Outputs over HTTP"): a
+-- worker streams each large output of an attempt it holds into a blob
+-- before its result, which names them. output_uploads records which
+-- attempt uploaded which blob under which name, so that a result can name
+-- only what its own attempt uploaded (never another owner's blob); rows
+-- of attempts no longer running are collected with the blobs.
+CREATE TABLE output_uploads (
+    attempt_id  bigint NOT NULL,
+    name        text NOT NULL,
+    blob_id     text NOT NULL REFERENCES blobs,
+    size        bigint NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (attempt_id, name)
+);
+CREATE INDEX output_uploads_blob ON output_uploads (blob_id);
+
+-- An output stored as a blob: data is empty and blob_id names it.
+ALTER TABLE task_outputs ADD COLUMN blob_id text REFERENCES blobs;
+CREATE INDEX task_outputs_blob ON task_outputs (blob_id) WHERE blob_id IS NOT NULL;
+
+-- +goose Down
+DROP INDEX task_outputs_blob;
+ALTER TABLE task_outputs DROP COLUMN blob_id;
+DROP TABLE output_uploads;

@@ -1,0 +1,272 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/store"
+)
+
+// A worker uploads an output of an attempt it holds over HTTP, and its
+// result names the blob: the task is done with that output, streamed back
+// to the owner. Every other upload is refused with nothing stored: no key
+// or another worker's key, an attempt the worker does not hold, a name a
+// workflow could not name, a replicated task, past the task's output
+// limit (announced or streamed). A result naming a blob its attempt did
+// not upload (a lying worker that read an id somewhere) is refused, and
+// its task runs again.
+func TestOutputUploads(t *testing.T) {
+	ctx := context.Background()
+	st, dbURL, token := openStore(t)
+	owner, err := st.OwnerByToken(ctx, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod := "sha256:" + fmt.Sprintf("%064x", 1)
+	if _, _, err := st.PutModule(ctx, owner.ID, mod, []byte("\x00asm"), []string{}); err != nil {
+		t.Fatal(err)
+	}
+	worker, err := st.RegisterWorker(ctx, store.WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{st: st, owner: owner, module: mod, worker: worker}
+	db, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close(context.Background()) })
+	other, err := f.st.RegisterWorker(ctx, store.WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const limit = 8 << 20
+	task := func(name string) store.NewTask {
+		return store.NewTask{Name: name, Module: f.module, MaxAttempts: 3, TimeoutMS: 60000, MemoryPages: 16, OutputBytes: limit, LogBytes: 1 << 10}
+	}
+	if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, &store.NewWorkflow{Name: "up", Priority: "batch",
+		Tasks: []store.NewTask{task("a"), task("b")}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, &store.NewWorkflow{Name: "rep", Priority: "batch", Replicas: 2, Quorum: 2, MaxReplicas: 3,
+		Tasks: []store.NewTask{task("r")}}); err != nil {
+		t.Fatal(err)
+	}
+	cands, err := f.st.Candidates(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var picks []store.Pick
+	for _, c := range cands {
+		picks = append(picks, store.Pick{TaskID: c.TaskID, Worker: f.worker.ID})
+	}
+	claimed, err := f.st.ClaimPicks(ctx, picks, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	attempts := map[string]store.Claimed{}
+	for _, c := range claimed {
+		attempts[c.Name] = c
+	}
+	if len(attempts) != 3 {
+		t.Fatalf("claimed %+v, want a, b and r", claimed)
+	}
+	s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	key, err := s.uploadKey(ctx, f.worker.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherKey, err := s.uploadKey(ctx, other.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(t *testing.T, attempt int64, name, worker, k string, body io.Reader, size int64) (int, string) {
+		t.Helper()
+		path := fmt.Sprintf("/outputs/%d?name=%s&w=%s&k=%s", attempt, url.QueryEscape(name), url.QueryEscape(worker), url.QueryEscape(k))
+		if body == nil {
+			// Only the headers, announcing size bytes: the server answers
+			// before any arrive.
+			conn, err := net.Dial("tcp", strings.TrimPrefix(ts.URL, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			fmt.Fprintf(conn, "PUT %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", path, size)
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		req, err := http.NewRequest(http.MethodPut, ts.URL+path, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.ContentLength = size
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	counts := func() string {
+		t.Helper()
+		var blobs, chunks, uploads, outs int
+		if err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM blobs), (SELECT count(*) FROM blob_chunks),
+			(SELECT count(*) FROM blob_uploads), (SELECT count(*) FROM output_uploads)`).Scan(&blobs, &chunks, &uploads, &outs); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("blobs %d, chunks %d, uploads %d, output uploads %d", blobs, chunks, uploads, outs)
+	}
+	a, b, r := attempts["a"].Attempt, attempts["b"].Attempt, attempts["r"].Attempt
+	data := randomBytes(3<<20+17, 7)
+	for _, tc := range []struct {
+		name    string
+		attempt int64
+		output  string
+		worker  string
+		key     string
+		body    io.Reader
+		size    int64
+		status  int
+		says    string
+	}{
+		{"no key", a, "big", f.worker.ID, "", bytes.NewReader(data), int64(len(data)), http.StatusForbidden, "no upload key"},
+		{"another worker's key", a, "big", f.worker.ID, otherKey, bytes.NewReader(data), int64(len(data)), http.StatusForbidden, "no upload key"},
+		{"attempt not held", a, "big", other.ID, otherKey, bytes.NewReader(data), int64(len(data)), http.StatusConflict, "not running on this worker"},
+		{"bad name", a, "../x", f.worker.ID, key, bytes.NewReader(data), int64(len(data)), http.StatusBadRequest, "clean relative path"},
+		{"replicated", r, "big", f.worker.ID, key, bytes.NewReader(data), int64(len(data)), http.StatusConflict, "replicated"},
+		{"announced over the limit", a, "big", f.worker.ID, key, nil, limit + 1, http.StatusRequestEntityTooLarge, "output limit of 8388608 bytes"},
+		{"streamed over the limit", a, "big", f.worker.ID, key, io.LimitReader(newPCGReader(1), limit+1), -1, http.StatusRequestEntityTooLarge, "output limit of 8388608 bytes"},
+		{"cut short", a, "big", f.worker.ID, key, bytes.NewReader(data[:100]), int64(len(data)), 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.status == 0 {
+				// The client lies about its length: the transport refuses.
+				req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("%s/outputs/%d?name=big&w=%s&k=%s", ts.URL, tc.attempt, tc.worker, tc.key), tc.body)
+				req.ContentLength = tc.size
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					resp.Body.Close()
+					if resp.StatusCode == http.StatusOK {
+						t.Fatalf("a cut-off upload was stored")
+					}
+				}
+			} else if status, body := put(t, tc.attempt, tc.output, tc.worker, tc.key, tc.body, tc.size); status != tc.status || !strings.Contains(body, tc.says) {
+				t.Fatalf("answered %d %s, want %d saying %q", status, body, tc.status, tc.says)
+			}
+			// An upload cut off is cleaned up as the server notices.
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				got := counts()
+				if got == "blobs 0, chunks 0, uploads 0, output uploads 0" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("stored: %s, want nothing", got)
+				}
+			}
+		})
+	}
+
+	status, body := put(t, a, "big", f.worker.ID, key, bytes.NewReader(data), int64(len(data)))
+	if status != http.StatusOK {
+		t.Fatalf("upload answered %d %s", status, body)
+	}
+	var up protocol.Uploaded
+	if err := json.Unmarshal([]byte(body), &up); err != nil || up.Blob != blobID(data) || up.Size != int64(len(data)) {
+		t.Fatalf("upload answered %s (%v), want blob %s of %d bytes", body, err, blobID(data), len(data))
+	}
+
+	c := socketless(s, f.worker.ID, 3)
+	if !s.hub.started(c, []protocol.Assign{{Attempt: a, Module: f.module}, {Attempt: b, Module: f.module}}) {
+		t.Fatal("started refused")
+	}
+	result := func(attempt int64, uploaded ...protocol.Uploaded) {
+		t.Helper()
+		if err := s.handleFrame(ctx, c, &protocol.Frame{Type: protocol.TypeResult, Results: []protocol.Result{{Attempt: attempt,
+			Outputs: []protocol.Blob{{Name: "stdout", Data: []byte("small\n")}}, Uploaded: uploaded}}}); err != nil {
+			t.Fatal(err)
+		}
+		s.flushCompletions(ctx, <-s.completions.in)
+	}
+	result(a, protocol.Uploaded{Name: "big", Blob: up.Blob, Size: up.Size})
+	// b names the blob a uploaded: refused.
+	result(b, protocol.Uploaded{Name: "big", Blob: up.Blob, Size: up.Size})
+
+	wst, err := f.st.Status(ctx, f.owner.ID, attempts["a"].WorkflowID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]string{}
+	for _, ts := range wst.Tasks {
+		states[ts.Name] = ts.State
+		if ts.Name == "a" {
+			sizes := map[string]int{}
+			for _, o := range ts.Outputs {
+				sizes[o.Name] = o.Size
+			}
+			if sizes["big"] != len(data) || sizes["stdout"] != 6 {
+				t.Errorf("a's outputs %+v, want big of %d bytes and stdout of 6", ts.Outputs, len(data))
+			}
+		}
+	}
+	if states["a"] != "done" || states["b"] != "ready" {
+		t.Fatalf("states %v, want a done and b ready again (its result refused)", states)
+	}
+	as, err := f.st.Attempts(ctx, f.owner.ID, attempts["b"].WorkflowID, "b")
+	if err != nil || len(as) != 1 || !strings.Contains(as[0].Reason, "did not upload") {
+		t.Fatalf("b's attempts %+v (%v), want one refused for naming a blob it did not upload", as, err)
+	}
+
+	// The owner reads the output back, whole and by range.
+	get := func(rng string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, ts.URL+"/api/v1/workflows/"+attempts["a"].WorkflowID+"/tasks/a/outputs/big", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		if rng != "" {
+			req.Header.Set("Range", rng)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		got, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, got
+	}
+	if code, got := get(""); code != http.StatusOK || !bytes.Equal(got, data) {
+		t.Errorf("output read back: %d, %d bytes, equal %v", code, len(got), bytes.Equal(got, data))
+	}
+	if code, got := get("bytes=1048570-1048579"); code != http.StatusPartialContent || !bytes.Equal(got, data[1048570:1048580]) {
+		t.Errorf("range of the output: %d %q", code, got)
+	}
+
+	// Once the attempts are over, garbage collection keeps the output's
+	// blob (a task output) and drops the upload records.
+	if _, err := f.st.CollectBlobGarbage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := counts(); !strings.HasPrefix(got, "blobs 1,") || !strings.HasSuffix(got, "output uploads 0") {
+		t.Errorf("after garbage collection: %s, want the output's blob kept and no upload records", got)
+	}
+}
