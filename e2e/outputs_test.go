@@ -1,3 +1,5 @@
+//go:build unix
+
 package e2e
 
 import (
@@ -13,6 +15,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cyclepool/cyclepool/internal/taskbuild"
+	"github.com/cyclepool/cyclepool/internal/wasiref"
 )
 
 // A headless task writes a 500 MiB output: the worker uploads it over
@@ -139,5 +144,45 @@ func TestBrowserLargeInputAndOutput(t *testing.T) {
 	}
 	if up := metricFloat(t, p.srv.url, "cyclepool_output_upload_bytes_total"); up < outSize {
 		t.Errorf("the server stored %d bytes of uploaded outputs, want at least %d: the page did not upload", int64(up), outSize)
+	}
+}
+
+// Every file-system call of WASI preview 1 answers in the browser's shim
+// as in plain wazero (tasks/wasiconf), in /out and in the tree of a task
+// with a setup, apart from the documented deviations (wasiref.Deviations);
+// the headless runner is held to the same in TestWASIConformance.
+func TestBrowserWASIConformance(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t, "--lease", "10s")
+	conf := push(t, p.client, "wasiconf")
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, p.srv.url)
+	id := submit(t, p.client, workflow("conformance",
+		task{"name": "out", "module": conf, "args": []string{"/out"}},
+		task{"name": "root", "module": conf, "args": []string{"/"}, "env": map[string]any{"X": "1"}},
+	))
+	if st := wait(t, p.client, id, 2*time.Minute); st.State != "done" {
+		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
+	}
+	for name, guest := range map[string]string{"out": "/out", "root": "/"} {
+		want, err := wasiref.Run(context.Background(), taskbuild.Bytes(t, "wasiconf"), t.TempDir(), guest, guest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = wasiref.Deviations(want)
+		got := output(t, p.client, id, name, "stdout")
+		wl, gl := strings.Split(want, "\n"), strings.Split(got, "\n")
+		for i := range max(len(wl), len(gl)) {
+			var x, y string
+			if i < len(wl) {
+				x = wl[i]
+			}
+			if i < len(gl) {
+				y = gl[i]
+			}
+			if x != y {
+				t.Errorf("%s, line %d:\nplain wazero: %q\nbrowser:      %q", name, i+1, x, y)
+			}
+		}
 	}
 }

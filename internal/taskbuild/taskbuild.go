@@ -74,7 +74,9 @@ func Build(t testing.TB, name string) string {
 	}
 	if _, err := os.Stat(filepath.Join(root, "tasks", name, "main.rs")); err == nil {
 		// A task in Rust: the cyclepool crate first, then the task.
-		rlib := tmp.Name() + ".rlib" // of this build alone: test binaries build at once
+		// Of this build alone (test binaries build at once); rustc takes
+		// only a library named lib*.rlib.
+		rlib := filepath.Join(dir, "lib"+filepath.Base(tmp.Name())+".rlib")
 		defer os.Remove(rlib)
 		crate := exec.Command(Rustc, RustCrateFlags(rlib, filepath.Join("tasks", "rust", "cyclepool", "src", "lib.rs"))...)
 		crate.Dir = root

@@ -244,11 +244,11 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 func moduleConfig(dir string, t *touched, out func() *outCount, stdin io.Reader, stdout, stderr io.Writer,
 	walltime sys.Walltime, nanotime sys.Nanotime, nanosleep sys.Nanosleep, rand io.Reader) wazero.ModuleConfig {
 	fsc := wazero.NewFSConfig().(experimentalsysfs.FSConfig).
-		WithSysFSMount(touchFS{&roTreeFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(dir, "in"))}}, &t.in}, "/in").(experimentalsysfs.FSConfig).
+		WithSysFSMount(sortedFS{touchFS{&roTreeFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(dir, "in"))}}, &t.in}}, "/in").(experimentalsysfs.FSConfig).
 		// A pointer: wazero compares the file systems of a rename's two
 		// directories, and countFS (a func inside) is not comparable, so
 		// a rename under /out trapped.
-		WithSysFSMount(&noLinkFS{touchFS{countFS{experimentalsysfs.DirFS(filepath.Join(dir, "out")), out}, &t.out}}, "/out")
+		WithSysFSMount(sortedFS{&downLinkFS{touchFS{countFS{experimentalsysfs.DirFS(filepath.Join(dir, "out")), out}, &t.out}}}, "/out")
 	return wazero.NewModuleConfig().
 		WithName("").
 		WithStartFunctions(). // _start is called by run, to tell instantiation from running

@@ -261,9 +261,9 @@ func (a *attempt) dropSpilled() {
 	a.files = nil
 }
 
-// noLinkFS is the /out file system: a directory the task may write, without
-// symbolic links, which could point outside it.
-type noLinkFS struct{ experimentalsys.FS }
+// downLinkFS is a tree the task may write (/out, a setup's root) whose
+// symbolic links lead only down from where they are (Symlink).
+type downLinkFS struct{ experimentalsys.FS }
 
 // touchFS is a file system that records whether the task used it at all:
 // every access to /in or /out by a task goes through one of these methods
@@ -337,9 +337,31 @@ func (f touchFS) Utimens(path string, atim, mtim int64) experimentalsys.Errno {
 	return f.FS.Utimens(path, atim, mtim)
 }
 
-// Symlink implements experimentalsys.FS by refusing.
-func (noLinkFS) Symlink(oldPath, linkName string) experimentalsys.Errno {
-	return experimentalsys.EPERM
+// Symlink implements experimentalsys.FS: a link whose target is relative
+// and has no ".." component, so that it leads only down from where it is.
+// The host resolves links, and no chain of such links can lead outside the
+// tree (each one takes a path at least as deep as the link itself). Any
+// other target is refused with EPERM, on every runner: plain wazero makes
+// the link, and the host then follows it out of the sandbox.
+func (f downLinkFS) Symlink(oldPath, linkName string) experimentalsys.Errno {
+	if !safeLinkTarget(oldPath) {
+		return experimentalsys.EPERM
+	}
+	return f.FS.Symlink(oldPath, linkName)
+}
+
+// safeLinkTarget reports whether a task may make a symbolic link to
+// target (downLinkFS.Symlink).
+func safeLinkTarget(target string) bool {
+	if target == "" || strings.HasPrefix(target, "/") || strings.ContainsAny(target, "\\\x00") {
+		return false
+	}
+	for _, c := range strings.Split(target, "/") {
+		if c == ".." {
+			return false
+		}
+	}
+	return true
 }
 
 // MaxOutEntries bounds the files and directories a task may make under
@@ -523,6 +545,15 @@ func (f countFS) Mkdir(path string, perm fs.FileMode) experimentalsys.Errno {
 	return f.FS.Mkdir(path, perm)
 }
 
+// Symlink implements experimentalsys.FS: a link is an entry.
+func (f countFS) Symlink(oldPath, linkName string) experimentalsys.Errno {
+	f.cur().create(linkName, func() bool {
+		_, errno := f.FS.Lstat(linkName)
+		return errno == 0
+	})
+	return f.FS.Symlink(oldPath, linkName)
+}
+
 // Link implements experimentalsys.FS: a second name of a file is a second
 // output of its size.
 func (f countFS) Link(oldPath, newPath string) experimentalsys.Errno {
@@ -589,4 +620,63 @@ func (f *countFile) Poll(flag experimentalsys.Pflag, timeoutMillis int32) (bool,
 		return pf.Poll(flag, timeoutMillis)
 	}
 	return false, experimentalsys.ENOSYS
+}
+
+// sortedFS lists directories in name order (bytewise), whatever the host
+// file system's order, so that a task lists the same tree the same way on
+// every runner and every host (docs/DATA.md, "Conformance").
+type sortedFS struct{ experimentalsys.FS }
+
+// OpenFile implements experimentalsys.FS.
+func (f sortedFS) OpenFile(path string, flag experimentalsys.Oflag, perm fs.FileMode) (experimentalsys.File, experimentalsys.Errno) {
+	file, errno := f.FS.OpenFile(path, flag, perm)
+	if errno != 0 {
+		return nil, errno
+	}
+	if dir, errno := file.IsDir(); errno == 0 && dir {
+		return &sortedDir{File: file}, 0
+	}
+	return file, 0
+}
+
+// sortedDir is a directory whose entries are read whole and sorted on the
+// first Readdir, and again after a rewind. It does not wrap Seek: it reads
+// the host's directory to its end, so the host's directory answering
+// anything more means the directory was rewound (wazero rewinds with Seek
+// for a cookie of 0).
+type sortedDir struct {
+	experimentalsys.File
+	ents []experimentalsys.Dirent
+	read bool
+	pos  int
+}
+
+// Readdir implements experimentalsys.File.
+func (d *sortedDir) Readdir(n int) ([]experimentalsys.Dirent, experimentalsys.Errno) {
+	var first []experimentalsys.Dirent
+	if d.read {
+		probe, errno := d.File.Readdir(1)
+		if errno != 0 {
+			return nil, errno
+		}
+		if len(probe) > 0 {
+			d.read, first = false, probe // rewound
+		}
+	}
+	if !d.read {
+		rest, errno := d.File.Readdir(-1)
+		if errno != 0 {
+			return nil, errno
+		}
+		all := append(first, rest...)
+		sort.Slice(all, func(i, j int) bool { return all[i].Name < all[j].Name })
+		d.ents, d.read, d.pos = all, true, 0
+	}
+	end := len(d.ents)
+	if n > 0 {
+		end = min(d.pos+n, end)
+	}
+	out := d.ents[d.pos:end]
+	d.pos = end
+	return out, 0
 }

@@ -240,17 +240,17 @@ func copyTree(from, to string) error {
 // /in and /out.
 func (s *setupFS) fsConfig(dir string, t *touched, out func() *outCount) wazero.FSConfig {
 	fsc := wazero.NewFSConfig().(experimentalsysfs.FSConfig).
-		WithSysFSMount(&rootFS{noLinkFS{countFS{experimentalsysfs.DirFS(s.root), func() *outCount { return &s.scratch }}}, s}, "/").(experimentalsysfs.FSConfig)
+		WithSysFSMount(sortedFS{&rootFS{downLinkFS{countFS{experimentalsysfs.DirFS(s.root), func() *outCount { return &s.scratch }}}, s}}, "/").(experimentalsysfs.FSConfig)
 	trees := make([]string, 0, len(s.roTrees))
 	for g := range s.roTrees {
 		trees = append(trees, g)
 	}
 	sort.Strings(trees)
 	for _, g := range trees {
-		fsc = fsc.WithSysFSMount(&roTreeFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(s.roTrees[g])}}, g).(experimentalsysfs.FSConfig)
+		fsc = fsc.WithSysFSMount(sortedFS{&roTreeFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(s.roTrees[g])}}}, g).(experimentalsysfs.FSConfig)
 	}
-	return fsc.WithSysFSMount(touchFS{&roTreeFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(dir, "in"))}}, &t.in}, "/in").(experimentalsysfs.FSConfig).
-		WithSysFSMount(&noLinkFS{touchFS{countFS{experimentalsysfs.DirFS(filepath.Join(dir, "out")), out}, &t.out}}, "/out")
+	return fsc.WithSysFSMount(sortedFS{touchFS{&roTreeFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(dir, "in"))}}, &t.in}}, "/in").(experimentalsysfs.FSConfig).
+		WithSysFSMount(sortedFS{&downLinkFS{touchFS{countFS{experimentalsysfs.DirFS(filepath.Join(dir, "out")), out}, &t.out}}}, "/out")
 }
 
 // setupModuleConfig is moduleConfig for a task with a setup: its file

@@ -25,14 +25,23 @@
 // without a message per attempt.
 "use strict";
 
-const E = { SUCCESS: 0, ACCES: 2, BADF: 8, EXIST: 20, FAULT: 21, INVAL: 28, IO: 29, ISDIR: 31, NOENT: 44, NOSYS: 52,
+const E = { SUCCESS: 0, ACCES: 2, BADF: 8, EXIST: 20, FAULT: 21, INVAL: 28, IO: 29, ISDIR: 31, LOOP: 32, NOENT: 44, NOSYS: 52,
   NAMETOOLONG: 37, NOTDIR: 54, NOTEMPTY: 55, NOTSUP: 58, PERM: 63, ROFS: 69, SPIPE: 70, NOTCAPABLE: 76 };
-const FT = { CHAR: 2, DIR: 3, FILE: 4 };
+// wazero reports the standard streams of a task as block devices (they
+// are not terminals): so does the shim.
+const FT = { BLOCK: 1, CHAR: 2, DIR: 3, FILE: 4, LINK: 7 };
 const STEP = 1000000n;                       // every clock read advances the clock by 1 ms
 const EPOCH_NS = 1700000000n * 1000000000n;  // the wall clock starts at 1 700 000 000 s
 const I64 = (v) => BigInt.asIntN(64, v);
 const U64 = (v) => BigInt.asUintN(64, v);
+const RIGHT_FD_READ = 1n << 1n;
 const RIGHT_FD_WRITE = 1n << 6n;
+const LOOKUP_FOLLOW = 1;
+// newLink is a symbolic link; safeTarget says whether a task may make one
+// to target: relative, without "..", so that it leads only down from
+// where it is (as the headless runner allows; docs/DATA.md).
+function newLink(target, mtime) { return { dir: false, link: true, target, size: enc.encode(target).length, writable: true, mtime }; }
+function safeTarget(t) { return t !== "" && !t.startsWith("/") && !t.includes("\\") && !t.includes("\0") && !t.split("/").includes(".."); }
 const enc = new TextEncoder(), dec = new TextDecoder();
 
 class ExitSignal { constructor(code) { this.code = code; } }
@@ -349,36 +358,60 @@ function runAttempt(p) {
   };
 
   // resolve walks path from the directory of fd: {parent, name, node} or an errno.
-  const resolve = (fd, path) => {
+  // resolve finds path under the directory of fd, following symbolic links
+  // on the way (and at the end when follow), and returns the parent, the
+  // last name and the node (undefined when absent), or an errno. ".."
+  // never leaves the directory of fd; absolute paths are refused (EPERM,
+  // as wazero); more than 40 links on the way is a loop (ELOOP).
+  const resolve = (fd, path, follow) => {
     const d = fds[fd];
     if (!d || d.kind !== "node") return E.BADF;
     if (!d.node.dir) return E.NOTDIR;
-    const parts = path.split("/").filter((s) => s !== "" && s !== ".");
-    if (path.startsWith("/")) return E.NOTCAPABLE;
-    const stack = [d.node];
-    for (let i = 0; i < parts.length - 1; i++) {
-      const s = parts[i];
-      if (s === "..") { if (stack.length === 1) return E.NOTCAPABLE; stack.pop(); continue; }
-      const n = stack[stack.length - 1].entries.get(s);
+    if (path === "") return E.INVAL;
+    if (path.startsWith("/")) return E.PERM;
+    const parts = path.split("/"), stack = [d.node];
+    let hops = 0;
+    for (let i = 0; ; ) {
+      const last = i === parts.length - 1, s = parts[i], top = stack[stack.length - 1];
+      if (s === "" || s === "." || s === "..") {
+        if (s === "..") { if (stack.length === 1) return E.PERM; stack.pop(); }
+        if (last) { const t = stack[stack.length - 1]; return { parent: t, name: ".", node: t, root: d.node, stack }; }
+        i++; continue;
+      }
+      const n = top.entries.get(s);
+      if (n && n.link && (!last || follow)) {
+        if (++hops > 40) return E.LOOP;
+        parts.splice(i, 1, ...n.target.split("/"));
+        continue;
+      }
+      if (last) return { parent: top, name: s, node: n, root: d.node, stack };
       if (!n) return E.NOENT;
       if (!n.dir) return E.NOTDIR;
-      stack.push(n);
+      stack.push(n); i++;
     }
-    let name = parts.length ? parts[parts.length - 1] : ".";
-    let parent = stack[stack.length - 1];
-    if (name === "..") { if (stack.length === 1) return E.NOTCAPABLE; stack.pop(); parent = stack[stack.length - 1]; name = "."; }
-    const node = name === "." ? parent : parent.entries.get(name);
-    return { parent, name, node, root: d.node };
+  };
+  // ino numbers nodes in the order the task first sees them.
+  const inos = new WeakMap();
+  let nextIno = 1n;
+  const ino = (n) => { let i = inos.get(n); if (i === undefined) { i = nextIno++; inos.set(n, i); } return i; };
+  const nlink = (n) => {
+    if (!n.dir) return BigInt(n.nlink || 1);
+    let k = 2n;
+    for (const c of n.entries.values()) if (c.dir) k++;
+    return k;
   };
   const writeFilestat = (buf, n, kind) => {
     view(); const b = buf >>> 0;
     if (b + 64 > u8.length) throw new OutOfRange();
     u8.fill(0, b, b + 64);
-    if (!n) { dv.setUint8(b + 16, FT.CHAR); dv.setBigUint64(b + 24, 1n, true); return; }
-    dv.setUint8(b + 16, n.dir ? FT.DIR : FT.FILE);
-    dv.setBigUint64(b + 24, 1n, true);
+    if (!n) { dv.setUint8(b + 16, FT.BLOCK); dv.setBigUint64(b + 24, 1n, true); return; }
+    dv.setBigUint64(b + 8, ino(n), true);
+    dv.setUint8(b + 16, n.dir ? FT.DIR : n.link ? FT.LINK : FT.FILE);
+    dv.setBigUint64(b + 24, nlink(n), true);
     dv.setBigUint64(b + 32, BigInt(n.dir ? 0 : n.size), true);
-    for (const o of [40, 48, 56]) dv.setBigUint64(b + o, n.mtime, true);
+    dv.setBigUint64(b + 40, n.atime ?? n.mtime, true);
+    dv.setBigUint64(b + 48, n.mtime, true);
+    dv.setBigUint64(b + 56, n.mtime, true);
   };
   // times applies fd_filestat_set_times' flags; a *_NOW flag reads the wall
   // clock once, which advances the deterministic clock (as in wazero).
@@ -388,6 +421,8 @@ function runAttempt(p) {
     let now = null;
     if (fl & (ATIM_NOW | MTIM_NOW)) now = tickReal();
     if (!n.writable) return E.ROFS;
+    if (fl & ~15) return E.INVAL;
+    if (fl & ATIM) n.atime = U64(atim); else if (fl & ATIM_NOW) n.atime = now;
     if (fl & MTIM) n.mtime = U64(mtim); else if (fl & MTIM_NOW) n.mtime = now;
     return E.SUCCESS;
   };
@@ -570,7 +605,7 @@ function runAttempt(p) {
     fd_close(fd) { if (!fds[fd]) return E.BADF; fds[fd] = undefined; return 0; },
     fd_sync(fd) { return fds[fd] ? 0 : E.BADF; },
     fd_datasync(fd) { return fds[fd] ? 0 : E.BADF; },
-    fd_advise(fd) { return fds[fd] ? 0 : E.BADF; },
+    fd_advise(fd, _off, _len, advice) { return !fds[fd] ? E.BADF : advice > 5 ? E.INVAL : 0; },
     fd_allocate(fd, offset, len) {
       const d = fds[fd];
       if (!d) return E.BADF;
@@ -583,7 +618,7 @@ function runAttempt(p) {
       if (!d) return E.BADF;
       view(); const b = buf >>> 0;
       u8.fill(0, b, b + 24);
-      dv.setUint8(b, d.kind === "node" ? (d.node.dir ? FT.DIR : FT.FILE) : FT.CHAR);
+      dv.setUint8(b, d.kind === "node" ? (d.node.dir ? FT.DIR : FT.FILE) : FT.BLOCK);
       dv.setUint16(b + 2, d.flags, true);
       dv.setBigUint64(b + 8, 0xFFFFFFFFn, true);
       dv.setBigUint64(b + 16, 0xFFFFFFFFn, true);
@@ -627,24 +662,46 @@ function runAttempt(p) {
       bytesAt(ptr, name.length).set(name);
       return 0;
     },
+    // fd_readdir lists in name order, and takes the cookies wazero takes:
+    // 0 (reading the directory again), or one within the entries it
+    // returned last (its window); any other is ENOENT.
     fd_readdir(fd, buf, bufLen, cookie, bufused) {
       const d = fds[fd];
       if (!d) return E.BADF;
-      if (d.kind !== "node" || !d.node.dir) return E.NOTDIR;
-      const names = [".", "..", ...[...d.node.entries.keys()].sort(byteCompare)];
+      if (d.kind !== "node" || !d.node.dir) return E.BADF;
+      const n = Math.floor((bufLen >>> 0) / 24) + 2, pos = cookie;
+      const take = (c, k) => {
+        if (k <= 0 || c.eof) return;
+        const got = c.names.slice(c.cursor, c.cursor + k);
+        c.cursor += got.length; c.eof = got.length < k;
+        c.cache.push(...got); c.countRead += BigInt(got.length);
+      };
+      let c = d.dc;
+      if (c && pos === 0n) c = null;
+      if (!c) {
+        if (pos !== 0n) return E.NOENT;
+        const names = [...d.node.entries.keys()].sort(byteCompare).map((k) => [k, d.node.entries.get(k)]);
+        c = d.dc = { names, cursor: 0, countRead: 2n, cache: [[".", d.node], ["..", d.node]], eof: false };
+        take(c, n - 2);
+      } else {
+        if (pos > c.countRead) return E.NOENT;
+        const start = c.countRead - BigInt(c.cache.length);
+        if (pos < start) return E.NOENT;
+        c.cache = c.cache.slice(Number(pos - start));
+        take(c, n - c.cache.length);
+      }
       const out = bytesAt(buf, bufLen);
       const hdr = new Uint8Array(24), hv = new DataView(hdr.buffer);
       let w = 0;
-      for (let i = Number(cookie); i < names.length && w < out.length; i++) {
-        const name = enc.encode(names[i]);
-        const n = i < 2 ? d.node : d.node.entries.get(names[i]);
-        hv.setBigUint64(0, BigInt(i + 1), true);
-        hv.setBigUint64(8, BigInt(i + 1), true);
+      for (let i = 0; i < Math.min(n, c.cache.length) && w < out.length; i++) {
+        const [k, node] = c.cache[i], name = enc.encode(k);
+        hv.setBigUint64(0, pos + BigInt(i + 1), true);
+        hv.setBigUint64(8, ino(node), true);
         hv.setUint32(16, name.length, true);
-        hv.setUint8(20, n.dir ? FT.DIR : FT.FILE);
+        hv.setUint8(20, node.dir ? FT.DIR : node.link ? FT.LINK : FT.FILE);
         const ent = new Uint8Array(24 + name.length); ent.set(hdr); ent.set(name, 24);
-        const k = Math.min(ent.length, out.length - w);
-        out.set(ent.subarray(0, k), w); w += k;
+        const k2 = Math.min(ent.length, out.length - w);
+        out.set(ent.subarray(0, k2), w); w += k2;
       }
       view(); dv.setUint32(bufused >>> 0, w, true);
       return 0;
@@ -653,13 +710,16 @@ function runAttempt(p) {
       if (!fds[from] || !fds[to]) return E.BADF;
       fds[to] = fds[from]; fds[from] = undefined; return 0;
     },
-    path_open(dirfd, _dirflags, pathPtr, pathLen, oflags, rightsBase, _inh, fdflags, fdOut) {
-      const r = resolve(dirfd, str(pathPtr, pathLen));
+    path_open(dirfd, dirflags, pathPtr, pathLen, oflags, rightsBase, _inh, fdflags, fdOut) {
+      const r = resolve(dirfd, str(pathPtr, pathLen), dirflags & LOOKUP_FOLLOW);
       if (typeof r === "number") return r;
       const CREAT = 1, DIRECTORY = 2, EXCL = 4, TRUNC = 8;
       const write = (rightsBase & RIGHT_FD_WRITE) !== 0n || (oflags & TRUNC) !== 0 || (fdflags & 1) !== 0;
+      // Read unless opened for writing alone (wazero's O_WRONLY).
+      const read = !write || (rightsBase & RIGHT_FD_READ) !== 0n;
       let n = r.node;
       if (n && oflags & CREAT && oflags & EXCL) return E.EXIST;
+      if (n && n.link) return E.LOOP; // a link not followed (O_NOFOLLOW)
       if (!n) {
         if (!(oflags & CREAT)) return E.NOENT;
         if (!r.parent.writable) return E.ROFS;
@@ -671,19 +731,19 @@ function runAttempt(p) {
       if (n.dir && write) return E.ISDIR;
       if (!n.dir && write && !n.writable) return E.ROFS;
       if (oflags & TRUNC && !n.dir) { n.size = 0; n.mtime = realNow(); }
-      const fd = newFd({ kind: "node", node: n, pos: 0, flags: fdflags, read: true, write });
+      const fd = newFd({ kind: "node", node: n, pos: 0, flags: fdflags, read, write });
       view(); dv.setUint32(fdOut >>> 0, fd, true);
       return 0;
     },
-    path_filestat_get(fd, _flags, pathPtr, pathLen, buf) {
-      const r = resolve(fd, str(pathPtr, pathLen));
+    path_filestat_get(fd, flags, pathPtr, pathLen, buf) {
+      const r = resolve(fd, str(pathPtr, pathLen), flags & LOOKUP_FOLLOW);
       if (typeof r === "number") return r;
       if (!r.node) return E.NOENT;
       writeFilestat(buf, r.node);
       return 0;
     },
-    path_filestat_set_times(fd, _flags, pathPtr, pathLen, atim, mtim, fl) {
-      const r = resolve(fd, str(pathPtr, pathLen));
+    path_filestat_set_times(fd, flags, pathPtr, pathLen, atim, mtim, fl) {
+      const r = resolve(fd, str(pathPtr, pathLen), flags & LOOKUP_FOLLOW);
       if (typeof r === "number") return r;
       if (!r.node) {
         // wazero reads the clock before it looks the path up
@@ -720,6 +780,7 @@ function runAttempt(p) {
       if (r.node.pinned) return E.PERM;
       if (!r.parent.writable) return E.ROFS;
       r.parent.entries.delete(r.name);
+      if (r.node.nlink > 1) r.node.nlink--;
       return 0;
     },
     path_rename(fd, oldPtr, oldLen, newFdNum, newPtr, newLen) {
@@ -727,20 +788,31 @@ function runAttempt(p) {
       if (typeof a === "number") return a;
       if (typeof b === "number") return b;
       if (!a.node) return E.NOENT;
+      if (a.node.dir && b.node !== a.node && b.stack.includes(a.node)) return E.INVAL; // into itself
       if (a.node.pinned || (b.node && b.node.pinned)) return E.PERM;
       if (!a.parent.writable || !b.parent.writable) return E.ROFS;
       if (b.node && b.node.dir && !a.node.dir) return E.ISDIR;
       if (b.node && !b.node.dir && a.node.dir) return E.NOTDIR;
       if (b.node && b.node.dir && b.node.entries.size) return E.NOTEMPTY;
+      if (b.node === a.node) return 0; // two names of one file
+      if (b.node && !b.node.dir && b.node.nlink > 1) b.node.nlink--;
       a.parent.entries.delete(a.name); b.parent.entries.set(b.name, a.node);
       return 0;
     },
-    path_symlink() { return E.PERM; }, // symbolic links cannot be created
+    path_symlink(oldPtr, oldLen, fd, newPtr, newLen) {
+      const target = str(oldPtr, oldLen), r = resolve(fd, str(newPtr, newLen), 0);
+      if (typeof r === "number") return r;
+      if (!safeTarget(target)) return E.PERM;
+      if (r.node) return E.EXIST;
+      if (!r.parent.writable) return E.ROFS;
+      r.parent.entries.set(r.name, newLink(target, realNow()));
+      return 0;
+    },
     // A hard link: a second name of the same file (what wazero's host
     // file system does); not of a directory, a mounted blob or across
     // the read-only places.
-    path_link(oldFd, _flags, oldPtr, oldLen, newFdNum, newPtr, newLen) {
-      const a = resolve(oldFd, str(oldPtr, oldLen)), b = resolve(newFdNum, str(newPtr, newLen));
+    path_link(oldFd, flags, oldPtr, oldLen, newFdNum, newPtr, newLen) {
+      const a = resolve(oldFd, str(oldPtr, oldLen), flags & LOOKUP_FOLLOW), b = resolve(newFdNum, str(newPtr, newLen), 0);
       if (typeof a === "number") return a;
       if (typeof b === "number") return b;
       if (!a.node) return E.NOENT;
@@ -748,9 +820,19 @@ function runAttempt(p) {
       if (b.node) return E.EXIST;
       if (!b.parent.writable) return E.ROFS;
       b.parent.entries.set(b.name, a.node);
+      a.node.nlink = (a.node.nlink || 1) + 1;
       return 0;
     },
-    path_readlink() { return E.INVAL; },
+    path_readlink(fd, pathPtr, pathLen, buf, bufLen, used) {
+      const r = resolve(fd, str(pathPtr, pathLen), 0);
+      if (typeof r === "number") return r;
+      if (!r.node) return E.NOENT;
+      if (!r.node.link) return E.INVAL;
+      const t = enc.encode(r.node.target).subarray(0, bufLen >>> 0);
+      bytesAt(buf, t.length).set(t);
+      view(); dv.setUint32(used >>> 0, t.length, true);
+      return 0;
+    },
     // A task has no sockets: wazero's answers (EBADF; sock_send looks at
     // its flags before the descriptor).
     sock_accept() { return E.BADF; },
@@ -860,7 +942,7 @@ function runAttempt(p) {
   const walk = (dir, prefix) => {
     for (const [name, n] of dir.entries) {
       if (n.dir) walk(n, prefix + name + "/");
-      else files.push({ name: prefix + name, data: n.data.slice(0, n.size) });
+      else if (!n.link) files.push({ name: prefix + name, data: n.data.slice(0, n.size) });
     }
   };
   walk(outDir, "");
@@ -885,7 +967,7 @@ function runAttempt(p) {
       if (!n || n === inDir || n === outDir) continue;
       const add = (node, name) => {
         if (node.dir) { for (const [k, c] of node.entries) add(c, name + "/" + k); return; }
-        if (node.pinned) return; // a mounted blob
+        if (node.pinned || node.link) return; // a mounted blob, a link
         files.push({ name, data: node.data.slice(0, node.size) });
         total += node.size;
       };
