@@ -188,6 +188,59 @@ func TestOutputUploads(t *testing.T) {
 		})
 	}
 
+	// A flood: past MaxWorkerUploads at once, the worker is told to wait,
+	// and the uploads cut off leave nothing.
+	var pipes []*io.PipeWriter
+	done := make(chan int, MaxWorkerUploads)
+	for i := range MaxWorkerUploads {
+		pr, pw := io.Pipe()
+		pipes = append(pipes, pw)
+		go func() {
+			req, _ := http.NewRequest(http.MethodPut, fmt.Sprintf("%s/outputs/%d?name=f%d&w=%s&k=%s", ts.URL, a, i, f.worker.ID, key), pr)
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				resp.Body.Close()
+				done <- resp.StatusCode
+				return
+			}
+			done <- 0
+		}()
+		if _, err := pw.Write(make([]byte, 100)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if status, body := put(t, a, "one-more", f.worker.ID, key, strings.NewReader("x"), 1); status == http.StatusTooManyRequests {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("upload past %d at once answered %d %s, want 429", MaxWorkerUploads, status, body)
+		}
+		// Stored meanwhile (the flood had not all begun): out of the way.
+		if _, err := db.Exec(ctx, `DELETE FROM output_uploads WHERE name = 'one-more'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, pw := range pipes {
+		pw.CloseWithError(io.ErrUnexpectedEOF)
+	}
+	for range MaxWorkerUploads {
+		if code := <-done; code == http.StatusOK {
+			t.Fatal("an upload cut off was stored")
+		}
+	}
+	if _, err := f.st.CollectBlobGarbage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		got := counts()
+		if got == "blobs 0, chunks 0, uploads 0, output uploads 0" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the flood: %s, want nothing", got)
+		}
+	}
+
 	status, body := put(t, a, "big", f.worker.ID, key, bytes.NewReader(data), int64(len(data)))
 	if status != http.StatusOK {
 		t.Fatalf("upload answered %d %s", status, body)

@@ -572,6 +572,10 @@ func (s *Server) deliver(ctx context.Context, claimed []store.Claimed, err error
 		undeliverable = append(undeliverable, comp)
 		s.hub.release([]*conn{c})
 	}
+	blobURL := func(id string) (string, error) {
+		tok, err := s.blobToken(ctx, id)
+		return "/blobs/" + id + "?k=" + tok, err
+	}
 	for i := range claimed {
 		cl := &claimed[i]
 		c := reserved[cl.Worker][0]
@@ -585,10 +589,7 @@ func (s *Server) deliver(ctx context.Context, claimed []store.Claimed, err error
 			end(cl, c, store.Completion{Reason: "input", End: store.EndTaskFinal, Message: fmt.Sprintf(
 				"inputs, stdin and checkpoint take %d MiB, more than the %d MiB one assignment can carry", assignSize(cl)>>20, s.cfg.MaxFrameBytes>>20)})
 		default:
-			a, err := toAssign(cl, assignee{upload: c.upload, browser: c.kind == protocol.KindBrowser, blobURL: func(id string) (string, error) {
-				tok, err := s.blobToken(ctx, id)
-				return "/blobs/" + id + "?k=" + tok, err
-			}})
+			a, err := toAssign(cl, assignee{upload: c.upload, browser: c.kind == protocol.KindBrowser, blobURL: blobURL})
 			switch {
 			case err != nil:
 				end(cl, c, store.Completion{Reason: protocol.ReasonWorker, Message: "the server could not sign the task's data addresses; retried", End: store.EndServerFault})
