@@ -1,3 +1,5 @@
+//go:build wasip1
+
 // Command wasiconf is the conformance test of the file-system calls of WASI
 // preview 1 (docs/DATA.md, "Conformance"): it calls each one directly, with
 // the flags and the edge cases a program meets (every path_open flag,
