@@ -15,6 +15,9 @@
   if (upload) dropUpload(upload);
   const wfFile = document.getElementById("wf-file");
   if (wfFile) readWorkflowFile(wfFile);
+  const dataDir = document.getElementById("data-dir");
+  if (dataDir) directoryUpload(dataDir);
+  window.cyclepoolData = { tarOf, uploadDirectory };
 
   function dur(ms) {
     if (ms < 0) ms = 0;
@@ -391,6 +394,86 @@
       input.files = e.dataTransfer.files;
       show();
       form.requestSubmit();
+    });
+  }
+
+  // tarOf writes files ([{path, bytes}], paths relative to the directory,
+  // slash-separated) as a tar archive the way `cyclepool data push DIR`
+  // writes one (client.WriteArchive, docs/DATA.md): entries in byte order
+  // of their names, each directory before what it holds, with a trailing
+  // slash and mode 0755, files with mode 0644 (a page cannot read
+  // permissions), no times or owners. The same tree gets the same id as
+  // from the CLI. Names must be ASCII and at most 100 bytes.
+  function tarOf(files) {
+    const enc = new TextEncoder();
+    const entries = new Map(); // name without the trailing slash -> bytes, or null for a directory
+    for (const f of files) {
+      const parts = f.path.split("/");
+      for (let i = 1; i < parts.length; i++) entries.set(parts.slice(0, i).join("/"), null);
+      entries.set(f.path, f.bytes);
+    }
+    const names = [...entries.keys()].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+    const oct = (v, len) => v.toString(8).padStart(len - 1, "0") + "\0";
+    const header = (name, mode, size, type) => {
+      const h = new Uint8Array(512);
+      const put = (off, str) => h.set(enc.encode(str), off);
+      put(0, name); put(100, oct(mode, 8)); put(108, oct(0, 8)); put(116, oct(0, 8));
+      put(124, oct(size, 12)); put(136, oct(0, 12)); put(156, type);
+      put(257, "ustar\0"); put(263, "00"); put(329, oct(0, 8)); put(337, oct(0, 8));
+      h.fill(32, 148, 156);
+      let sum = 0;
+      for (const b of h) sum += b;
+      put(148, sum.toString(8).padStart(6, "0") + "\0 ");
+      return h;
+    };
+    const parts = [];
+    for (const n of names) {
+      const bytes = entries.get(n), name = bytes ? n : n + "/";
+      if (!/^[\x20-\x7e]+$/.test(name) || name.length > 100) {
+        throw new Error(`${name}: names must be ASCII and at most 100 bytes here; push this directory with \`cyclepool data push\``);
+      }
+      if (!bytes) { parts.push(header(name, 0o755, 0, "5")); continue; }
+      parts.push(header(name, 0o644, bytes.length, "0"), bytes);
+      if (bytes.length % 512) parts.push(new Uint8Array(512 - (bytes.length % 512)));
+    }
+    parts.push(new Uint8Array(1024));
+    return new Blob(parts);
+  }
+
+  // uploadDirectory uploads files ([{path, bytes}]) as the archive of a
+  // directory called name (POST /api/v1/blobs?archive=1) and says what
+  // became of it.
+  async function uploadDirectory(name, files) {
+    const csrf = document.querySelector("#data-form input[name=csrf]").value;
+    const res = await fetch("/app/api/v1/blobs?archive=1&name=" + encodeURIComponent(name), {
+      method: "POST", headers: { "X-CSRF-Token": csrf }, body: tarOf(files),
+    });
+    const body = await res.json().catch(() => ({}));
+    if (!res.ok) throw new Error(body.error || res.statusText);
+    return body;
+  }
+
+  function directoryUpload(input) {
+    const status = document.getElementById("data-dir-status");
+    input.addEventListener("change", async () => {
+      if (!input.files.length) return;
+      const top = input.files[0].webkitRelativePath.split("/")[0];
+      status.className = "";
+      status.textContent = "Reading " + input.files.length + " files…";
+      try {
+        const files = await Promise.all([...input.files].map(async (f) => ({
+          path: f.webkitRelativePath.split("/").slice(1).join("/"),
+          bytes: new Uint8Array(await f.arrayBuffer()),
+        })));
+        status.textContent = "Uploading…";
+        const b = await uploadDirectory(top, files);
+        status.className = "ok";
+        status.textContent = "Uploaded " + top + " as " + b.id + ".";
+        setTimeout(() => location.reload(), 1500);
+      } catch (err) {
+        status.className = "error";
+        status.textContent = String(err.message || err);
+      }
     });
   }
 
