@@ -15,6 +15,10 @@ CREATE TABLE output_uploads (
 );
 CREATE INDEX output_uploads_blob ON output_uploads (blob_id);
 
+-- The upload of an output names its attempt: it is not one of the owner's
+-- own uploads, whose number at once is bounded (store.MaxBlobUploads).
+ALTER TABLE blob_uploads ADD COLUMN attempt_id bigint;
+
 -- An output stored as a blob: data is empty and blob_id names it.
 ALTER TABLE task_outputs ADD COLUMN blob_id text REFERENCES blobs;
 CREATE INDEX task_outputs_blob ON task_outputs (blob_id) WHERE blob_id IS NOT NULL;
@@ -23,3 +27,4 @@ CREATE INDEX task_outputs_blob ON task_outputs (blob_id) WHERE blob_id IS NOT NU
 DROP INDEX task_outputs_blob;
 ALTER TABLE task_outputs DROP COLUMN blob_id;
 DROP TABLE output_uploads;
+ALTER TABLE blob_uploads DROP COLUMN attempt_id;

@@ -61,7 +61,7 @@ func (s *Server) maintain(ctx context.Context) {
 	defer t.Stop()
 	leading := false
 	lastElect := time.Time{}
-	lastForget, lastPrune := time.Time{}, time.Time{}
+	lastForget, lastPrune, lastUploads := time.Time{}, time.Time{}, time.Time{}
 	defer func() {
 		if leading {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
@@ -111,6 +111,12 @@ func (s *Server) maintain(ctx context.Context) {
 			lastForget = time.Now()
 			if err := s.store.ForgetReplicaWorkers(ctx, time.Minute); err != nil && ctx.Err() == nil {
 				s.log.Warn("forget stale workers", "err", err)
+			}
+		}
+		if time.Since(lastUploads) > time.Minute {
+			lastUploads = time.Now()
+			if _, err := s.store.CollectOutputUploads(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("collect uploaded outputs", "err", err)
 			}
 		}
 		if time.Since(lastPrune) > time.Hour {

@@ -13,33 +13,40 @@ import (
 )
 
 // MaxWorkerUploads bounds the outputs one worker uploads at once to one
-// replica.
-const MaxWorkerUploads = 4
+// replica, and MaxUploads those of all workers: each holds about 1.3 MiB
+// of the replica's memory while it streams.
+const (
+	MaxWorkerUploads = 4
+	MaxUploads       = 48
+)
 
 // workerUploads counts the uploads in progress per worker.
 type workerUploads struct {
-	mu sync.Mutex
-	n  map[string]int
+	mu    sync.Mutex
+	n     map[string]int
+	total int
 }
 
 // begin reserves an upload for worker, or reports false when it has
-// MaxWorkerUploads in progress.
+// MaxWorkerUploads in progress or the replica MaxUploads.
 func (u *workerUploads) begin(worker string) bool {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.n == nil {
 		u.n = map[string]int{}
 	}
-	if u.n[worker] >= MaxWorkerUploads {
+	if u.n[worker] >= MaxWorkerUploads || u.total >= MaxUploads {
 		return false
 	}
 	u.n[worker]++
+	u.total++
 	return true
 }
 
 func (u *workerUploads) end(worker string) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	u.total--
 	if u.n[worker]--; u.n[worker] <= 0 {
 		delete(u.n, worker)
 	}
@@ -74,7 +81,7 @@ func (s *Server) handleUploadOutput(w http.ResponseWriter, r *http.Request) {
 	}
 	if !s.uploads.begin(worker) {
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusTooManyRequests, "%d uploads of this worker are in progress already", MaxWorkerUploads)
+		writeError(w, http.StatusTooManyRequests, "too many uploads in progress (%d of this worker, %d of all workers at most): try again", MaxWorkerUploads, MaxUploads)
 		return
 	}
 	defer s.uploads.end(worker)

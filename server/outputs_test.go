@@ -209,6 +209,12 @@ func TestOutputUploads(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Uploads of outputs are not the owner's own: the owner may still push.
+	own, err := f.st.BeginBlobUpload(ctx, f.owner.ID, 1<<30, 1)
+	if err != nil {
+		t.Fatalf("the owner's push while workers upload outputs: %v", err)
+	}
+	own.Abort(ctx)
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if status, body := put(t, a, "one-more", f.worker.ID, key, strings.NewReader("x"), 1); status == http.StatusTooManyRequests {
 			break
@@ -241,8 +247,19 @@ func TestOutputUploads(t *testing.T) {
 		}
 	}
 
+	// An output uploaded again replaces the first: its bytes go at once.
+	if status, body := put(t, a, "big", f.worker.ID, key, bytes.NewReader(data[:2<<20]), 2<<20); status != http.StatusOK {
+		t.Fatalf("upload answered %d %s", status, body)
+	}
 	status, body := put(t, a, "big", f.worker.ID, key, bytes.NewReader(data), int64(len(data)))
 	if status != http.StatusOK {
+		t.Fatalf("upload answered %d %s", status, body)
+	}
+	if got := counts(); got != "blobs 1, chunks 4, uploads 0, output uploads 1" {
+		t.Fatalf("after uploading an output again: %s, want only the second", got)
+	}
+	// b uploads too, then fails: its upload goes with the next collection.
+	if status, body := put(t, b, "gone", f.worker.ID, key, bytes.NewReader(data[:1<<20]), 1<<20); status != http.StatusOK {
 		t.Fatalf("upload answered %d %s", status, body)
 	}
 	var up protocol.Uploaded
@@ -314,12 +331,15 @@ func TestOutputUploads(t *testing.T) {
 		t.Errorf("range of the output: %d %q", code, got)
 	}
 
-	// Once the attempts are over, garbage collection keeps the output's
-	// blob (a task output) and drops the upload records.
+	// Once the attempts are over, collection keeps the output's blob (a
+	// task output) and drops the upload records, and b's blob.
+	if n, err := f.st.CollectOutputUploads(ctx); err != nil || n != 2 {
+		t.Fatalf("collected %d uploads (%v), want a's and b's", n, err)
+	}
 	if _, err := f.st.CollectBlobGarbage(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := counts(); !strings.HasPrefix(got, "blobs 1,") || !strings.HasSuffix(got, "output uploads 0") {
+	if got := counts(); got != "blobs 1, chunks 4, uploads 0, output uploads 0" {
 		t.Errorf("after garbage collection: %s, want the output's blob kept and no upload records", got)
 	}
 }

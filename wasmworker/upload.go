@@ -19,7 +19,8 @@ import (
 
 // uploadOutputs uploads the large outputs of a successful outcome over
 // HTTP (docs/PROTOCOL.md, "Outputs over HTTP"): its files (Outcome.Files)
-// and the outputs in memory of protocol.UploadMinBytes or more. Their
+// and the outputs in memory of protocol.UploadMinBytes or more, or that
+// would take those kept past protocol.InlineOutputBudget. Their
 // names move to Uploaded; the rest stay in the result frame. A refusal
 // for the output limit fails the attempt with limit_output; any other
 // failure ends it as the worker's (it is run again, charged to no one).
@@ -47,11 +48,13 @@ func (w *Worker) uploadOutputs(ctx context.Context, server string, attempt int64
 		items = append(items, item{name: f.Name, path: f.Path, size: f.Size})
 	}
 	kept := out.Outputs[:0:0]
+	inline := 0
 	for _, o := range out.Outputs {
-		if len(o.Data) >= protocol.UploadMinBytes && key != "" {
+		if key != "" && (len(o.Data) >= protocol.UploadMinBytes || inline+len(o.Data) > protocol.InlineOutputBudget) {
 			items = append(items, item{name: o.Name, data: o.Data, size: int64(len(o.Data))})
 		} else {
 			kept = append(kept, o)
+			inline += len(o.Data)
 		}
 	}
 	if len(items) == 0 {

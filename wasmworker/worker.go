@@ -498,6 +498,9 @@ func outcomeSizes(f *protocol.Frame) (data, header int) {
 			data += len(o.Data)
 			header += perBlob + 6*len(o.Name)
 		}
+		for _, u := range r.Uploaded {
+			header += 2*perBlob + 6*len(u.Name)
+		}
 		return data, header
 	}
 	fl := f.Fails[0]
@@ -1003,7 +1006,8 @@ func (w *Worker) resultTooBig(attempt int64, out *Outcome) string {
 	maxFrame := w.maxFrame
 	w.mu.Unlock()
 	f := &protocol.Frame{Type: protocol.TypeResult, Results: []protocol.Result{{
-		Attempt: attempt, Outputs: out.Outputs, Log: protocol.Blob{Data: out.Log}, DurationMS: out.Duration.Milliseconds()}}}
+		Attempt: attempt, Outputs: out.Outputs, Log: protocol.Blob{Data: out.Log}, DurationMS: out.Duration.Milliseconds(),
+		Uploaded: out.Uploaded}}}
 	data, header := outcomeSizes(f)
 	if header <= protocol.MaxHeaderBytes && 4+header+data <= maxFrame {
 		return ""
@@ -1019,7 +1023,7 @@ func (w *Worker) resultTooBig(attempt int64, out *Outcome) string {
 	switch {
 	case hdr > protocol.MaxHeaderBytes:
 		return fmt.Sprintf("output limit exceeded: the result's frame header takes %d bytes (the names of its %d outputs), more than the %d bytes a frame header may take",
-			hdr, len(out.Outputs), protocol.MaxHeaderBytes)
+			hdr, len(out.Outputs)+len(out.Uploaded), protocol.MaxHeaderBytes)
 	case len(enc) > maxFrame:
 		return fmt.Sprintf("output limit exceeded: the result takes %d bytes (outputs and log), more than the %d bytes a frame may carry (the server's max_frame_bytes)",
 			len(enc), maxFrame)

@@ -261,13 +261,18 @@ type Uploaded struct {
 // Output sizes. An attempt whose Limits.OutputBytes is above
 // InlineOutputBytes (a task that is not replicated, given to a worker
 // with FeatureUpload) uploads each output of UploadMinBytes or more over
-// HTTP with Welcome.UploadKey; the rest travel in the result frame. A
+// HTTP with Welcome.UploadKey, and as many smaller ones as keep the rest
+// within InlineOutputBudget; the rest travel in the result frame. A
 // browser page holds its task's outputs in memory: its attempts' limits
 // are at most BrowserOutputBytes.
 const (
 	InlineOutputBytes  = 64 << 20
 	UploadMinBytes     = 1 << 20
 	BrowserOutputBytes = 256 << 20
+	// InlineOutputBudget bounds the outputs an uploading attempt keeps in
+	// its result frame: smaller outputs that would take it past the
+	// budget are uploaded too.
+	InlineOutputBudget = 32 << 20
 )
 
 // Failure reasons, reported in Fail.Reason.

@@ -79,7 +79,7 @@ func (s *Store) BeginBlobUpload(ctx context.Context, ownerID, quota, expect int6
 	u := &BlobUpload{s: s, owner: ownerID, quota: quota, h: sha256.New()}
 	err := s.tx(ctx, func(tx pgx.Tx) error {
 		var open int
-		if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM blob_uploads WHERE owner_id = $1 AND touched_at > now() - $2::interval),
+		if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM blob_uploads WHERE owner_id = $1 AND attempt_id IS NULL AND touched_at > now() - $2::interval),
 			(SELECT coalesce(sum(b.size), 0) FROM owner_blobs ob JOIN blobs b ON b.id = ob.blob_id WHERE ob.owner_id = $1)`,
 			ownerID, StaleBlobUpload).Scan(&open, &u.used); err != nil {
 			return err
@@ -320,16 +320,7 @@ func (s *Store) CollectBlobGarbage(ctx context.Context) (int64, error) {
 	var n int64
 	err := s.tx(ctx, func(tx pgx.Tx) error {
 		n = 0
-		// Uploaded outputs of attempts that ended: those of successes
-		// are task_outputs rows by now.
-		if _, err := tx.Exec(ctx, `DELETE FROM output_uploads u WHERE NOT EXISTS
-			(SELECT 1 FROM attempts a WHERE a.id = u.attempt_id AND a.state = 'running')`); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, `DELETE FROM blobs b WHERE NOT EXISTS (SELECT 1 FROM owner_blobs ob WHERE ob.blob_id = b.id)
-			AND NOT EXISTS (SELECT 1 FROM workflow_blobs wb WHERE wb.blob_id = b.id)
-			AND NOT EXISTS (SELECT 1 FROM output_uploads u WHERE u.blob_id = b.id)
-			AND NOT EXISTS (SELECT 1 FROM task_outputs o WHERE o.blob_id = b.id) RETURNING key`)
+		rows, err := tx.Query(ctx, `DELETE FROM blobs b WHERE `+blobUnused+` RETURNING key`)
 		if err != nil {
 			return err
 		}
@@ -357,6 +348,28 @@ func (s *Store) CollectBlobGarbage(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("collect data garbage: %w", err)
 	}
 	return n, nil
+}
+
+// blobUnused is the condition on a blobs row b that nothing holds it: no
+// owner, workflow, running attempt's upload or task output.
+const blobUnused = `NOT EXISTS (SELECT 1 FROM owner_blobs ob WHERE ob.blob_id = b.id)
+	AND NOT EXISTS (SELECT 1 FROM workflow_blobs wb WHERE wb.blob_id = b.id)
+	AND NOT EXISTS (SELECT 1 FROM output_uploads u WHERE u.blob_id = b.id)
+	AND NOT EXISTS (SELECT 1 FROM task_outputs o WHERE o.blob_id = b.id)`
+
+// dropUnusedBlobs removes those of the blobs ids that nothing holds, with
+// their chunks, in tx.
+func dropUnusedBlobs(ctx context.Context, tx pgx.Tx, ids []string) error {
+	rows, err := tx.Query(ctx, `DELETE FROM blobs b WHERE b.id = ANY($1) AND `+blobUnused+` RETURNING key`, ids)
+	if err != nil {
+		return err
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(keys) == 0 {
+		return err
+	}
+	_, err = tx.Exec(ctx, `DELETE FROM blob_chunks WHERE blob_key = ANY($1)`, keys)
+	return err
 }
 
 // BlobReader reads a stored blob a chunk at a time; it is an io.ReadSeeker

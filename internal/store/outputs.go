@@ -66,7 +66,8 @@ func (s *Store) BeginOutputUpload(ctx context.Context, attempt int64, worker, na
 		if u.used+max(expect, 0) > u.quota {
 			return &OutputLimitError{Limit: u.quota, Used: u.used, Size: expect}
 		}
-		return tx.QueryRow(ctx, `INSERT INTO blob_uploads (key, owner_id) VALUES (nextval('blob_keys'), $1) RETURNING key`, u.owner).Scan(&u.key)
+		return tx.QueryRow(ctx, `INSERT INTO blob_uploads (key, owner_id, attempt_id) VALUES (nextval('blob_keys'), $1, $2) RETURNING key`,
+			u.owner, attempt).Scan(&u.key)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("begin upload of output %q of attempt %d: %w", name, attempt, err)
@@ -108,10 +109,22 @@ func (u *OutputUpload) Commit(ctx context.Context, worker string) (string, error
 		if _, err := tx.Exec(ctx, `DELETE FROM blob_uploads WHERE key = $1`, u.key); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO output_uploads (attempt_id, name, blob_id, size) VALUES ($1, $2, $3, $4)
+		// An upload under a name uploaded before replaces it: the bytes it
+		// replaces go at once, when nothing else holds them.
+		var old string
+		if err := tx.QueryRow(ctx, `SELECT coalesce((SELECT blob_id FROM output_uploads WHERE attempt_id = $1 AND name = $2), '')`,
+			u.attempt, u.name).Scan(&old); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO output_uploads (attempt_id, name, blob_id, size) VALUES ($1, $2, $3, $4)
 			ON CONFLICT (attempt_id, name) DO UPDATE SET blob_id = excluded.blob_id, size = excluded.size, created_at = now()`,
-			u.attempt, u.name, id, u.size)
-		return err
+			u.attempt, u.name, id, u.size); err != nil {
+			return err
+		}
+		if old != "" && old != id {
+			return dropUnusedBlobs(ctx, tx, []string{old})
+		}
+		return nil
 	})
 	if err != nil {
 		u.Abort(ctx)
@@ -202,3 +215,29 @@ func appendUploaded(tasks []int64, names, blobs []string, task int64, os []Outpu
 const insertUploadedSQL = `INSERT INTO task_outputs (task_id, name, data, blob_id)
 	SELECT u.task_id, u.name, '', u.blob FROM unnest($1::bigint[], $2::text[], $3::text[]) AS u(task_id, name, blob)
 	JOIN tasks t ON t.id = u.task_id WHERE t.state COLLATE "C" = 'running'`
+
+// CollectOutputUploads removes the uploads of attempts that ended without
+// their result naming them (failed, lost, cancelled), with their blobs when
+// nothing else holds them. Maintenance runs it often: a worker that uploads
+// and hands its attempts back must not leave bytes behind for long. It
+// returns how many uploads it removed.
+func (s *Store) CollectOutputUploads(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.tx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `DELETE FROM output_uploads u WHERE NOT EXISTS
+			(SELECT 1 FROM attempts a WHERE a.id = u.attempt_id AND a.state = 'running') RETURNING blob_id`)
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		n = int64(len(ids))
+		return dropUnusedBlobs(ctx, tx, ids)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("collect uploaded outputs: %w", err)
+	}
+	return n, nil
+}

@@ -443,7 +443,7 @@ func checks() {
 	line("readdir a file", e)
 	fdClose(f)
 	st, e = stat("d", 0)
-	line("stat directory", st.filetype, st.nlink, e) // its size is the host file system's
+	line("stat directory", st.filetype, e) // its size and links are the host file system's
 	fdClose(dfd)
 
 	// Rename, link, unlink.
@@ -470,6 +470,25 @@ func checks() {
 	line("unlink directory", pathUnlinkFile(dir, pd2, pdn2))
 	line("rmdir not empty", pathRemoveDirectory(dir, pd2, pdn2))
 	line("rmdir a file", pathRemoveDirectory(dir, pd, pdn))
+
+	// Paths with trailing slashes and dots, a directory renamed onto
+	// itself.
+	pt, ptn := ptr("t/")
+	line("mkdir trailing slash", pathCreateDirectory(dir, pt, ptn))
+	pt2, pt2n := ptr("t/./")
+	pt3, pt3n := ptr("t3")
+	line("rename trailing dot", pathRename(dir, pt2, pt2n, dir, pt3, pt3n))
+	_, e = stat("t3", 0)
+	line("renamed directory", e)
+	_, e = stat("t", 0)
+	line("old name gone", e)
+	line("rename onto itself", pathRename(dir, pd2, pdn2, dir, pd2, pdn2))
+	pt4, pt4n := ptr("t3/")
+	line("rmdir trailing slash", pathRemoveDirectory(dir, pt4, pt4n))
+	pdot, pdotn := ptr("d/..")
+	_, e = stat("d/..", 0)
+	line("stat d/..", e)
+	line("rmdir d/..", pathRemoveDirectory(dir, pdot, pdotn))
 
 	// Symbolic links: reading, following, dangling and looping.
 	line("symlink", pathSymlink2("d/b", "s"))

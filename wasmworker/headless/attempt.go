@@ -56,6 +56,7 @@ type attempt struct {
 	ownTouched touched
 	stdin      bytes.Reader
 	files      []wasmworker.OutputFile // outputs spilled to files (spill)
+	inline     int64                   // bytes of the outputs kept for the result frame (spills)
 }
 
 // touched records whether a task used /in and /out.

@@ -153,6 +153,10 @@ func checkInputName(name string) error {
 func (a *attempt) collectOutputs() ([]protocol.Blob, error) {
 	stdout := a.stdout.bytes()
 	outputs := []protocol.Blob{{Name: "stdout", Size: len(stdout), Data: stdout}}
+	a.inline = 0
+	if len(stdout) < protocol.UploadMinBytes {
+		a.inline = int64(len(stdout)) // (a larger stdout is uploaded)
+	}
 	total := int64(len(stdout))
 	if !a.touched.out {
 		// The task never used /out, which was empty when it started.
@@ -208,7 +212,7 @@ func (a *attempt) collectOutputs() ([]protocol.Blob, error) {
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].name < files[j].name })
 	for _, f := range files {
-		if a.job.Upload && f.size >= protocol.UploadMinBytes {
+		if a.spills(f.size) {
 			if err := a.spill(f.name, f.path); err != nil {
 				return nil, err
 			}
@@ -227,10 +231,14 @@ func (a *attempt) collectOutputs() ([]protocol.Blob, error) {
 }
 
 // spill moves the output file p out of the attempt's tree into a file of
-// its own in the engine's temporary directory, for the worker to upload
+// its own in the engine's spool directory, for the worker to upload
 // (wasmworker.Outcome.Files), instead of reading it into memory.
 func (a *attempt) spill(name, p string) error {
-	f, err := os.CreateTemp(a.e.tmpDir, "cyclepool-output-*")
+	dir := a.e.spoolDir
+	if dir == "" {
+		dir = a.e.tmpDir
+	}
+	f, err := os.CreateTemp(dir, "cyclepool-output-*")
 	if err != nil {
 		return err
 	}
@@ -250,6 +258,22 @@ func (a *attempt) spill(name, p string) error {
 	}
 	a.files = append(a.files, wasmworker.OutputFile{Name: name, Path: spool, Size: info.Size()})
 	return nil
+}
+
+// spills reports whether an output file of size bytes is left for the
+// worker to upload rather than read: when the attempt uploads, a file of
+// protocol.UploadMinBytes or more, or one that would take the outputs
+// kept in the result frame past protocol.InlineOutputBudget. It counts
+// the ones kept.
+func (a *attempt) spills(size int64) bool {
+	if !a.job.Upload {
+		return false
+	}
+	if size >= protocol.UploadMinBytes || a.inline+size > protocol.InlineOutputBudget {
+		return true
+	}
+	a.inline += size
+	return false
 }
 
 // dropSpilled removes the files spill made, for an attempt that failed
@@ -640,10 +664,13 @@ func (f sortedFS) OpenFile(path string, flag experimentalsys.Oflag, perm fs.File
 }
 
 // sortedDir is a directory whose entries are read whole and sorted on the
-// first Readdir, and again after a rewind. It does not wrap Seek: it reads
-// the host's directory to its end, so the host's directory answering
-// anything more means the directory was rewound (wazero rewinds with Seek
-// for a cookie of 0).
+// first Readdir, and again after a rewind. It does not wrap Seek (whose
+// experimentalsys signature go vet takes for a broken io.Seeker): it reads
+// the host's directory to its end, so when the host lists more it was
+// either rewound (wazero rewinds with Seek for a cookie of 0) or, on some
+// file systems (tmpfs of Linux 6.6 to 6.11), lists entries made since
+// after the end. A listing that repeats an entry is a rewind; new entries
+// alone go at the end, so that the listing in progress stays whole.
 type sortedDir struct {
 	experimentalsys.File
 	ents []experimentalsys.Dirent
@@ -653,23 +680,30 @@ type sortedDir struct {
 
 // Readdir implements experimentalsys.File.
 func (d *sortedDir) Readdir(n int) ([]experimentalsys.Dirent, experimentalsys.Errno) {
-	var first []experimentalsys.Dirent
 	if d.read {
 		probe, errno := d.File.Readdir(1)
 		if errno != 0 {
 			return nil, errno
 		}
 		if len(probe) > 0 {
-			d.read, first = false, probe // rewound
+			rest, errno := d.File.Readdir(-1)
+			if errno != 0 {
+				return nil, errno
+			}
+			more := append(probe, rest...)
+			sortDirents(more)
+			if d.repeats(more) {
+				d.ents, d.pos = more, 0
+			} else {
+				d.ents = append(d.ents, more...)
+			}
 		}
-	}
-	if !d.read {
-		rest, errno := d.File.Readdir(-1)
+	} else {
+		all, errno := d.File.Readdir(-1)
 		if errno != 0 {
 			return nil, errno
 		}
-		all := append(first, rest...)
-		sort.Slice(all, func(i, j int) bool { return all[i].Name < all[j].Name })
+		sortDirents(all)
 		d.ents, d.read, d.pos = all, true, 0
 	}
 	end := len(d.ents)
@@ -679,4 +713,22 @@ func (d *sortedDir) Readdir(n int) ([]experimentalsys.Dirent, experimentalsys.Er
 	out := d.ents[d.pos:end]
 	d.pos = end
 	return out, 0
+}
+
+// repeats reports whether more lists an entry listed already.
+func (d *sortedDir) repeats(more []experimentalsys.Dirent) bool {
+	seen := make(map[string]bool, len(d.ents))
+	for _, e := range d.ents {
+		seen[e.Name] = true
+	}
+	for _, e := range more {
+		if seen[e.Name] {
+			return true
+		}
+	}
+	return false
+}
+
+func sortDirents(ds []experimentalsys.Dirent) {
+	sort.Slice(ds, func(i, j int) bool { return ds[i].Name < ds[j].Name })
 }

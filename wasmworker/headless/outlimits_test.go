@@ -2,7 +2,9 @@ package headless
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -131,4 +133,43 @@ func TestOutFilesStopAtTheLimit(t *testing.T) {
 			t.Errorf("/out held %d entries when the attempt ended, over the limit of %d", n, MaxOutEntries)
 		}
 	})
+}
+
+// An uploading attempt leaves its large outputs in files for the worker,
+// and small ones too once those kept for the result frame would pass
+// protocol.InlineOutputBudget; the files hold what the task wrote.
+func TestOutputsSpill(t *testing.T) { eachMode(t, testOutputsSpill) }
+
+func testOutputsSpill(t *testing.T, r *Runner) {
+	const small, n = protocol.UploadMinBytes - 1, 40 // 40 MiB in all
+	args := []string{"fill", "/out/big", strconv.Itoa(3 * protocol.UploadMinBytes)}
+	for i := range n {
+		args = append(args, "fill", fmt.Sprintf("/out/s%02d", i), strconv.Itoa(small))
+	}
+	j, _ := job(t, "fsprobe", protocol.Assign{Args: args, Limits: protocol.Limits{OutputBytes: 1 << 30}})
+	j.Upload = true
+	o := r.Run(context.Background(), j)
+	if o.Reason != "" {
+		t.Fatalf("%s: %s\n%s", o.Reason, o.Message, o.Log)
+	}
+	inline := 0
+	for _, b := range o.Outputs {
+		inline += len(b.Data)
+	}
+	spilled := map[string]int64{}
+	for _, f := range o.Files {
+		st, err := os.Stat(f.Path)
+		if err != nil || st.Size() != f.Size {
+			t.Errorf("spilled %s: %v (size %d, want %d)", f.Name, err, st.Size(), f.Size)
+		}
+		os.Remove(f.Path)
+		spilled[f.Name] = f.Size
+	}
+	if spilled["big"] != 3*protocol.UploadMinBytes {
+		t.Errorf("the large output was not left in a file: %v", spilled)
+	}
+	if inline > protocol.InlineOutputBudget || len(o.Outputs)+len(o.Files) != n+2 {
+		t.Errorf("%d bytes kept for the frame (budget %d), %d outputs and %d files, want %d in all",
+			inline, protocol.InlineOutputBudget, len(o.Outputs), len(o.Files), n+2)
+	}
 }

@@ -102,6 +102,9 @@ type engine struct {
 	cache  wazero.CompilationCache
 	rt     wazero.Runtime
 	tmpDir string // parent of per-attempt directories
+	// spoolDir holds outputs left for the worker to upload (spill);
+	// tmpDir when empty.
+	spoolDir string
 	// dataDir is the data cache's directory, where the blobs a task
 	// mounts are (dataCache.prepare put them there).
 	dataDir string

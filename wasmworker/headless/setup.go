@@ -317,7 +317,7 @@ func (a *attempt) collectSetupOutputs(outputs []protocol.Blob) ([]protocol.Blob,
 				return &limitError{protocol.ReasonOutput, fmt.Sprintf("output limit of %d bytes exceeded: stdout, /out and the outputs add up to more (at %s)",
 					a.limits.OutputBytes, name)}
 			}
-			if a.job.Upload && info.Size() >= protocol.UploadMinBytes {
+			if a.spills(info.Size()) {
 				return a.spill(name, p)
 			}
 			b, err := os.ReadFile(p)

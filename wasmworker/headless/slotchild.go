@@ -104,6 +104,10 @@ func serveSlot() int {
 	e, err := newEngine(ctx, init.CacheDir, slog.New(slog.DiscardHandler), init.Dir, false)
 	if e != nil {
 		e.dataDir = init.DataDir
+		// Outputs left for the worker to upload go to the pool's
+		// directory, which the worker owns: a slot's own is removed when
+		// its process ends, maybe before the upload.
+		e.spoolDir = filepath.Dir(init.Dir)
 	}
 	if err == nil {
 		c.dir = init.Dir

@@ -25,7 +25,7 @@
 // without a message per attempt.
 "use strict";
 
-const E = { SUCCESS: 0, ACCES: 2, BADF: 8, EXIST: 20, FAULT: 21, INVAL: 28, IO: 29, ISDIR: 31, LOOP: 32, NOENT: 44, NOSYS: 52,
+const E = { SUCCESS: 0, ACCES: 2, BADF: 8, BUSY: 10, EXIST: 20, FAULT: 21, INVAL: 28, IO: 29, ISDIR: 31, LOOP: 32, NOENT: 44, NOSYS: 52,
   NAMETOOLONG: 37, NOTDIR: 54, NOTEMPTY: 55, NOTSUP: 58, PERM: 63, ROFS: 69, SPIPE: 70, NOTCAPABLE: 76 };
 // wazero reports the standard streams of a task as block devices (they
 // are not terminals): so does the shim.
@@ -369,19 +369,22 @@ function runAttempt(p) {
     if (!d.node.dir) return E.NOTDIR;
     if (path === "") return E.INVAL;
     if (path.startsWith("/")) return E.PERM;
-    const parts = path.split("/"), stack = [d.node];
+    // Cleaned as wazero cleans a path: no empty or "." components.
+    const clean = (p) => p.split("/").filter((s) => s !== "" && s !== ".");
+    const parts = clean(path), stack = [d.node];
+    const here = () => { const t = stack[stack.length - 1]; return { parent: t, name: ".", node: t, root: d.node, stack }; };
     let hops = 0;
-    for (let i = 0; ; ) {
+    for (let i = 0; i < parts.length; ) {
       const last = i === parts.length - 1, s = parts[i], top = stack[stack.length - 1];
-      if (s === "" || s === "." || s === "..") {
-        if (s === "..") { if (stack.length === 1) return E.PERM; stack.pop(); }
-        if (last) { const t = stack[stack.length - 1]; return { parent: t, name: ".", node: t, root: d.node, stack }; }
-        i++; continue;
+      if (s === "..") {
+        if (stack.length === 1) return E.PERM;
+        stack.pop(); i++;
+        continue;
       }
       const n = top.entries.get(s);
       if (n && n.link && (!last || follow)) {
         if (++hops > 40) return E.LOOP;
-        parts.splice(i, 1, ...n.target.split("/"));
+        parts.splice(i, 1, ...clean(n.target));
         continue;
       }
       if (last) return { parent: top, name: s, node: n, root: d.node, stack };
@@ -389,6 +392,14 @@ function runAttempt(p) {
       if (!n.dir) return E.NOTDIR;
       stack.push(n); i++;
     }
+    return here(); // the path names the directory itself (".", "d/..")
+  };
+  // holds reports whether the directory dir is node or holds it, at any
+  // depth (a directory may not move into itself).
+  const holds = (dir, node) => {
+    if (dir === node) return true;
+    for (const c of dir.entries.values()) if (c.dir && holds(c, node)) return true;
+    return false;
   };
   // ino numbers nodes in the order the task first sees them.
   const inos = new WeakMap();
@@ -765,6 +776,7 @@ function runAttempt(p) {
       if (typeof r === "number") return r;
       if (!r.node) return E.NOENT;
       if (!r.node.dir) return E.NOTDIR;
+      if ((r.node === r.root || r.name === ".") && r.node.entries.size) return E.NOTEMPTY; // as wazero's host answers
       if (r.node === r.root || r.name === ".") return E.INVAL;
       if (r.node.pinned) return E.PERM;
       if (!r.parent.writable) return E.ROFS;
@@ -788,13 +800,14 @@ function runAttempt(p) {
       if (typeof a === "number") return a;
       if (typeof b === "number") return b;
       if (!a.node) return E.NOENT;
-      if (a.node.dir && b.node !== a.node && b.stack.includes(a.node)) return E.INVAL; // into itself
+      if (a.name === "." || b.name === ".") return E.BUSY;
+      if (b.node === a.node) return 0; // the same name, or two names of one file
+      if (a.node.dir && holds(a.node, b.parent)) return E.INVAL; // into itself
       if (a.node.pinned || (b.node && b.node.pinned)) return E.PERM;
       if (!a.parent.writable || !b.parent.writable) return E.ROFS;
       if (b.node && b.node.dir && !a.node.dir) return E.ISDIR;
       if (b.node && !b.node.dir && a.node.dir) return E.NOTDIR;
       if (b.node && b.node.dir && b.node.entries.size) return E.NOTEMPTY;
-      if (b.node === a.node) return 0; // two names of one file
       if (b.node && !b.node.dir && b.node.nlink > 1) b.node.nlink--;
       a.parent.entries.delete(a.name); b.parent.entries.set(b.name, a.node);
       return 0;
@@ -802,9 +815,9 @@ function runAttempt(p) {
     path_symlink(oldPtr, oldLen, fd, newPtr, newLen) {
       const target = str(oldPtr, oldLen), r = resolve(fd, str(newPtr, newLen), 0);
       if (typeof r === "number") return r;
+      if (!r.parent.writable) return E.ROFS;
       if (!safeTarget(target)) return E.PERM;
       if (r.node) return E.EXIST;
-      if (!r.parent.writable) return E.ROFS;
       r.parent.entries.set(r.name, newLink(target, realNow()));
       return 0;
     },
