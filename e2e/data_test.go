@@ -23,6 +23,7 @@ import (
 	"github.com/cyclepool/cyclepool/client"
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/taskbuild"
+	"github.com/cyclepool/cyclepool/internal/wasiref"
 )
 
 // A task's env, working directory and files (a data blob, an archive
@@ -480,22 +481,8 @@ func TestBrowserFileSystemMatchesHeadless(t *testing.T) {
 		t.Fatalf("workflow on the headless worker ended %s: %+v", st.State, st.Tasks)
 	}
 	for tk, want := range browser {
-		got := output(t, p.client, id2, tk, "stdout")
-		if got == want {
-			continue
-		}
-		bl, hl := strings.Split(want, "\n"), strings.Split(got, "\n")
-		for i := range max(len(bl), len(hl)) {
-			var x, y string
-			if i < len(bl) {
-				x = bl[i]
-			}
-			if i < len(hl) {
-				y = hl[i]
-			}
-			if x != y {
-				t.Errorf("task %s, line %d:\nbrowser:  %q\nheadless: %q", tk, i, x, y)
-			}
+		for _, d := range wasiref.Diff("browser", want, "headless", output(t, p.client, id2, tk, "stdout")) {
+			t.Errorf("task %s, %s", tk, d)
 		}
 	}
 }

@@ -169,20 +169,8 @@ func TestBrowserWASIConformance(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want = wasiref.Deviations(want)
-		got := output(t, p.client, id, name, "stdout")
-		wl, gl := strings.Split(want, "\n"), strings.Split(got, "\n")
-		for i := range max(len(wl), len(gl)) {
-			var x, y string
-			if i < len(wl) {
-				x = wl[i]
-			}
-			if i < len(gl) {
-				y = gl[i]
-			}
-			if x != y {
-				t.Errorf("%s, line %d:\nplain wazero: %q\nbrowser:      %q", name, i+1, x, y)
-			}
+		for _, d := range wasiref.Diff("plain wazero", wasiref.Deviations(want), "browser", output(t, p.client, id, name, "stdout")) {
+			t.Errorf("%s, %s", name, d)
 		}
 	}
 }

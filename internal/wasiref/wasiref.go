@@ -74,3 +74,24 @@ func Deviations(wazero string) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// Diff describes every line where the outputs a (of aName) and b (of
+// bName) differ, one message per line; none when they are the same.
+func Diff(aName, a, bName, b string) []string {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	w := max(len(aName), len(bName)) + 1
+	var out []string
+	for i := range max(len(al), len(bl)) {
+		var x, y string
+		if i < len(al) {
+			x = al[i]
+		}
+		if i < len(bl) {
+			y = bl[i]
+		}
+		if x != y {
+			out = append(out, fmt.Sprintf("line %d:\n%-*s %q\n%-*s %q", i+1, w, aName+":", x, w, bName+":", y))
+		}
+	}
+	return out
+}

@@ -2,7 +2,6 @@ package headless
 
 import (
 	"context"
-	"strings"
 	"testing"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
@@ -36,25 +35,9 @@ func testWASIConformance(t *testing.T, r *Runner) {
 			if o.Reason != "" {
 				t.Fatalf("%s: %s\n%s", o.Reason, o.Message, o.Log)
 			}
-			compareLines(t, "plain wazero", wasiref.Deviations(want), "runner", outputs(o)["stdout"])
+			for _, d := range wasiref.Diff("plain wazero", wasiref.Deviations(want), "runner", outputs(o)["stdout"]) {
+				t.Error(d)
+			}
 		})
-	}
-}
-
-// compareLines reports every line where a and b differ.
-func compareLines(t *testing.T, aName, a, bName, b string) {
-	t.Helper()
-	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
-	for i := range max(len(al), len(bl)) {
-		var x, y string
-		if i < len(al) {
-			x = al[i]
-		}
-		if i < len(bl) {
-			y = bl[i]
-		}
-		if x != y {
-			t.Errorf("line %d:\n%-13s %q\n%-13s %q", i+1, aName+":", x, bName+":", y)
-		}
 	}
 }
