@@ -62,6 +62,8 @@ func TestCompletionFlushWakesTheLongPoll(t *testing.T) {
 type fixture struct {
 	st     *store.Store
 	owner  store.Owner
+	token  string // the owner's
+	url    string // the database's
 	module string
 	worker store.Registration
 }
@@ -87,7 +89,7 @@ func openStore(t *testing.T) (st *store.Store, url, token string) {
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	ctx := context.Background()
-	st, _, tok := openStore(t)
+	st, url, tok := openStore(t)
 	owner, err := st.OwnerByToken(ctx, tok)
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +102,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{st: st, owner: owner, module: mod, worker: reg}
+	return &fixture{st: st, owner: owner, token: tok, url: url, module: mod, worker: reg}
 }
 
 // socketless adds to s's hub a worker connection of slots slots with no

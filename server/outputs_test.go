@@ -32,21 +32,8 @@ import (
 // its task runs again.
 func TestOutputUploads(t *testing.T) {
 	ctx := context.Background()
-	st, dbURL, token := openStore(t)
-	owner, err := st.OwnerByToken(ctx, token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mod := "sha256:" + fmt.Sprintf("%064x", 1)
-	if _, _, err := st.PutModule(ctx, owner.ID, mod, []byte("\x00asm"), []string{}); err != nil {
-		t.Fatal(err)
-	}
-	worker, err := st.RegisterWorker(ctx, store.WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fixture{st: st, owner: owner, module: mod, worker: worker}
-	db, err := pgx.Connect(ctx, dbURL)
+	f := newFixture(t)
+	db, err := pgx.Connect(ctx, f.url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,7 +299,7 @@ func TestOutputUploads(t *testing.T) {
 	get := func(rng string) (int, []byte) {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodGet, ts.URL+"/api/v1/workflows/"+attempts["a"].WorkflowID+"/tasks/a/outputs/big", nil)
-		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Authorization", "Bearer "+f.token)
 		if rng != "" {
 			req.Header.Set("Range", rng)
 		}
