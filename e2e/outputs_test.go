@@ -174,3 +174,54 @@ func TestBrowserWASIConformance(t *testing.T) {
 		}
 	}
 }
+
+// A checkpoint of 20 MiB is uploaded over HTTP (the checkpoint frame
+// names it), and the next attempt downloads it and resumes from it,
+// intact; on a worker and on a page alike.
+func TestLargeCheckpointOverHTTP(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t, "--lease", "10s")
+	fill := push(t, p.client, "outfill")
+	const size = 20 << 20
+	st := make([]byte, size)
+	for i := range st {
+		st[i] = byte(i * 31 % 251)
+	}
+	want := fmt.Sprintf("restored %d %x", size, sha256.Sum256(st))
+	task := task{"name": "resume", "module": fill, "args": []string{"resume", strconv.Itoa(size)}, "max_attempts": 2,
+		"limits": map[string]any{"memory_mib": 256}}
+	startWorker(t, "worker", 1, p.srv.url)
+	id := submit(t, p.client, workflow("checkpoint", task))
+	if st := wait(t, p.client, id, 2*time.Minute); st.State != "done" {
+		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
+	}
+	if got := strings.TrimSpace(output(t, p.client, id, "resume", "stdout")); got != want {
+		t.Errorf("the second attempt printed %q, want %q", got, want)
+	}
+	if up := metricFloat(t, p.srv.url, "cyclepool_output_upload_bytes_total"); up < size {
+		t.Errorf("the server stored %d bytes uploaded over HTTP, want the %d of the checkpoint", int64(up), size)
+	}
+
+	// The same on volunteers' pages: the first fails after its checkpoint
+	// (and is kept from the task since), the second resumes from it.
+	pb := newPlatform(t, "--lease", "10s")
+	task["module"] = push(t, pb.client, "outfill")
+	first := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, first, pb.srv.url)
+	id = submit(t, pb.client, workflow("checkpoint", task))
+	eventually(t, time.Minute, "the first page's checkpoint and failure", func() bool {
+		st, err := pb.client.Status(context.Background(), id)
+		return err == nil && len(st.Tasks) == 1 && st.Tasks[0].Checkpoints > 0 && st.Tasks[0].Attempts == 1 && st.Tasks[0].State == "ready"
+	})
+	second := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, second, pb.srv.url)
+	if st := wait(t, pb.client, id, 2*time.Minute); st.State != "done" {
+		t.Fatalf("workflow in the browser ended %s: %+v", st.State, st.Tasks)
+	}
+	if got := strings.TrimSpace(output(t, pb.client, id, "resume", "stdout")); got != want {
+		t.Errorf("the page's second attempt printed %q, want %q", got, want)
+	}
+	if up := metricFloat(t, pb.srv.url, "cyclepool_output_upload_bytes_total"); up < size {
+		t.Errorf("the server stored %d bytes the page uploaded, want the %d of the checkpoint", int64(up), size)
+	}
+}

@@ -36,7 +36,7 @@ func TestToAssignSetsEveryField(t *testing.T) {
 	for i := range c.Inputs {
 		c.Inputs[i].Blob = "" // inline inputs here: uploaded ones in TestToAssignUploadedInputs
 	}
-	a, err := toAssign(&c, assignee{upload: true})
+	a, err := toAssign(&c, assignee{upload: true, blobURL: func(id string) (string, error) { return "/blobs/" + id + "?k=t", nil }})
 	if err != nil {
 		t.Fatal(err)
 	}

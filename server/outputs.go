@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -54,7 +55,9 @@ func (u *workerUploads) end(worker string) {
 
 // handleUploadOutput stores one output of a running attempt, streamed
 // into a blob: PUT /outputs/{attempt}?name=NAME&w=WORKER&k=UPLOAD_KEY
-// (docs/PROTOCOL.md, "Outputs over HTTP"). It answers the blob's id and
+// (docs/PROTOCOL.md, "Outputs over HTTP"), or its checkpoint: PUT
+// /checkpoints/{attempt}?w=WORKER&k=UPLOAD_KEY, within the task's memory
+// limit, which the checkpoint frame then names. It answers the blob's id and
 // size as JSON; the worker's result then names it. The attempt must run
 // on that worker, and its uploads stay within the task's output limit
 // (413 past it, with nothing stored).
@@ -75,7 +78,9 @@ func (s *Server) handleUploadOutput(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusForbidden, "no upload key for worker %q", worker)
 		return
 	}
-	if msg := workflow.CheckOutputName(name); msg != "" {
+	if strings.HasPrefix(r.URL.Path, "/checkpoints/") {
+		name = "" // the attempt's checkpoint (store.BeginOutputUpload)
+	} else if msg := workflow.CheckOutputName(name); msg != "" {
 		writeError(w, http.StatusBadRequest, "%s", msg)
 		return
 	}

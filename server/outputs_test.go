@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -254,6 +255,37 @@ func TestOutputUploads(t *testing.T) {
 		t.Fatalf("upload answered %s (%v), want blob %s of %d bytes", body, err, blobID(data), len(data))
 	}
 
+	// A checkpoint uploaded over HTTP: within the task's memory (1 MiB
+	// here), and saved only when the frame names what its attempt
+	// uploaded as its checkpoint.
+	ckptURL := fmt.Sprintf("%s/checkpoints/%d?w=%s&k=%s", ts.URL, a, f.worker.ID, key)
+	putRaw := func(u string, body []byte) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPut, u, bytes.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if status, body := putRaw(ckptURL, data[:2<<20]); status != http.StatusRequestEntityTooLarge || !strings.Contains(body, "memory limit") {
+		t.Fatalf("a checkpoint over the task's memory: %d %s", status, body)
+	}
+	status, body = putRaw(ckptURL, data[:512<<10])
+	var ck protocol.Uploaded
+	if status != http.StatusOK || json.Unmarshal([]byte(body), &ck) != nil {
+		t.Fatalf("a checkpoint upload answered %d %s", status, body)
+	}
+	var refused *store.RefusedError
+	if _, err := f.st.SaveCheckpointBlob(ctx, a, f.worker.ID, up.Blob, time.Minute); !errors.As(err, &refused) {
+		t.Fatalf("a checkpoint naming an output's blob: %v, want refused", err)
+	}
+	if ok, err := f.st.SaveCheckpointBlob(ctx, a, f.worker.ID, ck.Blob, time.Minute); !ok || err != nil {
+		t.Fatalf("the checkpoint the attempt uploaded: saved %v, %v", ok, err)
+	}
+
 	c := socketless(s, f.worker.ID, 3)
 	if !s.hub.started(c, []protocol.Assign{{Attempt: a, Module: f.module}, {Attempt: b, Module: f.module}}) {
 		t.Fatal("started refused")
@@ -320,13 +352,13 @@ func TestOutputUploads(t *testing.T) {
 
 	// Once the attempts are over, collection keeps the output's blob (a
 	// task output) and drops the upload records, and b's blob.
-	if n, err := f.st.CollectOutputUploads(ctx); err != nil || n != 2 {
-		t.Fatalf("collected %d uploads (%v), want a's and b's", n, err)
+	if n, err := f.st.CollectOutputUploads(ctx); err != nil || n != 3 {
+		t.Fatalf("collected %d uploads (%v), want a's output and checkpoint and b's output", n, err)
 	}
 	if _, err := f.st.CollectBlobGarbage(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := counts(); got != "blobs 1, chunks 4, uploads 0, output uploads 0" {
+	if got := counts(); got != "blobs 2, chunks 5, uploads 0, output uploads 0" { // the output and the task's checkpoint
 		t.Errorf("after garbage collection: %s, want the output's blob kept and no upload records", got)
 	}
 }

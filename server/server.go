@@ -702,6 +702,13 @@ func toAssign(c *store.Claimed, w assignee) (protocol.Assign, error) {
 			a.Setup = nil
 		}
 	}
+	if c.RestoreBlob != "" {
+		u, err := w.blobURL(c.RestoreBlob)
+		if err != nil {
+			return a, err
+		}
+		a.RestoreFrom = &protocol.File{Blob: c.RestoreBlob, Size: c.RestoreSize, URL: u}
+	}
 	for _, in := range c.Inputs {
 		if in.Blob == "" {
 			a.Inputs = append(a.Inputs, protocol.Blob{Name: in.Name, Data: in.Data})
@@ -860,6 +867,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /modules/{id}", s.handleModule)
 	mux.HandleFunc("GET /blobs/{id}", s.handleWorkerBlob)
 	mux.HandleFunc("PUT /outputs/{attempt}", s.handleUploadOutput)
+	mux.HandleFunc("PUT /checkpoints/{attempt}", s.handleUploadOutput)
 	healthz := []byte("ok cyclepool " + version.String() + "\n")
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(healthz) })
 	mux.HandleFunc("GET /readyz", s.handleReady)

@@ -678,7 +678,11 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 		}
 		if held {
 			start := time.Now()
-			ok, err = s.store.SaveCheckpoint(ctx, cp.Attempt, c.id, cp.State.Data, s.cfg.Lease)
+			if cp.Blob != "" {
+				ok, err = s.store.SaveCheckpointBlob(ctx, cp.Attempt, c.id, cp.Blob, s.cfg.Lease)
+			} else {
+				ok, err = s.store.SaveCheckpoint(ctx, cp.Attempt, c.id, cp.State.Data, s.cfg.Lease)
+			}
 			s.health.observe("save a checkpoint", err)
 			if m != "" && ok && err == nil {
 				s.rt.observeCheckpoint(m, time.Since(start))

@@ -326,3 +326,61 @@ func putOutput(ctx context.Context, u string, body io.Reader, size int64) (proto
 	}
 	return got, false, nil
 }
+
+// getBytes downloads u, of size bytes, through the browser's fetch.
+func getBytes(ctx context.Context, u string, size int64) ([]byte, error) {
+	type answer struct {
+		status int
+		data   []byte
+		err    error
+	}
+	done := make(chan answer, 1)
+	var then, fail, read js.Func
+	defer func() { then.Release(); fail.Release(); read.Release() }()
+	var status int
+	fail = js.FuncOf(func(_ js.Value, args []js.Value) any {
+		msg := "fetch failed"
+		if len(args) > 0 && args[0].Type() == js.TypeObject {
+			msg = args[0].Get("message").String()
+		}
+		done <- answer{err: errors.New(msg)}
+		return nil
+	})
+	read = js.FuncOf(func(_ js.Value, args []js.Value) any {
+		arr := js.Global().Get("Uint8Array").New(args[0])
+		b := make([]byte, arr.Get("length").Int())
+		js.CopyBytesToGo(b, arr)
+		done <- answer{status: status, data: b}
+		return nil
+	})
+	then = js.FuncOf(func(_ js.Value, args []js.Value) any {
+		status = args[0].Get("status").Int()
+		args[0].Call("arrayBuffer").Call("then", read, fail)
+		return nil
+	})
+	ctrl := js.Global().Get("AbortController").New()
+	if err := catch(func() {
+		opts := js.Global().Get("Object").New()
+		opts.Set("signal", ctrl.Get("signal"))
+		js.Global().Call("fetch", u, opts).Call("then", then, fail)
+	}); err != nil {
+		return nil, err
+	}
+	var a answer
+	select {
+	case a = <-done:
+	case <-ctx.Done():
+		ctrl.Call("abort")
+		<-done
+		return nil, ctx.Err()
+	}
+	switch {
+	case a.err != nil:
+		return nil, a.err
+	case a.status != 200:
+		return nil, fmt.Errorf("status %d", a.status)
+	case int64(len(a.data)) != size:
+		return nil, fmt.Errorf("%d bytes arrived, not %d", len(a.data), size)
+	}
+	return a.data, nil
+}

@@ -143,3 +143,24 @@ func putOutput(ctx context.Context, u string, body io.Reader, size int64) (proto
 	}
 	return got, false, nil
 }
+
+// getBytes downloads u, of size bytes.
+func getBytes(ctx context.Context, u string, size int64) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s", resp.Status)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, size+1))
+	if err == nil && int64(len(b)) != size {
+		err = fmt.Errorf("%d bytes arrived, not %d", len(b), size)
+	}
+	return b, err
+}

@@ -3,6 +3,8 @@ package wasmworker
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -100,6 +102,39 @@ func (w *Worker) uploadOutput(ctx context.Context, server, worker, key string, a
 	open func() (io.Reader, error)) (protocol.Uploaded, error) {
 	u := strings.TrimSuffix(server, "/") + "/outputs/" + strconv.FormatInt(attempt, 10) +
 		"?name=" + url.QueryEscape(name) + "&w=" + url.QueryEscape(worker) + "&k=" + url.QueryEscape(key)
+	return w.upload(ctx, u, attempt, name, size, open)
+}
+
+// uploadCheckpoint uploads the state of a checkpoint of attempt.
+func (w *Worker) uploadCheckpoint(ctx context.Context, attempt int64, state []byte) (protocol.Uploaded, error) {
+	w.mu.Lock()
+	key, worker, server := w.uploadKey, w.id, w.stats.Server
+	w.mu.Unlock()
+	if key == "" || server == "" {
+		return protocol.Uploaded{}, errors.New("not connected to a server that takes uploads")
+	}
+	u := strings.TrimSuffix(server, "/") + "/checkpoints/" + strconv.FormatInt(attempt, 10) +
+		"?w=" + url.QueryEscape(worker) + "&k=" + url.QueryEscape(key)
+	return w.upload(ctx, u, attempt, "checkpoint", int64(len(state)), func() (io.Reader, error) { return bytes.NewReader(state), nil })
+}
+
+// fetchCheckpoint downloads the checkpoint an assignment restores from
+// (Assign.RestoreFrom) and checks it against its hash.
+func fetchCheckpoint(ctx context.Context, server string, f *protocol.File) ([]byte, error) {
+	b, err := getBytes(ctx, strings.TrimSuffix(server, "/")+f.URL, f.Size)
+	if err != nil {
+		return nil, fmt.Errorf("fetch the checkpoint to restore: %w", err)
+	}
+	sum := sha256.Sum256(b)
+	if got := "sha256:" + hex.EncodeToString(sum[:]); got != f.Blob {
+		return nil, fmt.Errorf("the checkpoint to restore arrived as %s, not %s", got, f.Blob)
+	}
+	return b, nil
+}
+
+// upload PUTs size bytes from open to u, as uploadOutput says.
+func (w *Worker) upload(ctx context.Context, u string, attempt int64, name string, size int64,
+	open func() (io.Reader, error)) (protocol.Uploaded, error) {
 	wait := 500 * time.Millisecond
 	var last error
 	for try := 0; try < 8; try++ {

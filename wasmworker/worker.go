@@ -838,7 +838,18 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 			a.host = host{w: w, a: a}
 			a.job = Job{Assign: as, ModuleID: as.Module, Host: &a.host, Fetch: w.moduleFetcher(server, as.Module), Server: server,
 				Upload: as.Limits.Uploads()}
-			out = w.cfg.Runner.Run(actx, &a.job)
+			if as.RestoreFrom != nil {
+				// A checkpoint uploaded over HTTP: downloaded, then
+				// restored as any other.
+				if b, err := fetchCheckpoint(actx, server, as.RestoreFrom); err != nil {
+					out = &Outcome{Reason: protocol.ReasonWorker, Message: err.Error()}
+				} else {
+					as.Restore = protocol.Blob{Data: b}
+				}
+			}
+			if out == nil {
+				out = w.cfg.Runner.Run(actx, &a.job)
+			}
 			if out != nil && a.job.Upload {
 				out = w.uploadOutputs(actx, server, as.Attempt, out)
 			}
@@ -936,6 +947,15 @@ func (h *host) Checkpoint(ctx context.Context, state []byte) error {
 		w.mu.Unlock()
 	}()
 	f := &protocol.Frame{Type: protocol.TypeCheckpoint, Checkpoint: &protocol.Checkpoint{Attempt: h.a.assign.Attempt, Seq: seq, State: protocol.Blob{Data: state}}}
+	if h.a.job.Upload && len(state) >= protocol.UploadMinBytes {
+		// Large: uploaded over HTTP first; the frame names it.
+		up, err := w.uploadCheckpoint(ctx, h.a.assign.Attempt, state)
+		if err != nil {
+			return fmt.Errorf("checkpoint not saved: uploading it: %w", err)
+		}
+		f.Checkpoint.State, f.Checkpoint.Blob, f.Checkpoint.Size = protocol.Blob{}, up.Blob, up.Size
+		state = nil
+	}
 	for {
 		// A checkpoint larger than a frame may carry is refused here, at
 		// once: sent, it would make the server close the connection, and

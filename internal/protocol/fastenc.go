@@ -169,6 +169,14 @@ func (e *fastEncoder) assign(a *Assign) {
 		e.raw(`,"setup":`)
 		e.buf = append(e.buf, b...)
 	}
+	if a.RestoreFrom != nil {
+		b, err := json.Marshal(a.RestoreFrom)
+		if err != nil {
+			b = []byte("null")
+		}
+		e.raw(`,"restore_from":`)
+		e.buf = append(e.buf, b...)
+	}
 	e.raw("}")
 }
 

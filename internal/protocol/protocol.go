@@ -168,6 +168,10 @@ type Assign struct {
 	// Setup is the task's environment and file system beyond /in and
 	// /out (docs/DATA.md); nil for most tasks.
 	Setup *Setup `json:"setup,omitempty"`
+	// RestoreFrom, when set, is the checkpoint to restore, uploaded over
+	// HTTP by an earlier attempt: the worker downloads it (and checks its
+	// hash) in place of Restore.
+	RestoreFrom *File `json:"restore_from,omitempty"`
 }
 
 // Setup is a task's environment, working directory and the files mounted
@@ -235,6 +239,11 @@ type Checkpoint struct {
 	Attempt int64 `json:"attempt"`
 	Seq     int   `json:"seq"` // 1, 2, ... per attempt
 	State   Blob  `json:"state"`
+	// Blob, when set, is a state the worker uploaded over HTTP first
+	// (PUT /checkpoints/{attempt}, docs/PROTOCOL.md), of Size bytes;
+	// State is then empty.
+	Blob string `json:"blob,omitempty"`
+	Size int64  `json:"size,omitempty"`
 }
 
 // Result ends an attempt successfully.

@@ -351,11 +351,12 @@ func (s *Store) CollectBlobGarbage(ctx context.Context) (int64, error) {
 }
 
 // blobUnused is the condition on a blobs row b that nothing holds it: no
-// owner, workflow, running attempt's upload or task output.
+// owner, workflow, running attempt's upload, task output or checkpoint.
 const blobUnused = `NOT EXISTS (SELECT 1 FROM owner_blobs ob WHERE ob.blob_id = b.id)
 	AND NOT EXISTS (SELECT 1 FROM workflow_blobs wb WHERE wb.blob_id = b.id)
 	AND NOT EXISTS (SELECT 1 FROM output_uploads u WHERE u.blob_id = b.id)
-	AND NOT EXISTS (SELECT 1 FROM task_outputs o WHERE o.blob_id = b.id)`
+	AND NOT EXISTS (SELECT 1 FROM task_outputs o WHERE o.blob_id = b.id)
+	AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.checkpoint_blob = b.id)`
 
 // dropUnusedBlobs removes those of the blobs ids that nothing holds, with
 // their chunks, in tx.

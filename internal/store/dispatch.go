@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +30,10 @@ type Claimed struct {
 	CkptMS      int64
 	Seed        int64
 	Restore     []byte
+	// RestoreBlob is the checkpoint to restore when it was uploaded over
+	// HTTP (of RestoreSize bytes): the worker downloads it.
+	RestoreBlob string
+	RestoreSize int64
 	Inputs      []Input
 	// Setup is the task's protocol.Setup as JSON, nil for most tasks.
 	Setup []byte
@@ -315,9 +320,15 @@ func collectClaimed(br pgx.BatchResults) ([]Claimed, error) {
 	var worker, wf, module, prio pgtype.DriverBytes
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claimed, error) {
 		var c Claimed
+		var restore pgtype.Text
 		err := r.Scan(&c.Attempt, &worker, &c.TaskID, &wf, &c.Name, &module, &c.Args, &c.Stdin, &prio,
-			&c.TimeoutMS, &c.MemoryPages, &c.OutputBytes, &c.LogBytes, &c.CkptMS, &c.Seed, &c.Restore, &c.Setup, &c.hasInputs)
+			&c.TimeoutMS, &c.MemoryPages, &c.OutputBytes, &c.LogBytes, &c.CkptMS, &c.Seed, &c.Restore, &c.Setup, &c.hasInputs, &restore)
 		c.Worker, c.WorkflowID, c.Module, c.Priority = in.of(worker), in.of(wf), in.of(module), in.of(prio)
+		if restore.Valid {
+			id, size, _ := strings.Cut(restore.String, " ")
+			c.RestoreBlob = id
+			c.RestoreSize, _ = strconv.ParseInt(size, 10, 64)
+		}
 		return c, err
 	})
 }
@@ -476,5 +487,9 @@ const claimTailSQL = `, ins AS (
 )
 SELECT ok.attempt, ok.w::text, ok.task_id, ok.workflow_id::text, ok.name, ok.module_id, ok.args, ok.stdin, ok.priority,
 	ok.timeout_ms, ok.memory_pages, ok.output_bytes, ok.log_bytes, ok.ckpt_ms, ok.seed, ok.checkpoint, ok.setup,
-	EXISTS (SELECT 1 FROM task_inputs ti WHERE ti.task_id = ok.task_id)
+	EXISTS (SELECT 1 FROM task_inputs ti WHERE ti.task_id = ok.task_id),
+	-- A checkpoint uploaded over HTTP (rare): read only for a task that
+	-- has a checkpoint but not its bytes.
+	CASE WHEN ok.checkpoint IS NULL AND ok.checkpoint_seq > 0 THEN
+		(SELECT b.id || ' ' || b.size FROM tasks t JOIN blobs b ON b.id = t.checkpoint_blob WHERE t.id = ok.task_id) END
 FROM ok ORDER BY ok.attempt`

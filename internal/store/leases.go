@@ -64,14 +64,27 @@ func (s *Store) Renew(ctx context.Context, rs []Renewal, lease time.Duration) (l
 // larger than the task's memory limit (its state is what the task held in
 // memory) is refused with a *RefusedError that says so, and not stored.
 func (s *Store) SaveCheckpoint(ctx context.Context, attempt int64, worker string, state []byte, lease time.Duration) (bool, error) {
-	var saved bool
+	return s.saveCheckpoint(ctx, attempt, worker, state, "", lease)
+}
+
+// SaveCheckpointBlob is SaveCheckpoint for a state the worker uploaded
+// over HTTP first (BeginOutputUpload with the empty name): blob must be
+// what that upload stored.
+func (s *Store) SaveCheckpointBlob(ctx context.Context, attempt int64, worker, blob string, lease time.Duration) (bool, error) {
+	return s.saveCheckpoint(ctx, attempt, worker, nil, blob, lease)
+}
+
+func (s *Store) saveCheckpoint(ctx context.Context, attempt int64, worker string, state []byte, blob string, lease time.Duration) (bool, error) {
+	var saved, unknown bool
 	var limit int64
 	err := s.tx(ctx, func(tx pgx.Tx) error {
-		saved, limit = false, 0
+		saved, unknown, limit = false, false, 0
 		var task int64
+		var old string
 		err := tx.QueryRow(ctx, `UPDATE attempts a SET lease_until = now() + $3 * interval '1 millisecond' FROM tasks t
 			WHERE a.id = $1 AND a.worker_id = $2 AND a.state = 'running' AND t.id = a.task_id
-			RETURNING a.task_id, t.memory_pages::bigint * 65536`, attempt, worker, lease.Milliseconds()).Scan(&task, &limit)
+			RETURNING a.task_id, t.memory_pages::bigint * 65536, coalesce(t.checkpoint_blob, '')`,
+			attempt, worker, lease.Milliseconds()).Scan(&task, &limit, &old)
 		if err == pgx.ErrNoRows {
 			return nil
 		}
@@ -81,13 +94,34 @@ func (s *Store) SaveCheckpoint(ctx context.Context, attempt int64, worker string
 		if int64(len(state)) > limit {
 			return nil // refused below; the lease renewal commits
 		}
-		_, err = tx.Exec(ctx, `UPDATE tasks SET checkpoint = $2, checkpoint_seq = checkpoint_seq + 1, checkpoint_at = now(), updated_at = now()
-			WHERE id = $1`, task, state)
-		saved = err == nil
-		return err
+		var blobArg any
+		if blob != "" {
+			var ok bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM output_uploads WHERE attempt_id = $1 AND name = '' AND blob_id = $2)`,
+				attempt, blob).Scan(&ok); err != nil {
+				return err
+			}
+			if !ok {
+				unknown = true
+				return nil
+			}
+			blobArg, state = blob, nil
+		}
+		if _, err = tx.Exec(ctx, `UPDATE tasks SET checkpoint = $2, checkpoint_blob = $3, checkpoint_seq = checkpoint_seq + 1,
+			checkpoint_at = now(), updated_at = now() WHERE id = $1`, task, state, blobArg); err != nil {
+			return err
+		}
+		saved = true
+		if old != "" && old != blob {
+			return dropUnusedBlobs(ctx, tx, []string{old}) // the checkpoint this one replaces
+		}
+		return nil
 	})
 	if err != nil {
 		return false, fmt.Errorf("save checkpoint of attempt %d: %w", attempt, err)
+	}
+	if unknown {
+		return false, &RefusedError{Why: fmt.Sprintf("the checkpoint names data %s that attempt %d did not upload as its checkpoint", blob, attempt)}
 	}
 	if !saved && limit > 0 && int64(len(state)) > limit {
 		return false, &RefusedError{Why: fmt.Sprintf("a checkpoint of %d bytes is larger than the task's memory limit of %d bytes", len(state), limit)}

@@ -22,15 +22,29 @@ var ErrReplicated = errors.New("the outputs of a replicated task travel in its r
 // OutputLimitError refuses an output upload that would take the outputs
 // of its attempt past the task's limit.
 type OutputLimitError struct {
-	Limit int64 // the task's output_bytes
+	Limit int64 // the task's output_bytes (its memory for a checkpoint)
 	Used  int64 // bytes the attempt uploaded under other names
 	Size  int64 // bytes of this upload, or what arrived before it passed the limit
+	// Checkpoint: the upload is a checkpoint, at most the task's memory.
+	Checkpoint bool
 }
 
 func (e *OutputLimitError) Error() string {
+	if e.Checkpoint {
+		return fmt.Sprintf("a checkpoint of %d bytes is larger than the task's memory limit of %d bytes", e.Size, e.Limit)
+	}
 	return fmt.Sprintf("output limit of %d bytes exceeded: the attempt uploaded %d bytes of other outputs and this one has %d",
 		e.Limit, e.Used, e.Size)
 }
+
+// uploadLimitSQL is the bound of an upload ($3: its name) of attempt a of
+// task t: the task's outputs together, or its memory for a checkpoint
+// (the empty name). uploadedSQL is what counts towards it: the attempt's
+// other outputs, nothing for a checkpoint (the latest replaces the last).
+const (
+	uploadLimitSQL = `CASE WHEN $3 = '' THEN t.memory_pages::bigint * 65536 ELSE t.output_bytes END`
+	uploadedSQL    = `CASE WHEN $3 = '' THEN 0 ELSE coalesce((SELECT sum(size) FROM output_uploads WHERE attempt_id = a.id AND name <> $3 AND name <> ''), 0) END`
+)
 
 // OutputUpload streams one output of a running attempt into a blob
 // (docs/PROTOCOL.md, "Outputs over HTTP"). Nothing of it is visible until
@@ -42,15 +56,15 @@ type OutputUpload struct {
 }
 
 // BeginOutputUpload starts the upload of output name of attempt, which
-// must be running on worker. It fails with ErrNotHeld, ErrReplicated, or
+// must be running on worker; the empty name is a checkpoint of the attempt
+// (SaveCheckpoint). It fails with ErrNotHeld, ErrReplicated, or
 // an *OutputLimitError when expect (the size if known, else -1) would
 // take the attempt's uploads past its task's output limit.
 func (s *Store) BeginOutputUpload(ctx context.Context, attempt int64, worker, name string, expect int64) (*OutputUpload, error) {
 	u := &OutputUpload{BlobUpload: &BlobUpload{s: s, h: sha256.New()}, attempt: attempt, name: name}
 	err := s.tx(ctx, func(tx pgx.Tx) error {
 		var replicas int
-		err := tx.QueryRow(ctx, `SELECT w.owner_id, t.output_bytes, t.max_replicas,
-				coalesce((SELECT sum(size) FROM output_uploads WHERE attempt_id = a.id AND name <> $3), 0)
+		err := tx.QueryRow(ctx, `SELECT w.owner_id, `+uploadLimitSQL+`, t.max_replicas, `+uploadedSQL+`
 			FROM attempts a JOIN tasks t ON t.id = a.task_id JOIN workflows w ON w.id = t.workflow_id
 			WHERE a.id = $1 AND a.worker_id = $2::uuid AND a.state = 'running'`,
 			attempt, worker, name).Scan(&u.owner, &u.quota, &replicas, &u.used)
@@ -64,7 +78,7 @@ func (s *Store) BeginOutputUpload(ctx context.Context, attempt int64, worker, na
 			return ErrReplicated
 		}
 		if u.used+max(expect, 0) > u.quota {
-			return &OutputLimitError{Limit: u.quota, Used: u.used, Size: expect}
+			return &OutputLimitError{Limit: u.quota, Used: u.used, Size: expect, Checkpoint: name == ""}
 		}
 		return tx.QueryRow(ctx, `INSERT INTO blob_uploads (key, owner_id, attempt_id) VALUES (nextval('blob_keys'), $1, $2) RETURNING key`,
 			u.owner, attempt).Scan(&u.key)
@@ -72,7 +86,9 @@ func (s *Store) BeginOutputUpload(ctx context.Context, attempt int64, worker, na
 	if err != nil {
 		return nil, fmt.Errorf("begin upload of output %q of attempt %d: %w", name, attempt, err)
 	}
-	u.over = func(used, size int64) error { return &OutputLimitError{Limit: u.quota, Used: used, Size: size} }
+	u.over = func(used, size int64) error {
+		return &OutputLimitError{Limit: u.quota, Used: used, Size: size, Checkpoint: name == ""}
+	}
 	return u, nil
 }
 
@@ -89,7 +105,7 @@ func (u *OutputUpload) Commit(ctx context.Context, worker string) (string, error
 	err := u.s.tx(ctx, func(tx pgx.Tx) error {
 		// The attempt's row orders concurrent uploads of one attempt.
 		var used, limit int64
-		err := tx.QueryRow(ctx, `SELECT t.output_bytes, coalesce((SELECT sum(size) FROM output_uploads WHERE attempt_id = a.id AND name <> $3), 0)
+		err := tx.QueryRow(ctx, `SELECT `+uploadLimitSQL+`, `+uploadedSQL+`
 			FROM attempts a JOIN tasks t ON t.id = a.task_id
 			WHERE a.id = $1 AND a.worker_id = $2::uuid AND a.state = 'running' FOR UPDATE OF a`,
 			u.attempt, worker, u.name).Scan(&limit, &used)
@@ -100,7 +116,7 @@ func (u *OutputUpload) Commit(ctx context.Context, worker string) (string, error
 			return err
 		}
 		if used+u.size > limit {
-			return &OutputLimitError{Limit: limit, Used: used, Size: u.size}
+			return &OutputLimitError{Limit: limit, Used: used, Size: u.size, Checkpoint: u.name == ""}
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO blobs (id, key, size, chunk_bytes, archive) VALUES ($1, $2, $3, $4, false)
 			ON CONFLICT (id) DO NOTHING`, id, u.key, u.size, BlobChunkBytes); err != nil {

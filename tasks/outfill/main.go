@@ -6,7 +6,11 @@
 //	outfill rewrite N writes 64 KiB to /out/again N times, truncating it
 //	                  each time (so that it holds 64 KiB at the end)
 //	outfill ckpt N    saves a checkpoint of N bytes
-//
+//	outfill resume N  restores a checkpoint and prints its size and sha256,
+//	                  or else saves a checkpoint of N bytes (byte i is
+//	                  i*31 mod 251) and exits with 3, so that the next
+//	                  attempt resumes from it
+
 // After each chunk or file it writes the total so far to stderr on a line
 // of its own ("wrote 65536", "created 1"), so that its log's last line says
 // how far it got before it was stopped. A checkpoint's answer goes to
@@ -15,6 +19,7 @@ package main
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"fmt"
 	"os"
 	"strconv"
@@ -71,6 +76,20 @@ func main() {
 			return
 		}
 		fmt.Fprintln(os.Stderr, "checkpoint saved")
+	case "resume":
+		if st, ok := sdk.Restore(); ok {
+			fmt.Printf("restored %d %x\n", len(st), sha256.Sum256(st))
+			return
+		}
+		st := make([]byte, n)
+		for i := range st {
+			st[i] = byte(i * 31 % 251)
+		}
+		if err := sdk.Checkpoint(st); err != nil {
+			fail("checkpoint refused: " + err.Error())
+		}
+		fmt.Fprintln(os.Stderr, "checkpoint saved; failing on purpose")
+		os.Exit(3)
 	default:
 		fail("unknown mode " + os.Args[1])
 	}

@@ -70,7 +70,7 @@ const slotEnv = "CYCLEPOOL_SLOT_PROCESS"
 // wireVersion changes with any incompatible change of the messages below.
 // Parent and child are the same executable, so it only guards against a
 // binary replaced on disk while the worker runs.
-const wireVersion = 5
+const wireVersion = 6
 
 type requestKind uint8
 

@@ -159,12 +159,16 @@ func appendAssign(b []byte, a *protocol.Assign) []byte {
 	b = appendInt(b, a.Limits.LogBytes)
 	b = appendInt(b, a.CkptMS)
 	b = appendString(b, a.Priority)
-	// The setup is rare: JSON, empty when there is none.
-	var setup []byte
+	// The setup and a checkpoint to download are rare: JSON, empty when
+	// there is none.
+	var setup, from []byte
 	if a.Setup != nil {
 		setup, _ = json.Marshal(a.Setup)
 	}
-	return appendBytes(b, setup)
+	if a.RestoreFrom != nil {
+		from, _ = json.Marshal(a.RestoreFrom)
+	}
+	return appendBytes(appendBytes(b, setup), from)
 }
 
 // wireBuf reads fields; the first error sticks and later reads return
@@ -316,6 +320,12 @@ func (d *wireBuf) assign() *protocol.Assign {
 		a.Setup = new(protocol.Setup)
 		if err := json.Unmarshal(setup, a.Setup); err != nil {
 			d.fail("setup")
+		}
+	}
+	if from := d.raw(); len(from) > 0 {
+		a.RestoreFrom = new(protocol.File)
+		if err := json.Unmarshal(from, a.RestoreFrom); err != nil {
+			d.fail("restore_from")
 		}
 	}
 	return a
