@@ -265,79 +265,45 @@ func putOutput(ctx context.Context, u string, body io.Reader, size int64) (proto
 	if err != nil {
 		return protocol.Uploaded{}, false, err
 	}
-	type answer struct {
-		status     int
-		statusText string
-		text       []byte
-		err        error
+	status, statusText, text, err := fetchJS(ctx, "PUT", u, b)
+	if err != nil {
+		return protocol.Uploaded{}, true, err
 	}
-	done := make(chan answer, 1)
-	var then, fail, read js.Func
-	defer func() { then.Release(); fail.Release(); read.Release() }()
-	var status int
-	var statusText string
-	fail = js.FuncOf(func(_ js.Value, args []js.Value) any {
-		msg := "fetch failed"
-		if len(args) > 0 && args[0].Type() == js.TypeObject {
-			msg = args[0].Get("message").String()
-		}
-		done <- answer{err: errors.New(msg)}
-		return nil
-	})
-	read = js.FuncOf(func(_ js.Value, args []js.Value) any {
-		done <- answer{status: status, statusText: statusText, text: []byte(args[0].String())}
-		return nil
-	})
-	then = js.FuncOf(func(_ js.Value, args []js.Value) any {
-		status, statusText = args[0].Get("status").Int(), args[0].Get("statusText").String()
-		args[0].Call("text").Call("then", read, fail)
-		return nil
-	})
-	ctrl := js.Global().Get("AbortController").New()
-	if err := catch(func() {
-		arr := js.Global().Get("Uint8Array").New(len(b))
-		js.CopyBytesToJS(arr, b)
-		opts := js.Global().Get("Object").New()
-		opts.Set("method", "PUT")
-		opts.Set("body", arr)
-		opts.Set("signal", ctrl.Get("signal"))
-		js.Global().Call("fetch", u, opts).Call("then", then, fail)
-	}); err != nil {
-		return protocol.Uploaded{}, false, err
-	}
-	var a answer
-	select {
-	case a = <-done:
-	case <-ctx.Done():
-		ctrl.Call("abort")
-		<-done
-		return protocol.Uploaded{}, false, ctx.Err()
-	}
-	if a.err != nil {
-		return protocol.Uploaded{}, true, a.err
-	}
-	if a.status != 200 {
-		retry, err := uploadError(a.status, fmt.Sprintf("%d %s", a.status, a.statusText), a.text)
+	if status != 200 {
+		retry, err := uploadError(status, fmt.Sprintf("%d %s", status, statusText), text)
 		return protocol.Uploaded{}, retry, err
 	}
 	var got protocol.Uploaded
-	if err := json.Unmarshal(a.text, &got); err != nil {
-		return protocol.Uploaded{}, false, fmt.Errorf("the server's answer %q: %w", a.text, err)
+	if err := json.Unmarshal(text, &got); err != nil {
+		return protocol.Uploaded{}, false, fmt.Errorf("the server's answer %q: %w", text, err)
 	}
 	return got, false, nil
 }
 
 // getBytes downloads u, of size bytes, through the browser's fetch.
 func getBytes(ctx context.Context, u string, size int64) ([]byte, error) {
+	status, _, data, err := fetchJS(ctx, "GET", u, nil)
+	switch {
+	case err != nil:
+		return nil, err
+	case status != 200:
+		return nil, fmt.Errorf("status %d", status)
+	case int64(len(data)) != size:
+		return nil, fmt.Errorf("%d bytes arrived, not %d", len(data), size)
+	}
+	return data, nil
+}
+
+// fetchJS makes one request through the browser's fetch, with body when
+// not nil, and returns the answer's status and bytes; ctx aborts it.
+func fetchJS(ctx context.Context, method, u string, body []byte) (status int, statusText string, data []byte, err error) {
 	type answer struct {
-		status int
-		data   []byte
-		err    error
+		data []byte
+		err  error
 	}
 	done := make(chan answer, 1)
 	var then, fail, read js.Func
 	defer func() { then.Release(); fail.Release(); read.Release() }()
-	var status int
 	fail = js.FuncOf(func(_ js.Value, args []js.Value) any {
 		msg := "fetch failed"
 		if len(args) > 0 && args[0].Type() == js.TypeObject {
@@ -350,37 +316,34 @@ func getBytes(ctx context.Context, u string, size int64) ([]byte, error) {
 		arr := js.Global().Get("Uint8Array").New(args[0])
 		b := make([]byte, arr.Get("length").Int())
 		js.CopyBytesToGo(b, arr)
-		done <- answer{status: status, data: b}
+		done <- answer{data: b}
 		return nil
 	})
 	then = js.FuncOf(func(_ js.Value, args []js.Value) any {
-		status = args[0].Get("status").Int()
+		status, statusText = args[0].Get("status").Int(), args[0].Get("statusText").String()
 		args[0].Call("arrayBuffer").Call("then", read, fail)
 		return nil
 	})
 	ctrl := js.Global().Get("AbortController").New()
 	if err := catch(func() {
 		opts := js.Global().Get("Object").New()
+		opts.Set("method", method)
 		opts.Set("signal", ctrl.Get("signal"))
+		if body != nil {
+			arr := js.Global().Get("Uint8Array").New(len(body))
+			js.CopyBytesToJS(arr, body)
+			opts.Set("body", arr)
+		}
 		js.Global().Call("fetch", u, opts).Call("then", then, fail)
 	}); err != nil {
-		return nil, err
+		return 0, "", nil, err
 	}
-	var a answer
 	select {
-	case a = <-done:
+	case a := <-done:
+		return status, statusText, a.data, a.err
 	case <-ctx.Done():
 		ctrl.Call("abort")
 		<-done
-		return nil, ctx.Err()
+		return 0, "", nil, ctx.Err()
 	}
-	switch {
-	case a.err != nil:
-		return nil, a.err
-	case a.status != 200:
-		return nil, fmt.Errorf("status %d", a.status)
-	case int64(len(a.data)) != size:
-		return nil, fmt.Errorf("%d bytes arrived, not %d", len(a.data), size)
-	}
-	return a.data, nil
 }
