@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -78,7 +77,7 @@ func (s *Server) handleUploadOutput(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusForbidden, "no upload key for worker %q", worker)
 		return
 	}
-	if strings.HasPrefix(r.URL.Path, "/checkpoints/") {
+	if r.Pattern == "PUT /checkpoints/{attempt}" {
 		name = "" // the attempt's checkpoint (store.BeginOutputUpload)
 	} else if msg := workflow.CheckOutputName(name); msg != "" {
 		writeError(w, http.StatusBadRequest, "%s", msg)

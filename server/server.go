@@ -702,7 +702,9 @@ func toAssign(c *store.Claimed, w assignee) (protocol.Assign, error) {
 			a.Setup = nil
 		}
 	}
-	if c.RestoreBlob != "" {
+	if c.RestoreBlob != "" && w.upload {
+		// (A worker of a build without uploads would not download it:
+		// it starts from the beginning, which is always correct.)
 		u, err := w.blobURL(c.RestoreBlob)
 		if err != nil {
 			return a, err

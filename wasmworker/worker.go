@@ -840,14 +840,17 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 				Upload: as.Limits.Uploads()}
 			if as.RestoreFrom != nil {
 				// A checkpoint uploaded over HTTP: downloaded, then
-				// restored as any other.
-				if b, err := fetchCheckpoint(actx, server, as.RestoreFrom); err != nil {
-					out = &Outcome{Reason: protocol.ReasonWorker, Message: err.Error()}
-				} else {
+				// restored as any other. One that cannot be had is
+				// done without: the task starts from the beginning,
+				// which is always correct (handing it back could
+				// bring it back here, again and again).
+				if b, err := fetchCheckpoint(actx, server, as.RestoreFrom); err == nil {
 					as.Restore = protocol.Blob{Data: b}
+				} else if actx.Err() == nil {
+					w.log.Warn("starting from the beginning: the checkpoint to restore could not be had", "attempt", as.Attempt, "err", err)
 				}
 			}
-			if out == nil {
+			if actx.Err() == nil {
 				out = w.cfg.Runner.Run(actx, &a.job)
 			}
 			if out != nil && a.job.Upload {

@@ -697,7 +697,9 @@ func doneCTEs(ids, headStart string) string {
 }
 
 var doneCTEsTemplate = `done AS (
-	UPDATE tasks SET state = 'done', pending = 0, finished_at = now(), updated_at = now(), error = ''
+	-- A done task needs its checkpoint no more: its bytes, or its blob
+	-- (which garbage collection then removes), go.
+	UPDATE tasks SET state = 'done', pending = 0, finished_at = now(), updated_at = now(), error = '', checkpoint = NULL, checkpoint_blob = NULL
 	WHERE id {ids} AND state COLLATE "C" = 'running' RETURNING id, workflow_id, failed_by
 ), struck AS (
 	-- A task done disproves the failures reported of it: each worker
