@@ -154,15 +154,21 @@ func TestBrowserLargeInputAndOutput(t *testing.T) {
 func TestBrowserWASIConformance(t *testing.T) {
 	t.Parallel()
 	p := newPlatform(t, "--lease", "10s")
-	conf := push(t, p.client, "wasiconf")
+	conf, probe := push(t, p.client, "wasiconf"), push(t, p.client, "fsprobe")
 	b := newBrowser(t, 1280, 900, charging)
 	openVolunteerPage(t, b, p.srv.url)
 	id := submit(t, p.client, workflow("conformance",
 		task{"name": "out", "module": conf, "args": []string{"/out"}},
 		task{"name": "root", "module": conf, "args": []string{"/"}, "env": map[string]any{"X": "1"}},
+		task{"name": "times", "module": probe, "args": []string{"write", "/out/x", "hi", "stat", "/out/x"}},
 	))
 	if st := wait(t, p.client, id, 2*time.Minute); st.State != "done" {
 		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
+	}
+	// A file the task makes has the task's own time on a page (its clock
+	// starts at 1 700 000 000 s), not the page's.
+	if got := strings.TrimSpace(output(t, p.client, id, "times", "stdout")); got != "ok\n2 1700000000" {
+		t.Errorf("a file written on the page: %q, want ok and size 2 at 1700000000", got)
 	}
 	for name, guest := range map[string]string{"out": "/out", "root": "/"} {
 		want, err := wasiref.Run(context.Background(), taskbuild.Bytes(t, "wasiconf"), t.TempDir(), guest, guest)

@@ -281,7 +281,6 @@ function untar(bytes, writable) {
   return root;
 }
 function newFile(data, writable, mtime) { return { dir: false, data, size: data.length, writable, mtime }; }
-function realNow() { return BigInt(Date.now()) * 1000000n; }
 
 function runAttempt(p) {
   const t0 = performance.now();
@@ -290,6 +289,9 @@ function runAttempt(p) {
   let clock = 0n; // ns since the attempt started, as the task sees it
   const tickMono = () => (clock = I64(clock + STEP));
   const tickReal = () => { clock = I64(clock + STEP); return U64(EPOCH_NS + clock); };
+  // taskNow is the time files change at: the task's own wall clock, not
+  // advanced (a task's file times are the same on every run).
+  const taskNow = () => U64(EPOCH_NS + clock);
   let rngState = U64(BigInt(p.seed));
   const rngBuf = new Uint8Array(8), rngView = new DataView(rngBuf.buffer);
   let rngLeft = 0;
@@ -317,7 +319,7 @@ function runAttempt(p) {
   // ---- files ----
   const inDir = newDir(false, EPOCH_NS);
   for (const { name, data } of p.inputs) if (!name.startsWith("/")) inDir.entries.set(name, newFile(data, false, EPOCH_NS));
-  const outDir = newDir(true, realNow());
+  const outDir = newDir(true, EPOCH_NS);
   const stdin = { kind: "stdin", data: p.stdin, pos: 0, flags: 0 };
   let stdoutParts = [], stdoutSize = 0;
   let logBuf = new Uint8Array(Math.min(limits.logBytes, 4096)), logSize = 0;
@@ -548,7 +550,7 @@ function runAttempt(p) {
         else if (d.kind === "stderr") writeLog(b);
         else if (d.kind === "node" && !d.node.dir && d.write) {
           const f = d.node, at = d.flags & 1 ? f.size : d.pos;
-          ensure(f, at + b.length); f.data.set(b, at); f.size = Math.max(f.size, at + b.length); d.pos = at + b.length;
+          ensure(f, at + b.length); f.data.set(b, at); f.size = Math.max(f.size, at + b.length); d.pos = at + b.length; f.mtime = taskNow();
         } else return d.kind === "node" && d.node.dir ? E.ISDIR : E.BADF;
         total += len;
       }
@@ -564,7 +566,7 @@ function runAttempt(p) {
       let at = Number(offset), total = 0;
       for (const [ptr, len] of iovecs(iovs, n)) {
         const b = bytesAt(ptr, len), f = d.node;
-        ensure(f, at + len); f.data.set(b, at); f.size = Math.max(f.size, at + len); at += len; total += len;
+        ensure(f, at + len); f.data.set(b, at); f.size = Math.max(f.size, at + len); at += len; total += len; f.mtime = taskNow();
       }
       view(); dv.setUint32(nwritten >>> 0, total, true);
       return 0;
@@ -650,7 +652,7 @@ function runAttempt(p) {
       if (!d.node.writable) return E.ROFS;
       const n = Number(size); ensure(d.node, n);
       if (n < d.node.size) d.node.data.fill(0, n, d.node.size);
-      d.node.size = n; d.node.mtime = realNow();
+      d.node.size = n; d.node.mtime = taskNow();
       return 0;
     },
     fd_filestat_set_times(fd, atim, mtim, fl) {
@@ -735,13 +737,13 @@ function runAttempt(p) {
         if (!(oflags & CREAT)) return E.NOENT;
         if (!r.parent.writable) return E.ROFS;
         if (r.name === "." ) return E.ISDIR;
-        n = newFile(new Uint8Array(0), true, realNow());
-        r.parent.entries.set(r.name, n); r.parent.mtime = realNow();
+        n = newFile(new Uint8Array(0), true, taskNow());
+        r.parent.entries.set(r.name, n); r.parent.mtime = taskNow();
       }
       if (oflags & DIRECTORY && !n.dir) return E.NOTDIR;
       if (n.dir && write) return E.ISDIR;
       if (!n.dir && write && !n.writable) return E.ROFS;
-      if (oflags & TRUNC && !n.dir) { n.size = 0; n.mtime = realNow(); }
+      if (oflags & TRUNC && !n.dir) { n.size = 0; n.mtime = taskNow(); }
       const fd = newFd({ kind: "node", node: n, pos: 0, flags: fdflags, read, write });
       view(); dv.setUint32(fdOut >>> 0, fd, true);
       return 0;
@@ -768,7 +770,7 @@ function runAttempt(p) {
       if (typeof r === "number") return r;
       if (r.node) return E.EXIST;
       if (!r.parent.writable) return E.ROFS;
-      r.parent.entries.set(r.name, newDir(true, realNow()));
+      r.parent.entries.set(r.name, newDir(true, taskNow()));
       return 0;
     },
     path_remove_directory(fd, pathPtr, pathLen) {
@@ -818,7 +820,7 @@ function runAttempt(p) {
       if (!r.parent.writable) return E.ROFS;
       if (!safeTarget(target)) return E.PERM;
       if (r.node) return E.EXIST;
-      r.parent.entries.set(r.name, newLink(target, realNow()));
+      r.parent.entries.set(r.name, newLink(target, taskNow()));
       return 0;
     },
     // A hard link: a second name of the same file (what wazero's host
