@@ -105,18 +105,7 @@ func TestOutputUploads(t *testing.T) {
 			b, _ := io.ReadAll(resp.Body)
 			return resp.StatusCode, string(b)
 		}
-		req, err := http.NewRequest(http.MethodPut, ts.URL+path, body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.ContentLength = size
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return putURL(t, ts.URL+path, body, size)
 	}
 	counts := func() string {
 		t.Helper()
@@ -126,6 +115,19 @@ func TestOutputUploads(t *testing.T) {
 			t.Fatal(err)
 		}
 		return fmt.Sprintf("blobs %d, chunks %d, uploads %d, output uploads %d", blobs, chunks, uploads, outs)
+	}
+	// waitNothing waits until nothing of the uploads is stored.
+	waitNothing := func(t *testing.T, when string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			got := counts()
+			if got == "blobs 0, chunks 0, uploads 0, output uploads 0" {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: stored %s, want nothing", when, got)
+			}
+		}
 	}
 	a, b, r := attempts["a"].Attempt, attempts["b"].Attempt, attempts["r"].Attempt
 	data := randomBytes(3<<20+17, 7)
@@ -164,15 +166,7 @@ func TestOutputUploads(t *testing.T) {
 				t.Fatalf("answered %d %s, want %d saying %q", status, body, tc.status, tc.says)
 			}
 			// An upload cut off is cleaned up as the server notices.
-			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-				got := counts()
-				if got == "blobs 0, chunks 0, uploads 0, output uploads 0" {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("stored: %s, want nothing", got)
-				}
-			}
+			waitNothing(t, "after the refusal")
 		})
 	}
 
@@ -225,15 +219,7 @@ func TestOutputUploads(t *testing.T) {
 	if _, err := f.st.CollectBlobGarbage(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		got := counts()
-		if got == "blobs 0, chunks 0, uploads 0, output uploads 0" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after the flood: %s, want nothing", got)
-		}
-	}
+	waitNothing(t, "after the flood")
 
 	// An output uploaded again replaces the first: its bytes go at once.
 	if status, body := put(t, a, "big", f.worker.ID, key, bytes.NewReader(data[:2<<20]), 2<<20); status != http.StatusOK {
@@ -260,15 +246,7 @@ func TestOutputUploads(t *testing.T) {
 	// uploaded as its checkpoint.
 	ckptURL := fmt.Sprintf("%s/checkpoints/%d?w=%s&k=%s", ts.URL, a, f.worker.ID, key)
 	putRaw := func(u string, body []byte) (int, string) {
-		t.Helper()
-		req, _ := http.NewRequest(http.MethodPut, u, bytes.NewReader(body))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return putURL(t, u, bytes.NewReader(body), int64(len(body)))
 	}
 	if status, body := putRaw(ckptURL, data[:2<<20]); status != http.StatusRequestEntityTooLarge || !strings.Contains(body, "memory limit") {
 		t.Fatalf("a checkpoint over the task's memory: %d %s", status, body)
@@ -361,4 +339,22 @@ func TestOutputUploads(t *testing.T) {
 	if got := counts(); got != "blobs 1, chunks 4, uploads 0, output uploads 0" { // the output (a done task keeps no checkpoint)
 		t.Errorf("after garbage collection: %s, want the output's blob kept and no upload records", got)
 	}
+}
+
+// putURL PUTs size bytes of body to u and returns the answer's status and
+// body.
+func putURL(t *testing.T, u string, body io.Reader, size int64) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPut, u, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = size
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

@@ -318,9 +318,9 @@ func collectClaimed(br pgx.BatchResults) ([]Claimed, error) {
 	}
 	in := interned{}
 	var worker, wf, module, prio pgtype.DriverBytes
+	var restore pgtype.Text // declared once: Scan's pointer would move it to the heap per row
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claimed, error) {
 		var c Claimed
-		var restore pgtype.Text
 		err := r.Scan(&c.Attempt, &worker, &c.TaskID, &wf, &c.Name, &module, &c.Args, &c.Stdin, &prio,
 			&c.TimeoutMS, &c.MemoryPages, &c.OutputBytes, &c.LogBytes, &c.CkptMS, &c.Seed, &c.Restore, &c.Setup, &c.hasInputs, &restore)
 		c.Worker, c.WorkflowID, c.Module, c.Priority = in.of(worker), in.of(wf), in.of(module), in.of(prio)
