@@ -38,6 +38,11 @@ func (w *Worker) uploadOutputs(ctx context.Context, server string, attempt int64
 	}
 	w.mu.Lock()
 	key, worker := w.uploadKey, w.id
+	if w.stats.Server != "" {
+		// The replica connected to now: the one that assigned the
+		// attempt may have gone since (every replica takes the key).
+		server = w.stats.Server
+	}
 	w.mu.Unlock()
 	type item struct {
 		name string
