@@ -37,6 +37,7 @@ func TestLargeOutputOverHTTP(t *testing.T) {
 		h.Write(chunk)
 	}
 	want := fmt.Sprintf("%d %x", size, h.Sum(nil))
+	_, before := peakRSS(t, p.srv.cmd.Process.Pid)
 	id := submit(t, p.client, workflow("big-output",
 		task{"name": "make", "module": fill, "args": []string{"bytes", strconv.Itoa(size)}},
 		task{"name": "in", "module": probe, "args": []string{"sha", "/in/big"},
@@ -76,10 +77,14 @@ func TestLargeOutputOverHTTP(t *testing.T) {
 	if up := metricFloat(t, p.srv.url, "cyclepool_output_upload_bytes_total"); up < size {
 		t.Errorf("the server stored %d bytes of uploaded outputs, want at least %d", int64(up), size)
 	}
+	// Held whole anywhere, the output would take the server's memory
+	// 500 MiB up; it streams, so the peak stays far below (a bound of
+	// its own: the test runs beside others, whose load moves the
+	// server's baseline).
 	peak, _ := peakRSS(t, p.srv.cmd.Process.Pid)
-	t.Logf("server peak resident memory %d MiB", peak>>20)
-	if peak > 200<<20 {
-		t.Errorf("the server's resident memory peaked at %d MiB, want under 200 MiB", peak>>20)
+	t.Logf("server resident memory: %d MiB before the workflow, %d MiB at its peak", before>>20, peak>>20)
+	if peak-before > 160<<20 {
+		t.Errorf("the server's resident memory rose by %d MiB during a %d MiB output, want under 160 MiB", (peak-before)>>20, size>>20)
 	}
 }
 
