@@ -162,11 +162,14 @@ func TestBrowserWASIConformance(t *testing.T) {
 	conf, probe := push(t, p.client, "wasiconf"), push(t, p.client, "fsprobe")
 	b := newBrowser(t, 1280, 900, charging)
 	openVolunteerPage(t, b, p.srv.url)
-	id := submit(t, p.client, workflow("conformance",
+	spec := workflow("conformance",
 		task{"name": "out", "module": conf, "args": []string{"/out"}},
 		task{"name": "root", "module": conf, "args": []string{"/"}, "env": map[string]any{"X": "1"}},
 		task{"name": "times", "module": probe, "args": []string{"write", "/out/x", "hi", "stat", "/out/x"}},
-	))
+		task{"name": "values-out", "module": conf, "args": []string{"/out", "values"}},
+		task{"name": "values-root", "module": conf, "args": []string{"/", "values"}, "env": map[string]any{"X": "1"}},
+	)
+	id := submit(t, p.client, spec)
 	if st := wait(t, p.client, id, 2*time.Minute); st.State != "done" {
 		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
 	}
@@ -181,6 +184,27 @@ func TestBrowserWASIConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, d := range wasiref.Diff("plain wazero", wasiref.Deviations(want), "browser", output(t, p.client, id, name, "stdout")) {
+			t.Errorf("%s, %s", name, d)
+		}
+	}
+
+	// The same workflow (so the same seeds, which decide how often the Go
+	// runtime reads the clock) on a headless worker prints the same, value
+	// for value: neither runner takes inode numbers or times from its host.
+	ph := newPlatform(t, "--lease", "10s")
+	push(t, ph.client, "wasiconf")
+	push(t, ph.client, "fsprobe")
+	startWorker(t, "worker", 1, ph.srv.url)
+	hid := submit(t, ph.client, spec)
+	if st := wait(t, ph.client, hid, 2*time.Minute); st.State != "done" {
+		t.Fatalf("workflow on the headless worker ended %s: %+v", st.State, st.Tasks)
+	}
+	for _, name := range []string{"out", "root", "times", "values-out", "values-root"} {
+		headless, browser := output(t, ph.client, hid, name, "stdout"), output(t, p.client, id, name, "stdout")
+		if strings.HasPrefix(name, "values") && !strings.Contains(headless, "dir: 0 dev 0 ino 1 ") {
+			t.Errorf("%s on the headless worker: the directory is not the first file seen:\n%s", name, headless)
+		}
+		for _, d := range wasiref.Diff("headless", headless, "browser", browser) {
 			t.Errorf("%s, %s", name, d)
 		}
 	}

@@ -11,12 +11,18 @@
 // its name, the errno and what it read. Runners that agree print the same
 // lines; inode numbers and times that come from the host are printed as
 // relations (same inode, time set as asked), not as values.
+//
+// With a second argument "values", it prints instead the inode numbers and
+// times a sequence of calls shows, as values: the runners give them from
+// the task, not the host, so two runs, on any runner and any host, print
+// the same (plain wazero prints the host's).
 package main
 
 import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 	"unsafe"
 )
 
@@ -160,6 +166,10 @@ func main() {
 	if dir < 0 {
 		fmt.Println("no preopened directory", want)
 		os.Exit(1)
+	}
+	if len(os.Args) > 2 && os.Args[2] == "values" {
+		values()
+		return
 	}
 	checks()
 }
@@ -546,4 +556,91 @@ func pathSymlink2(target, link string) int32 {
 	t, tn := ptr(target)
 	l, ln := ptr(link)
 	return pathSymlink(t, tn, dir, l, ln)
+}
+
+// values prints the identity and times of files through a sequence that
+// makes, writes, links, lists, renames and removes them, with clock reads
+// between (each moves the task's clock on).
+func values() {
+	show := func(name string, st filestat, e int32) {
+		line(name, e, "dev", st.dev, "ino", st.ino, "nlink", st.nlink, "size", st.size, "atim", st.atim, "mtim", st.mtim, "ctim", st.ctim)
+	}
+	tick := func() { time.Now() }
+	st, e := stat(".", 0)
+	show("dir", st, e)
+	a, e := open("va", 0, oCreat|oExcl, rightsAll, 0)
+	line("create va", e)
+	st, e = fstat(a)
+	show("va made", st, e)
+	tick()
+	write(a, "one")
+	st, e = fstat(a)
+	show("va written", st, e)
+	st, e = stat(".", 0)
+	show("dir after create", st, e)
+	tick()
+	pa, pn := ptr("vd")
+	line("mkdir vd", pathCreateDirectory(dir, pa, pn))
+	st, e = stat("vd", 0)
+	show("vd", st, e)
+	tick()
+	x, e := open("vd/x", 0, oCreat, rightsAll, 0)
+	line("create vd/x", e)
+	fdClose(x)
+	st, e = stat("vd", 0)
+	show("vd after create", st, e)
+	po, on := ptr("va")
+	pl, ln := ptr("vl")
+	tick()
+	line("symlink vl", pathSymlink(po, on, dir, pl, ln))
+	st, e = stat("vl", 0)
+	show("vl", st, e)
+	st, e = stat("vl", lookupFollow)
+	show("vl followed", st, e)
+	pb, bn := ptr("vb")
+	line("link vb", pathLink(dir, 0, po, on, dir, pb, bn))
+	st, e = stat("vb", 0)
+	show("vb", st, e)
+	tick()
+	line("set atim", fdFilestatSetTimes(a, 1_600_000_000_000_000_000, 0, setAtim))
+	st, e = fstat(a)
+	show("va atim set", st, e)
+	tick()
+	line("set mtim now", fdFilestatSetTimes(a, 0, 0, 1<<3))
+	st, e = fstat(a)
+	show("va mtim now", st, e)
+	tick()
+	line("truncate", fdFilestatSetSize(a, 1))
+	st, e = fstat(a)
+	show("va truncated", st, e)
+	d, e := open(".", 0, oDirectory, rightRead|rightReaddir, 0)
+	line("open dir", e)
+	buf := make([]byte, 4096)
+	var used int32
+	e = fdReaddir(d, unsafe.Pointer(&buf[0]), int32(len(buf)), 0, unsafe.Pointer(&used))
+	var ents []string
+	for b := buf[:used]; len(b) >= 24; {
+		n := *(*uint32)(unsafe.Pointer(&b[16]))
+		if len(b) < 24+int(n) {
+			break
+		}
+		ents = append(ents, fmt.Sprintf("%s=%d", b[24:24+int(n)], *(*uint64)(unsafe.Pointer(&b[8]))))
+		b = b[24+int(n):]
+	}
+	line("listing", e, ents)
+	fdClose(d)
+	pe, en := ptr("ve")
+	line("rename vd ve", pathRename(dir, pa, pn, dir, pe, en))
+	st, e = stat("ve", 0)
+	show("ve", st, e)
+	fdClose(a)
+	line("unlink va", pathUnlinkFile(dir, po, on))
+	line("unlink vb", pathUnlinkFile(dir, pb, bn))
+	line("unlink vl", pathUnlinkFile(dir, pl, ln))
+	tick()
+	c, e := open("vc", 0, oCreat|oExcl, rightsAll, 0)
+	line("create vc", e)
+	st, e = fstat(c)
+	show("vc", st, e)
+	fdClose(c)
 }

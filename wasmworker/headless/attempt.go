@@ -43,6 +43,7 @@ type attempt struct {
 	stderr   *cappedWriter
 	out      outCount // what the task wrote under /out, counted as it writes
 	clock    deterministicClock
+	view     fsView // what the task sees of its files' identity and times
 	ckptMu   sync.Mutex
 	lastCkpt time.Time // start of the attempt or last saved checkpoint
 
@@ -88,6 +89,7 @@ func newAttempt(e *engine, job *wasmworker.Job, mod *compiled) *attempt {
 	}
 	a := &attempt{e: e, job: job, mod: mod, limits: l, wall: time.Duration(l.WallMS) * time.Millisecond}
 	a.touched = &a.ownTouched
+	a.view.clock = &a.clock
 	return a
 }
 
@@ -125,9 +127,6 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 	}
 
 	defer func() {
-		if a.e.slot != nil && a.touched.in {
-			a.e.slot.inDirty = true
-		}
 		if testAttemptEnded != nil {
 			testAttemptEnded(a)
 		}
@@ -195,7 +194,7 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 		a.touched = &sc.touched
 		cfg = sc.base
 	} else {
-		cfg = moduleConfig(a.dir, a.touched, func() *outCount { return &a.out }, &a.stdin, a.stdout, a.stderr,
+		cfg = moduleConfig(a.dir, a.touched, func() *outCount { return &a.out }, func() *fsView { return &a.view }, &a.stdin, a.stdout, a.stderr,
 			a.clock.walltime, a.clock.nanotime, a.clock.nanosleep, &a.clock.rand)
 	}
 	cfg = cfg.WithArgs(append([]string{argv0}, as.Args...)...)
@@ -240,16 +239,14 @@ func (a *attempt) run(parent context.Context) *wasmworker.Outcome {
 
 // moduleConfig is the configuration of a module that runs in dir (with in/
 // and out/), records its use of them in t, counts its writes to out/ in
-// out's (see outCount) and reads and writes the given
-// stdio, clocks and random source: everything but argv.
-func moduleConfig(dir string, t *touched, out func() *outCount, stdin io.Reader, stdout, stderr io.Writer,
+// out's (see outCount), shows its files through view's (see fsView) and
+// reads and writes the given stdio, clocks and random source: everything
+// but argv.
+func moduleConfig(dir string, t *touched, out func() *outCount, view func() *fsView, stdin io.Reader, stdout, stderr io.Writer,
 	walltime sys.Walltime, nanotime sys.Nanotime, nanosleep sys.Nanosleep, rand io.Reader) wazero.ModuleConfig {
 	fsc := wazero.NewFSConfig().(experimentalsysfs.FSConfig).
-		WithSysFSMount(sortedFS{touchFS{&roTreeFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(dir, "in"))}}, &t.in}}, "/in").(experimentalsysfs.FSConfig).
-		// A pointer: wazero compares the file systems of a rename's two
-		// directories, and countFS (a func inside) is not comparable, so
-		// a rename under /out trapped.
-		WithSysFSMount(sortedFS{&downLinkFS{touchFS{countFS{experimentalsysfs.DirFS(filepath.Join(dir, "out")), out}, &t.out}}}, "/out")
+		WithSysFSMount(&viewFS{sortedFS{touchFS{&roTreeFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(dir, "in"))}}, &t.in}}, view, mountIn}, "/in").(experimentalsysfs.FSConfig).
+		WithSysFSMount(&viewFS{sortedFS{&downLinkFS{touchFS{countFS{experimentalsysfs.DirFS(filepath.Join(dir, "out")), out}, &t.out}}}, view, mountOut}, "/out")
 	return wazero.NewModuleConfig().
 		WithName("").
 		WithStartFunctions(). // _start is called by run, to tell instantiation from running
@@ -278,7 +275,7 @@ type slotModuleConfig struct {
 
 func newSlotModuleConfig(dir string) *slotModuleConfig {
 	sc := &slotModuleConfig{dir: dir}
-	sc.base = moduleConfig(dir, &sc.touched, func() *outCount { return &sc.cur.out }, curStdin{sc}, curStdout{sc}, curStderr{sc},
+	sc.base = moduleConfig(dir, &sc.touched, func() *outCount { return &sc.cur.out }, func() *fsView { return &sc.cur.view }, curStdin{sc}, curStdout{sc}, curStderr{sc},
 		func() (int64, int32) { return sc.cur.clock.walltime() },
 		func() int64 { return sc.cur.clock.nanotime() },
 		func(ns int64) { sc.cur.clock.nanosleep(ns) },

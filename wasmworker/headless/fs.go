@@ -18,8 +18,8 @@ import (
 	"github.com/cyclepool/cyclepool/wasmworker"
 )
 
-// inputTime is the modification time of every file under /in, so that a
-// task that looks at it sees the same value on every runner.
+// inputTime is the time of every file a task finds (fsView), so that a task
+// that looks at it sees the same value on every runner.
 var inputTime = time.Unix(epochSeconds, 0)
 
 // badInputError is an assignment whose inputs cannot be laid out as files.
@@ -64,23 +64,6 @@ func (a *attempt) prepareDirs() error {
 		if err := os.WriteFile(p, in.Data, 0o444); err != nil {
 			return err
 		}
-		if err := os.Chtimes(p, inputTime, inputTime); err != nil {
-			return err
-		}
-	}
-	// When in/ is new or changed, and when the task before listed it
-	// (that moved its access time to the real time, relatime), which the
-	// next task on this slot would otherwise see: in/ looks the same to
-	// every attempt. A slot whose previous task never touched /in (see
-	// touchFS) and that has no inputs skips the system call.
-	if slot != nil && !slot.inDirty && len(a.job.Assign.Inputs) == 0 {
-		return nil
-	}
-	if err := os.Chtimes(inDir, inputTime, inputTime); err != nil {
-		return err
-	}
-	if slot != nil {
-		slot.inDirty = false
 	}
 	return nil
 }

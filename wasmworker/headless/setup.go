@@ -64,7 +64,7 @@ func (a *attempt) prepareSetup() error {
 		} else if err := checkInputName(in.Name); err != nil {
 			return err
 		}
-		if err := writeFixed(p, in.Data, 0o644); err != nil {
+		if err := os.WriteFile(p, in.Data, 0o644); err != nil {
 			return err
 		}
 	}
@@ -89,9 +89,6 @@ func (a *attempt) prepareSetup() error {
 				return err
 			}
 		}
-		if err := os.Chtimes(p, inputTime, inputTime); err != nil {
-			return err
-		}
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
 	for k, f := range files {
@@ -106,7 +103,7 @@ func (a *attempt) prepareSetup() error {
 		}
 		switch {
 		case f.Data != nil:
-			if err := writeFixed(p, []byte(*f.Data), 0o644); err != nil {
+			if err := os.WriteFile(p, []byte(*f.Data), 0o644); err != nil {
 				return err
 			}
 		case f.Archive:
@@ -132,7 +129,7 @@ func (a *attempt) prepareSetup() error {
 		default:
 			// A placeholder, so that the directory lists it; the task
 			// reads the cache's file through setupFS.
-			if err := writeFixed(p, nil, 0o444); err != nil {
+			if err := os.WriteFile(p, nil, 0o444); err != nil {
 				return err
 			}
 			sfs.roFiles[strings.TrimPrefix(f.Path, "/")] = dataPath(a.e.dataDir, f.Blob)
@@ -144,18 +141,6 @@ func (a *attempt) prepareSetup() error {
 				return fmt.Errorf("the working directory %s: %w", su.Cwd, err)
 			}
 		}
-	}
-	// Everything the task finds in its tree, at the same times everywhere.
-	if err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Chtimes(p, inputTime, inputTime)
-	}); err != nil {
-		return err
-	}
-	if err := os.Chtimes(inDir, inputTime, inputTime); err != nil {
-		return err
 	}
 	sfs.scratch = outCount{dir: root, stdout: func() int64 { return 0 }, maxEntries: MaxScratchEntries,
 		stop: func(le *limitError) { a.stop(le) }}
@@ -187,14 +172,6 @@ func checkGuestPath(p string) string {
 		return fmt.Sprintf("path %q is under /in or /out", p)
 	}
 	return ""
-}
-
-// writeFixed writes a file with the fixed time every input has.
-func writeFixed(p string, b []byte, perm fs.FileMode) error {
-	if err := os.WriteFile(p, b, perm); err != nil {
-		return err
-	}
-	return os.Chtimes(p, inputTime, inputTime)
 }
 
 func copyFile(from, to string) error {
@@ -237,30 +214,39 @@ func copyTree(from, to string) error {
 }
 
 // fsConfig mounts the task's file system: its root, the read-only trees,
-// /in and /out.
-func (s *setupFS) fsConfig(dir string, t *touched, out func() *outCount) wazero.FSConfig {
+// /in and /out, each shown through view's fsView.
+func (s *setupFS) fsConfig(dir string, t *touched, out func() *outCount, view func() *fsView) wazero.FSConfig {
 	fsc := wazero.NewFSConfig().(experimentalsysfs.FSConfig).
-		WithSysFSMount(sortedFS{&rootFS{downLinkFS{countFS{experimentalsysfs.DirFS(s.root), func() *outCount { return &s.scratch }}}, s}}, "/").(experimentalsysfs.FSConfig)
+		WithSysFSMount(&viewFS{sortedFS{&rootFS{downLinkFS{countFS{experimentalsysfs.DirFS(s.root), func() *outCount { return &s.scratch }}}, s}}, view, mountRoot}, "/").(experimentalsysfs.FSConfig)
 	trees := make([]string, 0, len(s.roTrees))
 	for g := range s.roTrees {
 		trees = append(trees, g)
 	}
 	sort.Strings(trees)
-	for _, g := range trees {
-		fsc = fsc.WithSysFSMount(sortedFS{&roTreeFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(s.roTrees[g])}}}, g).(experimentalsysfs.FSConfig)
+	for i, g := range trees {
+		fsc = fsc.WithSysFSMount(&viewFS{sortedFS{&roTreeFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(s.roTrees[g])}}}, view, mountTrees + i}, g).(experimentalsysfs.FSConfig)
 	}
-	return fsc.WithSysFSMount(sortedFS{touchFS{&roTreeFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(dir, "in"))}}, &t.in}}, "/in").(experimentalsysfs.FSConfig).
-		WithSysFSMount(sortedFS{&downLinkFS{touchFS{countFS{experimentalsysfs.DirFS(filepath.Join(dir, "out")), out}, &t.out}}}, "/out")
+	return fsc.WithSysFSMount(&viewFS{sortedFS{touchFS{&roTreeFS{&experimentalsysfs.ReadFS{FS: experimentalsysfs.DirFS(filepath.Join(dir, "in"))}}, &t.in}}, view, mountIn}, "/in").(experimentalsysfs.FSConfig).
+		WithSysFSMount(&viewFS{sortedFS{&downLinkFS{touchFS{countFS{experimentalsysfs.DirFS(filepath.Join(dir, "out")), out}, &t.out}}}, view, mountOut}, "/out")
 }
+
+// The mounts of a task, told apart in its fsView: the root, /in, /out,
+// and the read-only trees in order of their paths.
+const (
+	mountRoot = iota
+	mountIn
+	mountOut
+	mountTrees
+)
 
 // setupModuleConfig is moduleConfig for a task with a setup: its file
 // system, and its environment with PWD set to its working directory
 // (where Go programs start; docs/DATA.md says what C and Rust do).
 func (a *attempt) setupModuleConfig() wazero.ModuleConfig {
 	su := a.job.Assign.Setup
-	cfg := moduleConfig(a.dir, a.touched, func() *outCount { return &a.out }, &a.stdin, a.stdout, a.stderr,
+	cfg := moduleConfig(a.dir, a.touched, func() *outCount { return &a.out }, func() *fsView { return &a.view }, &a.stdin, a.stdout, a.stderr,
 		a.clock.walltime, a.clock.nanotime, a.clock.nanosleep, &a.clock.rand).
-		WithFSConfig(a.setup.fsConfig(a.dir, a.touched, func() *outCount { return &a.out }))
+		WithFSConfig(a.setup.fsConfig(a.dir, a.touched, func() *outCount { return &a.out }, func() *fsView { return &a.view }))
 	env := append([]string(nil), su.Env...)
 	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "PWD=") }) {
 		cwd := su.Cwd
@@ -380,25 +366,46 @@ func (f rootFS) OpenFile(p string, flag experimentalsys.Oflag, perm fs.FileMode)
 	if flag&experimentalsys.O_DIRECTORY != 0 {
 		return nil, experimentalsys.ENOTDIR
 	}
+	ph, errno := f.FS.Lstat(p)
+	if errno != 0 {
+		return nil, errno
+	}
 	file, errno := experimentalsysfs.DirFS(filepath.Dir(h)).OpenFile(filepath.Base(h), experimentalsys.O_RDONLY, 0)
 	if errno != 0 {
 		return nil, errno
 	}
-	return roFile{file}, 0
+	return roFile{file, ph.Dev, ph.Ino}, 0
 }
 
 func (f rootFS) Stat(p string) (sys.Stat_t, experimentalsys.Errno) {
 	if h, ok := f.ro(p); ok {
-		return statFixed(h)
+		return f.statRO(p, h)
 	}
 	return f.FS.Stat(p)
 }
 
 func (f rootFS) Lstat(p string) (sys.Stat_t, experimentalsys.Errno) {
 	if h, ok := f.ro(p); ok {
-		return statFixed(h)
+		return f.statRO(p, h)
 	}
 	return f.FS.Lstat(p)
+}
+
+// statRO stats the cache file h mounted at p as the task sees it: as the
+// placeholder at p that its directory lists (so that a listing and a stat
+// name the same file), read-only.
+func (f rootFS) statRO(p, h string) (sys.Stat_t, experimentalsys.Errno) {
+	ph, errno := f.FS.Lstat(p)
+	if errno != 0 {
+		return ph, errno
+	}
+	st, errno := experimentalsysfs.DirFS(filepath.Dir(h)).Stat(filepath.Base(h))
+	if errno != 0 {
+		return st, errno
+	}
+	st.Dev, st.Ino = ph.Dev, ph.Ino
+	st.Mode = 0o444
+	return st, 0
 }
 
 func (f rootFS) Unlink(p string) experimentalsys.Errno {
@@ -443,23 +450,17 @@ func (f rootFS) Utimens(p string, atim, mtim int64) experimentalsys.Errno {
 	return f.FS.Utimens(p, atim, mtim)
 }
 
-// statFixed stats a cache file as the task sees it: at inputTime.
-func statFixed(h string) (sys.Stat_t, experimentalsys.Errno) {
-	st, errno := experimentalsysfs.DirFS(filepath.Dir(h)).Stat(filepath.Base(h))
-	if errno == 0 {
-		st.Atim, st.Mtim, st.Ctim = inputTime.UnixNano(), inputTime.UnixNano(), inputTime.UnixNano()
-		st.Mode = 0o444
-	}
-	return st, errno
+// roFile is a mounted blob opened by a task: read-only, and the
+// placeholder its directory lists (rootFS.statRO).
+type roFile struct {
+	experimentalsys.File
+	dev, ino uint64
 }
-
-// roFile is a mounted blob opened by a task: read-only, at inputTime.
-type roFile struct{ experimentalsys.File }
 
 func (f roFile) Stat() (sys.Stat_t, experimentalsys.Errno) {
 	st, errno := f.File.Stat()
 	if errno == 0 {
-		st.Atim, st.Mtim, st.Ctim = inputTime.UnixNano(), inputTime.UnixNano(), inputTime.UnixNano()
+		st.Dev, st.Ino = f.dev, f.ino
 		st.Mode = 0o444
 	}
 	return st, errno

@@ -53,10 +53,6 @@ type slotChild struct {
 	// out/ was seen empty after the attempt.
 	inFiles  []string
 	outEmpty bool
-	// inDirty: in/ may differ from what an attempt must see (it is new,
-	// its files changed, or the last task touched it), so its times are
-	// set again before the next attempt.
-	inDirty bool
 
 	dec *wireDecoder // requests; read by one goroutine at a time
 	// ahead holds run requests read while an attempt waited for the
@@ -112,7 +108,6 @@ func serveSlot() int {
 	if err == nil {
 		c.dir = init.Dir
 		c.cur, err = makeAttemptDir(c.dir)
-		c.inDirty = true
 	}
 	if err != nil {
 		c.send(&slotReply{Kind: repHello, Version: wireVersion, Err: err.Error()})
@@ -298,7 +293,7 @@ func (c *slotChild) attemptDir() (string, error) {
 		if err != nil {
 			return "", err
 		}
-		c.cur, c.inFiles, c.inDirty = d, nil, true
+		c.cur, c.inFiles = d, nil
 	}
 	c.outEmpty = false
 	return c.cur, nil
@@ -318,9 +313,6 @@ func (c *slotChild) tidy() {
 			break
 		}
 		err = nil
-	}
-	if len(c.inFiles) > 0 {
-		c.inDirty = true // removing them changed in/'s times
 	}
 	c.inFiles = c.inFiles[:0]
 	if err == nil && !c.outEmpty {

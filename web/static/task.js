@@ -403,7 +403,10 @@ function runAttempt(p) {
     for (const c of dir.entries.values()) if (c.dir && holds(c, node)) return true;
     return false;
   };
-  // ino numbers nodes in the order the task first sees them.
+  // ino numbers nodes in the order the task first sees them, where the
+  // headless runner's wazero stats them (its fsView): a stat by path or
+  // descriptor, fd_fdstat_get, fd_allocate, fd_fdstat_set_flags on a file,
+  // a listing's "." and each entry as the listing reads it ahead.
   const inos = new WeakMap();
   let nextIno = 1n;
   const ino = (n) => { let i = inos.get(n); if (i === undefined) { i = nextIno++; inos.set(n, i); } return i; };
@@ -622,13 +625,16 @@ function runAttempt(p) {
     fd_allocate(fd, offset, len) {
       const d = fds[fd];
       if (!d) return E.BADF;
+      if (d.kind === "node") ino(d.node);
       if (d.kind !== "node" || d.node.dir || !d.write) return E.BADF;
-      const end = Number(offset + len); ensure(d.node, end); d.node.size = Math.max(d.node.size, end);
+      const end = Number(offset + len);
+      if (end > d.node.size) { ensure(d.node, end); d.node.size = end; d.node.mtime = taskNow(); }
       return 0;
     },
     fd_fdstat_get(fd, buf) {
       const d = fds[fd];
       if (!d) return E.BADF;
+      if (d.kind === "node") ino(d.node);
       view(); const b = buf >>> 0;
       u8.fill(0, b, b + 24);
       dv.setUint8(b, d.kind === "node" ? (d.node.dir ? FT.DIR : FT.FILE) : FT.BLOCK);
@@ -637,7 +643,13 @@ function runAttempt(p) {
       dv.setBigUint64(b + 16, 0xFFFFFFFFn, true);
       return 0;
     },
-    fd_fdstat_set_flags(fd, flags) { const d = fds[fd]; if (!d) return E.BADF; d.flags = flags; return 0; },
+    fd_fdstat_set_flags(fd, flags) {
+      const d = fds[fd];
+      if (!d) return E.BADF;
+      if (d.kind === "node" && !d.node.dir) ino(d.node);
+      d.flags = flags;
+      return 0;
+    },
     fd_fdstat_set_rights(fd) { return fds[fd] ? 0 : E.BADF; },
     fd_filestat_get(fd, buf) {
       const d = fds[fd];
@@ -686,6 +698,7 @@ function runAttempt(p) {
       const take = (c, k) => {
         if (k <= 0 || c.eof) return;
         const got = c.names.slice(c.cursor, c.cursor + k);
+        for (const [, node] of got) ino(node);
         c.cursor += got.length; c.eof = got.length < k;
         c.cache.push(...got); c.countRead += BigInt(got.length);
       };
@@ -694,7 +707,8 @@ function runAttempt(p) {
       if (!c) {
         if (pos !== 0n) return E.NOENT;
         const names = [...d.node.entries.keys()].sort(byteCompare).map((k) => [k, d.node.entries.get(k)]);
-        c = d.dc = { names, cursor: 0, countRead: 2n, cache: [[".", d.node], ["..", d.node]], eof: false };
+        ino(d.node);
+        c = d.dc = { names, cursor: 0, countRead: 2n, cache: [[".", d.node], ["..", null]], eof: false };
         take(c, n - 2);
       } else {
         if (pos > c.countRead) return E.NOENT;
@@ -709,9 +723,9 @@ function runAttempt(p) {
       for (let i = 0; i < Math.min(n, c.cache.length) && w < out.length; i++) {
         const [k, node] = c.cache[i], name = enc.encode(k);
         hv.setBigUint64(0, pos + BigInt(i + 1), true);
-        hv.setBigUint64(8, ino(node), true);
+        hv.setBigUint64(8, node ? ino(node) : 0n, true); // ".." is 0, as in wazero
         hv.setUint32(16, name.length, true);
-        hv.setUint8(20, node.dir ? FT.DIR : node.link ? FT.LINK : FT.FILE);
+        hv.setUint8(20, !node || node.dir ? FT.DIR : node.link ? FT.LINK : FT.FILE);
         const ent = new Uint8Array(24 + name.length); ent.set(hdr); ent.set(name, 24);
         const k2 = Math.min(ent.length, out.length - w);
         out.set(ent.subarray(0, k2), w); w += k2;
