@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -56,6 +57,11 @@ var ErrTooManyUploads = fmt.Errorf("%d uploads of data are in progress already: 
 // BlobUpload writes one blob's bytes in chunks as they arrive; nothing of
 // it is visible until Commit. Abort (or, after a crash,
 // CollectBlobGarbage) removes what it wrote.
+//
+// Up to bulkConns chunks (of all uploads) are written at once, each on a
+// connection of its own, while the upload reads on (a database backend
+// takes about as long to store a chunk as a client takes to send it;
+// docs/RATIONALE.md, "Why are chunks written concurrently?").
 type BlobUpload struct {
 	s     *Store
 	owner int64
@@ -69,6 +75,10 @@ type BlobUpload struct {
 	// over is the error of a write that passes quota (a *QuotaError
 	// when nil).
 	over func(used, size int64) error
+
+	writes sync.WaitGroup // chunk writes in flight
+	mu     sync.Mutex
+	err    error // the first chunk write that failed
 }
 
 // BeginBlobUpload starts an upload for owner, who may keep quota bytes in
@@ -146,31 +156,77 @@ func (u *BlobUpload) ReadFrom(ctx context.Context, r io.Reader) (int64, error) {
 	}
 }
 
-// flush writes the buffered chunk.
+// flush hands the buffered chunk to a writer of its own, and takes in
+// exchange one of the Store's chunk buffers, waiting while all are being
+// written. It returns the error of any chunk write that failed before.
 func (u *BlobUpload) flush(ctx context.Context) error {
-	if len(u.buf) == 0 {
-		return nil
-	}
-	err := txOn(ctx, u.s.bulk, func(tx pgx.Tx) error {
-		// Not waiting for the WAL flush is safe: the blob becomes
-		// visible only with Commit's transaction, whose flush covers
-		// every chunk's WAL before it (a crash before it loses chunks
-		// of an upload nobody sees). Waiting took 20 ms a MiB.
-		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO blob_chunks (blob_key, seq, data) VALUES ($1, $2, $3)`, u.key, u.seq, u.buf); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `UPDATE blob_uploads SET touched_at = now() WHERE key = $1`, u.key)
+	if err := u.failed(); err != nil || len(u.buf) == 0 {
 		return err
-	})
-	if err != nil {
-		return fmt.Errorf("write data chunk %d: %w", u.seq, err)
 	}
-	u.seq++
-	u.buf = u.buf[:0]
+	var next []byte
+	select {
+	case next = <-u.s.chunkBufs:
+	case <-ctx.Done():
+		return fmt.Errorf("write data chunk %d: %w", u.seq, ctx.Err())
+	}
+	if next == nil {
+		next = make([]byte, 0, BlobChunkBytes)
+	}
+	buf, seq := u.buf, u.seq
+	u.buf, u.seq = next[:0], u.seq+1
+	u.writes.Add(1)
+	go func() {
+		defer u.writes.Done()
+		err := u.writeChunk(ctx, seq, buf)
+		u.s.chunkBufs <- buf
+		if err != nil {
+			u.mu.Lock()
+			if u.err == nil {
+				u.err = err
+			}
+			u.mu.Unlock()
+		}
+	}()
 	return nil
+}
+
+// writeChunk stores chunk seq. The bulk connections do not wait for the
+// WAL flush (bulkParams), which is safe: the blob becomes visible only
+// with Commit's transaction, whose flush covers every chunk's WAL before
+// it (a crash before it loses chunks of an upload nobody sees). Waiting
+// took 20 ms a MiB.
+func (u *BlobUpload) writeChunk(ctx context.Context, seq int, data []byte) error {
+	if _, err := u.s.bulk.Exec(ctx, `INSERT INTO blob_chunks (blob_key, seq, data) VALUES ($1, $2, $3)`, u.key, seq, data); err != nil {
+		return fmt.Errorf("write data chunk %d: %w", seq, err)
+	}
+	if seq%touchEvery == 0 {
+		if _, err := u.s.bulk.Exec(ctx, `UPDATE blob_uploads SET touched_at = now() WHERE key = $1`, u.key); err != nil {
+			return fmt.Errorf("write data chunk %d: %w", seq, err)
+		}
+	}
+	return nil
+}
+
+// touchEvery is how many chunks an upload writes between the marks that
+// tell CollectBlobGarbage it is alive (at even 1 MiB/s, well within
+// StaleBlobUpload).
+const touchEvery = 64
+
+// failed returns the error of the first chunk write that failed.
+func (u *BlobUpload) failed() error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.err
+}
+
+// finish writes the last chunk and waits for every write in flight.
+func (u *BlobUpload) finish(ctx context.Context) error {
+	err := u.flush(ctx)
+	u.writes.Wait()
+	if err != nil {
+		return err
+	}
+	return u.failed()
 }
 
 // Size is how many bytes the upload holds so far.
@@ -186,7 +242,7 @@ func (u *BlobUpload) ID() string { return "sha256:" + hex.EncodeToString(u.h.Sum
 // the owner had it already. Commit checks the quota again, against the
 // uploads that committed in the meantime.
 func (u *BlobUpload) Commit(ctx context.Context, name string, archive bool) (b Blob, created bool, err error) {
-	if err := u.flush(ctx); err != nil {
+	if err := u.finish(ctx); err != nil {
 		u.Abort(ctx)
 		return b, false, err
 	}
@@ -230,6 +286,7 @@ func (u *BlobUpload) Commit(ctx context.Context, name string, archive bool) (b B
 // Abort removes what the upload wrote. It runs on a context of its own, so
 // that an upload cut off by its client is still cleaned up.
 func (u *BlobUpload) Abort(ctx context.Context) {
+	u.writes.Wait()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	_, _ = u.s.pool.Exec(ctx, `DELETE FROM blob_uploads WHERE key = $1`, u.key)

@@ -97,7 +97,7 @@ func (s *Store) BeginOutputUpload(ctx context.Context, attempt int64, worker, na
 // again that the attempt is running on its worker and that its uploads
 // fit the task's limit. It returns the blob id.
 func (u *OutputUpload) Commit(ctx context.Context, worker string) (string, error) {
-	if err := u.flush(ctx); err != nil {
+	if err := u.finish(ctx); err != nil {
 		u.Abort(ctx)
 		return "", err
 	}

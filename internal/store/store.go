@@ -41,6 +41,11 @@ const (
 type Store struct {
 	pool *pgxpool.Pool
 	bulk *pgxpool.Pool // moves blob chunks (bulkConns)
+	// chunkBufs holds the buffers of the chunks being written, bulkConns
+	// of them (nil until first used): an upload takes one for each chunk
+	// it hands to a writer (BlobUpload.flush), so that at most bulkConns
+	// are in flight and their memory is bounded whatever the uploads.
+	chunkBufs chan []byte
 	// InteractiveHeadStart is how far ahead of batch work an interactive
 	// task is queued; a batch task that waited longer overtakes it.
 	interactiveHeadStart time.Duration
@@ -83,7 +88,10 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	if _, set := cfg.ConnConfig.RuntimeParams["jit"]; !set {
 		cfg.ConnConfig.RuntimeParams["jit"] = "off"
 	}
-	s := &Store{interactiveHeadStart: 5 * time.Minute, trust: sched.DefaultVerify()}
+	s := &Store{interactiveHeadStart: 5 * time.Minute, trust: sched.DefaultVerify(), chunkBufs: make(chan []byte, bulkConns)}
+	for range bulkConns {
+		s.chunkBufs <- nil
+	}
 	for _, o := range opts {
 		o(s)
 	}
@@ -99,6 +107,7 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	// few connections, which close when idle.
 	bcfg := cfg.Copy()
 	bcfg.MaxConns, bcfg.MinConns, bcfg.MaxConnIdleTime, bcfg.AfterConnect = bulkConns, 0, 30*time.Second, nil
+	bcfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off" // (BlobUpload.writeChunk)
 	if s.bulk, err = pgxpool.NewWithConfig(ctx, bcfg); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("store: connect: %w", err)
@@ -182,7 +191,8 @@ func (s *Store) Close() {
 	s.bulk.Close()
 }
 
-// bulkConns bounds the connections that move the chunks of data blobs.
+// bulkConns bounds the connections that move the chunks of data blobs,
+// and the chunks written at once (Store.chunkBufs).
 const bulkConns = 4
 
 // Ping checks that the database answers.

@@ -1,0 +1,97 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"sync"
+	"testing"
+)
+
+// Chunks are written concurrently (BlobUpload.flush): uploads at once, each
+// of many chunks, are each stored whole and in order, with at most
+// bulkConns chunk buffers in flight; and a chunk write that fails fails
+// its upload, which leaves nothing behind.
+func TestBlobUploadChunksConcurrently(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	blob := func(i int) []byte {
+		b := make([]byte, 5*BlobChunkBytes+12345)
+		for j := range b {
+			b[j] = byte(j*7 + i*13 + j>>20)
+		}
+		return b
+	}
+	var wg sync.WaitGroup
+	ids := make([]string, 3)
+	errs := make([]error, 3)
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			u, err := f.s.BeginBlobUpload(ctx, f.owner, 1<<30, -1)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			if _, err := u.ReadFrom(ctx, bytes.NewReader(blob(i))); err != nil {
+				errs[i] = err
+				return
+			}
+			b, _, err := u.Commit(ctx, "b", false)
+			ids[i], errs[i] = b.ID, err
+		}()
+	}
+	wg.Wait()
+	for i, id := range ids {
+		if errs[i] != nil {
+			t.Fatalf("upload %d: %v", i, errs[i])
+		}
+		sum := sha256.Sum256(blob(i))
+		if want := "sha256:" + hex.EncodeToString(sum[:]); id != want {
+			t.Fatalf("upload %d stored as %s, want %s", i, id, want)
+		}
+		r, err := f.s.OpenBlob(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(r)
+		if err != nil || !bytes.Equal(got, blob(i)) {
+			t.Fatalf("upload %d read back %d bytes (%v), not what was written", i, len(got), err)
+		}
+	}
+	if n := len(f.s.chunkBufs); n != bulkConns {
+		t.Fatalf("%d chunk buffers back after the uploads, want all %d", n, bulkConns)
+	}
+
+	// A chunk that cannot be written (its row is taken) fails the upload.
+	u, err := f.s.BeginBlobUpload(ctx, f.owner, 1<<30, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.s.pool.Exec(ctx, `INSERT INTO blob_chunks (blob_key, seq, data) VALUES ($1, 2, '\x00')`, u.key); err != nil {
+		t.Fatal(err)
+	}
+	_, err = u.ReadFrom(ctx, bytes.NewReader(blob(9)))
+	if err == nil {
+		_, _, err = u.Commit(ctx, "bad", false)
+	} else {
+		u.Abort(ctx)
+	}
+	if err == nil {
+		t.Fatal("an upload whose chunk 2 could not be written was committed")
+	}
+	var chunks, uploads int
+	if err := f.s.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM blob_chunks WHERE blob_key = $1), (SELECT count(*) FROM blob_uploads WHERE key = $1)`,
+		u.key).Scan(&chunks, &uploads); err != nil {
+		t.Fatal(err)
+	}
+	if chunks != 0 || uploads != 0 {
+		t.Fatalf("the failed upload left %d chunks and %d upload rows", chunks, uploads)
+	}
+	if n := len(f.s.chunkBufs); n != bulkConns {
+		t.Fatalf("%d chunk buffers back after the failed upload, want all %d", n, bulkConns)
+	}
+}
