@@ -76,7 +76,8 @@ type BlobUpload struct {
 	// when nil).
 	over func(used, size int64) error
 
-	writes sync.WaitGroup // chunk writes in flight
+	touched time.Time      // when a chunk write last marked the upload alive
+	writes  sync.WaitGroup // chunk writes in flight
 	mu     sync.Mutex
 	err    error // the first chunk write that failed
 }
@@ -174,10 +175,14 @@ func (u *BlobUpload) flush(ctx context.Context) error {
 	}
 	buf, seq := u.buf, u.seq
 	u.buf, u.seq = next[:0], u.seq+1
+	touch := time.Since(u.touched) >= touchEvery
+	if touch {
+		u.touched = time.Now()
+	}
 	u.writes.Add(1)
 	go func() {
 		defer u.writes.Done()
-		err := u.writeChunk(ctx, seq, buf)
+		err := u.writeChunk(ctx, seq, buf, touch)
 		u.s.chunkBufs <- buf
 		if err != nil {
 			u.mu.Lock()
@@ -194,12 +199,12 @@ func (u *BlobUpload) flush(ctx context.Context) error {
 // WAL flush (bulkParams), which is safe: the blob becomes visible only
 // with Commit's transaction, whose flush covers every chunk's WAL before
 // it (a crash before it loses chunks of an upload nobody sees). Waiting
-// took 20 ms a MiB.
-func (u *BlobUpload) writeChunk(ctx context.Context, seq int, data []byte) error {
+// took 20 ms a MiB. touch marks the upload alive.
+func (u *BlobUpload) writeChunk(ctx context.Context, seq int, data []byte, touch bool) error {
 	if _, err := u.s.bulk.Exec(ctx, `INSERT INTO blob_chunks (blob_key, seq, data) VALUES ($1, $2, $3)`, u.key, seq, data); err != nil {
 		return fmt.Errorf("write data chunk %d: %w", seq, err)
 	}
-	if seq%touchEvery == 0 {
+	if touch {
 		if _, err := u.s.bulk.Exec(ctx, `UPDATE blob_uploads SET touched_at = now() WHERE key = $1`, u.key); err != nil {
 			return fmt.Errorf("write data chunk %d: %w", seq, err)
 		}
@@ -207,10 +212,10 @@ func (u *BlobUpload) writeChunk(ctx context.Context, seq int, data []byte) error
 	return nil
 }
 
-// touchEvery is how many chunks an upload writes between the marks that
-// tell CollectBlobGarbage it is alive (at even 1 MiB/s, well within
-// StaleBlobUpload).
-const touchEvery = 64
+// touchEvery is how long an upload goes between the marks that tell
+// CollectBlobGarbage it is alive (well within StaleBlobUpload, however
+// slowly its client sends).
+const touchEvery = time.Minute
 
 // failed returns the error of the first chunk write that failed.
 func (u *BlobUpload) failed() error {
