@@ -10,6 +10,7 @@ import (
 // Event streams of large workflows look for changes less often, never
 // less than every 2 seconds.
 func TestEventPollInterval(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		tasks int
 		want  time.Duration
@@ -33,6 +34,7 @@ func TestEventPollInterval(t *testing.T) {
 // deterministic clocks and random source of a task depend on it, so it must
 // not change from one version of the server to the next.
 func TestTaskSeed(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		wf   string
 		i    int

@@ -18,6 +18,7 @@ import (
 // TestWireCodecRoundTrip for the slot wire (docs/PROTOCOL.md lists the
 // other places a new field goes).
 func TestToAssignSetsEveryField(t *testing.T) {
+	t.Parallel()
 	var c store.Claimed
 	v := reflect.ValueOf(&c).Elem()
 	for i := range v.NumField() {
@@ -58,6 +59,7 @@ func TestToAssignSetsEveryField(t *testing.T) {
 // from a signed address; output limits are cut to what the worker can
 // send back.
 func TestToAssignUploadedInputs(t *testing.T) {
+	t.Parallel()
 	blob := "sha256:" + strings.Repeat("ab", 32)
 	url := func(id string) (string, error) { return "/blobs/" + id + "?k=t", nil }
 	for _, tc := range []struct {

@@ -10,6 +10,7 @@ import (
 // A flushed batch is not kept reachable by the batcher (its payloads can
 // be collected while no other batch comes).
 func TestBatcherDropsFlushedItems(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	flushed := make(chan struct{}, 1)

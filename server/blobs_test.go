@@ -118,6 +118,7 @@ func randomBytes(n int, seed uint64) []byte {
 // another owner cannot tell it exists; the same bytes pushed by another
 // owner are stored once.
 func TestBlobPushAndRead(t *testing.T) {
+	t.Parallel()
 	b := newBlobServer(t, Config{})
 	data := randomBytes(2*1<<20+12345, 1) // three chunks, the last one short
 	id := blobID(data)
@@ -208,6 +209,7 @@ func TestBlobPushAndRead(t *testing.T) {
 // Refused uploads store nothing: a body whose hash is not the id, one
 // past the quota (declared or streamed), a hostile archive, a bad id.
 func TestBlobUploadRefusals(t *testing.T) {
+	t.Parallel()
 	const quota = 3 << 20
 	b := newBlobServer(t, Config{DataQuota: quota})
 	keep := randomBytes(2<<20, 2)
@@ -260,6 +262,7 @@ func TestBlobUploadRefusals(t *testing.T) {
 // An upload cut off by its client leaves nothing visible, and what it
 // wrote is removed.
 func TestBlobUploadCutOff(t *testing.T) {
+	t.Parallel()
 	b := newBlobServer(t, Config{})
 	data := randomBytes(3<<20, 4)
 	id := blobID(data)
@@ -288,11 +291,13 @@ func TestBlobUploadCutOff(t *testing.T) {
 	}
 }
 
-// The server holds no blob whole: pushing and reading 96 MiB moves its heap
+// The server holds no blob whole: pushing and reading 192 MiB moves its heap
 // by a few chunks, not by the blob.
+//
+// Not in parallel: it measures the whole process's heap.
 func TestBlobTransferMemoryIsBounded(t *testing.T) {
 	b := newBlobServer(t, Config{})
-	const size = 96 << 20
+	const size = 192 << 20
 	// The data is made as it is sent, so that the test holds none of it.
 	h0 := sha256.New()
 	io.Copy(h0, io.LimitReader(newPCGReader(5), size))
@@ -332,16 +337,18 @@ func TestBlobTransferMemoryIsBounded(t *testing.T) {
 	if err != nil || n != size || "sha256:"+hex.EncodeToString(h.Sum(nil)) != id {
 		t.Fatalf("read back %d bytes (%v), want the %d pushed", n, err, size)
 	}
-	// 40 MiB is room for a few chunks and what the collector has not
-	// reclaimed yet.
-	if grew := int64(peak.Load()) - int64(base.HeapInuse); grew > 40<<20 {
-		t.Fatalf("the heap grew by %d MiB while moving a %d MiB blob, want at most 40", grew>>20, size>>20)
+	// 64 MiB, a third of the blob, is room for the chunks in flight (4
+	// written at once, 4 read ahead), the connections' buffers, and what
+	// the collector has not reclaimed yet on a busy machine (49 MiB seen).
+	if grew := int64(peak.Load()) - int64(base.HeapInuse); grew > 64<<20 {
+		t.Fatalf("the heap grew by %d MiB while moving a %d MiB blob, want at most 64", grew>>20, size>>20)
 	}
 }
 
 // A workflow may mount only the owner's own data, archives only as
 // archives; the data a workflow mounts stays while the workflow does.
 func TestSubmitChecksData(t *testing.T) {
+	t.Parallel()
 	b := newBlobServer(t, Config{})
 	st, body, _ := b.do(t, "POST", "/api/v1/modules", b.alice, bytes.NewReader(minimalModule))
 	if st != 201 {
@@ -411,6 +418,7 @@ func TestSubmitChecksData(t *testing.T) {
 // the next is refused with 429 and Retry-After, and none of them keeps
 // anything once cut off.
 func TestBlobUploadFlood(t *testing.T) {
+	t.Parallel()
 	b := newBlobServer(t, Config{})
 	var writers []*io.PipeWriter
 	done := make(chan int, store.MaxBlobUploads)

@@ -8,6 +8,7 @@ import (
 // A session key is hex of at least 32 bytes, or none; anything else is an
 // error that names what is wrong (serve then refuses to start).
 func TestParseSessionKey(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in   string
 		n    int

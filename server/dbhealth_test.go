@@ -14,6 +14,7 @@ import (
 // items' own errors, says they work again once none failed for the wait,
 // and waits longer after writes that flap (a nearly full disk).
 func TestWriteHealth(t *testing.T) {
+	t.Parallel()
 	clock := time.Unix(1_000_000, 0)
 	recovered := 0
 	h := newWriteHealth(slog.New(slog.DiscardHandler), 2*time.Second, func() { recovered++ })

@@ -9,6 +9,7 @@ import (
 
 // Device reports are held to their bounds before they are kept.
 func TestCleanDevice(t *testing.T) {
+	t.Parallel()
 	neg, big, ok := -1.0, 2.0, 0.5
 	d := cleanDevice(protocol.Device{
 		UserAgent: strings.Repeat("é", 1000), Connection: strings.Repeat("c", 100), PausedBecause: strings.Repeat("p", 1000),

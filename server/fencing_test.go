@@ -16,6 +16,7 @@ import (
 // committed, or settled, is not. Its payload bytes are held in the
 // connection's and the replica's budgets until its commit is settled.
 func TestOutcomesAreFencedByConnection(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, f.oneTask()); err != nil {
@@ -118,6 +119,7 @@ func TestOutcomesAreFencedByConnection(t *testing.T) {
 // A checkpoint for an attempt the connection does not hold is refused
 // without a database round trip.
 func TestCheckpointNotHeldIsRefused(t *testing.T) {
+	t.Parallel()
 	s := New(nil, Config{Replica: "test", Lease: time.Minute, Logger: slog.New(slog.DiscardHandler)})
 	c := socketless(s, "w", 1)
 	// A nil store: any database work would panic.
@@ -131,6 +133,7 @@ func TestCheckpointNotHeldIsRefused(t *testing.T) {
 // A budget gives bytes up to its limit, then waits for releases; one
 // holding nothing gives any amount.
 func TestByteBudget(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	var b byteBudget
 	if err := b.acquire(ctx, 300, 100); err != nil {

@@ -3,6 +3,7 @@ package server
 import "testing"
 
 func TestFinishWaiters(t *testing.T) {
+	t.Parallel()
 	f := newFinishWaiters()
 	a1, forgetA1 := f.add("a")
 	a2, forgetA2 := f.add("a")

@@ -20,6 +20,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // notification. The server here runs no listener (Run is not called), so
 // only the flusher can wake the waiter.
 func TestCompletionFlushWakesTheLongPoll(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	st, owner, reg := f.st, f.owner, f.worker
@@ -73,7 +74,14 @@ type fixture struct {
 func openStore(t *testing.T) (st *store.Store, url, token string) {
 	t.Helper()
 	ctx := context.Background()
-	url = pgtest.URL(t)
+	url = pgtest.Template(t, "store", func(ctx context.Context, url string) error {
+		st, err := store.Open(ctx, url)
+		if err != nil {
+			return err
+		}
+		st.Close()
+		return nil
+	})
 	st, err := store.Open(ctx, url)
 	if err != nil {
 		t.Fatal(err)
@@ -142,6 +150,7 @@ func (f *fixture) oneTask() *store.NewWorkflow {
 // (or the one under way) left ready tasks, nor while a wake-up announced
 // some. Otherwise it only writes the workflow, and the dispatcher claims.
 func TestSubmissionClaimsOnlyWhenNoTaskWaits(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	for _, tc := range []struct {
@@ -183,6 +192,7 @@ func TestSubmissionClaimsOnlyWhenNoTaskWaits(t *testing.T) {
 // (claims send no notification), and its picks would be refused round
 // after round.
 func TestReplicasTakingTurnsPlanFromWhatIsReady(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	f.submitMany(t, 200)
@@ -217,6 +227,7 @@ func TestReplicasTakingTurnsPlanFromWhatIsReady(t *testing.T) {
 // A replica alone plans its next rounds from the candidates it read and
 // did not claim, and reads anew once a task became ready (wake).
 func TestDispatcherReusesItsCandidates(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	f.submitMany(t, 200)
@@ -243,6 +254,7 @@ func TestDispatcherReusesItsCandidates(t *testing.T) {
 // its module (the cost that sets checkpoint intervals); one for an attempt
 // the connection does not hold is neither saved nor timed.
 func TestCheckpointCostIsObservedForItsModule(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, f.oneTask()); err != nil {

@@ -14,6 +14,7 @@ import (
 // (a frozen tab whose socket is still open) gets no work until it speaks
 // again, however much free room it announced.
 func TestReserveSkipsSilentWorkers(t *testing.T) {
+	t.Parallel()
 	h := newHub(time.Second)
 	quiet := &conn{id: "quiet", free: 5, running: map[int64]string{}}
 	quiet.heard.Store(time.Now().Add(-2 * time.Second).UnixNano())
@@ -49,6 +50,7 @@ func ids(cs []*conn) []string {
 
 // Attempts travel several to an assign frame, within the frame's bounds.
 func TestAssignFrames(t *testing.T) {
+	t.Parallel()
 	sizes := func(fs [][]protocol.Assign) []int {
 		out := make([]int, len(fs))
 		for i, f := range fs {
@@ -82,6 +84,7 @@ func TestAssignFrames(t *testing.T) {
 // A heartbeat's queue changes the room of a worker: more room is free at
 // once; less takes back only room that is free, the rest as attempts end.
 func TestSetQueue(t *testing.T) {
+	t.Parallel()
 	h := newHub(time.Minute)
 	c := &conn{id: "w", threads: 2, slots: 10, free: 10, running: map[int64]string{}, operator: true}
 	c.heard.Store(time.Now().UnixNano())
@@ -117,6 +120,7 @@ func TestSetQueue(t *testing.T) {
 // volunteer whose strikes outnumber its results none; the operator's
 // workers all their slots.
 func TestAllowed(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		c    *conn

@@ -119,6 +119,7 @@ func moduleID(body []byte) string {
 // ownership, nothing to download); a valid module of exactly the limit is
 // accepted and stored byte for byte.
 func TestModuleUploadSizeLimit(t *testing.T) {
+	t.Parallel()
 	const limit = 1 << 20
 	m := newModuleServer(t, Config{MaxModuleBytes: limit})
 	ctx := context.Background()
@@ -168,6 +169,7 @@ func TestModuleUploadSizeLimit(t *testing.T) {
 // max-age) with its id as ETag, both when read from the database and when
 // served again from the server's memory; an unknown id is a 404.
 func TestModuleDownload(t *testing.T) {
+	t.Parallel()
 	m := newModuleServer(t, Config{})
 	body := paddedModule(t, 4096, 'z')
 	id := moduleID(body)
@@ -220,6 +222,7 @@ func TestModuleDownload(t *testing.T) {
 }
 
 func TestByteSize(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		n    int64
 		want string

@@ -32,6 +32,7 @@ import (
 // not upload (a lying worker that read an id somewhere) is refused, and
 // its task runs again.
 func TestOutputUploads(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	db, err := pgx.Connect(ctx, f.url)

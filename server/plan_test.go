@@ -12,6 +12,7 @@ import (
 )
 
 func TestPlan(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	hb := func(online bool, battery float64, charging bool) []sched.Sample {
 		var ss []sched.Sample
@@ -143,6 +144,7 @@ func TestPlan(t *testing.T) {
 }
 
 func TestDeviceSamples(t *testing.T) {
+	t.Parallel()
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	b := 0.4
 	tests := []struct {
@@ -175,6 +177,7 @@ func TestDeviceSamples(t *testing.T) {
 }
 
 func TestEfficiency(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	e, p := efficiency(nil)
 	if e != nil || p != nil {
@@ -197,6 +200,7 @@ func TestEfficiency(t *testing.T) {
 // up to maxCandidates, and narrows again once a round fills them, sees the
 // whole queue, or is short for another reason.
 func TestCandidateWindowWidens(t *testing.T) {
+	t.Parallel()
 	widen, slots := 0, 4
 	var windows []int
 	for range 12 { // the oldest ready tasks are all replicas these workers ran
@@ -229,6 +233,7 @@ func TestCandidateWindowWidens(t *testing.T) {
 // candidates (an error, idle slots), and turned off for a while when it
 // proved wrong (a pick not claimed, a replicated task in it).
 func TestCandidateCacheAfterAClaim(t *testing.T) {
+	t.Parallel()
 	task := func(id int64) store.Candidate { return store.Candidate{TaskID: id, Pending: 1, Replicas: 1} }
 	replicated := store.Candidate{TaskID: 3, Pending: 2, Replicas: 2}
 	excluded := store.Candidate{TaskID: 3, Pending: 1, Replicas: 1, Exclude: []string{"w"}}

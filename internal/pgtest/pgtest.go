@@ -45,6 +45,16 @@ type state struct {
 	baseURL string // URL whose database name is replaced per test
 	cluster *pgembed.Cluster
 	tmp     string
+
+	tmu       sync.Mutex
+	templates map[string]*template // by key (Template)
+}
+
+// template is a database that tests' databases are copied from.
+type template struct {
+	once sync.Once
+	name string
+	err  error
 }
 
 // URL returns the URL of a new, empty database for this test, created from
@@ -53,6 +63,52 @@ type state struct {
 // CYCLEPOOL_REQUIRE_POSTGRES=1 (make test sets it): then the test fails,
 // saying what is missing, rather than a green run that tested nothing.
 func URL(t testing.TB) string {
+	t.Helper()
+	return create(t, "template0")
+}
+
+// Template is URL with a database that starts as a copy of a template,
+// made once per test binary and key by prepare, which is given the
+// template's URL and must close every connection it opened before it
+// returns (PostgreSQL copies a database nobody is connected to). A package
+// whose tests each need migrated tables migrates once, not per test.
+func Template(t testing.TB, key string, prepare func(ctx context.Context, url string) error) string {
+	t.Helper()
+	s := state0(t)
+	s.tmu.Lock()
+	if s.templates == nil {
+		s.templates = map[string]*template{}
+	}
+	tp := s.templates[key]
+	if tp == nil {
+		tp = &template{}
+		s.templates[key] = tp
+	}
+	s.tmu.Unlock()
+	tp.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		tp.name = dbName("template_" + key)
+		if _, err := s.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{tp.name}.Sanitize()+" TEMPLATE template0"); err != nil {
+			tp.err = fmt.Errorf("create template %s: %w", tp.name, err)
+			return
+		}
+		u, err := withDatabase(s.baseURL, tp.name)
+		if err == nil {
+			err = prepare(ctx, u)
+		}
+		if err != nil {
+			tp.err = fmt.Errorf("prepare template %s: %w", tp.name, err)
+		}
+	})
+	if tp.err != nil {
+		t.Fatalf("pgtest: %v", tp.err)
+	}
+	return create(t, tp.name)
+}
+
+// state0 returns the server's state, or ends the test as URL says.
+func state0(t testing.TB) *state {
 	t.Helper()
 	s, err := get()
 	if err != nil {
@@ -64,10 +120,18 @@ func URL(t testing.TB) string {
 		}
 		t.Fatalf("pgtest: %v", err)
 	}
+	return s
+}
+
+// create makes the test's database as a copy of from, dropped when the test
+// ends, and returns its URL.
+func create(t testing.TB, from string) string {
+	t.Helper()
+	s := state0(t)
 	name := dbName(t.Name())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := s.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE template0"); err != nil {
+	if _, err := s.admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE "+pgx.Identifier{from}.Sanitize()); err != nil {
 		t.Fatalf("pgtest: create database %s: %v", name, err)
 	}
 	t.Cleanup(func() {
@@ -99,6 +163,15 @@ func Shutdown() {
 	defer mu.Unlock()
 	if server == nil {
 		return
+	}
+	if server.cluster == nil { // a server of the user's: leave no template behind
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		for _, tp := range server.templates {
+			if tp.name != "" {
+				_, _ = server.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{tp.name}.Sanitize()+" WITH (FORCE)")
+			}
+		}
+		cancel()
 	}
 	server.admin.Close()
 	if server.cluster != nil {

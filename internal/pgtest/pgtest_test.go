@@ -95,3 +95,44 @@ func TestNames(t *testing.T) {
 		t.Errorf("dsn %q", u)
 	}
 }
+
+// Databases made with Template start as copies of one prepared once: each
+// holds what prepare made, and a change in one is not in another.
+func TestTemplate(t *testing.T) {
+	prepared := 0
+	prepare := func(ctx context.Context, url string) error {
+		prepared++
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, "CREATE TABLE migrated (v int); INSERT INTO migrated VALUES (1)")
+		return err
+	}
+	rows := func(url string) int {
+		conn, err := pgx.Connect(context.Background(), url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		var n int
+		if err := conn.QueryRow(context.Background(), "SELECT count(*) FROM migrated").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(context.Background(), "INSERT INTO migrated VALUES (2)"); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	a, b := Template(t, "test", prepare), Template(t, "test", prepare)
+	if a == b {
+		t.Fatal("same URL twice")
+	}
+	if na, nb := rows(a), rows(b); na != 1 || nb != 1 {
+		t.Errorf("the copies held %d and %d rows, want the template's 1 each", na, nb)
+	}
+	if prepared != 1 {
+		t.Errorf("prepare ran %d times, want once", prepared)
+	}
+}

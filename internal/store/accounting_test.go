@@ -60,6 +60,7 @@ func (f *fixture) expire(t *testing.T, c Claimed) {
 // else: the task's attempts, its losses, the worker's standing, and the
 // task's place in the queue.
 func TestEachEndingChargesWhomItSays(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	type want struct {
 		state    string
@@ -118,6 +119,7 @@ func TestEachEndingChargesWhomItSays(t *testing.T) {
 // A task whose workers keep vanishing is never failed by max_attempts (1
 // here), only by the separate bound max_lost, with a message that says so.
 func TestLostWorkersUseMaxLostNotMaxAttempts(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	one := f.task("a")
 	one.MaxAttempts = 1
@@ -152,6 +154,7 @@ func TestLostWorkersUseMaxLostNotMaxAttempts(t *testing.T) {
 // A sweep that comes long after the previous one renews the running leases
 // instead of expiring them: they lapsed while no replica could sweep.
 func TestSweepAfterAGapRenewsLeases(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a"))
@@ -187,6 +190,7 @@ func TestSweepAfterAGapRenewsLeases(t *testing.T) {
 // A worker that leaves gives back at once the attempts it held in its
 // queue, charged to nobody; not while it has a newer connection.
 func TestWorkerGoneReturnsItsQueuedAttempts(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a"), f.task("b"), f.task("c"))
@@ -228,6 +232,7 @@ func TestWorkerGoneReturnsItsQueuedAttempts(t *testing.T) {
 // says it is the server's fault, and the same results are accepted once
 // the disk has room.
 func TestResultsWaitOutAFullDisk(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a"), f.task("b"), f.task("c"))
@@ -267,6 +272,7 @@ func TestResultsWaitOutAFullDisk(t *testing.T) {
 
 // ServerFault tells the database's own failures from the items'.
 func TestServerFault(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	for _, tc := range []struct {
@@ -296,6 +302,7 @@ func TestServerFault(t *testing.T) {
 // the worker and one loss to their tasks; the others waited in its queue
 // and go back charged to nobody.
 func TestLapsedQueuedAttemptsChargeNobody(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a"), f.task("b"), f.task("c"))
@@ -321,6 +328,7 @@ func TestLapsedQueuedAttemptsChargeNobody(t *testing.T) {
 // FaultSummary says what went wrong in plain words, never the database's
 // own message.
 func TestFaultSummary(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		code, want string
 	}{
@@ -347,6 +355,7 @@ func TestFaultSummary(t *testing.T) {
 // stored; a failure's log is cut to the task's limit, and the log of one
 // charged to nobody to a few KiB.
 func TestResultsBreakingTheTasksRulesAreRefused(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	big := func(n int) []byte { return make([]byte, n) }
 	for _, tc := range []struct {
@@ -443,6 +452,7 @@ func uncountedLogBytesIf(name string) int {
 // A checkpoint larger than its task's memory limit is refused with an error
 // that says so, and not stored; the attempt keeps its lease.
 func TestCheckpointOverTheMemoryLimitIsRefused(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a")) // 16 pages: 1 MiB
@@ -471,6 +481,7 @@ func TestCheckpointOverTheMemoryLimitIsRefused(t *testing.T) {
 // max_lost: the task moved on, however often its workers go. The worker is
 // charged all the same.
 func TestLossAfterACheckpointIsNotCounted(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a"))
@@ -498,6 +509,8 @@ func TestLossAfterACheckpointIsNotCounted(t *testing.T) {
 // A task reading a big output under many names is given Missing (one
 // assignment could not carry its inputs) without the store loading those
 // bytes even once.
+//
+// Not in parallel: it counts the whole process's allocations.
 func TestHugeInputsAreNotLoaded(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
@@ -550,6 +563,7 @@ func (f *fixture) strikes(t *testing.T, worker string) float64 {
 // failure another worker's result disproves is a strike against the
 // volunteer that reported it.
 func TestFailuresAreEvidence(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	fail := func(f *fixture, t *testing.T, c Claimed, e Ending) {
 		t.Helper()
@@ -648,6 +662,7 @@ func TestFailuresAreEvidence(t *testing.T) {
 // List finds an owner's workflows by the start of their id, and only that
 // owner's.
 func TestListByIDPrefix(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	a := f.submit(t, "batch", f.task("a"))
@@ -681,6 +696,7 @@ func TestListByIDPrefix(t *testing.T) {
 // for ever: once two workers failed it, any worker may take it again, and
 // it fails when its attempts are used up.
 func TestTwoVolunteersUseUpATasksAttempts(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	three := f.task("a")
@@ -707,6 +723,7 @@ func TestTwoVolunteersUseUpATasksAttempts(t *testing.T) {
 // worker is avoided and each failure counts (an UPDATE … FROM applies one
 // row per task, so they go in separate rounds).
 func TestReplicasFailingTogetherAreBothCounted(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	t1 := f.task("a")

@@ -12,6 +12,7 @@ import (
 // A large submission is answered without waiting for the refresh of the
 // planner's statistics, which follows in the background.
 func TestLargeSubmissionDoesNotWaitForStatistics(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	// ANALYZE waits for this lock; the submission's inserts do not.
@@ -58,6 +59,7 @@ func TestLargeSubmissionDoesNotWaitForStatistics(t *testing.T) {
 
 // Close does not wait for a refresh that cannot run.
 func TestCloseStopsAStatisticsRefresh(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	blocker, err := f.s.pool.Begin(ctx)
@@ -100,6 +102,7 @@ func TestCloseStopsAStatisticsRefresh(t *testing.T) {
 // Requests made while a refresh runs are merged into one more run, which
 // starts no sooner than the gap after the first ends.
 func TestStatisticsRefreshesMerge(t *testing.T) {
+	t.Parallel()
 	const gap = 300 * time.Millisecond
 	release := make(chan struct{})
 	var runs []string
@@ -151,6 +154,7 @@ func reltuples(t *testing.T, f *fixture, table string) float64 {
 // its key, not the other workflows' tasks, with statistics taken before it
 // was submitted: a submitter's next request may come before the refresh.
 func TestStatusReadsItsWorkflowWithStaleStatistics(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	const n = 3000

@@ -78,8 +78,8 @@ type BlobUpload struct {
 
 	touched time.Time      // when a chunk write last marked the upload alive
 	writes  sync.WaitGroup // chunk writes in flight
-	mu     sync.Mutex
-	err    error // the first chunk write that failed
+	mu      sync.Mutex
+	err     error // the first chunk write that failed
 }
 
 // BeginBlobUpload starts an upload for owner, who may keep quota bytes in

@@ -15,6 +15,7 @@ import (
 // bulkConns chunk buffers in flight; and a chunk write that fails fails
 // its upload, which leaves nothing behind.
 func TestBlobUploadChunksConcurrently(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
 	blob := func(i int) []byte {

@@ -20,6 +20,7 @@ import (
 // recovery (of the whole server, or after one of its processes died), and
 // only then, not after a clean restart or a new connection.
 func TestAttemptIDsNeverRepeatAfterACrash(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "pg")
 	pg, err := pgembed.Start(ctx, pgembed.Config{Dir: dir})

@@ -26,6 +26,7 @@ var submissionCases = []struct {
 // path (createLarge) write the same rows: tasks with their states, sort
 // keys, limits, arguments and replication settings, and the same edges.
 func TestSmallAndLargeSubmissionsWriteTheSameRows(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
 	dag := func(f *fixture) []NewTask {
@@ -71,6 +72,7 @@ func TestSmallAndLargeSubmissionsWriteTheSameRows(t *testing.T) {
 // field for field, in the same order, the task's index standing for its id
 // and the sort key taken by the server's clock instead of the database's.
 func TestSubmissionCandidatesAreThoseReadBack(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, tc := range submissionCases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -197,6 +199,7 @@ func BenchmarkCreateLargeWorkflow(b *testing.B) {
 // not; it returns the same attempts. Picks of blocked tasks and unknown
 // indexes are ignored, and a ready task left unclaimed is reported.
 func TestSubmissionClaimsItsReadyTasks(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, tc := range submissionCases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -291,6 +294,7 @@ func TestSubmissionClaimsItsReadyTasks(t *testing.T) {
 // no notification: no dispatcher has anything to do for it. One that leaves
 // a ready task does.
 func TestSubmissionClaimingAllNotifiesNobody(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
 	conn, err := f.s.pool.Acquire(ctx)
@@ -328,6 +332,7 @@ func TestSubmissionClaimingAllNotifiesNobody(t *testing.T) {
 // Only small workflows are claimed at submission; a larger one is refused
 // whole, with nothing written.
 func TestSubmissionClaimsOnlySmallWorkflows(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
 	many := make([]NewTask, smallWorkflow+1)
@@ -358,6 +363,7 @@ func TestSubmissionClaimsOnlySmallWorkflows(t *testing.T) {
 // against workflow_modules (migrations/00013_tasks_without_keys.sql): the
 // store writes both from the same tasks.
 func TestTasksReferenceTheirWorkflowAndModule(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	other := "sha256:" + fmt.Sprintf("%064x", 2)
@@ -415,6 +421,7 @@ func TestTasksReferenceTheirWorkflowAndModule(t *testing.T) {
 // since migration 00010; a statement trigger on tasks cascades instead),
 // and nothing of another workflow.
 func TestDeletingAWorkflowDeletesItsAttemptsAndOutputs(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	gone := f.submit(t, "batch", f.task("a"), f.task("b"))
@@ -482,6 +489,7 @@ func TestDeletingAWorkflowDeletesItsAttemptsAndOutputs(t *testing.T) {
 // another workflow: foreign keys did this until statement triggers took
 // over (migrations/00013_tasks_without_keys.sql).
 func TestDeletingAWorkflowDeletesItsTasksAndEdges(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	chain := func() string {
@@ -521,6 +529,7 @@ func TestDeletingAWorkflowDeletesItsTasksAndEdges(t *testing.T) {
 // without counting against the task, which is ready again, and its id comes
 // back; a workflow that was not written gives no id.
 func TestLostSubmissionAnswerRequeuesItsAttempts(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
 	w := NewWorkflow{Name: "wf", Priority: "batch", Tasks: []NewTask{f.task("a")}}

@@ -15,6 +15,7 @@ import (
 // leaves the other tasks running and refuses a finished task without a
 // change.
 func TestCancelTask(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	// a -> b -> c, and d alone.
@@ -102,6 +103,7 @@ func mapsEqual(a, b map[string]string) bool {
 // The status of a task names the worker running it and when its latest
 // checkpoint was saved.
 func TestStatusShowsWorkerAndCheckpoint(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a"), f.task("b"))
@@ -151,6 +153,7 @@ func TestStatusShowsWorkerAndCheckpoint(t *testing.T) {
 
 // ModuleUse and Edges read an owner's own workflows only.
 func TestModuleUseAndEdges(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a"), f.task("b"),
@@ -188,6 +191,7 @@ func TestModuleUseAndEdges(t *testing.T) {
 // done tasks and connected workers per minute, connections included that
 // ended within the window.
 func TestWorkerTasksAndActivity(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	f.submit(t, "batch", f.task("a"), f.task("b"))
@@ -301,6 +305,7 @@ func BenchmarkTaskChanges(b *testing.B) {
 }
 
 func TestPruneWorkers(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
 	register := func() Registration {

@@ -69,6 +69,7 @@ func BenchmarkCandidatesClaimPicksComplete(b *testing.B) {
 // such statistics, the claim used to read every ready task through
 // tasks_active, and to run the replica window once per locked task.
 func TestClaimReadsRowsInProportionToItsPicks(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := staleQueue(t, 5000)
 	cands, err := f.s.Candidates(ctx, 1000)
@@ -171,6 +172,7 @@ func (n *planNode) on() string {
 // batch's tasks by id instead of reading every active task, and ending
 // attempts (completeAttemptsSQL) unnests its arrays once.
 func TestCompletionReadsRowsInProportionToItsBatch(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := staleQueue(t, 5000)
 	const batch = 80
@@ -270,6 +272,7 @@ func staleQueue(t *testing.T, n int) *fixture {
 // over tasks with one and with several pending replicas, solo picks, picks
 // whose worker already ran a replica, and tasks no longer ready.
 func TestClaimOnePerTaskMatchesTheGeneralClaim(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 4}, time.Minute)
@@ -371,6 +374,7 @@ func TestClaimOnePerTaskMatchesTheGeneralClaim(t *testing.T) {
 // Candidates and claims give every row its own workflow, module, priority
 // and worker, though these repeat from row to row (interned).
 func TestClaimedRowsKeepTheirOwnValues(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	mod2 := "sha256:" + fmt.Sprintf("%064x", 2)
@@ -439,6 +443,7 @@ func TestClaimedRowsKeepTheirOwnValues(t *testing.T) {
 // A worker that reconnects keeps the attempts it names that still hold
 // their lease, with their modules, and is told the others are lost.
 func TestReconnectKeepsHeldAttemptsWithTheirModules(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 2}, time.Minute)
@@ -474,6 +479,7 @@ func TestReconnectKeepsHeldAttemptsWithTheirModules(t *testing.T) {
 // A candidate says whether its task has a setup, and which data blobs its
 // files read (for the plan's worker choice and locality).
 func TestCandidatesCarrySetupAndData(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	withFiles := f.task("files")

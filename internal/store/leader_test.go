@@ -6,8 +6,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/cyclepool/cyclepool/internal/pgtest"
 )
 
 // TryLead and Resign, step by step on one database with a TTL far longer
@@ -16,6 +14,7 @@ import (
 // over at once; leads of different names are independent; a holder that
 // lost its lead learns it on its next attempt.
 func TestTryLeadSteps(t *testing.T) {
+	t.Parallel()
 	const ttl = time.Hour
 	type step struct {
 		op     string // "lead" or "resign"
@@ -63,7 +62,7 @@ func TestTryLeadSteps(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			url := pgtest.URL(t)
+			url := migratedURL(t)
 			// Two replicas: two Store handles on the same database.
 			stores := map[string]*Store{}
 			for _, who := range []string{"a", "b"} {
@@ -123,6 +122,7 @@ type leadCall struct {
 // contender the machine stalls for longer than the TTL may lose its lead
 // lawfully), so they do not depend on the machine's speed.
 func TestTryLeadRealTime(t *testing.T) {
+	t.Parallel()
 	const ttl = 600 * time.Millisecond
 	cases := []struct {
 		name       string
@@ -137,7 +137,7 @@ func TestTryLeadRealTime(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			url := pgtest.URL(t)
+			url := migratedURL(t)
 			stores := make([]*Store, tc.holders)
 			for i := range stores {
 				if tc.sharedPool && i > 0 {

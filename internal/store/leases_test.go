@@ -9,6 +9,7 @@ import (
 // The lease reaper finds lapsed attempts through running_attempts, and
 // deletes from it the attempts that ended before its pass.
 func TestReaperForgetsEndedAttempts(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	f.submit(t, "batch", f.task("short"), f.task("long"))

@@ -10,6 +10,7 @@ import (
 // Listen tells the listener it listens, then each notification of the
 // replicas' channels, the cancel list parsed, and returns when ctx ends.
 func TestListen(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

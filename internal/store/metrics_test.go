@@ -10,6 +10,7 @@ import (
 // ActiveCounts counts the unfinished tasks of every workflow by state, and
 // nothing of finished or cancelled ones.
 func TestActiveCounts(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	in := NewInput{Name: "in", From: 0, Output: "stdout"}
@@ -51,6 +52,7 @@ func TestActiveCounts(t *testing.T) {
 // PruneActivity forgets the tasks done in minutes over a day old, and only
 // those.
 func TestPruneActivity(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	if _, err := f.s.pool.Exec(ctx, `INSERT INTO tasks_done_minutes (minute, n) VALUES

@@ -18,6 +18,7 @@ import (
 // list, with an edge), which Down removes before it puts the keys back.
 // 00014's Down writes the empty stdout rows earlier versions read.
 func TestMigrationsGoDownAndUpAgain(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	f.submit(t, "batch", f.task("a"), f.task("b", NewInput{Name: "in", From: 0, Output: "stdout"}))

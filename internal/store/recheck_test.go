@@ -103,6 +103,7 @@ func (f *verifyFixture) record(t *testing.T, name string) (valid, invalid int64)
 // Once a quorum is reached, or the task fails, the replicas still running
 // are cancelled: their attempts end and ChannelCancel names them.
 func TestSiblingReplicasCancelled(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name   string
 		finish func(t *testing.T, f *verifyFixture, a, b Claimed)
@@ -172,6 +173,7 @@ func TestSiblingReplicasCancelled(t *testing.T) {
 // overturned, the task takes the quorum's outputs and its dependents that
 // consumed the old ones run again.
 func TestUnverifiedResultRechecked(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name      string
 		recheck   []string // outputs of the re-check replicas (on w1, then w2)
@@ -278,6 +280,7 @@ func TestUnverifiedResultRechecked(t *testing.T) {
 // A result accepted alone in a workflow that has finished cannot be
 // re-run: when its worker loses a quorum later, it is flagged disputed.
 func TestUnverifiedResultOfFinishedWorkflowDisputed(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newVerifyFixture(t, "trusted", "w1", "w2")
 	f.trust(t, "trusted")
@@ -318,6 +321,7 @@ func TestUnverifiedResultOfFinishedWorkflowDisputed(t *testing.T) {
 // from the overturned input; and the re-check's replicas start from zero,
 // not from the checkpoint of the worker whose result is in doubt.
 func TestOverturnStopsDescendantsAndDropsCheckpoints(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newVerifyFixture(t, "trusted", "w1", "w2", "w3")
 	f.trust(t, "trusted")
@@ -394,6 +398,7 @@ func TestOverturnStopsDescendantsAndDropsCheckpoints(t *testing.T) {
 // checkpoint starts from zero; an unreplicated task resumes from its
 // checkpoint as usual.
 func TestReplicasDoNotShareCheckpoints(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newVerifyFixture(t, "w1", "w2", "w3")
 	if _, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "wf", Priority: "batch",

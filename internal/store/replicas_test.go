@@ -10,6 +10,7 @@ import (
 // a quorum of identical results exists, with the quorum's outputs, and the
 // worker whose result lost it loses reputation.
 func TestReplicatedTaskNeedsQuorum(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	var ws []string
@@ -93,6 +94,7 @@ func TestReplicatedTaskNeedsQuorum(t *testing.T) {
 
 // A failed replica queues one more, without failing the task.
 func TestFailedReplicaIsReplaced(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	reg, _ := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1}, time.Minute)

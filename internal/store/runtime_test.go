@@ -11,6 +11,7 @@ import (
 // covers every run and that only the names that differ notably from it, or
 // that had an average of their own already, keep one.
 func TestFlushRuntimeStatsKeepsNamesThatDiffer(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	ms := time.Millisecond

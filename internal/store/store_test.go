@@ -24,7 +24,21 @@ type fixture struct {
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
-	return newFixtureAt(t, pgtest.URL(t))
+	return newFixtureAt(t, migratedURL(t))
+}
+
+// migratedURL is the URL of a fresh database with every migration applied:
+// a copy of a template migrated once per test binary.
+func migratedURL(t testing.TB) string {
+	t.Helper()
+	return pgtest.Template(t, "store", func(ctx context.Context, url string) error {
+		s, err := Open(ctx, url)
+		if err != nil {
+			return err
+		}
+		s.Close()
+		return nil
+	})
 }
 
 // newFixtureAt is newFixture on the database at url.
@@ -124,6 +138,7 @@ func ok(c Claimed, out string) Completion {
 // A task runs only when every task it takes input from is done, and sees
 // their outputs under the names it gave them.
 func TestDependentsBecomeReadyWithTheirInputs(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a"), f.task("b"),
@@ -159,6 +174,7 @@ func TestDependentsBecomeReadyWithTheirInputs(t *testing.T) {
 // Interactive work goes first; batch work that has waited longer than the
 // head start goes before it (ageing).
 func TestPriorityAndAgeing(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	batch := f.submit(t, "batch", f.task("b"))
@@ -182,6 +198,7 @@ func TestPriorityAndAgeing(t *testing.T) {
 // the task runs again from its latest checkpoint and ends with exactly one
 // result.
 func TestFencingAndResumeAfterLostLease(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a"))
@@ -220,6 +237,7 @@ func TestFencingAndResumeAfterLostLease(t *testing.T) {
 // descendants end upstream_failed, the workflow fails; an uncounted failure
 // (the volunteer paused) does not use up an attempt.
 func TestFailuresEndTheWorkflow(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a"), f.task("b", NewInput{Name: "x", From: 0, Output: "stdout"}),
@@ -262,6 +280,7 @@ func TestFailuresEndTheWorkflow(t *testing.T) {
 // Cancel ends the unfinished tasks and returns the running attempts, whose
 // results are refused afterwards.
 func TestCancel(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a"), f.task("b", NewInput{Name: "x", From: 0, Output: "stdout"}))
@@ -311,6 +330,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 // commits the others. The result with repeated output names ends its
 // attempt as refused (the task queued again), saying why.
 func TestBadCompletionsAreRefusedAlone(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a"), f.task("b"), f.task("c"), f.task("d"))
@@ -343,6 +363,7 @@ func TestBadCompletionsAreRefusedAlone(t *testing.T) {
 
 // Cancelling a workflow that has just finished leaves it finished.
 func TestCancelAfterDoneChangesNothing(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	id := f.submit(t, "batch", f.task("a"))
@@ -361,6 +382,7 @@ func TestCancelAfterDoneChangesNothing(t *testing.T) {
 // off, generic plans, and for the claim an asynchronous commit; the
 // settings end with the transaction.
 func TestHotPathTransactionSettings(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	for _, async := range []bool{false, true} {
@@ -415,6 +437,7 @@ func TestHotPathTransactionSettings(t *testing.T) {
 // (TestCompletionReadsRowsInProportionToItsBatch). A trigger records the
 // settings in force whenever tasks are updated.
 func TestRequeuesRunWithTheHotPathSettings(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
 	exec := func(sql string, args ...any) {
@@ -471,6 +494,7 @@ func TestRequeuesRunWithTheHotPathSettings(t *testing.T) {
 // A uuid[] parameter reaches PostgreSQL as the ids it was made of, each
 // run of one id included, and NULL for what is not a UUID.
 func TestUUIDParamsReachPostgreSQL(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t)
 	a, b := "0b7c7a5e-4a3b-4c1a-9d7e-1b2c3d4e5f60", "1c8d8b6f-5b4c-4d2b-8e8f-2c3d4e5f6071"
 	ids := []string{a, a, "bad", "bad", b, "", a}
@@ -495,6 +519,7 @@ func TestUUIDParamsReachPostgreSQL(t *testing.T) {
 
 // uuidParams passes UUIDs through and makes anything else NULL.
 func TestUUIDParams(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in    string
 		valid bool

@@ -8,6 +8,7 @@ import (
 )
 
 func TestOutputsHash(t *testing.T) {
+	t.Parallel()
 	a := []Output{{Name: "stdout", Data: []byte("x")}, {Name: "out/b", Data: nil}}
 	b := []Output{{Name: "out/b", Data: []byte{}}, {Name: "stdout", Data: []byte("x")}}
 	if OutputsHash(a) != OutputsHash(b) {
@@ -26,6 +27,7 @@ func TestOutputsHash(t *testing.T) {
 }
 
 func TestDecideReplicas(t *testing.T) {
+	t.Parallel()
 	task := verifyTask{id: 1, state: StateRunning, replicas: 2, quorum: 2, maxReplicas: 5}
 	ok := func(id int64, w, h string) replicaAttempt {
 		return replicaAttempt{id: id, worker: w, state: "succeeded", hash: h}
@@ -96,6 +98,7 @@ func equalStrings(a, b []string) bool {
 }
 
 func TestReputationFromRecord(t *testing.T) {
+	t.Parallel()
 	cfg := sched.DefaultVerify()
 	tests := []struct {
 		valid, invalid int64
@@ -116,6 +119,7 @@ func TestReputationFromRecord(t *testing.T) {
 }
 
 func TestAggregateRuns(t *testing.T) {
+	t.Parallel()
 	got := aggregateRuns([]Run{{"m", "b", 3 * time.Second}, {"m", "a", time.Second}, {"m", "b", 5 * time.Second}})
 	if len(got) != 2 || got[0].Name != "a" || got[1].Runs != 2 || got[1].Mean != 4*time.Second {
 		t.Errorf("aggregateRuns = %+v", got)
