@@ -1,14 +1,13 @@
 package server
 
 import (
-	"context"
 	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/coder/websocket"
+	"github.com/gorilla/websocket"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/sched"
@@ -23,6 +22,7 @@ type conn struct {
 	kind    string
 	threads int // the worker's slots (hello.slots); slots adds its queue
 	ws      *websocket.Conn
+	wmu     sync.Mutex    // one writer at a time on ws (gorilla's rule)
 	done    chan struct{} // closed when the connection ends
 
 	// Frames wait in queue for a writer goroutine that exists only while
@@ -121,7 +121,7 @@ func (c *conn) enqueue(f *protocol.Frame) {
 	}
 	if len(c.queue) >= maxQueued {
 		c.log.Warn("worker send queue full; closing connection")
-		go c.ws.Close(websocket.StatusTryAgainLater, "send queue full") // never block the caller
+		go closeWith(c.ws, websocket.CloseTryAgainLater, "send queue full") // never block the caller
 		return
 	}
 	c.queue = append(c.queue, outFrame{data, bin})
@@ -144,15 +144,9 @@ func (c *conn) writeQueued() {
 		f := c.queue[0]
 		c.queue = c.queue[1:]
 		c.qmu.Unlock()
-		typ := websocket.MessageText
-		if f.binary {
-			typ = websocket.MessageBinary
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := c.ws.Write(ctx, typ, f.data)
-		cancel()
+		err := c.write(f.binary, f.data)
 		if err != nil {
-			c.ws.CloseNow()
+			c.ws.Close()
 			c.qmu.Lock()
 			c.writing = false
 			c.queue = nil
@@ -160,6 +154,36 @@ func (c *conn) writeQueued() {
 			return
 		}
 	}
+}
+
+// write sends one message to the worker, within frameWriteTimeout.
+func (c *conn) write(binary bool, data []byte) error {
+	return writeMessage(&c.wmu, c.ws, binary, data, frameWriteTimeout)
+}
+
+// frameWriteTimeout bounds the writing of one frame to a worker: a worker
+// that reads nothing for that long is disconnected.
+const frameWriteTimeout = 30 * time.Second
+
+// writeMessage sends one message on ws, holding mu, within timeout.
+func writeMessage(mu *sync.Mutex, ws *websocket.Conn, binary bool, data []byte, timeout time.Duration) error {
+	typ := websocket.TextMessage
+	if binary {
+		typ = websocket.BinaryMessage
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if err := ws.SetWriteDeadline(time.Now().Add(timeout)); err != nil {
+		return err
+	}
+	return ws.WriteMessage(typ, data)
+}
+
+// closeWith sends a close message with code and reason (cut to what a
+// close message holds), then closes ws. It may run beside a writer.
+func closeWith(ws *websocket.Conn, code int, reason string) {
+	_ = ws.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, truncate(reason, 120)), time.Now().Add(time.Second))
+	ws.Close()
 }
 
 // hub holds this replica's connected workers.
@@ -441,7 +465,7 @@ func (h *hub) add(c *conn) {
 		// The same worker reconnected before its old socket was noticed gone.
 		// (CloseNow: a close handshake could wait on a dead peer while the
 		// hub is locked.)
-		old.ws.CloseNow()
+		old.ws.Close()
 		h.dropLocked(old)
 	}
 	h.conns[c.id] = c

@@ -27,6 +27,8 @@ import (
 	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/internal/version"
 	"github.com/cyclepool/cyclepool/web"
+
+	"github.com/gorilla/websocket"
 )
 
 // Config configures a Server. Zero fields take the defaults given.
@@ -150,12 +152,14 @@ func (c *Config) setDefaults() {
 
 // Server is one cyclepool replica.
 type Server struct {
-	cfg     Config
-	store   *store.Store
-	log     *slog.Logger
-	hub     *hub
-	metrics *metrics
-	wakeC   chan struct{}
+	cfg   Config
+	store *store.Store
+	// upgrader accepts workers' WebSockets (session.go).
+	upgrader websocket.Upgrader
+	log      *slog.Logger
+	hub      *hub
+	metrics  *metrics
+	wakeC    chan struct{}
 	// tasksWake says a wake-up was for tasks that became ready (wake), not
 	// only for free slots (wakeSlots).
 	tasksWake atomic.Bool
@@ -215,6 +219,21 @@ func New(st *store.Store, cfg Config) *Server {
 		rt:      newRuntimes(),
 		ends:    newFinishWaiters(),
 		gate:    newGatekeeper(cfg.NewWorkerEvery, cfg.NewWorkerBurst),
+	}
+	s.upgrader = websocket.Upgrader{
+		// Workers need no origin: volunteers' pages may be served from
+		// anywhere.
+		CheckOrigin: func(*http.Request) bool { return true },
+		// Reads use the HTTP server's own 4 KiB buffer; a write takes a
+		// buffer from the pool for the length of one message, so an idle
+		// connection holds none (idle_worker_conn_kib).
+		WriteBufferPool: &sync.Pool{},
+		// No compression: frames are small and mostly unique.
+		EnableCompression: false,
+		HandshakeTimeout:  10 * time.Second,
+		Error: func(w http.ResponseWriter, r *http.Request, status int, reason error) {
+			http.Error(w, "a worker's WebSocket: "+reason.Error(), status)
+		},
 	}
 	s.readyLeft.Store(true) // until the dispatcher's first round
 	s.ctx, s.stop = context.WithCancel(context.Background())

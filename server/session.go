@@ -13,11 +13,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
-	"github.com/coder/websocket"
+	"github.com/gorilla/websocket"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/store"
@@ -62,12 +63,9 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 		}
 		operator = true
 	}
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
-		InsecureSkipVerify: true, // workers need no origin: volunteers' pages may be served from anywhere
-		CompressionMode:    websocket.CompressionDisabled,
-	})
+	ws, err := s.upgrader.Upgrade(w, r, nil)
 	if err != nil {
-		return
+		return // Upgrade answered the request
 	}
 	ws.SetReadLimit(int64(s.cfg.MaxFrameBytes))
 	ctx, cancel := context.WithCancel(s.ctx)
@@ -78,8 +76,8 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 			s.gate.refused(remoteHost(r), time.Now())
 		}
 		s.log.Info("worker refused", "remote", r.RemoteAddr, "err", err)
-		s.sendError(ctx, ws, err.Error())
-		ws.Close(websocket.StatusPolicyViolation, truncate(err.Error(), 120))
+		s.sendError(nil, ws, err.Error())
+		closeWith(ws, websocket.ClosePolicyViolation, err.Error())
 		return
 	}
 	// The connection lives on in a goroutine of its own, and the request's
@@ -98,7 +96,7 @@ func (s *Server) serveWorker(ctx context.Context, cancel context.CancelFunc, ws 
 	defer func() {
 		if v := recover(); v != nil {
 			c.log.Error("worker connection panicked", "panic", v, "stack", string(debug.Stack()))
-			ws.CloseNow()
+			ws.Close()
 		}
 	}()
 	s.metrics.workerConnects.WithLabelValues(c.kind).Inc()
@@ -130,7 +128,7 @@ func (s *Server) serveWorker(ctx context.Context, cancel context.CancelFunc, ws 
 	}()
 	s.wakeSlots()
 	err := s.readLoop(ctx, c)
-	var ce websocket.CloseError
+	var ce *websocket.CloseError
 	switch {
 	case err == nil, errors.As(err, &ce), errors.Is(err, context.Canceled):
 		c.log.Debug("worker disconnected", "err", err)
@@ -138,21 +136,24 @@ func (s *Server) serveWorker(ctx context.Context, cancel context.CancelFunc, ws 
 		c.log.Info("worker connection closed", "err", err)
 		var perr protocolError
 		if errors.As(err, &perr) {
-			s.sendError(ctx, ws, perr.Error())
-			ws.Close(websocket.StatusPolicyViolation, truncate(perr.Error(), 120))
+			s.sendError(&c.wmu, ws, perr.Error())
+			closeWith(ws, websocket.ClosePolicyViolation, perr.Error())
 		}
 	}
-	ws.CloseNow()
+	ws.Close()
 }
 
 // protocolError is a frame that breaks the protocol; it closes that socket only.
 type protocolError struct{ error }
 
-func (s *Server) sendError(ctx context.Context, ws *websocket.Conn, msg string) {
+// sendError sends an error frame, within a second, holding mu (nil
+// before the connection has a writer of its own).
+func (s *Server) sendError(mu *sync.Mutex, ws *websocket.Conn, msg string) {
 	data, _, _ := protocol.Encode(&protocol.Frame{Type: protocol.TypeError, Error: &protocol.Error{Message: msg}})
-	wctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	_ = ws.Write(wctx, websocket.MessageText, data)
+	if mu == nil {
+		mu = new(sync.Mutex)
+	}
+	_ = writeMessage(mu, ws, false, data, time.Second)
 }
 
 // truncate cuts s to at most n bytes, on a character boundary.
@@ -233,11 +234,14 @@ func failEnding(reason string) store.Ending {
 // greet reads hello, registers the worker and sends welcome. A hello that
 // breaks the protocol is a protocolError.
 func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request, operator bool) (*conn, error) {
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	// hello is read under a small limit of its own: it comes before
-	// anything is known of the worker.
-	typ, hr, err := ws.Reader(rctx)
+	// hello is read under a small limit of its own, within 10 s: it
+	// comes before anything is known of the worker.
+	if err := ws.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		return nil, fmt.Errorf("read hello: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() { ws.Close() })
+	defer stop()
+	typ, hr, err := ws.NextReader()
 	if err != nil {
 		return nil, fmt.Errorf("read hello: %w", err)
 	}
@@ -248,7 +252,10 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 	if len(data) > helloMaxBytes {
 		return nil, protocolError{fmt.Errorf("hello refused: over %d bytes", helloMaxBytes)}
 	}
-	f, err := protocol.Decode(data, typ == websocket.MessageBinary)
+	if err := ws.SetReadDeadline(time.Time{}); err != nil {
+		return nil, fmt.Errorf("read hello: %w", err)
+	}
+	f, err := protocol.Decode(data, typ == websocket.BinaryMessage)
 	if err != nil {
 		return nil, protocolError{err}
 	}
@@ -325,9 +332,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 	if err != nil {
 		return nil, err
 	}
-	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
-	defer wcancel()
-	if err := ws.Write(wctx, websocket.MessageText, data); err != nil {
+	if err := writeMessage(&c.wmu, ws, false, data, 10*time.Second); err != nil {
 		return nil, fmt.Errorf("send welcome: %w", err)
 	}
 	c.log.Debug("worker connected", "slots", h.Slots, "resumed", len(c.running), "build", truncate(h.Build, 100))
@@ -348,11 +353,11 @@ func (s *Server) readLoop(ctx context.Context, c *conn) error {
 	var silent atomic.Bool
 	timer := time.AfterFunc(idle, func() {
 		silent.Store(true)
-		c.ws.CloseNow()
+		c.ws.Close()
 	})
 	timer.Stop()
 	defer timer.Stop()
-	defer context.AfterFunc(ctx, func() { c.ws.CloseNow() })()
+	defer context.AfterFunc(ctx, func() { c.ws.Close() })()
 	for {
 		timer.Reset(idle)
 		f, fenced, hold, err := s.readFrame(ctx, c, func(wait bool) {
@@ -407,11 +412,11 @@ func (s *Server) readLoop(ctx context.Context, c *conn) error {
 // to be refused). pause(true) is called before waiting for the budgets,
 // pause(false) after. A frame that breaks the protocol is a protocolError.
 func (s *Server) readFrame(ctx context.Context, c *conn, pause func(bool)) (f *protocol.Frame, fenced bool, hold *payloadHold, err error) {
-	typ, r, err := c.ws.Reader(context.Background())
+	typ, r, err := c.ws.NextReader()
 	if err != nil {
 		return nil, false, nil, err
 	}
-	if typ == websocket.MessageText {
+	if typ == websocket.TextMessage {
 		data, err := io.ReadAll(io.LimitReader(r, protocol.MaxHeaderBytes+1))
 		if err != nil {
 			return nil, false, nil, err

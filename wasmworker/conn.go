@@ -4,7 +4,7 @@ import "context"
 
 // conn is the worker's end of one WebSocket connection to a server, in
 // whole messages: text for JSON frames, binary for the binary ones. The
-// headless worker's is github.com/coder/websocket's (net_native.go); the
+// headless worker's is github.com/gorilla/websocket's (net_native.go); the
 // browser's drives the page's own WebSocket object (net_js.go), so that
 // the Go worker a volunteer downloads carries no HTTP client.
 type conn interface {

@@ -12,12 +12,16 @@ import (
 	"strings"
 	"time"
 
-	"github.com/coder/websocket"
+	"github.com/gorilla/websocket"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 )
 
-// wsConn adapts a github.com/coder/websocket connection to conn.
+// wsConn adapts a github.com/gorilla/websocket connection to conn: a
+// context's deadline becomes the read's or write's, and a context that
+// ends without one does not end the call (the session closes the
+// connection when it ends, which does). The worker writes from one
+// goroutine at a time (the hello, then its write loop), as gorilla needs.
 type wsConn struct{ *websocket.Conn }
 
 // Bounds the kernel keeps on a worker's socket, so that a server whose
@@ -46,39 +50,63 @@ func dialer() *net.Dialer {
 	}
 }
 
-// dialOptions are the options of the worker's WebSocket: its own dialer,
-// and no compression (frames are small and mostly unique; compression
-// costs more CPU than it saves).
-func dialOptions() *websocket.DialOptions {
-	tr := &http.Transport{Proxy: http.ProxyFromEnvironment, DialContext: dialer().DialContext, TLSHandshakeTimeout: 10 * time.Second}
-	return &websocket.DialOptions{HTTPClient: &http.Client{Transport: tr}, CompressionMode: websocket.CompressionDisabled}
+// wsDialer is the worker's WebSocket dialer: its own TCP dialer, the
+// environment's proxy, and no compression (frames are small and mostly
+// unique; compression costs more CPU than it saves). Its buffers are
+// large: a client masks what it sends, so gorilla copies a message into
+// the write buffer and sends one WebSocket frame per buffer, and a
+// batch of results is tens of KiB (a worker has one connection).
+func wsDialer() *websocket.Dialer {
+	return &websocket.Dialer{
+		NetDialContext:   dialer().DialContext,
+		Proxy:            http.ProxyFromEnvironment,
+		HandshakeTimeout: 10 * time.Second,
+		ReadBufferSize:   64 << 10,
+		WriteBufferSize:  256 << 10,
+	}
 }
 
 // dial opens a WebSocket to url, presenting key (Config.Key) if any.
 func dial(ctx context.Context, url, key string) (conn, error) {
-	opts := dialOptions()
+	var h http.Header
 	if key != "" {
-		opts.HTTPHeader = http.Header{"Authorization": {"Bearer " + key}}
+		h = http.Header{"Authorization": {"Bearer " + key}}
 	}
-	ws, _, err := websocket.Dial(ctx, url, opts)
+	ws, resp, err := wsDialer().DialContext(ctx, url, h)
 	if err != nil {
+		if resp != nil {
+			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+			resp.Body.Close()
+			return nil, fmt.Errorf("%w: %s %s", err, resp.Status, strings.TrimSpace(string(msg)))
+		}
 		return nil, err
 	}
 	return wsConn{ws}, nil
 }
 
 func (c wsConn) Read(ctx context.Context) (bool, []byte, error) {
-	typ, data, err := c.Conn.Read(ctx)
-	return typ == websocket.MessageBinary, data, err
+	d, _ := ctx.Deadline()
+	if err := c.Conn.SetReadDeadline(d); err != nil {
+		return false, nil, err
+	}
+	typ, data, err := c.Conn.ReadMessage()
+	return typ == websocket.BinaryMessage, data, err
 }
 
 func (c wsConn) Write(ctx context.Context, binary bool, data []byte) error {
-	typ := websocket.MessageText
+	typ := websocket.TextMessage
 	if binary {
-		typ = websocket.MessageBinary
+		typ = websocket.BinaryMessage
 	}
-	return c.Conn.Write(ctx, typ, data)
+	d, _ := ctx.Deadline()
+	if err := c.Conn.SetWriteDeadline(d); err != nil {
+		return err
+	}
+	return c.Conn.WriteMessage(typ, data)
 }
+
+// CloseNow closes the connection at once, without a close message.
+func (c wsConn) CloseNow() error { return c.Conn.Close() }
 
 // moduleFetcher returns the Job.Fetch of an attempt of module id: the
 // module's bytes, from the worker's memory or from server.

@@ -3,7 +3,6 @@ package wasmworker
 import (
 	"context"
 	"net"
-	"net/http"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -11,7 +10,7 @@ import (
 
 // The worker's WebSocket dials with the kernel bounds on a dead
 // connection: TCP_USER_TIMEOUT and keepalive probes, as set by
-// dialOptions' transport, which dial uses.
+// wsDialer's dialer, which dial uses.
 func TestDialBoundsDeadConnections(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -27,11 +26,11 @@ func TestDialBoundsDeadConnections(t *testing.T) {
 			defer c.Close()
 		}
 	}()
-	tr, ok := dialOptions().HTTPClient.Transport.(*http.Transport)
-	if !ok || tr.DialContext == nil {
-		t.Fatalf("the WebSocket's transport %T has no dialer of its own", dialOptions().HTTPClient.Transport)
+	d := wsDialer()
+	if d.NetDialContext == nil {
+		t.Fatal("the WebSocket's dialer has no TCP dialer of its own")
 	}
-	c, err := tr.DialContext(context.Background(), "tcp", ln.Addr().String())
+	c, err := d.NetDialContext(context.Background(), "tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
