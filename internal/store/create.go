@@ -1,0 +1,528 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// NewWorkflow is a validated workflow ready to be written.
+type NewWorkflow struct {
+	Name     string
+	Priority string // "interactive" or "batch"
+	Tasks    []NewTask
+	// Replicas, Quorum and MaxReplicas are the result verification of
+	// every task (0 counts as 1: no verification).
+	Replicas    int
+	Quorum      int
+	MaxReplicas int
+	// Blobs are the data blobs the tasks read (Setup), kept while the
+	// workflow is.
+	Blobs []string
+}
+
+// NewTask is one task of a NewWorkflow.
+type NewTask struct {
+	Name        string
+	Module      string
+	Args        []string
+	Stdin       []byte     // inline stdin
+	Inputs      []NewInput // files under /in, and stdin from a task (Name "")
+	Seed        int64
+	TimeoutMS   int64
+	MaxAttempts int
+	MemoryPages int
+	OutputBytes int64
+	LogBytes    int64
+	CkptMS      int64
+	// Setup is the task's protocol.Setup as JSON, nil when it has none.
+	Setup []byte
+}
+
+// NewInput maps an output of an upstream task (by index in Tasks) to a file
+// name under /in; Name "" means stdin.
+type NewInput struct {
+	Name   string
+	From   int
+	Output string
+}
+
+// Workflow and task states.
+const (
+	StateRunning        = "running"
+	StateDone           = "done"
+	StateFailed         = "failed"
+	StateCancelled      = "cancelled"
+	StateBlocked        = "blocked"
+	StateReady          = "ready"
+	StateUpstreamFailed = "upstream_failed"
+)
+
+// CreateWorkflow writes the whole DAG in one transaction and returns the
+// workflow id. Tasks without upstream tasks are ready at once; the commit
+// wakes the dispatchers of every replica.
+func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflow) (string, error) {
+	var id string
+	var err error
+	if w.Claimable() {
+		var uid pgtype.UUID
+		if uid, err = newUUID(); err == nil {
+			id, _, err = s.createSmall(ctx, ownerID, w, uid, nil, 0)
+		}
+	} else {
+		id, err = s.createLarge(ctx, ownerID, w)
+	}
+	if err != nil {
+		return "", fmt.Errorf("create workflow %q: %w", w.Name, err)
+	}
+	// The planner's statistics are refreshed in the background, after the
+	// answer (statsRefresher says why).
+	s.stats.request(len(w.Tasks) >= analyzeAfterTasks, countEdges(w) >= analyzeAfterTasks)
+	return id, nil
+}
+
+// createLarge writes a workflow in one transaction of a few round trips:
+// the workflow row with the ids of its tasks, the tasks and edges with
+// COPY, and the notification.
+func (s *Store) createLarge(ctx context.Context, ownerID int64, w *NewWorkflow) (string, error) {
+	var id string
+	err := s.tx(ctx, func(tx pgx.Tx) error {
+		var now time.Time
+		var ids []int64
+		var uid pgtype.UUID // for COPY: a string would be parsed anew for every row
+		// One round trip: the workflow row, its modules (whose keys
+		// keep a module in use from being deleted:
+		// migrations/00009_workflow_modules.sql), the transaction's time
+		// and the ids of its tasks.
+		if err := tx.QueryRow(ctx, `WITH wf AS (
+				INSERT INTO workflows (owner_id, name, priority, task_count, tasks_left)
+				VALUES ($1, $2, $3, $4, $4) RETURNING id, created_at
+			), wm AS (
+				INSERT INTO workflow_modules (workflow_id, module_id) SELECT wf.id, m FROM wf, unnest($5::text[]) m
+			)
+			SELECT id::text, id, created_at, (SELECT array_agg(nextval('tasks_id_seq')) FROM generate_series(1, $4)) FROM wf`,
+			ownerID, w.Name, w.Priority, len(w.Tasks), distinctModules(w)).Scan(&id, &uid, &now, &ids); err != nil {
+			return err
+		}
+		readyKey := now
+		if w.Priority == "interactive" {
+			readyKey = now.Add(-s.interactiveHeadStart)
+		}
+		ready := 0
+		rows := make([][]any, len(w.Tasks))
+		for i := range w.Tasks {
+			t := &w.Tasks[i]
+			deps := distinctDeps(t.Inputs)
+			state, key := StateBlocked, (*time.Time)(nil)
+			if deps == 0 {
+				state, key = StateReady, &readyKey
+				ready++
+			}
+			args := t.Args
+			if args == nil {
+				args = []string{}
+			}
+			rows[i] = []any{ids[i], uid, t.Name, t.Module, args, t.Stdin, w.Priority, state, deps, key,
+				t.MaxAttempts, t.TimeoutMS, t.MemoryPages, t.OutputBytes, t.LogBytes, t.CkptMS, t.Seed, t.Setup}
+		}
+		if err := insertTasks(ctx, tx, rows); err != nil {
+			return err
+		}
+		if len(w.Blobs) > 0 {
+			// The blobs' keys keep them from collection while the
+			// workflow is.
+			if _, err := tx.Exec(ctx, `INSERT INTO workflow_blobs (workflow_id, blob_id) SELECT $1, b FROM unnest($2::text[]) b`,
+				uid, w.Blobs); err != nil {
+				return err
+			}
+		}
+		if w.Replicas > 1 || w.Quorum > 1 {
+			// Replicated tasks: a failed replica must not use up the
+			// attempts of the others, so max_attempts grows by the extra
+			// replicas.
+			maxR := max(w.MaxReplicas, w.Replicas, w.Quorum)
+			if _, err := tx.Exec(ctx, `WITH wf AS (UPDATE workflows SET replicas = $2, quorum = $3 WHERE id = $1)
+				UPDATE tasks SET pending = $2, replicas = $2, quorum = $3, max_replicas = $4, max_attempts = max_attempts + $4 - 1
+				WHERE workflow_id = $1`, id, max(w.Replicas, 1), max(w.Quorum, 1), maxR); err != nil {
+				return err
+			}
+		}
+		var edges [][]any
+		for i, t := range w.Tasks {
+			for _, in := range t.Inputs {
+				edges = append(edges, []any{ids[i], in.Name, ids[in.From], in.Output})
+			}
+		}
+		if len(edges) > 0 {
+			if _, err := tx.CopyFrom(ctx, pgx.Identifier{"task_inputs"}, []string{"task_id", "name", "from_task", "output"},
+				pgx.CopyFromRows(edges)); err != nil {
+				return err
+			}
+		}
+		if ready > 0 {
+			if _, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, ChannelReady); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return id, err
+}
+
+// smallWorkflow is the most tasks CreateWorkflow writes with createSmall.
+const smallWorkflow = 64
+
+// SubmitPick is a decision of the dispatcher's plan on a task of a
+// workflow not written yet (CreateWorkflowClaiming): Task is its index in
+// NewWorkflow.Tasks, which stands for its id in the plan.
+type SubmitPick struct {
+	Task   int
+	Worker string
+	// CkptMS overrides the task's checkpoint interval (0 keeps it).
+	CkptMS int64
+	// Solo starts this replica alone (as Pick.Solo).
+	Solo bool
+}
+
+// Claimable reports whether CreateWorkflowClaiming takes w: a small
+// workflow, written in one round trip, whose tasks have no setup (data
+// and files are written by createLarge only).
+func (w *NewWorkflow) Claimable() bool {
+	if len(w.Tasks) > smallWorkflow || len(w.Blobs) > 0 {
+		return false
+	}
+	for i := range w.Tasks {
+		if w.Tasks[i].Setup != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// CreateWorkflowClaiming is CreateWorkflow for a Claimable workflow whose
+// ready tasks the submitting replica planned for its own idle workers
+// before writing it (SubmissionCandidates): it claims picks in the
+// submission's own transaction, as ClaimPicks would a moment later, and
+// returns the attempts created, in attempt id order. On the path of every
+// interactive task this saves the dispatcher's round and a transaction.
+// The claims commit with the submission, its WAL flush included. Picks
+// are taken as ClaimPicks takes them (replicas of a task go to distinct
+// workers, at most its pending ones); picks of tasks that are not ready
+// are ignored. When the picks leave ready tasks with replicas unclaimed,
+// the commit's notification (ChannelReady) wakes every dispatcher, as for
+// any submission; otherwise it sends none (a pick the claim refuses is the
+// caller's to see: fewer attempts than picks).
+func (s *Store) CreateWorkflowClaiming(ctx context.Context, ownerID int64, w *NewWorkflow, picks []SubmitPick, lease time.Duration) (
+	id string, claimed []Claimed, err error) {
+	if !w.Claimable() {
+		return "", nil, fmt.Errorf("create workflow %q: %d tasks are too many to claim at submission", w.Name, len(w.Tasks))
+	}
+	uid, err := newUUID()
+	if err != nil {
+		return "", nil, err
+	}
+	id, claimed, err = s.createSmall(ctx, ownerID, w, uid, picks, lease)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) {
+			// The transaction may have committed, its answer lost.
+			if id, rerr := s.recoverSubmission(ctx, uid); rerr == nil && id != "" {
+				return id, nil, nil
+			}
+		}
+		return "", nil, fmt.Errorf("create workflow %q: %w", w.Name, err)
+	}
+	return id, claimed, nil
+}
+
+// recoverSubmission settles a claiming submission whose transaction ended
+// in an error that may have come after its commit (the connection lost
+// with the COMMIT's answer, or the context ended while it was on its way).
+// When the workflow uid was written after all, the attempts it claimed
+// never reached their workers and nobody was told of its tasks: the
+// attempts are ended without counting against their tasks or workers,
+// which queues the tasks again and wakes the dispatchers, and it returns
+// the workflow's id. It returns "" when the workflow was not written.
+func (s *Store) recoverSubmission(ctx context.Context, uid pgtype.UUID) (string, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	rows, err := s.pool.Query(ctx, `SELECT w.id::text, a.id, a.worker_id::text FROM workflows w
+		LEFT JOIN tasks t ON t.workflow_id = w.id LEFT JOIN attempts a ON a.task_id = t.id AND a.state = 'running'
+		WHERE w.id = $1`, uid)
+	if err != nil {
+		return "", fmt.Errorf("look for a submission: %w", err)
+	}
+	var id string
+	var ends []Completion
+	for rows.Next() {
+		var attempt *int64
+		var worker *string
+		if err := rows.Scan(&id, &attempt, &worker); err != nil {
+			rows.Close()
+			return "", fmt.Errorf("look for a submission: %w", err)
+		}
+		if attempt != nil {
+			ends = append(ends, Completion{Attempt: *attempt, Worker: *worker, Reason: "worker", End: EndUnstarted,
+				Message: "the server lost the answer of the submission that claimed it: never sent"})
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return "", fmt.Errorf("look for a submission: %w", err)
+	}
+	if _, err := s.Complete(ctx, ends); err != nil {
+		return "", err // the leases lapse instead
+	}
+	return id, nil
+}
+
+// createSmall writes a small workflow (smallWorkflow tasks at most) in one
+// round trip: BEGIN, one statement (createSmallSQL) and COMMIT, pipelined.
+// A single task's submission is on the latency path of interactive work,
+// and each round trip of the general path (workflow row, then tasks, edges
+// and notification) costs as much as the rows of a small workflow.
+//
+// With picks, the same round trip claims them (claimNewSQL, between the
+// statement and the COMMIT): the tasks are found by the workflow's id,
+// made here rather than by PostgreSQL so that the claim can name it, and
+// their names. It returns the attempts.
+func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, uid pgtype.UUID, picks []SubmitPick, lease time.Duration) (
+	id string, claimed []Claimed, err error) {
+	n := len(w.Tasks)
+	var (
+		names, modules, args = make([]string, n), make([]string, n), make([]string, n)
+		stdins               = make([][]byte, n)
+		deps, maxAttempts    = make([]int32, n), make([]int32, n)
+		pages                = make([]int32, n)
+		timeouts, outBytes   = make([]int64, n), make([]int64, n)
+		logBytes, ckpts      = make([]int64, n), make([]int64, n)
+		seeds                = make([]int64, n)
+		edgeTask, edgeFrom   []int32
+		edgeName, edgeOutput []string
+	)
+	for i := range w.Tasks {
+		t := &w.Tasks[i]
+		a := t.Args
+		if a == nil {
+			a = []string{}
+		}
+		b, err := json.Marshal(a) // an array of arrays may be ragged, so each travels as JSON
+		if err != nil {
+			return "", nil, err
+		}
+		names[i], modules[i], args[i], stdins[i] = t.Name, t.Module, string(b), t.Stdin
+		deps[i], maxAttempts[i], pages[i] = int32(distinctDeps(t.Inputs)), int32(t.MaxAttempts), int32(t.MemoryPages)
+		timeouts[i], outBytes[i], logBytes[i], ckpts[i], seeds[i] = t.TimeoutMS, t.OutputBytes, t.LogBytes, t.CkptMS, t.Seed
+		for _, in := range t.Inputs {
+			edgeTask, edgeFrom = append(edgeTask, int32(i+1)), append(edgeFrom, int32(in.From+1))
+			edgeName, edgeOutput = append(edgeName, in.Name), append(edgeOutput, in.Output)
+		}
+	}
+	headStart := time.Duration(0)
+	if w.Priority == "interactive" {
+		headStart = s.interactiveHeadStart
+	}
+	replicas, quorum := max(w.Replicas, 1), max(w.Quorum, 1)
+	maxR := 1
+	if w.Replicas > 1 || w.Quorum > 1 { // as createLarge: MaxReplicas alone does not replicate
+		maxR = max(w.MaxReplicas, w.Replicas, w.Quorum)
+	}
+	// The picks of ready tasks: the claim's arguments. need counts the
+	// replicas of each ready task that no pick claims (a worker takes one
+	// replica of a task at most, as in the claim).
+	var pickNames, pickWorkers []string
+	var pickCkpts []int64
+	var pickSolos []bool
+	need := make([]int, n)
+	for i := range need {
+		if deps[i] == 0 {
+			need[i] = replicas
+		}
+	}
+	type taskWorker struct {
+		task   int
+		worker string
+	}
+	counted := map[taskWorker]bool{}
+	for _, p := range picks {
+		if p.Task >= 0 && p.Task < n && deps[p.Task] == 0 {
+			pickNames, pickWorkers = append(pickNames, names[p.Task]), append(pickWorkers, p.Worker)
+			pickCkpts, pickSolos = append(pickCkpts, p.CkptMS), append(pickSolos, p.Solo)
+			if tw := (taskWorker{p.Task, p.Worker}); !counted[tw] {
+				counted[tw] = true
+				need[p.Task]--
+			}
+			if p.Solo {
+				need[p.Task] = 0
+			}
+		}
+	}
+	channel := ""
+	if slices.ContainsFunc(need, func(k int) bool { return k > 0 }) {
+		// Dispatchers hear of ready tasks left unclaimed; those claimed
+		// here are no news to them.
+		channel = ChannelReady
+	}
+	for try := 0; ; try++ {
+		b := &pgx.Batch{}
+		if len(pickNames) > 0 {
+			queueBegin(b, false) // the claim's settings; the commit is the submission's, flushed
+		} else {
+			b.Queue("BEGIN")
+		}
+		b.Queue(createSmallSQL, ownerID, w.Name, w.Priority, n, replicas, quorum, maxR, headStart.Milliseconds(),
+			names, modules, args, stdins, deps, maxAttempts, timeouts, pages, outBytes, logBytes, ckpts, seeds,
+			edgeTask, edgeName, edgeFrom, edgeOutput, channel, uid)
+		if len(pickNames) > 0 {
+			sql := claimNewSQL
+			if distinct(pickNames) {
+				sql = claimNewOnePerTaskSQL
+			}
+			b.Queue(sql, pickNames, uuidParams(pickWorkers), pickCkpts, pickSolos, lease.Milliseconds(), uid)
+		}
+		b.Queue("COMMIT")
+		br := s.pool.SendBatch(ctx, b)
+		if len(pickNames) > 0 {
+			err = execBegin(br)
+		} else {
+			_, err = br.Exec()
+		}
+		if err == nil {
+			err = br.QueryRow().Scan(&id)
+		}
+		claimed = nil
+		if err == nil && len(pickNames) > 0 {
+			claimed, err = collectClaimed(br)
+		}
+		if err == nil {
+			_, err = br.Exec()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil && try < 5 && retryable(err) {
+			continue
+		}
+		if err != nil {
+			return "", nil, err
+		}
+		break
+	}
+	return id, claimed, nil
+}
+
+// SubmissionCandidates returns the tasks of w that will be ready once it is
+// written, as Candidates would then read them, for a plan made before it is
+// written (CreateWorkflowClaiming): TaskID is the task's index in w.Tasks
+// (it has no id yet), WorkflowID is empty, and ReadySince is now less the
+// interactive head start (the sort key will be the same by the database's
+// clock).
+func (s *Store) SubmissionCandidates(w *NewWorkflow, now time.Time) []Candidate {
+	if w.Priority == "interactive" {
+		now = now.Add(-s.interactiveHeadStart)
+	}
+	replicas := max(w.Replicas, 1)
+	var cs []Candidate
+	for i := range w.Tasks {
+		t := &w.Tasks[i]
+		if len(t.Inputs) == 0 {
+			cs = append(cs, Candidate{TaskID: int64(i), Module: t.Module, Name: t.Name, Priority: w.Priority, ReadySince: now, Setup: t.Setup != nil,
+				Pending: replicas, Replicas: replicas, Fresh: true, CkptMS: t.CkptMS})
+		}
+	}
+	return cs
+}
+
+// newUUID returns a workflow id: a random (version 4) UUID, so that a
+// few of its first characters name it (cyclepool status 6b0c); version 7
+// ids share their first 8 for a minute (docs/RATIONALE.md).
+func newUUID() (pgtype.UUID, error) {
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return pgtype.UUID{}, fmt.Errorf("workflow id: %w", err)
+	}
+	return pgtype.UUID{Bytes: id, Valid: true}, nil
+}
+
+// createSmallSQL writes a workflow with id $26, its modules
+// (workflow_modules), its tasks ($9 to $20, one array element per task, in
+// submission order) and its edges ($21 to $24: task and upstream task as
+// 1-based positions in the task arrays) in one statement, and notifies
+// channel $25 unless it is empty. It returns the workflow's id. Task ids
+// come from the sequence in submission order.
+// Replicated workflows ($5 replicas, $6 quorum, $7 most replicas) give
+// each task more attempts, as many as the extra replicas, so that a failed
+// replica does not use up the others'.
+const createSmallSQL = `WITH wf AS (
+	INSERT INTO workflows (id, owner_id, name, priority, task_count, tasks_left, replicas, quorum)
+	VALUES ($26, $1, $2, $3, $4, $4, $5, $6) RETURNING id, created_at
+), u AS (
+	SELECT nextval('tasks_id_seq') AS id, s.* FROM (
+		SELECT * FROM unnest($9::text[], $10::text[], $11::text[], $12::bytea[], $13::int[], $14::int[], $15::bigint[], $16::int[],
+			$17::bigint[], $18::bigint[], $19::bigint[], $20::bigint[]) WITH ORDINALITY
+			AS u(name, module, args, stdin, deps, max_attempts, timeout_ms, pages, output_bytes, log_bytes, ckpt_ms, seed, ord)
+		ORDER BY ord) s
+), wm AS (
+	INSERT INTO workflow_modules (workflow_id, module_id) SELECT DISTINCT wf.id, m FROM wf, unnest($10::text[]) m
+), t AS (
+	INSERT INTO tasks (id, workflow_id, name, module_id, args, stdin, priority, state, deps_left, sort_key,
+		max_attempts, timeout_ms, memory_pages, output_bytes, log_bytes, ckpt_ms, seed, pending, replicas, quorum, max_replicas)
+	SELECT u.id, wf.id, u.name, u.module, ARRAY(SELECT json_array_elements_text(u.args::json)), u.stdin, $3,
+		CASE WHEN u.deps = 0 THEN 'ready' ELSE 'blocked' END, u.deps,
+		CASE WHEN u.deps = 0 THEN wf.created_at - $8 * interval '1 millisecond' END,
+		u.max_attempts + $7 - 1, u.timeout_ms, u.pages, u.output_bytes, u.log_bytes, u.ckpt_ms, u.seed, $5, $5, $6, $7
+	FROM u, wf ORDER BY u.ord
+), e AS (
+	INSERT INTO task_inputs (task_id, name, from_task, output)
+	SELECT a.id, x.name, b.id, x.output
+	FROM unnest($21::int[], $22::text[], $23::int[], $24::text[]) AS x(task, name, from_task, output)
+	JOIN u a ON a.ord = x.task JOIN u b ON b.ord = x.from_task
+)
+SELECT wf.id::text FROM wf CROSS JOIN LATERAL (SELECT CASE WHEN $25 <> '' THEN pg_notify($25, '') END) note`
+
+// taskColumns are the columns of a row built by CreateWorkflow.
+var taskColumns = []string{"id", "workflow_id", "name", "module_id", "args", "stdin", "priority", "state", "deps_left", "sort_key",
+	"max_attempts", "timeout_ms", "memory_pages", "output_bytes", "log_bytes", "ckpt_ms", "seed", "setup"}
+
+// insertTasks writes the task rows of a large workflow with COPY.
+func insertTasks(ctx context.Context, tx pgx.Tx, rows [][]any) error {
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{"tasks"}, taskColumns, pgx.CopyFromRows(rows))
+	return err
+}
+
+// distinctModules returns the modules of a workflow's tasks, each once.
+func distinctModules(w *NewWorkflow) []string {
+	var ms []string
+	seen := map[string]bool{}
+	for _, t := range w.Tasks {
+		if !seen[t.Module] {
+			seen[t.Module] = true
+			ms = append(ms, t.Module)
+		}
+	}
+	return ms
+}
+
+// countEdges returns the number of task_inputs rows of a workflow.
+func countEdges(w *NewWorkflow) int {
+	n := 0
+	for _, t := range w.Tasks {
+		n += len(t.Inputs)
+	}
+	return n
+}
+
+func distinctDeps(ins []NewInput) int {
+	seen := map[int]bool{}
+	for _, in := range ins {
+		seen[in.From] = true
+	}
+	return len(seen)
+}
