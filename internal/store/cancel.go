@@ -35,7 +35,8 @@ func (s *Store) Cancel(ctx context.Context, ownerID int64, id string) ([]int64, 
 		}
 		// Tasks before attempts: a claim that commits while this waits for
 		// its task rows is then seen by the attempts statement below.
-		rows, err := tx.Query(ctx, `UPDATE tasks SET state = 'cancelled', pending = 0, finished_at = now(), updated_at = now()
+		rows, err := tx.Query(ctx, `UPDATE tasks SET state = 'cancelled', pending = 0, finished_at = now(), updated_at = now(),
+				checkpoint = NULL, checkpoint_blob = NULL
 			WHERE workflow_id = $1 AND state IN ('blocked', 'ready', 'running') RETURNING id`, id)
 		if err != nil {
 			return err
@@ -110,7 +111,7 @@ func (s *Store) CancelTask(ctx context.Context, ownerID int64, id, task string) 
 			return fmt.Errorf("task %q is already %s: %w", task, state, ErrTaskFinished)
 		}
 		if _, err := tx.Exec(ctx, `UPDATE tasks SET state = 'cancelled', pending = 0, finished_at = now(), updated_at = now(),
-			error = 'cancelled by the owner' WHERE id = $1`, taskID); err != nil {
+			error = 'cancelled by the owner', checkpoint = NULL, checkpoint_blob = NULL WHERE id = $1`, taskID); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, `UPDATE attempts SET state = 'cancelled', ended_at = now(), reason = 'task cancelled'
