@@ -19,6 +19,8 @@ import (
 	"testing"
 	"testing/iotest"
 	"time"
+
+	"github.com/cyclepool/cyclepool/api"
 )
 
 // fakeServer implements the documented owner API well enough for the
@@ -112,7 +114,7 @@ func (f *fakeServer) submit(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	f.submitted = append(f.submitted, b)
-	writeJSON(w, 201, Submitted{ID: "wf1", Name: wf.Name, Tasks: len(wf.Tasks)})
+	writeJSON(w, 201, api.Submitted{ID: "wf1", Name: wf.Name, Tasks: len(wf.Tasks)})
 }
 
 func (f *fakeServer) status(w http.ResponseWriter, r *http.Request) {

@@ -15,17 +15,14 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"time"
+
+	"github.com/cyclepool/cyclepool/api"
 )
 
-// Blob is a data blob the owner pushed: a file, or an archive that tasks
-// may mount as a directory tree.
+// Blob is a data blob the owner pushed (api.Blob), and whether PushData
+// skipped it.
 type Blob struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name"`
-	Size      int64     `json:"size"`
-	Archive   bool      `json:"archive"`
-	CreatedAt time.Time `json:"created_at"`
+	api.Blob
 	// Skipped is set by PushData when the server had the blob already
 	// (nothing was uploaded).
 	Skipped bool `json:"-"`
@@ -126,8 +123,8 @@ func (c *Client) Data(ctx context.Context, id string) (Blob, error) {
 		return Blob{}, err
 	}
 	resp.Body.Close()
-	return Blob{ID: id, Name: resp.Header.Get("X-Cyclepool-Name"), Size: resp.ContentLength,
-		Archive: resp.Header.Get("X-Cyclepool-Archive") == "true"}, nil
+	return Blob{Blob: api.Blob{ID: id, Name: resp.Header.Get("X-Cyclepool-Name"), Size: resp.ContentLength,
+		Archive: resp.Header.Get("X-Cyclepool-Archive") == "true"}}, nil
 }
 
 // DataList lists the owner's blobs, newest first.

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cyclepool/cyclepool/api"
 	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/internal/workflow"
 )
@@ -75,12 +76,6 @@ func (s *Server) authed(h ownerHandler) http.HandlerFunc {
 	}
 }
 
-type apiError struct {
-	Error string `json:"error"`
-	Task  string `json:"task,omitempty"`
-	Field string `json:"field,omitempty"`
-}
-
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -88,7 +83,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, status int, format string, args ...any) {
-	writeJSON(w, status, apiError{Error: fmt.Sprintf(format, args...)})
+	writeJSON(w, status, api.Error{Error: fmt.Sprintf(format, args...)})
 }
 
 // serverError answers a request the server could not serve: 503 with
@@ -121,10 +116,7 @@ func (s *Server) handleModules(w http.ResponseWriter, r *http.Request, owner sto
 		s.serverError(w, "list modules", err)
 		return
 	}
-	if ms == nil {
-		ms = []store.Module{}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"modules": ms})
+	writeJSON(w, http.StatusOK, apiModules(ms))
 }
 
 // handleSubmit validates a workflow file and writes it whole, or refuses it
@@ -141,7 +133,7 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		return
 	}
 	if we != nil {
-		writeJSON(w, http.StatusBadRequest, apiError{Error: we.Error(), Task: we.Task, Field: we.Field})
+		writeJSON(w, http.StatusBadRequest, api.Error{Error: we.Error(), Task: we.Task, Field: we.Field})
 		return
 	}
 	nw, err := s.toNewWorkflow(r.Context(), spec, blobs)
@@ -156,7 +148,7 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		return
 	}
 	s.log.Info("workflow submitted", "workflow", id, "name", spec.Name, "tasks", len(spec.Tasks), "owner", owner.Name)
-	writeJSON(w, http.StatusCreated, map[string]any{"id": id, "name": spec.Name, "tasks": len(spec.Tasks)})
+	writeJSON(w, http.StatusCreated, api.Submitted{ID: id, Name: spec.Name, Tasks: len(spec.Tasks)})
 }
 
 // checkSubmission runs every check a submission must pass before anything
@@ -317,10 +309,7 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, owner store.
 		s.serverError(w, "list workflows", err)
 		return
 	}
-	if ws == nil {
-		ws = []store.WorkflowStatus{}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"workflows": ws, "total": total})
+	writeJSON(w, http.StatusOK, apiWorkflows(ws, total))
 }
 
 func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request, owner store.Owner) {
@@ -342,7 +331,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request, owner stor
 	}
 	st.Efficiency, st.SuggestedParallelism = efficiency(spans)
 	st.Notice = s.notice()
-	writeJSON(w, http.StatusOK, st)
+	writeJSON(w, http.StatusOK, apiStatus(st))
 }
 
 func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request, owner store.Owner) {
@@ -358,7 +347,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request, owner stor
 		s.notFoundOr(w, "workflow", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, st)
+	writeJSON(w, http.StatusOK, apiStatus(st))
 }
 
 // handleCancelTask cancels one unfinished task (store.CancelTask): its
@@ -369,7 +358,7 @@ func (s *Server) handleCancelTask(w http.ResponseWriter, r *http.Request, owner 
 	id, task := r.PathValue("id"), r.PathValue("task")
 	attempts, err := s.store.CancelTask(r.Context(), owner.ID, id, task)
 	if errors.Is(err, store.ErrTaskFinished) {
-		writeJSON(w, http.StatusConflict, apiError{Error: err.Error(), Task: task})
+		writeJSON(w, http.StatusConflict, api.Error{Error: err.Error(), Task: task})
 		return
 	}
 	if err != nil {
@@ -382,7 +371,7 @@ func (s *Server) handleCancelTask(w http.ResponseWriter, r *http.Request, owner 
 		s.notFoundOr(w, "workflow", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, st)
+	writeJSON(w, http.StatusOK, apiStatus(st))
 }
 
 func (s *Server) handleAttempts(w http.ResponseWriter, r *http.Request, owner store.Owner) {
@@ -391,10 +380,7 @@ func (s *Server) handleAttempts(w http.ResponseWriter, r *http.Request, owner st
 		s.notFoundOr(w, "task", err)
 		return
 	}
-	if as == nil {
-		as = []store.Attempt{}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"attempts": as})
+	writeJSON(w, http.StatusOK, apiAttempts(as))
 }
 
 func (s *Server) handleLog(w http.ResponseWriter, r *http.Request, owner store.Owner) {
@@ -458,7 +444,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, owner stor
 		fl.Flush()
 		return nil
 	}
-	if err := send("status", st); err != nil {
+	if err := send("status", apiStatus(st)); err != nil {
 		return
 	}
 	type seen struct {
@@ -518,9 +504,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, owner stor
 				continue
 			}
 			last[t.Name] = now
-			ev := map[string]any{"name": t.Name, "state": t.State, "attempts": t.Attempts, "progress": t.Progress,
-				"checkpoints": t.Checkpoints, "checkpoint_at": t.CheckpointAt, "worker": t.Worker, "error": t.Error}
-			if err := send("task", ev); err != nil {
+			if err := send("task", apiTaskChange(&t)); err != nil {
 				return
 			}
 			keepalive = time.Now()
@@ -534,7 +518,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, owner stor
 			keepalive = time.Now()
 		}
 	}
-	_ = send("workflow", map[string]string{"id": id, "state": state})
+	_ = send("workflow", api.WorkflowChange{ID: id, State: state})
 }
 
 // maxStatusWait bounds the long poll of GET /api/v1/workflows/{id}?wait=.

@@ -184,7 +184,7 @@ func (s *Server) handlePushBlob(w http.ResponseWriter, r *http.Request, owner st
 	if created {
 		status = http.StatusCreated
 	}
-	writeJSON(w, status, b)
+	writeJSON(w, status, apiBlob(b))
 }
 
 // errArchiveRefused stops an upload whose archive check failed.
@@ -242,10 +242,7 @@ func (s *Server) handleBlobs(w http.ResponseWriter, r *http.Request, owner store
 		s.serverError(w, "list data", err)
 		return
 	}
-	if bs == nil {
-		bs = []store.Blob{}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"blobs": bs})
+	writeJSON(w, http.StatusOK, apiBlobs(bs))
 }
 
 // handleRemoveBlob takes a blob off the owner's list and quota.

@@ -123,7 +123,7 @@ func (s *Server) handlePushModule(w http.ResponseWriter, r *http.Request, owner 
 	if created {
 		status = http.StatusCreated
 	}
-	writeJSON(w, status, m)
+	writeJSON(w, status, apiModule(m))
 }
 
 // byteSize writes a size limit as people read it: in MiB when it is a whole

@@ -11,19 +11,19 @@ import (
 
 // Attempt is one attempt of a task as the API shows it.
 type Attempt struct {
-	ID           int64      `json:"id"`
-	State        string     `json:"state"`
-	Worker       string     `json:"worker"`
-	Reason       string     `json:"reason"`
-	StartedAt    time.Time  `json:"started_at"`
-	EndedAt      *time.Time `json:"ended_at"`
-	RestoredFrom int        `json:"restored_from"`
+	ID           int64
+	State        string
+	Worker       string
+	Reason       string
+	StartedAt    time.Time
+	EndedAt      *time.Time
+	RestoredFrom int
 	// Verdict is set on results of replicated tasks: valid, invalid or
 	// unverified (accepted alone from a trusted worker).
-	Verdict string `json:"verdict,omitempty"`
+	Verdict string
 	// Superseded is true when the attempt ran on an upstream result that
 	// re-verification overturned: its task was reset and ran again.
-	Superseded bool `json:"superseded,omitempty"`
+	Superseded bool
 }
 
 // Attempts lists the attempts of a task, oldest first.

@@ -30,11 +30,11 @@ const StaleBlobUpload = time.Hour
 // Blob describes a data blob as its owner sees it: Name is the file name
 // it was pushed with.
 type Blob struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name"`
-	Size      int64     `json:"size"`
-	Archive   bool      `json:"archive"`
-	CreatedAt time.Time `json:"created_at"`
+	ID        string
+	Name      string
+	Size      int64
+	Archive   bool
+	CreatedAt time.Time
 }
 
 // QuotaError refuses an upload that would take an owner's blobs past its

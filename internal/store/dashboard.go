@@ -107,9 +107,9 @@ func (s *Store) WorkerTasks(ctx context.Context, ownerID int64) (map[string]Work
 
 // ActivityMinute is one minute of the platform's recent activity.
 type ActivityMinute struct {
-	Minute    time.Time `json:"minute"`     // its start
-	TasksDone int       `json:"tasks_done"` // tasks of every owner that ended done in it
-	Workers   int       `json:"workers"`    // workers connected at any time in it
+	Minute    time.Time // its start
+	TasksDone int       // tasks of every owner that ended done in it
+	Workers   int       // workers connected at any time in it
 }
 
 // Activity returns the last n minutes (1 to 1440) of activity, oldest

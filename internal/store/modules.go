@@ -11,11 +11,11 @@ import (
 
 // Module describes a stored task module.
 type Module struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name"` // the file name it was pushed with ("" when not given)
-	Size      int       `json:"size"`
-	Imports   []string  `json:"imports"`
-	CreatedAt time.Time `json:"created_at"`
+	ID        string
+	Name      string // the file name it was pushed with ("" when not given)
+	Size      int
+	Imports   []string
+	CreatedAt time.Time
 }
 
 // PutModule stores a validated module for owner. created is false when the

@@ -12,13 +12,13 @@ import (
 
 // Counts holds the number of tasks in each state.
 type Counts struct {
-	Blocked        int `json:"blocked"`
-	Ready          int `json:"ready"`
-	Running        int `json:"running"`
-	Done           int `json:"done"`
-	Failed         int `json:"failed"`
-	UpstreamFailed int `json:"upstream_failed"`
-	Cancelled      int `json:"cancelled"`
+	Blocked        int
+	Ready          int
+	Running        int
+	Done           int
+	Failed         int
+	UpstreamFailed int
+	Cancelled      int
 }
 
 func (c *Counts) add(state string, n int) {
@@ -42,59 +42,59 @@ func (c *Counts) add(state string, n int) {
 
 // OutputInfo names one output of a task.
 type OutputInfo struct {
-	Name string `json:"name"`
-	Size int    `json:"size"`
+	Name string
+	Size int
 }
 
 // TaskStatus is a task as the API shows it.
 type TaskStatus struct {
-	Name        string  `json:"name"`
-	State       string  `json:"state"`
-	Attempts    int     `json:"attempts"`
-	MaxAttempts int     `json:"max_attempts"`
-	Progress    float64 `json:"progress"`
-	Module      string  `json:"module"`
-	Checkpoints int     `json:"checkpoints"`
+	Name        string
+	State       string
+	Attempts    int
+	MaxAttempts int
+	Progress    float64
+	Module      string
+	Checkpoints int
 	// CheckpointAt is when the latest checkpoint was saved (null: none).
-	CheckpointAt *time.Time `json:"checkpoint_at"`
+	CheckpointAt *time.Time
 	// Worker is the id of the worker running the task's latest running
 	// attempt, or for a done task of the worker whose result was
 	// accepted (the latest, with replicas); "" otherwise.
-	Worker     string     `json:"worker"`
-	StartedAt  *time.Time `json:"started_at"`
-	FinishedAt *time.Time `json:"finished_at"`
-	Error      string     `json:"error"`
+	Worker     string
+	StartedAt  *time.Time
+	FinishedAt *time.Time
+	Error      string
 	// Disputed is true when the task's result was accepted alone from a
 	// worker that later lost a quorum, after the workflow had finished, so
 	// it could not be re-checked (docs/WORKFLOW.md, "Result verification").
-	Disputed  bool         `json:"disputed,omitempty"`
-	Outputs   []OutputInfo `json:"outputs"`
-	UpdatedAt time.Time    `json:"-"`
+	Disputed  bool
+	Outputs   []OutputInfo
+	UpdatedAt time.Time
 }
 
 // WorkflowStatus is a workflow as the API shows it.
 type WorkflowStatus struct {
-	ID         string     `json:"id"`
-	Name       string     `json:"name"`
-	Priority   string     `json:"priority"`
-	State      string     `json:"state"`
-	CreatedAt  time.Time  `json:"created_at"`
-	FinishedAt *time.Time `json:"finished_at"`
-	TaskCount  int        `json:"task_count"`
-	Replicas   int        `json:"replicas"`
-	Quorum     int        `json:"quorum"`
+	ID         string
+	Name       string
+	Priority   string
+	State      string
+	CreatedAt  time.Time
+	FinishedAt *time.Time
+	TaskCount  int
+	Replicas   int
+	Quorum     int
 	// Efficiency and SuggestedParallelism are Heymann et al.'s resource
 	// efficiency and worker count for >= 80% efficiency (status of one
 	// workflow only; null until an attempt succeeded).
-	Efficiency           *float64 `json:"efficiency,omitempty"`
-	SuggestedParallelism *int     `json:"suggested_parallelism,omitempty"`
+	Efficiency           *float64
+	SuggestedParallelism *int
 	// Notice is what the server has to say of itself that holds the
 	// workflow up (status of one workflow only): its database cannot
 	// store results now, say. Set by the server, not read from the
 	// database.
-	Notice string       `json:"notice,omitempty"`
-	Counts *Counts      `json:"counts,omitempty"`
-	Tasks  []TaskStatus `json:"tasks,omitempty"`
+	Notice string
+	Counts *Counts
+	Tasks  []TaskStatus
 }
 
 // ownedWorkflow reads a workflow's summary, or ErrNotFound when it does not

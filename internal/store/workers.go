@@ -249,28 +249,28 @@ func (s *Store) ReplicaGone(ctx context.Context, replica string) error {
 
 // WorkerRecord is what the database keeps of a worker.
 type WorkerRecord struct {
-	ID             string          `json:"id"`
-	Kind           string          `json:"kind"`
-	Slots          int             `json:"slots"`
-	Volunteer      string          `json:"volunteer"`
-	Device         json.RawMessage `json:"device"`
-	Replica        string          `json:"replica"`
-	Connected      bool            `json:"connected"`
-	ConnectedAt    time.Time       `json:"connected_at"`
-	LastSeen       time.Time       `json:"last_seen"`
-	Attempts       int64           `json:"attempts"`
-	TasksLost      int64           `json:"tasks_lost"`
-	ResultsValid   int64           `json:"results_valid"`
-	ResultsInvalid int64           `json:"results_invalid"`
-	ValidStreak    int             `json:"valid_streak"`
+	ID             string
+	Kind           string
+	Slots          int
+	Volunteer      string
+	Device         json.RawMessage
+	Replica        string
+	Connected      bool
+	ConnectedAt    time.Time
+	LastSeen       time.Time
+	Attempts       int64
+	TasksLost      int64
+	ResultsValid   int64
+	ResultsInvalid int64
+	ValidStreak    int
 	// Operator: the worker connected with an operator key.
-	Operator bool `json:"operator"`
+	Operator bool
 	// Build: the worker's build, as it said (hello.build).
-	Build string `json:"build"`
+	Build string
 	// Succeeded counts its results accepted (as tallied: a few seconds
 	// late); Strikes its strikes as of now (they fade: StrikeHalfLife).
-	Succeeded int64   `json:"succeeded"`
-	Strikes   float64 `json:"strikes"`
+	Succeeded int64
+	Strikes   float64
 }
 
 // Standing is the worker's record as the dispatcher weighs it.
