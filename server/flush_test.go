@@ -165,8 +165,8 @@ func TestSubmissionClaimsOnlyWhenNoTaskWaits(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
 			c := socketless(s, f.worker.ID, 1)
-			s.readyLeft.Store(tc.left)
-			s.tasksWake.Store(tc.woken)
+			s.disp.readyLeft.Store(tc.left)
+			s.disp.tasksWake.Store(tc.woken)
 			id, err := s.submit(ctx, f.owner.ID, f.oneTask())
 			if err != nil {
 				t.Fatal(err)
@@ -212,7 +212,7 @@ func TestReplicasTakingTurnsPlanFromWhatIsReady(t *testing.T) {
 		s.hub.mu.Lock()
 		c.free = 4 // the last round's attempts ended
 		s.hub.mu.Unlock()
-		n, planned, _, err := s.assign(ctx, s.hub.reserve(1000))
+		n, planned, _, err := s.disp.assign(ctx, s.hub.reserve(1000))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -241,11 +241,11 @@ func TestDispatcherReusesItsCandidates(t *testing.T) {
 		s.hub.mu.Lock()
 		c.free = 4 // the last round's attempts ended
 		s.hub.mu.Unlock()
-		if n, _, _, err := s.assign(ctx, s.hub.reserve(1000)); err != nil || n != 4 {
+		if n, _, _, err := s.disp.assign(ctx, s.hub.reserve(1000)); err != nil || n != 4 {
 			t.Fatalf("round %d: %d claimed, err %v", round, n, err)
 		}
-		if got := len(s.cands.tasks); !s.cands.ok || got != want {
-			t.Errorf("round %d: %d candidates kept (cache on: %v), want %d", round, got, s.cands.ok, want)
+		if got := len(s.disp.cands.tasks); !s.disp.cands.ok || got != want {
+			t.Errorf("round %d: %d candidates kept (cache on: %v), want %d", round, got, s.disp.cands.ok, want)
 		}
 	}
 }

@@ -155,156 +155,10 @@ func (s *Server) refreshRecords(ctx context.Context, ids []string) {
 	s.wakeSlots()
 }
 
-// planInput is one dispatch round's view of this replica's reserved slots.
-type planWorker struct {
-	w    sched.Worker
-	rep  sched.Reputation
-	idle int
-	// setup: the worker runs tasks with a setup (protocol.FeatureSetup).
-	setup bool
-}
-
-// plan decides which ready task replicas go to which reserved slots, with
-// the policies of internal/sched: stability classes, fairness, longest
-// first, distinct workers for replicas, adaptive replication and the
-// checkpoint optimum. Workers offer one slot per round (sched.ScheduleRounds),
-// so that work spreads over the workers as the slots of each allow.
-func (s *Server) plan(now time.Time, cands []store.Candidate, workers []planWorker) []store.Pick {
-	s.rt.mu.Lock()
-	stats := s.rt.stats
-	for _, c := range cands {
-		s.rt.modules[c.Module] = true
-	}
-	ckptCost := make(map[string]time.Duration, len(s.rt.ckpt))
-	for m, d := range s.rt.ckpt {
-		ckptCost[m] = d
-	}
-	s.rt.mu.Unlock()
-
-	// Indexes, not Candidates: a value that large is kept out of the
-	// map's table, in an allocation per entry.
-	byID := make(map[string]int, len(cands))
-	tasks := make([]sched.Task, 0, len(cands)) // a replica each, mostly
-	// Workers that cannot lay out a task's setup (older builds) never get
-	// a task that has one.
-	var noSetup []string
-	for _, w := range workers {
-		if !w.setup {
-			noSetup = append(noSetup, w.w.ID)
-		}
-	}
-	for i, c := range cands {
-		id := strconv.FormatInt(c.TaskID, 10)
-		byID[id] = i
-		prio := sched.Batch
-		ready := c.ReadySince
-		if c.Priority == "interactive" {
-			prio = sched.Interactive
-			ready = ready.Add(s.headStart())
-		}
-		// The average run time, looked up once rather than in every
-		// round's Schedule (the same stats serve every round); 0 when
-		// unknown, which Schedule looks up itself.
-		est, _ := stats.Expected(c.Module, c.Name)
-		exclude := c.Exclude
-		if c.Setup && len(noSetup) > 0 {
-			exclude = append(slices.Clone(c.Exclude), noSetup...)
-		}
-		for j := range c.Pending {
-			r := j
-			if c.Replicas > 1 {
-				r += len(c.Exclude)
-			}
-			tasks = append(tasks, sched.Task{ID: id, Replica: r, Workflow: c.WorkflowID, Module: c.Module, Name: c.Name,
-				Priority: prio, ReadySince: ready, CheckpointCost: ckptCost[c.Module], Exclude: slices.Clone(exclude),
-				Estimate: est, Data: c.Blobs})
-		}
-	}
-	ws := make([]sched.Worker, len(workers))
-	for i := range workers {
-		ws[i] = workers[i].w
-		ws[i].Idle = workers[i].idle
-		ws[i].Busy = ws[i].Slots - workers[i].idle
-	}
-	var picks []store.Pick
-	started := map[string]bool{} // fresh replicated tasks given a first replica in this plan
-	vcfg := s.cfg.Verify
-	// One slot per worker and round (ScheduleRounds), so that work spreads
-	// over the workers; a fresh replicated task that a trusted worker
-	// starts alone has its other replicas withdrawn.
-	sched.ScheduleRounds(sched.FixedClock(now), sched.Input{Ready: tasks, Workers: ws, Stats: stats, Rand: s.rng()}, s.schedConfig(),
-		func(a sched.Assignment) bool {
-			c := &cands[byID[a.Task]]
-			pk := store.Pick{TaskID: c.TaskID, Worker: a.Worker}
-			if a.Checkpoint.Interval > 0 {
-				pk.CkptMS = max(a.Checkpoint.Interval, time.Second).Milliseconds()
-			}
-			keep := true
-			if c.Replicas > 1 && c.Fresh && !started[a.Task] {
-				started[a.Task] = true
-				// Alone only where the task alone may go: an unstable
-				// worker takes long tasks only as one replica of several.
-				vc := vcfg
-				vc.Replicas = c.Replicas
-				wi := slices.IndexFunc(workers, func(w planWorker) bool { return w.w.ID == a.Worker })
-				if a.Alone && sched.InitialReplicas(vc, workers[wi].rep) == 1 {
-					pk.Solo = true
-					keep = false
-				}
-			}
-			picks = append(picks, pk)
-			return keep
-		})
-	return picks
-}
-
-// rng returns the random source that orders tasks of unknown run time.
-func (s *Server) rng() *rand.Rand {
-	return rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
-}
-
-// schedConfig is the policy configuration of this server.
-func (s *Server) schedConfig() sched.Config {
-	cfg := sched.DefaultConfig()
-	cfg.Fairness = s.cfg.Fairness
-	cfg.BatchAging = s.headStart()
-	cfg.Stability.Heartbeat = s.cfg.Heartbeat
-	return cfg
-}
-
 // history is what the classification knows of a worker's past.
 func (c *conn) history() sched.History {
 	return sched.History{Attempts: int(c.record.Attempts), Lost: int(c.record.TasksLost),
 		Valid: int(c.record.ResultsValid), Invalid: int(c.record.ResultsInvalid)}
-}
-
-// planWorkers describes the workers of the reserved slots for plan, in id
-// order, with their device history, record and idle slots.
-func (s *Server) planWorkers(reserved map[string][]*conn) []planWorker {
-	ids := make([]string, 0, len(reserved))
-	for id := range reserved {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	s.hub.mu.Lock()
-	defer s.hub.mu.Unlock()
-	out := make([]planWorker, 0, len(ids))
-	for _, id := range ids {
-		c := reserved[id][0]
-		rep := c.record.Reputation(s.cfg.Verify)
-		var holds map[string]bool
-		if len(c.data) > 0 {
-			holds = maps.Clone(c.data) // the plan runs without hub.mu
-		}
-		out = append(out, planWorker{
-			w: sched.Worker{ID: id, Slots: c.slots, Samples: slices.Clone(c.samples), History: c.history(),
-				Rep: rep, JobsDone: c.tasksDone, Link: -1, Holds: holds},
-			rep:   rep,
-			idle:  len(reserved[id]),
-			setup: c.setup,
-		})
-	}
-	return out
 }
 
 // efficiency computes a workflow's resource efficiency after Heymann et
@@ -350,11 +204,157 @@ func efficiency(spans []store.AttemptSpan) (*float64, *int) {
 	return &e, &p
 }
 
+// planInput is one dispatch round's view of this replica's reserved slots.
+type planWorker struct {
+	w    sched.Worker
+	rep  sched.Reputation
+	idle int
+	// setup: the worker runs tasks with a setup (protocol.FeatureSetup).
+	setup bool
+}
+
+// plan decides which ready task replicas go to which reserved slots, with
+// the policies of internal/sched: stability classes, fairness, longest
+// first, distinct workers for replicas, adaptive replication and the
+// checkpoint optimum. Workers offer one slot per round (sched.ScheduleRounds),
+// so that work spreads over the workers as the slots of each allow.
+func (d *dispatcher) plan(now time.Time, cands []store.Candidate, workers []planWorker) []store.Pick {
+	d.rt.mu.Lock()
+	stats := d.rt.stats
+	for _, c := range cands {
+		d.rt.modules[c.Module] = true
+	}
+	ckptCost := make(map[string]time.Duration, len(d.rt.ckpt))
+	for m, d := range d.rt.ckpt {
+		ckptCost[m] = d
+	}
+	d.rt.mu.Unlock()
+
+	// Indexes, not Candidates: a value that large is kept out of the
+	// map's table, in an allocation per entry.
+	byID := make(map[string]int, len(cands))
+	tasks := make([]sched.Task, 0, len(cands)) // a replica each, mostly
+	// Workers that cannot lay out a task's setup (older builds) never get
+	// a task that has one.
+	var noSetup []string
+	for _, w := range workers {
+		if !w.setup {
+			noSetup = append(noSetup, w.w.ID)
+		}
+	}
+	for i, c := range cands {
+		id := strconv.FormatInt(c.TaskID, 10)
+		byID[id] = i
+		prio := sched.Batch
+		ready := c.ReadySince
+		if c.Priority == "interactive" {
+			prio = sched.Interactive
+			ready = ready.Add(d.headStart())
+		}
+		// The average run time, looked up once rather than in every
+		// round's Schedule (the same stats serve every round); 0 when
+		// unknown, which Schedule looks up itself.
+		est, _ := stats.Expected(c.Module, c.Name)
+		exclude := c.Exclude
+		if c.Setup && len(noSetup) > 0 {
+			exclude = append(slices.Clone(c.Exclude), noSetup...)
+		}
+		for j := range c.Pending {
+			r := j
+			if c.Replicas > 1 {
+				r += len(c.Exclude)
+			}
+			tasks = append(tasks, sched.Task{ID: id, Replica: r, Workflow: c.WorkflowID, Module: c.Module, Name: c.Name,
+				Priority: prio, ReadySince: ready, CheckpointCost: ckptCost[c.Module], Exclude: slices.Clone(exclude),
+				Estimate: est, Data: c.Blobs})
+		}
+	}
+	ws := make([]sched.Worker, len(workers))
+	for i := range workers {
+		ws[i] = workers[i].w
+		ws[i].Idle = workers[i].idle
+		ws[i].Busy = ws[i].Slots - workers[i].idle
+	}
+	var picks []store.Pick
+	started := map[string]bool{} // fresh replicated tasks given a first replica in this plan
+	vcfg := d.cfg.Verify
+	// One slot per worker and round (ScheduleRounds), so that work spreads
+	// over the workers; a fresh replicated task that a trusted worker
+	// starts alone has its other replicas withdrawn.
+	sched.ScheduleRounds(sched.FixedClock(now), sched.Input{Ready: tasks, Workers: ws, Stats: stats, Rand: d.rng()}, d.schedConfig(),
+		func(a sched.Assignment) bool {
+			c := &cands[byID[a.Task]]
+			pk := store.Pick{TaskID: c.TaskID, Worker: a.Worker}
+			if a.Checkpoint.Interval > 0 {
+				pk.CkptMS = max(a.Checkpoint.Interval, time.Second).Milliseconds()
+			}
+			keep := true
+			if c.Replicas > 1 && c.Fresh && !started[a.Task] {
+				started[a.Task] = true
+				// Alone only where the task alone may go: an unstable
+				// worker takes long tasks only as one replica of several.
+				vc := vcfg
+				vc.Replicas = c.Replicas
+				wi := slices.IndexFunc(workers, func(w planWorker) bool { return w.w.ID == a.Worker })
+				if a.Alone && sched.InitialReplicas(vc, workers[wi].rep) == 1 {
+					pk.Solo = true
+					keep = false
+				}
+			}
+			picks = append(picks, pk)
+			return keep
+		})
+	return picks
+}
+
+// rng returns the random source that orders tasks of unknown run time.
+func (d *dispatcher) rng() *rand.Rand {
+	return rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+}
+
+// schedConfig is the policy configuration of this server.
+func (d *dispatcher) schedConfig() sched.Config {
+	cfg := sched.DefaultConfig()
+	cfg.Fairness = d.cfg.Fairness
+	cfg.BatchAging = d.headStart()
+	cfg.Stability.Heartbeat = d.cfg.Heartbeat
+	return cfg
+}
+
+// planWorkers describes the workers of the reserved slots for plan, in id
+// order, with their device history, record and idle slots.
+func (d *dispatcher) planWorkers(reserved map[string][]*conn) []planWorker {
+	ids := make([]string, 0, len(reserved))
+	for id := range reserved {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	d.hub.mu.Lock()
+	defer d.hub.mu.Unlock()
+	out := make([]planWorker, 0, len(ids))
+	for _, id := range ids {
+		c := reserved[id][0]
+		rep := c.record.Reputation(d.cfg.Verify)
+		var holds map[string]bool
+		if len(c.data) > 0 {
+			holds = maps.Clone(c.data) // the plan runs without hub.mu
+		}
+		out = append(out, planWorker{
+			w: sched.Worker{ID: id, Slots: c.slots, Samples: slices.Clone(c.samples), History: c.history(),
+				Rep: rep, JobsDone: c.tasksDone, Link: -1, Holds: holds},
+			rep:   rep,
+			idle:  len(reserved[id]),
+			setup: c.setup,
+		})
+	}
+	return out
+}
+
 // headStart is the store's interactive head start (5 minutes without a
 // store, in tests).
-func (s *Server) headStart() time.Duration {
-	if s.store == nil {
+func (d *dispatcher) headStart() time.Duration {
+	if d.store == nil {
 		return 5 * time.Minute
 	}
-	return s.store.InteractiveHeadStart()
+	return d.store.InteractiveHeadStart()
 }

@@ -27,7 +27,7 @@ func BenchmarkPlan(b *testing.B) {
 		cands[i] = store.Candidate{TaskID: int64(i + 1), Module: "m", Name: fmt.Sprintf("t%d", i), Priority: "interactive",
 			ReadySince: now.Add(-time.Second), Pending: 1, Replicas: 1, Fresh: true}
 	}
-	s := &Server{rt: newRuntimes(), cfg: Config{Heartbeat: 3 * time.Second}}
+	s := &dispatcher{rt: newRuntimes(), cfg: Config{Heartbeat: 3 * time.Second}}
 	for b.Loop() {
 		if picks := s.plan(now, cands, workers); len(picks) != 80 {
 			b.Fatalf("%d picks", len(picks))

@@ -106,7 +106,7 @@ func TestPlan(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s := &Server{rt: newRuntimes(), cfg: Config{Heartbeat: 3 * time.Second, Verify: sched.DefaultVerify()}}
+			s := &dispatcher{rt: newRuntimes(), cfg: Config{Heartbeat: 3 * time.Second, Verify: sched.DefaultVerify()}}
 			for name, d := range tc.stats {
 				s.rt.stats.Set("m", name, 5, d)
 			}

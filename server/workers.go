@@ -71,7 +71,7 @@ func (s *Server) workers(ctx context.Context) (api.WorkerList, error) {
 		return api.WorkerList{}, err
 	}
 	now := time.Now()
-	cfg := s.schedConfig()
+	cfg := s.disp.schedConfig()
 	out := make([]api.Worker, 0, len(recs))
 	var jobs []int
 	s.hub.mu.Lock()

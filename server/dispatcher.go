@@ -1,0 +1,524 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/store"
+)
+
+// dispatcher matches this replica's ready tasks with the free slots of its
+// workers: a round whenever woken (a task became ready, a slot came free,
+// a worker arrived) and at least every Config.Poll, and the submission
+// shortcut (submit). It owns its state: whether its last round left ready
+// tasks (readyLeft), its candidate window (widen) and cache (cands); the
+// hub, the store, the metrics and the database's health are given to it.
+type dispatcher struct {
+	cfg     Config
+	store   *store.Store
+	hub     *hub
+	metrics *metrics
+	health  *writeHealth
+	log     *slog.Logger
+	rt      *runtimes // run-time statistics, shared with the server
+	// blobToken is the capability of blob id in a worker's URL.
+	blobToken func(ctx context.Context, id string) (string, error)
+
+	wakeC chan struct{}
+	// tasksWake says a wake-up was for tasks that became ready (wake), not
+	// only for free slots (wakeSlots).
+	tasksWake atomic.Bool
+	// readyLeft: the last round may have left ready tasks unclaimed.
+	// While it is false a small submission may claim its own ready tasks
+	// for idle slots (submit) without overtaking older ones.
+	readyLeft atomic.Bool
+	// widen: the candidate window of the next round is 2^widen times the
+	// usual (candidateWindow). Only run's goroutine uses it.
+	widen int
+	// readyGen counts the wake-ups for tasks that became ready (wake);
+	// cands are ready tasks a round read and did not claim, good while
+	// readyGen has not moved.
+	readyGen atomic.Uint64
+	cands    candidateCache
+}
+
+// wake asks for a round soon: tasks may have become ready.
+func (d *dispatcher) wake() {
+	d.readyGen.Add(1)
+	d.tasksWake.Store(true)
+	d.wakeSlots()
+}
+
+// wakeSlots asks for a round soon because slots came free (an attempt
+// ended, a worker arrived or resumed, a queue grew). The round is skipped
+// when the last one left no ready task behind: there is nothing for the
+// slots until a task becomes ready, which wakes it again (wake).
+func (d *dispatcher) wakeSlots() {
+	select {
+	case d.wakeC <- struct{}{}:
+	default:
+	}
+}
+
+// run matches ready tasks with free slots of this replica's workers
+// whenever woken (a task became ready, a slot came free, a worker arrived),
+// and at least every Poll.
+func (d *dispatcher) run(ctx context.Context) {
+	t := time.NewTicker(d.cfg.Poll)
+	defer t.Stop()
+	// left (readyLeft): the last round may have left ready tasks
+	// unclaimed (it had fewer slots than tasks, read as many candidates as
+	// it could, or could not look).
+	left := true
+	defer d.readyLeft.Store(true)
+	for {
+		d.readyLeft.Store(left)
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.wakeC:
+			if !d.tasksWake.Swap(false) && !left {
+				d.metrics.rounds.WithLabelValues("skipped").Inc()
+				continue
+			}
+		case <-t.C:
+			d.tasksWake.Store(false)
+			d.cands.drop() // the poll reads the queue anew
+		}
+		if failing, _ := d.health.state(); failing {
+			// Claims would fail too: the round waits for the database
+			// to write again (writeHealth wakes the dispatcher then).
+			left = true
+			continue
+		}
+		d.readyLeft.Store(true) // until this round has claimed what it could
+		for races := 0; ctx.Err() == nil; {
+			slots := d.hub.reserve(1000)
+			if len(slots) == 0 {
+				left = true
+				break
+			}
+			d.metrics.rounds.WithLabelValues("run").Inc()
+			widen := d.widen
+			n, planned, more, err := d.assign(ctx, slots)
+			d.health.observe("claim", err)
+			left = more
+			if err != nil {
+				left = true
+				if ctx.Err() == nil {
+					d.log.Log(ctx, d.health.level(err), "dispatch", "err", err)
+				}
+				break
+			}
+			if n < planned && races < 3 {
+				// Another replica claimed some of the planned tasks: plan
+				// again with what is left.
+				races++
+				continue
+			}
+			// Slots left idle wait for the next wake-up, unless this round
+			// widened the window: a wider one may find work for them now.
+			if n < len(slots) && d.widen <= widen {
+				break
+			}
+		}
+	}
+}
+
+// submit writes a workflow. When this replica's workers have idle slots
+// and its dispatcher left no older ready task waiting, a small workflow's
+// ready tasks are planned for those slots before it is written, claimed in
+// the submission's own transaction (store.CreateWorkflowClaiming), then
+// sent: on the path of every interactive task, that saves the dispatcher's
+// wake-up and the claim's own transaction. Ready tasks it leaves, and
+// those of any other submission, wake every replica's dispatcher by the
+// commit's notification.
+func (d *dispatcher) submit(ctx context.Context, ownerID int64, nw *store.NewWorkflow) (string, error) {
+	var slots []*conn
+	var cands []store.Candidate
+	now := time.Now()
+	// Not while ready tasks may wait: those the last round left, those a
+	// round under way has not claimed yet, those a wake-up announced.
+	if nw.Claimable() && !d.readyLeft.Load() && !d.tasksWake.Load() {
+		if cands = d.store.SubmissionCandidates(nw, now); len(cands) > 0 {
+			// Two slots a replica, spread over the workers (reserve): the
+			// plan has a choice, and concurrent submissions find slots too.
+			pending := 0
+			for _, c := range cands {
+				pending += c.Pending
+			}
+			slots = d.hub.reserve(min(2*pending, 1000))
+		}
+	}
+	if len(slots) == 0 {
+		return d.store.CreateWorkflow(ctx, ownerID, nw)
+	}
+	reserved := byWorker(slots)
+	picks := d.plan(now, cands, d.planWorkers(reserved))
+	sp := make([]store.SubmitPick, len(picks))
+	for i, p := range picks {
+		sp[i] = store.SubmitPick{Task: int(p.TaskID), Worker: p.Worker, CkptMS: p.CkptMS, Solo: p.Solo}
+	}
+	// Not the request's context: once its claims may have committed, they
+	// must reach their workers even if the owner hangs up.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	id, claimed, err := d.store.CreateWorkflowClaiming(cctx, ownerID, nw, sp, d.cfg.Lease)
+	if err != nil {
+		for _, cs := range reserved {
+			d.hub.release(cs)
+		}
+		d.wakeSlots()
+		return "", err
+	}
+	if len(claimed) > 0 {
+		d.metrics.rounds.WithLabelValues("submission").Inc()
+	}
+	d.metrics.observeBatch("submission", len(claimed), now)
+	d.deliver(cctx, claimed, nil, reserved)
+	switch {
+	case len(claimed) < len(sp):
+		d.wake() // a refused pick left its task ready, and nobody was told
+	case len(claimed) < len(slots):
+		d.wakeSlots() // a round that ran meanwhile found these slots taken
+	}
+	return id, nil
+}
+
+// assign plans which ready tasks go to the reserved slots (plan), claims
+// them and sends them out; it returns how many were claimed and how many
+// were planned, and whether ready tasks may be left unclaimed; it gives
+// back the slots it did not use.
+func (d *dispatcher) assign(ctx context.Context, slots []*conn) (claimedN, plannedN int, more bool, err error) {
+	reserved := byWorker(slots)
+	start := time.Now()
+	limit := candidateWindow(len(slots), d.widen)
+	cands, err := d.candidates(ctx, limit)
+	if err != nil {
+		for _, cs := range reserved {
+			d.hub.release(cs)
+		}
+		return 0, 0, true, err
+	}
+	pending := 0
+	for _, c := range cands {
+		pending += c.Pending
+	}
+	picks := d.plan(time.Now(), cands, d.planWorkers(reserved))
+	claimed, err := d.store.ClaimPicks(ctx, picks, d.cfg.Lease)
+	d.metrics.observeBatch("claim", len(claimed), start)
+	undelivered := d.deliver(ctx, claimed, err, reserved)
+	more = len(cands) == limit || len(claimed) < pending || undelivered > 0
+	excluding := false // a worker ran a replica of a candidate: the plan could not give it that one
+	for i := range cands {
+		excluding = excluding || len(cands[i].Exclude) > 0
+	}
+	d.widen = nextWiden(d.widen, limit, len(cands), len(picks), len(slots), excluding)
+	d.cands.claimed(claimed, len(picks), len(slots), err, time.Now())
+	return len(claimed), len(picks), more, err
+}
+
+// candidates returns the window of ready tasks a round plans with: the
+// first limit of those the dispatcher read before and has not claimed,
+// while no task became ready since (readyGen) and they fill the window
+// (or were the whole queue), or else the first limit of a fresh read of
+// twice as many. Each task is then read about once before its claim
+// rather than at every round that does not reach it. While the cache is
+// off (candidateCache.off), every round reads its window anew.
+func (d *dispatcher) candidates(ctx context.Context, limit int) ([]store.Candidate, error) {
+	gen := d.readyGen.Load()
+	c := &d.cands
+	if time.Now().Before(c.offUntil) {
+		c.drop()
+		return d.store.Candidates(ctx, limit)
+	}
+	if !c.ok || c.gen != gen || (len(c.tasks) < limit && c.full) {
+		read := min(2*limit, maxCandidates)
+		tasks, err := d.store.Candidates(ctx, read)
+		if err != nil {
+			c.drop()
+			return nil, err
+		}
+		*c = candidateCache{tasks: tasks, gen: gen, full: len(tasks) == read, ok: true}
+	}
+	return c.tasks[:min(limit, len(c.tasks))], nil
+}
+
+// candidateCache holds the ready tasks the dispatcher read and has not
+// claimed, in dispatch order.
+type candidateCache struct {
+	tasks []store.Candidate
+	gen   uint64 // Server.readyGen when read
+	full  bool   // the read filled its limit: more ready tasks may follow
+	ok    bool
+	// offUntil: no cache before then (claimed says why).
+	offUntil time.Time
+}
+
+// cacheOff is how long the cache stays off after a round found it wrong.
+const cacheOff = 10 * time.Second
+
+func (c *candidateCache) drop() { *c = candidateCache{offUntil: c.offUntil} }
+
+// claimed updates the cache after a round planned picks for its slots and
+// claimed claimed (err: the claim's error) at now. Claimed tasks leave it.
+// It is dropped when it may hide better candidates: after an error, or
+// when slots were left idle (the tasks behind the cached ones may fit
+// them). It is also turned off for a while (cacheOff) when it proves
+// wrong, so that rounds read no more than their window: after a pick that
+// was not claimed (another replica took the task: replicas' claims send
+// no notification, so caches would keep offering what others took) or
+// with a replicated task in it (whose replicas left and exclusions change
+// with every claim).
+func (c *candidateCache) claimed(claimed []store.Claimed, picks, slots int, err error, now time.Time) {
+	off := func() {
+		c.drop()
+		c.offUntil = now.Add(cacheOff)
+	}
+	switch {
+	case err != nil || picks < slots:
+		c.drop()
+		return
+	case len(claimed) < picks:
+		off()
+		return
+	}
+	for i := range c.tasks {
+		if t := &c.tasks[i]; t.Replicas > 1 || t.Pending > 1 || len(t.Exclude) > 0 {
+			off()
+			return
+		}
+	}
+	if !c.ok {
+		return
+	}
+	gone := make(map[int64]bool, len(claimed))
+	for i := range claimed {
+		gone[claimed[i].TaskID] = true
+	}
+	c.tasks = slices.DeleteFunc(c.tasks, func(t store.Candidate) bool { return gone[t.TaskID] })
+}
+
+// maxCandidates bounds the candidate window of a round.
+const maxCandidates = 4096
+
+// candidateWindow is how many ready tasks a round of n slots reads: twice
+// as many as it has slots (the plan chooses among them: longest first,
+// replicas on distinct workers), plus a few for the smallest rounds, and
+// 2^widen times that after rounds whose full window could not fill the
+// slots (nextWiden). The read costs PostgreSQL and this process per task
+// read, and a round claims at most one task per slot: with four times as
+// many (4n+64), each task was read about five times before its claim,
+// 10 to 15% of the CPU both spent per task in the dispatch benchmark.
+func candidateWindow(n, widen int) int {
+	return min((2*n+16)<<min(widen, 12), maxCandidates)
+}
+
+// nextWiden is the widening of the next round's window after a round read
+// got candidates of a window of limit and planned picks for its slots,
+// excluding some workers from some candidates (replicas they ran). A full
+// window that could not fill the slots for that reason may hide ready
+// tasks that could (the oldest ready tasks may all be replicas that these
+// workers ran already): the next round, at once, reads twice as many, up
+// to maxCandidates. A round that filled its slots, saw the whole queue,
+// or left slots idle for another reason (fairness, stability: a wider
+// window would not change that) goes back to the usual window.
+func nextWiden(widen, limit, got, picks, slots int, excluding bool) int {
+	switch {
+	case got < limit || picks >= slots || !excluding:
+		return 0
+	case limit < maxCandidates:
+		return widen + 1
+	}
+	return widen
+}
+
+// byWorker groups reserved slots by worker id.
+func byWorker(slots []*conn) map[string][]*conn {
+	reserved := map[string][]*conn{} // worker id -> its reserved slots
+	for _, c := range slots {
+		reserved[c.id] = append(reserved[c.id], c)
+	}
+	return reserved
+}
+
+// deliver sends claimed attempts to the reserved slots of their workers
+// and gives back the slots left unused. An attempt that cannot be sent
+// (its worker left meanwhile, its inputs are missing or too large for a
+// frame, or the claim committed but its inputs could not be read: err)
+// is ended at once; it returns how many were, after waking the dispatcher
+// for their tasks.
+func (d *dispatcher) deliver(ctx context.Context, claimed []store.Claimed, err error, reserved map[string][]*conn) (undelivered int) {
+	byConn := map[*conn][]protocol.Assign{}
+	var undeliverable []store.Completion
+	end := func(cl *store.Claimed, c *conn, comp store.Completion) {
+		comp.Attempt, comp.Worker = cl.Attempt, cl.Worker
+		undeliverable = append(undeliverable, comp)
+		d.hub.release([]*conn{c})
+	}
+	blobURL := func(id string) (string, error) {
+		tok, err := d.blobToken(ctx, id)
+		return "/blobs/" + id + "?k=" + tok, err
+	}
+	for i := range claimed {
+		cl := &claimed[i]
+		c := reserved[cl.Worker][0]
+		reserved[cl.Worker] = reserved[cl.Worker][1:]
+		switch {
+		case err != nil: // the claim committed but its inputs could not be read
+			end(cl, c, store.Completion{Reason: protocol.ReasonWorker, Message: "the server could not read the task's inputs; retried", End: store.EndServerFault})
+		case cl.Missing != "":
+			end(cl, c, store.Completion{Reason: "input", Message: cl.Missing, End: store.EndTaskFinal})
+		case assignSize(cl) > d.cfg.MaxFrameBytes:
+			end(cl, c, store.Completion{Reason: "input", End: store.EndTaskFinal, Message: fmt.Sprintf(
+				"inputs, stdin and checkpoint take %d MiB, more than the %d MiB one assignment can carry", assignSize(cl)>>20, d.cfg.MaxFrameBytes>>20)})
+		default:
+			a, err := toAssign(cl, assignee{upload: c.upload, browser: c.kind == protocol.KindBrowser, blobURL: blobURL})
+			switch {
+			case err != nil:
+				end(cl, c, store.Completion{Reason: protocol.ReasonWorker, Message: "the server could not sign the task's data addresses; retried", End: store.EndServerFault})
+			case a.Setup != nil && !c.setup:
+				end(cl, c, store.Completion{Reason: protocol.ReasonWorker, End: store.EndUnstarted,
+					Message: "the task reads an output uploaded over HTTP, which this worker's build cannot download; queued again"})
+			default:
+				byConn[c] = append(byConn[c], a)
+			}
+		}
+	}
+	for _, cs := range reserved {
+		d.hub.release(cs)
+	}
+	for c, as := range byConn {
+		if !d.hub.started(c, as) {
+			// The worker left (or reconnected) meanwhile: put its tasks back
+			// at once, without using up an attempt.
+			for i := range as {
+				undeliverable = append(undeliverable, store.Completion{Attempt: as[i].Attempt, Worker: c.id, Reason: protocol.ReasonWorker,
+					Message: "the worker disconnected before the task reached it; queued again", End: store.EndUnstarted})
+			}
+			continue
+		}
+		for _, batch := range assignFrames(as, d.cfg.MaxFrameBytes) {
+			c.enqueue(&protocol.Frame{Type: protocol.TypeAssign, Assign: batch})
+		}
+	}
+	d.metrics.dispatched.Add(float64(len(claimed) - len(undeliverable)))
+	if len(undeliverable) > 0 {
+		if _, cerr := d.store.Complete(ctx, undeliverable); cerr != nil {
+			d.log.Error("end undeliverable attempts", "err", cerr)
+		}
+		d.wake()
+	}
+	return len(undeliverable)
+}
+
+// assignFrames splits one worker's attempts into assign frames: several to
+// a frame (a worker decodes and handles one frame at a time, which matters
+// most for a browser), as long as the frame stays well under the limits of
+// a whole frame (maxFrame) and of its JSON header (1 MiB).
+func assignFrames(as []protocol.Assign, maxFrame int) [][]protocol.Assign {
+	const maxPerFrame, maxHeader = 64, 256 << 10
+	var out [][]protocol.Assign
+	for i := 0; i < len(as); {
+		j, data, head := i, 0, 0
+		for ; j < len(as) && j-i < maxPerFrame; j++ {
+			a := &as[j]
+			d := 64<<10 + len(a.Stdin.Data) + len(a.Restore.Data)
+			h := 1024 + len(a.Task) + len(a.Module)
+			for _, in := range a.Inputs {
+				d += len(in.Data)
+				h += 64 + len(in.Name)
+			}
+			for _, arg := range a.Args {
+				h += 8 + 2*len(arg) // JSON may escape
+			}
+			if j > i && (data+d > maxFrame || head+h > maxHeader) {
+				break
+			}
+			data, head = data+d, head+h
+		}
+		out = append(out, as[i:j])
+		i = j
+	}
+	return out
+}
+
+// assignSize is about the size of the assign frame of a claimed task.
+func assignSize(c *store.Claimed) int {
+	n := 64<<10 + len(c.Stdin) + len(c.Restore)
+	for _, in := range c.Inputs {
+		n += len(in.Data)
+	}
+	return n
+}
+
+// assignee is what toAssign needs to know of the worker an attempt goes
+// to.
+type assignee struct {
+	// upload: the worker uploads large outputs (protocol.FeatureUpload);
+	// without it, output limits are at most what a result frame carries.
+	upload  bool
+	browser bool
+	// blobURL is the address a worker downloads blob id from.
+	blobURL func(id string) (string, error)
+}
+
+// toAssign is the assignment of a claimed attempt for worker w. An input
+// uploaded over HTTP becomes a file of the task's setup, at /in/NAME (or
+// its own path), which the worker downloads.
+func toAssign(c *store.Claimed, w assignee) (protocol.Assign, error) {
+	a := protocol.Assign{
+		Attempt: c.Attempt, Task: c.WorkflowID + "/" + c.Name, Module: c.Module, Args: c.Args,
+		Stdin: protocol.Blob{Data: c.Stdin}, Restore: protocol.Blob{Data: c.Restore},
+		Seed: uint64(c.Seed), CkptMS: c.CkptMS, Priority: c.Priority,
+		Limits: protocol.Limits{MemoryPages: uint32(c.MemoryPages), WallMS: c.TimeoutMS, OutputBytes: c.OutputBytes, LogBytes: c.LogBytes},
+	}
+	if !w.upload {
+		a.Limits.OutputBytes = min(a.Limits.OutputBytes, protocol.InlineOutputBytes)
+	}
+	if w.browser {
+		a.Limits.OutputBytes = min(a.Limits.OutputBytes, protocol.BrowserOutputBytes)
+	}
+	if c.Setup != nil {
+		// Written by toNewWorkflow from a protocol.Setup: it decodes.
+		a.Setup = new(protocol.Setup)
+		if err := json.Unmarshal(c.Setup, a.Setup); err != nil {
+			a.Setup = nil
+		}
+	}
+	if c.RestoreBlob != "" && w.upload {
+		// (A worker of a build without uploads would not download it:
+		// it starts from the beginning, which is always correct.)
+		u, err := w.blobURL(c.RestoreBlob)
+		if err != nil {
+			return a, err
+		}
+		a.RestoreFrom = &protocol.File{Blob: c.RestoreBlob, Size: c.RestoreSize, URL: u}
+	}
+	for _, in := range c.Inputs {
+		if in.Blob == "" {
+			a.Inputs = append(a.Inputs, protocol.Blob{Name: in.Name, Data: in.Data})
+			continue
+		}
+		u, err := w.blobURL(in.Blob)
+		if err != nil {
+			return a, err
+		}
+		if a.Setup == nil {
+			a.Setup = new(protocol.Setup)
+		}
+		p := in.Name
+		if !strings.HasPrefix(p, "/") {
+			p = "/in/" + p
+		}
+		a.Setup.Files = append(a.Setup.Files, protocol.File{Path: p, Blob: in.Blob, Size: in.Size, URL: u})
+	}
+	return a, nil
+}
