@@ -57,8 +57,6 @@ func (s *Server) maintain(ctx context.Context) {
 	if tick > time.Second {
 		tick = time.Second
 	}
-	t := time.NewTicker(tick)
-	defer t.Stop()
 	leading := false
 	lastElect := time.Time{}
 	lastForget, lastPrune, lastUploads := time.Time{}, time.Time{}, time.Time{}
@@ -69,12 +67,7 @@ func (s *Server) maintain(ctx context.Context) {
 			_ = s.store.Resign(rctx, name, s.cfg.Replica)
 		}
 	}()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, tick, func(ctx context.Context) {
 		if time.Since(lastElect) >= ttl/3 {
 			// Bounded: a connection that hangs must not keep a replica
 			// leading (and saying so) past its TTL.
@@ -95,7 +88,7 @@ func (s *Server) maintain(ctx context.Context) {
 				}
 				leading = false
 				s.metrics.leader.Set(0)
-				continue
+				return
 			}
 			if lead != leading {
 				s.log.Info("maintenance leadership changed", "leading", lead)
@@ -104,7 +97,7 @@ func (s *Server) maintain(ctx context.Context) {
 			s.metrics.leader.Set(b2f(leading))
 		}
 		if !leading {
-			continue
+			return
 		}
 		s.sweepLeases(ctx)
 		if time.Since(lastForget) > 30*time.Second {
@@ -131,7 +124,7 @@ func (s *Server) maintain(ctx context.Context) {
 				s.log.Info("collected data garbage", "blobs_and_uploads", n)
 			}
 		}
-	}
+	})
 }
 
 // sweepLeases runs the lease reaper until it has no more lapsed leases to

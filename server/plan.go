@@ -79,55 +79,49 @@ func (r *runtimes) observeCheckpoint(module string, d time.Duration) {
 // refreshStats writes this replica's new run times and the dashboard's
 // counts (tasks done, successes per worker), and reloads the averages of
 // the modules recently seen, every few seconds.
-func (s *Server) refreshStats(ctx context.Context) {
-	t := time.NewTicker(2 * time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if _, err := s.store.FlushRuntimeStats(ctx); err != nil && ctx.Err() == nil {
-			s.log.Warn("flush run times", "err", err)
-		}
-		if err := s.store.FlushTallies(ctx); err != nil && ctx.Err() == nil {
-			s.log.Warn("write the dashboard's counts", "err", err)
-		}
-		s.rt.mu.Lock()
-		mods := make([]string, 0, len(s.rt.modules))
-		for m := range s.rt.modules {
-			mods = append(mods, m)
-		}
-		clear(s.rt.modules)
-		s.rt.mu.Unlock()
-		if len(mods) == 0 {
-			continue
-		}
-		stats, err := s.store.RuntimeStats(ctx, mods)
-		if err != nil {
-			if ctx.Err() == nil {
-				s.log.Warn("read run times", "err", err)
-			}
-			continue
-		}
-		fresh := &sched.RuntimeStats{}
-		for _, st := range stats {
-			if st.Name != "" {
-				fresh.Set(st.Module, st.Name, int(st.Runs), st.Mean)
-			}
-		}
-		// The modules' averages cover their names without a row of their
-		// own too: they replace those Set folded from the names.
-		for _, st := range stats {
-			if st.Name == "" {
-				fresh.SetModule(st.Module, int(st.Runs), st.Mean)
-			}
-		}
-		s.rt.mu.Lock()
-		s.rt.stats = fresh
-		s.rt.mu.Unlock()
+func (s *Server) refreshStats(ctx context.Context) { every(ctx, 2*time.Second, s.refreshStatsOnce) }
+
+// refreshStatsOnce is one run of refreshStats.
+func (s *Server) refreshStatsOnce(ctx context.Context) {
+	if _, err := s.store.FlushRuntimeStats(ctx); err != nil && ctx.Err() == nil {
+		s.log.Warn("flush run times", "err", err)
 	}
+	if err := s.store.FlushTallies(ctx); err != nil && ctx.Err() == nil {
+		s.log.Warn("write the dashboard's counts", "err", err)
+	}
+	s.rt.mu.Lock()
+	mods := make([]string, 0, len(s.rt.modules))
+	for m := range s.rt.modules {
+		mods = append(mods, m)
+	}
+	clear(s.rt.modules)
+	s.rt.mu.Unlock()
+	if len(mods) == 0 {
+		return
+	}
+	stats, err := s.store.RuntimeStats(ctx, mods)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("read run times", "err", err)
+		}
+		return
+	}
+	fresh := &sched.RuntimeStats{}
+	for _, st := range stats {
+		if st.Name != "" {
+			fresh.Set(st.Module, st.Name, int(st.Runs), st.Mean)
+		}
+	}
+	// The modules' averages cover their names without a row of their
+	// own too: they replace those Set folded from the names.
+	for _, st := range stats {
+		if st.Name == "" {
+			fresh.SetModule(st.Module, int(st.Runs), st.Mean)
+		}
+	}
+	s.rt.mu.Lock()
+	s.rt.stats = fresh
+	s.rt.mu.Unlock()
 }
 
 // refreshRecords reloads the database records (reputation, attempts, lost

@@ -387,20 +387,13 @@ func (s *Server) failed(c *conn) {
 // touchWorkers records every minute or so that this replica's workers are
 // still connected, so that the leader can tell workers of dead replicas.
 func (s *Server) touchWorkers(ctx context.Context) {
-	t := time.NewTicker(10 * time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			ids := s.hub.ids()
-			if err := s.store.TouchWorkers(ctx, ids); err != nil && ctx.Err() == nil {
-				s.log.Warn("touch workers", "err", err)
-			}
-			s.refreshRecords(ctx, ids)
+	every(ctx, 10*time.Second, func(ctx context.Context) {
+		ids := s.hub.ids()
+		if err := s.store.TouchWorkers(ctx, ids); err != nil && ctx.Err() == nil {
+			s.log.Warn("touch workers", "err", err)
 		}
-	}
+		s.refreshRecords(ctx, ids)
+	})
 }
 
 // Handler returns the HTTP handler: the API, the worker socket, modules and
