@@ -2,6 +2,7 @@ package server
 
 import (
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -526,4 +527,91 @@ func (h *hub) countByKind() map[string]int {
 		m[c.kind]++
 	}
 	return m
+}
+
+// heartbeat records a heartbeat's device state on c (nil: none): a
+// sample for the stability class, the state itself, and whether the
+// worker paused. It reports whether the worker resumed from a pause.
+func (h *hub) heartbeat(c *conn, now time.Time, dev *protocol.Device, interval time.Duration) (resumed bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c.addSample(deviceSample(now, dev), interval)
+	if dev == nil {
+		return false
+	}
+	c.device = *dev
+	resumed = c.paused && !dev.Paused
+	c.paused = dev.Paused
+	return resumed
+}
+
+// succeeded records a result of c that was accepted.
+func (h *hub) succeeded(c *conn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c.tasksDone++
+	c.failStreak = 0
+}
+
+// failedOnce records a failure c reported that counts against it and
+// returns its failures in a row.
+func (h *hub) failedOnce(c *conn) (streak int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c.failStreak++
+	return c.failStreak
+}
+
+// setRecords gives this replica's connections their workers' database
+// records (those of workers connected elsewhere are ignored).
+func (h *hub) setRecords(recs []store.WorkerRecord) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range recs {
+		if c := h.conns[r.ID]; c != nil {
+			c.record = r
+		}
+	}
+}
+
+// connState is a copy of what a connection says of its worker now, read
+// under the hub's lock, for the plan and the workers' listing.
+type connState struct {
+	record    store.WorkerRecord
+	slots     int
+	running   int
+	tasksDone int
+	allowed   int
+	setup     bool
+	device    protocol.Device
+	samples   []sched.Sample
+	data      map[string]bool // nil when it keeps no blob
+}
+
+// state returns c's state now.
+func (h *hub) state(c *conn) connState {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return c.stateLocked()
+}
+
+// stateOf returns the state of worker id's connection to this replica, if
+// it has one.
+func (h *hub) stateOf(id string) (connState, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.conns[id]
+	if c == nil {
+		return connState{}, false
+	}
+	return c.stateLocked(), true
+}
+
+func (c *conn) stateLocked() connState {
+	st := connState{record: c.record, slots: c.slots, running: len(c.running), tasksDone: c.tasksDone, allowed: c.allowed(),
+		setup: c.setup, device: c.device, samples: slices.Clone(c.samples)}
+	if len(c.data) > 0 {
+		st.data = maps.Clone(c.data)
+	}
+	return st
 }

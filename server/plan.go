@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -137,22 +136,15 @@ func (s *Server) refreshRecords(ctx context.Context, ids []string) {
 		}
 		return
 	}
-	s.hub.mu.Lock()
-	for _, r := range recs {
-		if c := s.hub.conns[r.ID]; c != nil {
-			c.record = r
-		}
-	}
-	s.hub.mu.Unlock()
+	s.hub.setRecords(recs)
 	// A record may allow more of a worker's slots (a reconnected worker
 	// is held to one until its record is read: conn.allowed).
 	s.wakeSlots()
 }
 
-// history is what the classification knows of a worker's past.
-func (c *conn) history() sched.History {
-	return sched.History{Attempts: int(c.record.Attempts), Lost: int(c.record.TasksLost),
-		Valid: int(c.record.ResultsValid), Invalid: int(c.record.ResultsInvalid)}
+// historyOf is what the classification knows of a worker's past.
+func historyOf(r store.WorkerRecord) sched.History {
+	return sched.History{Attempts: int(r.Attempts), Lost: int(r.TasksLost), Valid: int(r.ResultsValid), Invalid: int(r.ResultsInvalid)}
 }
 
 // efficiency computes a workflow's resource efficiency after Heymann et
@@ -323,22 +315,16 @@ func (d *dispatcher) planWorkers(reserved map[string][]*conn) []planWorker {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	d.hub.mu.Lock()
-	defer d.hub.mu.Unlock()
 	out := make([]planWorker, 0, len(ids))
 	for _, id := range ids {
-		c := reserved[id][0]
-		rep := c.record.Reputation(d.cfg.Verify)
-		var holds map[string]bool
-		if len(c.data) > 0 {
-			holds = maps.Clone(c.data) // the plan runs without hub.mu
-		}
+		st := d.hub.state(reserved[id][0]) // a copy: the plan runs without the hub's lock
+		rep := st.record.Reputation(d.cfg.Verify)
 		out = append(out, planWorker{
-			w: sched.Worker{ID: id, Slots: c.slots, Samples: slices.Clone(c.samples), History: c.history(),
-				Rep: rep, JobsDone: c.tasksDone, Link: -1, Holds: holds},
+			w: sched.Worker{ID: id, Slots: st.slots, Samples: st.samples, History: historyOf(st.record),
+				Rep: rep, JobsDone: st.tasksDone, Link: -1, Holds: st.data},
 			rep:   rep,
 			idle:  len(reserved[id]),
-			setup: c.setup,
+			setup: st.setup,
 		})
 	}
 	return out

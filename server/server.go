@@ -334,10 +334,7 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 		case committed:
 			ack.OK = true
 			if b.comp.OK {
-				s.hub.mu.Lock()
-				b.c.tasksDone++
-				b.c.failStreak = 0
-				s.hub.mu.Unlock()
+				s.hub.succeeded(b.c)
 				s.metrics.completions.WithLabelValues("succeeded").Inc()
 			} else {
 				s.metrics.completions.WithLabelValues("failed").Inc()
@@ -375,10 +372,7 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 // workers' results disproved them, then hold it back (conn.allowed)
 // without waiting for the next refresh of every record.
 func (s *Server) failed(c *conn) {
-	s.hub.mu.Lock()
-	c.failStreak++
-	refresh := c.failStreak%failStreakFewer == 0
-	s.hub.mu.Unlock()
+	refresh := s.hub.failedOnce(c)%failStreakFewer == 0
 	if refresh && !c.operator {
 		go s.refreshRecords(s.ctx, []string{c.id})
 	}

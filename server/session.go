@@ -619,20 +619,10 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 			d := cleanDevice(*hb.Device)
 			hb.Device = &d
 		}
-		s.hub.mu.Lock()
-		c.addSample(deviceSample(time.Now(), hb.Device), s.cfg.Heartbeat)
-		if hb.Device != nil {
-			c.device = *hb.Device
+		if s.hub.heartbeat(c, time.Now(), hb.Device, s.cfg.Heartbeat) {
+			s.wakeSlots()
 		}
-		s.hub.mu.Unlock()
 		if hb.Device != nil {
-			s.hub.mu.Lock()
-			was := c.paused
-			c.paused = hb.Device.Paused
-			s.hub.mu.Unlock()
-			if was && !hb.Device.Paused {
-				s.wakeSlots()
-			}
 			// Write the device state only when it changed: most heartbeats
 			// repeat the last one.
 			if dev, err := json.Marshal(hb.Device); err == nil && !bytes.Equal(dev, c.lastDevice) {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"math"
 	"net/http"
-	"slices"
 	"strconv"
 	"time"
 
@@ -74,7 +73,6 @@ func (s *Server) workers(ctx context.Context) (api.WorkerList, error) {
 	cfg := s.disp.schedConfig()
 	out := make([]api.Worker, 0, len(recs))
 	var jobs []int
-	s.hub.mu.Lock()
 	for _, rec := range recs {
 		rep := rec.Reputation(s.cfg.Verify)
 		v := api.Worker{ID: rec.ID, Kind: rec.Kind, Slots: rec.Slots, Volunteer: rec.Volunteer, Replica: rec.Replica,
@@ -82,18 +80,16 @@ func (s *Server) workers(ctx context.Context) (api.WorkerList, error) {
 			Reputation: api.WorkerReputation{Valid: rec.ResultsValid, Invalid: rec.ResultsInvalid, Score: rep.Score(),
 				Trusted: rep.Trusted(s.cfg.Verify)},
 			Operator: rec.Operator, Strikes: math.Round(rec.Strikes*100) / 100, Build: rec.Build}
-		if c := s.hub.conns[rec.ID]; c != nil {
-			running, done, allowed := len(c.running), c.tasksDone, c.allowed()
+		if st, ok := s.hub.stateOf(rec.ID); ok {
+			running, done, allowed := st.running, st.tasksDone, st.allowed
 			v.Running, v.TasksDone, v.Allowed = &running, &done, &allowed
-			if dev, err := json.Marshal(c.device); err == nil {
+			if dev, err := json.Marshal(st.device); err == nil {
 				v.Device = dev
 			}
-			h := sched.History{Attempts: int(rec.Attempts), Lost: int(rec.TasksLost), Valid: int(rec.ResultsValid), Invalid: int(rec.ResultsInvalid)}
-			v.Stability = stabilityView(sched.Classify(now, slices.Clone(c.samples), h, cfg.Stability))
+			v.Stability = stabilityView(sched.Classify(now, st.samples, historyOf(rec), cfg.Stability))
 			jobs = append(jobs, done)
 		}
 		out = append(out, v)
 	}
-	s.hub.mu.Unlock()
 	return api.WorkerList{Workers: out, Fairness: api.Fairness{Strategy: s.cfg.Fairness.String(), VarianceTasksDone: sched.Variance(jobs)}}, nil
 }
