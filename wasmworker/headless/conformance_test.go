@@ -17,16 +17,20 @@ import (
 // modes.
 func TestWASIConformance(t *testing.T) { eachMode(t, testWASIConformance) }
 
+// conformanceDirs are the trees tasks/wasiconf runs in: /out, and the root
+// of a task with a setup.
+var conformanceDirs = []struct {
+	name  string
+	guest string
+	setup *protocol.Setup
+}{
+	{"out", "/out", nil},
+	{"root of a setup", "/", &protocol.Setup{Cwd: "/"}},
+}
+
 func testWASIConformance(t *testing.T, r *Runner) {
 	wasm := taskbuild.Bytes(t, "wasiconf")
-	for _, tc := range []struct {
-		name  string
-		guest string
-		setup *protocol.Setup
-	}{
-		{"out", "/out", nil},
-		{"root of a setup", "/", &protocol.Setup{Cwd: "/"}},
-	} {
+	for _, tc := range conformanceDirs {
 		t.Run(tc.name, func(t *testing.T) {
 			want, err := wasiref.Run(context.Background(), wasm, t.TempDir(), tc.guest, tc.guest)
 			if err != nil {
@@ -51,14 +55,7 @@ func testWASIConformance(t *testing.T, r *Runner) {
 func TestFileIdentityAndTimes(t *testing.T) { eachMode(t, testFileIdentityAndTimes) }
 
 func testFileIdentityAndTimes(t *testing.T, r *Runner) {
-	for _, tc := range []struct {
-		name  string
-		guest string
-		setup *protocol.Setup
-	}{
-		{"out", "/out", nil},
-		{"root of a setup", "/", &protocol.Setup{Cwd: "/"}},
-	} {
+	for _, tc := range conformanceDirs {
 		t.Run(tc.name, func(t *testing.T) {
 			var runs []string
 			for range 2 {
@@ -91,7 +88,7 @@ func testFileIdentityAndTimes(t *testing.T, r *Runner) {
 				}
 			}
 			if v["vc"]["ino"] == v["va made"]["ino"] || v["va written"]["mtim"] <= v["va made"]["mtim"] {
-				t.Errorf("a new file took an old number, or a write did not move the time:\n%s", runs[0])
+				t.Errorf("a new file reused an inode number, or a write left mtim as it was:\n%s", runs[0])
 			}
 		})
 	}
