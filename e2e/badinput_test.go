@@ -15,6 +15,7 @@ import (
 
 	"github.com/cyclepool/cyclepool/client"
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/wasmtest"
 )
 
 // Every kind of bad input gets a clear error, changes nothing, and the
@@ -187,9 +188,8 @@ func TestOwnersAreIsolated(t *testing.T) {
 // moduleImportingEnv is a minimal valid WASI-shaped module that imports
 // env.f: type section (func () -> ()), import section (env.f), and an export
 // of _start pointing at the import.
-var moduleImportingEnv = []byte{
-	0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-	0x01, 0x04, 0x01, 0x60, 0x00, 0x00, // type: () -> ()
-	0x02, 0x09, 0x01, 0x03, 'e', 'n', 'v', 0x01, 'f', 0x00, 0x00, // import env.f func type 0
-	0x07, 0x0a, 0x01, 0x06, '_', 's', 't', 'a', 'r', 't', 0x00, 0x00, // export _start func 0
-}
+var moduleImportingEnv = wasmtest.Module(
+	wasmtest.Section(1, wasmtest.Vec([]byte{0x60, 0, 0})),                                                // type: () -> ()
+	wasmtest.Section(2, wasmtest.Vec(append(append(wasmtest.Name("env"), wasmtest.Name("f")...), 0, 0))), // import env.f, a function of type 0
+	wasmtest.Section(7, wasmtest.Vec(append(wasmtest.Name("_start"), 0, 0))),                             // export _start: function 0
+)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cyclepool/cyclepool/client"
 	"github.com/cyclepool/cyclepool/internal/pgtest"
+	"github.com/cyclepool/cyclepool/internal/wasmtest"
 )
 
 const (
@@ -412,14 +413,15 @@ func TestBrowserWallTimeLimit(t *testing.T) {
 // the page gives its attempts to its task Web Workers in batches
 // (web/static/worker.js, pump), and a batch lasts long enough to be cut
 // short by a cancel.
-var shortLoop = []byte{
-	0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, 0x01, 0x04, 0x01, 0x60,
-	0x00, 0x00, 0x03, 0x02, 0x01, 0x00, 0x05, 0x03, 0x01, 0x00, 0x01, 0x07,
-	0x13, 0x02, 0x06, 0x6d, 0x65, 0x6d, 0x6f, 0x72, 0x79, 0x02, 0x00, 0x06,
-	0x5f, 0x73, 0x74, 0x61, 0x72, 0x74, 0x00, 0x00, 0x0a, 0x18, 0x01, 0x16,
-	0x01, 0x01, 0x7f, 0x03, 0x40, 0x20, 0x00, 0x41, 0x01, 0x6a, 0x22, 0x00,
-	0x41, 0xe0, 0xc6, 0xdb, 0x00, 0x49, 0x0d, 0x00, 0x0b, 0x0b,
-}
+var shortLoop = wasmtest.Module(
+	wasmtest.Section(1, wasmtest.Vec([]byte{0x60, 0, 0})), // type: () -> ()
+	wasmtest.Section(3, wasmtest.Vec([]byte{0})),          // one function of type 0
+	wasmtest.Section(5, wasmtest.Vec([]byte{0, 1})),       // memory, min 1 page
+	wasmtest.Section(7, wasmtest.Vec(append(wasmtest.Name("memory"), 2, 0), append(wasmtest.Name("_start"), 0, 0))),
+	// One local i32; loop { local = local + 1; br_if 0 (local < 1,500,000) }
+	wasmtest.Section(10, wasmtest.Vec(append([]byte{0x16, 0x01, 0x01, 0x7f},
+		0x03, 0x40, 0x20, 0x00, 0x41, 0x01, 0x6a, 0x22, 0x00, 0x41, 0xe0, 0xc6, 0xdb, 0x00, 0x49, 0x0d, 0x00, 0x0b, 0x0b))),
+)
 
 // Short attempts travel to the task Web Workers in batches: every task of a
 // large workflow is done once, and cancelling a workflow while batches run
@@ -487,17 +489,14 @@ func TestBrowserShortTasksInBatches(t *testing.T) {
 
 // withStart is a WASI command with a start function (an empty one), which
 // runs when the module is instantiated.
-var withStart = []byte{
-	0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-	0x01, 0x04, 0x01, 0x60, 0x00, 0x00, // type () -> ()
-	0x03, 0x03, 0x02, 0x00, 0x00, // two functions of type 0
-	0x05, 0x03, 0x01, 0x00, 0x01, // one memory, min 1 page
-	0x07, 0x13, 0x02, // two exports
-	0x06, 'm', 'e', 'm', 'o', 'r', 'y', 0x02, 0x00,
-	0x06, '_', 's', 't', 'a', 'r', 't', 0x00, 0x01,
-	0x08, 0x01, 0x00, // start: function 0
-	0x0a, 0x07, 0x02, 0x02, 0x00, 0x0b, 0x02, 0x00, 0x0b, // code: two empty bodies
-}
+var withStart = wasmtest.Module(
+	wasmtest.Section(1, wasmtest.Vec([]byte{0x60, 0, 0})),   // type: () -> ()
+	wasmtest.Section(3, wasmtest.Vec([]byte{0}, []byte{0})), // two functions of type 0
+	wasmtest.Section(5, wasmtest.Vec([]byte{0, 1})),         // memory, min 1 page
+	wasmtest.Section(7, wasmtest.Vec(append(wasmtest.Name("memory"), 2, 0), append(wasmtest.Name("_start"), 0, 1))),
+	wasmtest.Section(8, []byte{0}),                                             // start: function 0
+	wasmtest.Section(10, wasmtest.Vec(wasmtest.Body(nil), wasmtest.Body(nil))), // two empty bodies
+)
 
 // An idle task Web Worker makes the instance of its next attempt ahead of
 // time: attempts of one module, one after the other, run on instances made

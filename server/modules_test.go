@@ -20,13 +20,12 @@ import (
 
 // minimalModule is the smallest task module: a WASI command whose _start
 // does nothing, importing nothing.
-var minimalModule = []byte{
-	0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // \0asm, version 1
-	0x01, 0x04, 0x01, 0x60, 0x00, 0x00, // type section: () -> ()
-	0x03, 0x02, 0x01, 0x00, // function section: one function of type 0
-	0x07, 0x0a, 0x01, 0x06, '_', 's', 't', 'a', 'r', 't', 0x00, 0x00, // export section: _start
-	0x0a, 0x04, 0x01, 0x02, 0x00, 0x0b, // code section: an empty body
-}
+var minimalModule = wasmtest.Module(
+	wasmtest.Section(1, wasmtest.Vec([]byte{0x60, 0, 0})),                    // type: () -> ()
+	wasmtest.Section(3, wasmtest.Vec([]byte{0})),                             // one function of type 0
+	wasmtest.Section(7, wasmtest.Vec(append(wasmtest.Name("_start"), 0, 0))), // export _start
+	wasmtest.Section(10, wasmtest.Vec(wasmtest.Body(nil))),                   // an empty body
+)
 
 // paddedModule returns minimalModule with a custom section that brings it
 // to exactly size bytes, filled with fill: a valid module of any size.
