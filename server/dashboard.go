@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 
+	"github.com/cyclepool/cyclepool/api"
 	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/internal/workflow"
 	"github.com/cyclepool/cyclepool/web/app"
@@ -81,27 +82,32 @@ func (d dashboardBackend) CheckWorkflow(ctx context.Context, owner store.Owner, 
 }
 
 // Status is the workflow's status, as GET /api/v1/workflows/{id} shows it.
-func (d dashboardBackend) Status(ctx context.Context, owner store.Owner, id string) (*store.WorkflowStatus, error) {
+func (d dashboardBackend) Status(ctx context.Context, owner store.Owner, id string) (*api.Status, error) {
 	st, err := d.s.store.Status(ctx, owner.ID, id)
-	if st != nil {
-		st.Notice = d.s.notice()
+	if err != nil {
+		return nil, err
 	}
-	return st, err
+	st.Notice = d.s.notice()
+	a := apiStatus(st)
+	return &a, nil
 }
 
 // List is the owner's workflows, as GET /api/v1/workflows lists them.
-func (d dashboardBackend) List(ctx context.Context, owner store.Owner, o store.ListOptions) ([]store.WorkflowStatus, int, error) {
-	return d.s.store.List(ctx, owner.ID, o)
+func (d dashboardBackend) List(ctx context.Context, owner store.Owner, o store.ListOptions) ([]api.Status, int, error) {
+	ws, total, err := d.s.store.List(ctx, owner.ID, o)
+	return apiWorkflows(ws, total).Workflows, total, err
 }
 
 // Modules is the owner's modules.
-func (d dashboardBackend) Modules(ctx context.Context, owner store.Owner) ([]store.Module, error) {
-	return d.s.store.Modules(ctx, owner.ID)
+func (d dashboardBackend) Modules(ctx context.Context, owner store.Owner) ([]api.Module, error) {
+	ms, err := d.s.store.Modules(ctx, owner.ID)
+	return apiModules(ms).Modules, err
 }
 
 // Blobs is the owner's data blobs.
-func (d dashboardBackend) Blobs(ctx context.Context, owner store.Owner) ([]store.Blob, error) {
-	return d.s.store.Blobs(ctx, owner.ID)
+func (d dashboardBackend) Blobs(ctx context.Context, owner store.Owner) ([]api.Blob, error) {
+	bs, err := d.s.store.Blobs(ctx, owner.ID)
+	return apiBlobs(bs).Blobs, err
 }
 
 // ModuleUse maps each of the owner's modules to the names of the owner's
@@ -136,7 +142,7 @@ func (d dashboardBackend) Volunteers(ctx context.Context, owner store.Owner) (ap
 	if err != nil {
 		return app.Volunteers{}, err
 	}
-	v := app.Volunteers{FairnessStrategy: rep.Fairness.Strategy, Variance: rep.Fairness.VarianceTasksDone, Activity: act,
+	v := app.Volunteers{FairnessStrategy: rep.Fairness.Strategy, Variance: rep.Fairness.VarianceTasksDone, Activity: apiActivity(act).Minutes,
 		Workers: make([]app.Worker, 0, len(rep.Workers))}
 	for _, wv := range rep.Workers {
 		w := app.Worker{ID: wv.ID, Kind: wv.Kind, Slots: wv.Slots, ConnectedAt: wv.ConnectedAt, LastSeen: wv.LastSeen,

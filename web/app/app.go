@@ -29,6 +29,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cyclepool/cyclepool/api"
 	"github.com/cyclepool/cyclepool/internal/assets"
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/store"
@@ -49,13 +50,13 @@ type Backend interface {
 	API() http.Handler
 	// CheckWorkflow runs the submission's checks without submitting.
 	CheckWorkflow(ctx context.Context, owner store.Owner, body []byte) (*workflow.Spec, *workflow.Error, error)
-	Status(ctx context.Context, owner store.Owner, id string) (*store.WorkflowStatus, error)
+	Status(ctx context.Context, owner store.Owner, id string) (*api.Status, error)
 	Edges(ctx context.Context, owner store.Owner, id string) ([][2]string, error)
-	List(ctx context.Context, owner store.Owner, o store.ListOptions) ([]store.WorkflowStatus, int, error)
-	Modules(ctx context.Context, owner store.Owner) ([]store.Module, error)
+	List(ctx context.Context, owner store.Owner, o store.ListOptions) ([]api.Status, int, error)
+	Modules(ctx context.Context, owner store.Owner) ([]api.Module, error)
 	ModuleUse(ctx context.Context, owner store.Owner) (map[string][]string, error)
 	// Blobs is the owner's data blobs, as GET /api/v1/blobs lists them.
-	Blobs(ctx context.Context, owner store.Owner) ([]store.Blob, error)
+	Blobs(ctx context.Context, owner store.Owner) ([]api.Blob, error)
 	// Volunteers is the connected workers as GET /api/v1/workers shows
 	// them, and the last hour's activity.
 	Volunteers(ctx context.Context, owner store.Owner) (Volunteers, error)
@@ -70,7 +71,7 @@ type Volunteers struct {
 	FairnessStrategy string
 	Variance         float64
 	// Activity is the last hour, minute by minute, oldest first.
-	Activity []store.ActivityMinute
+	Activity []api.ActivityMinute
 }
 
 // Worker is a connected worker as the volunteers page shows it.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cyclepool/cyclepool/api"
 	"github.com/cyclepool/cyclepool/internal/store"
 )
 
@@ -60,7 +61,7 @@ func TestRenderBigWorkflowPage(t *testing.T) {
 	g, unitOf := layout(names, states, edges)
 	d := WorkflowData{ID: "x", Name: "big", State: "running", Graph: g}
 	for i, n := range names {
-		d.Tasks = append(d.Tasks, TaskRow{TaskStatus: store.TaskStatus{Name: n, State: states[i]}, Node: unitOf[i]})
+		d.Tasks = append(d.Tasks, TaskRow{Task: api.Task{Name: n, State: states[i]}, Node: unitOf[i]})
 	}
 	start := time.Now()
 	var b bytes.Buffer
@@ -84,10 +85,10 @@ func TestWorkflowPageShowsDisputedResults(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			st := &store.WorkflowStatus{ID: "x", Name: "wf", State: "done", CreatedAt: time.Now()}
+			st := &api.Status{ID: "x", Name: "wf", State: "done", CreatedAt: time.Now()}
 			want := 0
 			for i, disp := range tc.disputed {
-				st.Tasks = append(st.Tasks, store.TaskStatus{Name: fmt.Sprint("t", i), State: "done", Disputed: disp})
+				st.Tasks = append(st.Tasks, api.Task{Name: fmt.Sprint("t", i), State: "done", Disputed: disp})
 				if disp {
 					want++
 				}
@@ -115,10 +116,10 @@ func TestWorkflowPageShowsDisputedResults(t *testing.T) {
 // statusBackend serves one workflow's status, with no edges.
 type statusBackend struct {
 	fakeBackend
-	st *store.WorkflowStatus
+	st *api.Status
 }
 
-func (b statusBackend) Status(context.Context, store.Owner, string) (*store.WorkflowStatus, error) {
+func (b statusBackend) Status(context.Context, store.Owner, string) (*api.Status, error) {
 	return b.st, nil
 }
 

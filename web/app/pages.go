@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/cyclepool/cyclepool/api"
 	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/internal/workflow"
 )
@@ -40,7 +41,7 @@ type WorkflowRow struct {
 	Tasks                                        int
 }
 
-func rows(ws []store.WorkflowStatus) []WorkflowRow {
+func rows(ws []api.Status) []WorkflowRow {
 	out := make([]WorkflowRow, len(ws))
 	for i, w := range ws {
 		end := time.Now()
@@ -83,7 +84,7 @@ type Totals struct{ Total, Done, Running, Waiting, Failed, Cancelled, Disputed i
 
 // TaskRow is one task in the workflow's table.
 type TaskRow struct {
-	store.TaskStatus
+	api.Task
 	Node                        int
 	RunTime                     string
 	StartedUnixMS, EndedUnixMS  int64
@@ -174,7 +175,7 @@ func (h *handler) workflowPage(p *pageCtx) {
 		if matched <= (page-1)*taskPageSize || matched > page*taskPageSize {
 			continue
 		}
-		r := TaskRow{TaskStatus: t, Node: unitOf[i], ProgressClass: fmt.Sprintf("p-%d", int(t.Progress*100+0.5)),
+		r := TaskRow{Task: t, Node: unitOf[i], ProgressClass: fmt.Sprintf("p-%d", int(t.Progress*100+0.5)),
 			AttemptsText: fmt.Sprintf("%d / %d", t.Attempts, t.MaxAttempts), WorkerShort: shortID(t.Worker), CheckpointAge: "—"}
 		if t.CheckpointAt != nil {
 			r.CheckpointUnixMS = t.CheckpointAt.UnixMilli()
@@ -290,7 +291,7 @@ type SubmitData struct {
 	Error   *workflow.Error
 	Checked bool // the file passed the checks
 	Tasks   []SubmitTask
-	Modules []store.Module
+	Modules []api.Module
 }
 
 // SubmitTask is a task of the file being checked, with its error if the
@@ -503,7 +504,7 @@ func (h *handler) upload(p *pageCtx) {
 		if res.status >= 400 {
 			msg, status = res.err.Error, res.status
 		} else {
-			var m store.Module
+			var m api.Module
 			_ = json.Unmarshal(res.body, &m)
 			okMsg = "Uploaded " + m.ID + "."
 			if res.status == http.StatusOK {
@@ -814,7 +815,7 @@ func (h *handler) streamData(p *pageCtx) (msg, okMsg string, status int) {
 			if res.status >= 400 {
 				return res.err.Error, "", res.status
 			}
-			var b store.Blob
+			var b api.Blob
 			_ = json.Unmarshal(res.body, &b)
 			if res.status == http.StatusOK {
 				return "", "You had already uploaded this data: " + b.ID + ".", http.StatusOK
