@@ -180,9 +180,14 @@ func (u *BlobUpload) flush(ctx context.Context) error {
 		u.touched = time.Now()
 	}
 	u.writes.Add(1)
+	// Not the upload's context: a statement cancelled mid-way may still
+	// commit, after Abort removed the upload's chunks, and leave one
+	// behind; Abort waits for the writes instead.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), chunkWriteTimeout)
 	go func() {
 		defer u.writes.Done()
-		err := u.writeChunk(ctx, seq, buf, touch)
+		defer cancel()
+		err := u.writeChunk(wctx, seq, buf, touch)
 		u.s.chunkBufs <- buf
 		if err != nil {
 			u.mu.Lock()
@@ -211,6 +216,9 @@ func (u *BlobUpload) writeChunk(ctx context.Context, seq int, data []byte, touch
 	}
 	return nil
 }
+
+// chunkWriteTimeout bounds the write of one chunk.
+const chunkWriteTimeout = time.Minute
 
 // touchEvery is how long an upload goes between the marks that tell
 // CollectBlobGarbage it is alive (well within StaleBlobUpload, however
@@ -400,10 +408,17 @@ func (s *Store) CollectBlobGarbage(ctx context.Context) (int64, error) {
 		}
 		keys = append(keys, staleKeys...)
 		n = int64(len(keys))
-		if len(keys) == 0 {
-			return nil
+		if len(keys) > 0 {
+			if _, err := tx.Exec(ctx, `DELETE FROM blob_chunks WHERE blob_key = ANY($1)`, keys); err != nil {
+				return err
+			}
 		}
-		_, err = tx.Exec(ctx, `DELETE FROM blob_chunks WHERE blob_key = ANY($1)`, keys)
+		// Chunks of neither a blob nor an upload in progress (a chunk
+		// always has one of them while it may be needed: an upload's row
+		// is written before its chunks and removed with its blob's
+		// insertion), which nothing else would ever remove.
+		_, err = tx.Exec(ctx, `DELETE FROM blob_chunks c WHERE NOT EXISTS (SELECT 1 FROM blobs b WHERE b.key = c.blob_key)
+			AND NOT EXISTS (SELECT 1 FROM blob_uploads u WHERE u.key = c.blob_key)`)
 		return err
 	})
 	if err != nil {

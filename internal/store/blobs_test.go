@@ -96,3 +96,31 @@ func TestBlobUploadChunksConcurrently(t *testing.T) {
 		t.Fatalf("%d chunk buffers back after the failed upload, want all %d", n, bulkConns)
 	}
 }
+
+// A chunk of neither a blob nor an upload in progress (left by a write
+// that committed after its upload was aborted) is garbage the collection
+// removes; one of an upload in progress stays.
+func TestOrphanChunksCollected(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	u, err := f.s.BeginBlobUpload(ctx, f.owner, 1<<30, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.s.pool.Exec(ctx, `INSERT INTO blob_chunks (blob_key, seq, data) VALUES ($1, 0, '\x01'), (-7, 0, '\x02')`, u.key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.s.CollectBlobGarbage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var live, orphans int
+	if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE blob_key = $1), count(*) FILTER (WHERE blob_key = -7) FROM blob_chunks`,
+		u.key).Scan(&live, &orphans); err != nil {
+		t.Fatal(err)
+	}
+	if live != 1 || orphans != 0 {
+		t.Errorf("after the collection: %d chunks of the upload in progress (want 1), %d orphans (want 0)", live, orphans)
+	}
+	u.Abort(ctx)
+}
