@@ -36,6 +36,10 @@ func TestResultsBreakingTheTasksRulesAreRefused(t *testing.T) {
 	for len(held) < 4 {
 		held = append(held, hostile.next(t, protocol.TypeAssign, 30*time.Second).Assign...)
 	}
+	// Paused from now on, as a volunteer stepping away: the tasks its
+	// refused results send back wait for the honest worker rather than
+	// coming back to it, to be held until its leases lapse.
+	hostile.send(t, &protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: &protocol.Heartbeat{Device: &protocol.Device{Paused: true}}})
 	results := []protocol.Result{
 		{Attempt: held[0].Attempt, Outputs: []protocol.Blob{{Name: "stdout", Data: []byte("x")}, {Name: "../../pwned", Data: []byte("pwned")}}},
 		{Attempt: held[1].Attempt, Outputs: []protocol.Blob{{Name: "stdout", Data: make([]byte, 38<<20)}}},
@@ -55,6 +59,12 @@ func TestResultsBreakingTheTasksRulesAreRefused(t *testing.T) {
 	if ack := hostile.ack(t, cp, protocol.AckCheckpoint, 30*time.Second); ack.OK || ack.Retry ||
 		!strings.Contains(ack.Error, "larger than the task's memory limit of 4194304 bytes") {
 		t.Errorf("checkpoint: ack %+v, want refused for the memory limit", ack)
+	}
+	// The task whose checkpoint was refused goes back as a worker that
+	// stops does (uncharged), rather than after its lease.
+	hostile.send(t, &protocol.Frame{Type: protocol.TypeFail, Fails: []protocol.Fail{{Attempt: cp, Reason: protocol.ReasonWorker, Message: "stopping"}}})
+	if ack := hostile.ack(t, cp, protocol.AckFail, 30*time.Second); !ack.OK {
+		t.Errorf("handing back: ack %+v, want accepted", ack)
 	}
 	hostile.ws.CloseNow()
 
