@@ -8,8 +8,10 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -391,6 +393,80 @@ func TestOldWorkerGetsNoTaskWithFiles(t *testing.T) {
 	}
 	if got := output(t, p.client, withFiles, "f", "stdout"); got != "from the workflow\n" {
 		t.Errorf("the task read %q", got)
+	}
+}
+
+// A task that reads an output uploaded over HTTP can only run where the
+// worker lays out setups: an older worker finds it so once (its attempt
+// goes back unstarted), and the plan keeps it from that worker from then
+// on, rather than claiming it for it again and again.
+func TestOldWorkerGetsNoTaskReadingUploads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newPlatform(t)
+	probe := push(t, p.client, "fsprobe")
+	// A worker of today's build uploads the upstream task's output.
+	up := dialFakeHello(t, p.srv.url, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1,
+		Features: []string{protocol.FeatureSetup, protocol.FeatureUpload}})
+	id := submit(t, p.client, workflow("uploads",
+		task{"name": "up", "module": probe, "args": []string{"pwd"}, "limits": map[string]any{"output_mib": 16}},
+		task{"name": "down", "module": probe, "args": []string{"sha", "/in/big"}, "inputs": map[string]any{"big": map[string]any{"from": "up", "output": "big"}}}))
+	a := up.next(t, protocol.TypeAssign, 30*time.Second).Assign[0]
+	// Paused from now on, so that down is for the older worker alone.
+	up.send(t, &protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: &protocol.Heartbeat{
+		Running: []protocol.Progress{{Attempt: a.Attempt}}, Device: &protocol.Device{Paused: true}}})
+	data := bytes.Repeat([]byte("uploaded "), 256<<10)
+	u := fmt.Sprintf("%s/outputs/%d?name=big&w=%s&k=%s", p.srv.url, a.Attempt, up.welcome.WorkerID, up.welcome.UploadKey)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u, bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got protocol.Uploaded
+	err = json.NewDecoder(resp.Body).Decode(&got)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("upload: %s, %v", resp.Status, err)
+	}
+	up.send(t, &protocol.Frame{Type: protocol.TypeResult, Results: []protocol.Result{{Attempt: a.Attempt,
+		Outputs: []protocol.Blob{{Name: "stdout", Data: []byte("/\n")}}, Uploaded: []protocol.Uploaded{{Name: "big", Blob: got.Blob, Size: got.Size}}}}})
+	if ack := up.ack(t, a.Attempt, protocol.AckResult, 30*time.Second); !ack.OK {
+		t.Fatalf("the upstream result: %+v", ack)
+	}
+
+	old := dialFakeHello(t, p.srv.url, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 4})
+	onOld := func() (n int) {
+		for _, at := range attempts(t, p.client, id, "down") {
+			if at.Worker == old.welcome.WorkerID {
+				n++
+			}
+		}
+		return n
+	}
+	eventually(t, 30*time.Second, "the older worker to be tried once", func() bool { return onOld() >= 1 })
+	// Rounds go on (a round a second at least, and one per wake-up), and
+	// none claims down for it again.
+	time.Sleep(3 * time.Second)
+	if n := onOld(); n != 1 {
+		t.Fatalf("down was claimed %d times for the older worker, want once", n)
+	}
+	select {
+	case fr := <-old.frames:
+		if fr.Type == protocol.TypeAssign {
+			t.Fatalf("the older worker was sent %+v", fr.Assign)
+		}
+	default:
+	}
+	startWorker(t, "headless", 1, p.srv.url)
+	if st := wait(t, p.client, id, time.Minute); st.State != "done" {
+		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
+	}
+	sum := sha256.Sum256(data)
+	if out, want := output(t, p.client, id, "down", "stdout"), fmt.Sprintf("%d %x\n", len(data), sum); out != want {
+		t.Errorf("down read %q, want %q", out, want)
 	}
 }
 

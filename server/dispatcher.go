@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,6 +48,36 @@ type dispatcher struct {
 	// readyGen has not moved.
 	readyGen atomic.Uint64
 	cands    candidateCache
+	// needsSetup has the tasks found at delivery to read an output
+	// uploaded over HTTP, which only workers with the setup feature can
+	// lay out: the plan keeps them from older workers, as it does tasks
+	// with files of their own (a candidate says that; it cannot say this).
+	needsSetup taskSet
+}
+
+// taskSet is a set of task ids, safe for concurrent use, that forgets
+// everything once it holds maxTaskSet (a task forgotten may go to an
+// older worker once more, which hands it back).
+type taskSet struct {
+	mu  sync.Mutex
+	ids map[int64]bool
+}
+
+const maxTaskSet = 100_000
+
+func (s *taskSet) add(id int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ids == nil || len(s.ids) >= maxTaskSet {
+		s.ids = map[int64]bool{}
+	}
+	s.ids[id] = true
+}
+
+func (s *taskSet) has(id int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ids[id]
 }
 
 // wake asks for a round soon: tasks may have become ready.
@@ -385,6 +416,7 @@ func (d *dispatcher) deliver(ctx context.Context, claimed []store.Claimed, err e
 			case err != nil:
 				end(cl, c, store.Completion{Reason: protocol.ReasonWorker, Message: "the server could not sign the task's data addresses; retried", End: store.EndServerFault})
 			case a.Setup != nil && !c.setup:
+				d.needsSetup.add(cl.TaskID)
 				end(cl, c, store.Completion{Reason: protocol.ReasonWorker, End: store.EndUnstarted,
 					Message: "the task reads an output uploaded over HTTP, which this worker's build cannot download; queued again"})
 			default:

@@ -242,7 +242,7 @@ func (d *dispatcher) plan(now time.Time, cands []store.Candidate, workers []plan
 		// unknown, which Schedule looks up itself.
 		est, _ := stats.Expected(c.Module, c.Name)
 		exclude := c.Exclude
-		if c.Setup && len(noSetup) > 0 {
+		if (c.Setup || d.needsSetup.has(c.TaskID)) && len(noSetup) > 0 {
 			exclude = append(slices.Clone(c.Exclude), noSetup...)
 		}
 		for j := range c.Pending {
