@@ -588,11 +588,16 @@ type connState struct {
 	data      map[string]bool // nil when it keeps no blob
 }
 
-// state returns c's state now.
-func (h *hub) state(c *conn) connState {
+// states returns the state of each of cs now, under one hold of the
+// lock (the plan asks for every reserved worker's in each round).
+func (h *hub) states(cs []*conn) []connState {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return c.stateLocked()
+	out := make([]connState, len(cs))
+	for i, c := range cs {
+		out[i] = c.stateLocked()
+	}
+	return out
 }
 
 // stateOf returns the state of worker id's connection to this replica, if

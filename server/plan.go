@@ -242,7 +242,7 @@ func (d *dispatcher) plan(now time.Time, cands []store.Candidate, workers []plan
 		// unknown, which Schedule looks up itself.
 		est, _ := stats.Expected(c.Module, c.Name)
 		exclude := c.Exclude
-		if (c.Setup || d.needsSetup.has(c.TaskID)) && len(noSetup) > 0 {
+		if len(noSetup) > 0 && (c.Setup || d.needsSetup.has(c.TaskID)) {
 			exclude = append(slices.Clone(c.Exclude), noSetup...)
 		}
 		for j := range c.Pending {
@@ -315,9 +315,14 @@ func (d *dispatcher) planWorkers(reserved map[string][]*conn) []planWorker {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
+	cs := make([]*conn, len(ids))
+	for i, id := range ids {
+		cs[i] = reserved[id][0]
+	}
+	states := d.hub.states(cs) // copies: the plan runs without the hub's lock
 	out := make([]planWorker, 0, len(ids))
-	for _, id := range ids {
-		st := d.hub.state(reserved[id][0]) // a copy: the plan runs without the hub's lock
+	for i, id := range ids {
+		st := &states[i]
 		rep := st.record.Reputation(d.cfg.Verify)
 		out = append(out, planWorker{
 			w: sched.Worker{ID: id, Slots: st.slots, Samples: st.samples, History: historyOf(st.record),

@@ -22,7 +22,10 @@ import (
 // ends without one does not end the call (the session closes the
 // connection when it ends, which does). The worker writes from one
 // goroutine at a time (the hello, then its write loop), as gorilla needs.
-type wsConn struct{ *websocket.Conn }
+type wsConn struct {
+	*websocket.Conn
+	readDeadline bool // a read deadline is set (only Read touches it)
+}
 
 // Bounds the kernel keeps on a worker's socket, so that a server whose
 // machine or network is gone without closing the socket is left, and the
@@ -81,19 +84,22 @@ func dial(ctx context.Context, url, key string) (conn, error) {
 		}
 		return nil, err
 	}
-	return wsConn{ws}, nil
+	return &wsConn{Conn: ws}, nil
 }
 
-func (c wsConn) Read(ctx context.Context) (bool, []byte, error) {
-	d, _ := ctx.Deadline()
-	if err := c.Conn.SetReadDeadline(d); err != nil {
-		return false, nil, err
+func (c *wsConn) Read(ctx context.Context) (bool, []byte, error) {
+	// The read loop's Reads have no deadline: most frames cost no call.
+	if d, ok := ctx.Deadline(); ok || c.readDeadline {
+		if err := c.Conn.SetReadDeadline(d); err != nil {
+			return false, nil, err
+		}
+		c.readDeadline = ok
 	}
 	typ, data, err := c.Conn.ReadMessage()
 	return typ == websocket.BinaryMessage, data, err
 }
 
-func (c wsConn) Write(ctx context.Context, binary bool, data []byte) error {
+func (c *wsConn) Write(ctx context.Context, binary bool, data []byte) error {
 	typ := websocket.TextMessage
 	if binary {
 		typ = websocket.BinaryMessage
@@ -106,7 +112,7 @@ func (c wsConn) Write(ctx context.Context, binary bool, data []byte) error {
 }
 
 // CloseNow closes the connection at once, without a close message.
-func (c wsConn) CloseNow() error { return c.Conn.Close() }
+func (c *wsConn) CloseNow() error { return c.Conn.Close() }
 
 // moduleFetcher returns the Job.Fetch of an attempt of module id: the
 // module's bytes, from the worker's memory or from server.
