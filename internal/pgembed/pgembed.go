@@ -167,6 +167,8 @@ func (c *Cluster) LogPath() string { return filepath.Join(c.dir, "postgres.log")
 
 // Start starts the cluster in cfg.Dir, initialising it on first use, and
 // returns when it accepts connections and the database "cyclepool" exists.
+// A data directory made by pg_basebackup -R (with Dir/password copied from
+// the primary) starts as a streaming standby of that primary.
 func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	log := cfg.Logger
 	if log == nil {
@@ -807,13 +809,25 @@ func tail(b []byte, lines int) []byte {
 	return b
 }
 
-// setup sets the role's password and creates the database if missing.
+// setup sets the role's password and creates the database if missing
+// (on a primary; a standby has them from its primary).
 func (c *Cluster) setup(ctx context.Context) error {
 	conn, err := pgx.Connect(ctx, c.SocketURL("postgres"))
 	if err != nil {
 		return fmt.Errorf("pgembed: connect: %w", err)
 	}
 	defer conn.Close(ctx)
+	// A standby (a copy of another cluster, made with pg_basebackup -R)
+	// takes its roles, password and database from its primary, and cannot
+	// write them anyway.
+	var standby bool
+	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
+		return fmt.Errorf("pgembed: %w", err)
+	}
+	if standby {
+		c.log.Info("PostgreSQL is a standby: roles and database come from its primary", "dir", c.dir)
+		return nil
+	}
 	// The password file is the truth: set it at every start (cheap, and it
 	// heals a lost or regenerated file).
 	if _, err := conn.Exec(ctx, "ALTER ROLE "+pgx.Identifier{Role}.Sanitize()+" PASSWORD "+quoteLiteral(c.password)); err != nil {
