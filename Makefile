@@ -68,10 +68,12 @@ vet:
 # Unit, integration and end-to-end tests against a real PostgreSQL (started
 # by the tests from the installed binaries, which must be there: without
 # them the tests that need a database fail, saying so), real WebSockets and
-# real wazero, then a short run of each fuzz target.
+# real wazero, then a short run of each fuzz target (make fuzz runs them
+# longer). Most end-to-end tests wait on leases, heartbeats and child
+# processes rather than compute, so four run at once whatever the cores.
 test: build vet chromium
-	CYCLEPOOL_REQUIRE_POSTGRES=1 $(GO) test -count=1 -timeout 20m ./...
-	$(MAKE) fuzz
+	CYCLEPOOL_REQUIRE_POSTGRES=1 $(GO) test -count=1 -parallel 4 -timeout 20m ./...
+	$(MAKE) fuzz FUZZTIME=50000x
 
 # The browser tests drive Debian's Chromium; install it when it is missing
 # (as root, or through sudo).
