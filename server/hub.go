@@ -192,6 +192,12 @@ type hub struct {
 	mu       sync.Mutex
 	conns    map[string]*conn
 	attempts map[int64]*conn
+	// open holds the connections that may have a free slot: every one
+	// with free > 0 that is not paused, and some that no longer have
+	// one, which reserve drops as it meets them. reserve walks it instead
+	// of every connection, so that volunteers who are paused or busy cost
+	// a dispatch round nothing (docs/RATIONALE.md).
+	open map[*conn]struct{}
 	// silent is how long a worker may go without sending a frame before
 	// it gets no more work: a little over two heartbeat intervals, well
 	// within a lease.
@@ -202,7 +208,7 @@ type hub struct {
 }
 
 func newHub(silent time.Duration) *hub {
-	return &hub{conns: map[string]*conn{}, attempts: map[int64]*conn{}, silent: silent}
+	return &hub{conns: map[string]*conn{}, attempts: map[int64]*conn{}, open: map[*conn]struct{}{}, silent: silent}
 }
 
 // heardFrom records that a frame arrived from c now. It reports whether c
@@ -229,8 +235,12 @@ func (h *hub) reserve(max int) []*conn {
 	quiet := time.Now().UnixNano() - int64(h.silent)
 	for more := true; more && len(slots) < max; {
 		more = false
-		for _, c := range h.conns {
-			if c.free > 0 && !c.paused && len(slots) < max && c.heard.Load() >= quiet && c.slots-c.free < c.allowed() {
+		for c := range h.open {
+			if c.free <= 0 || c.paused {
+				delete(h.open, c) // back with opened when it has room again
+				continue
+			}
+			if len(slots) < max && c.heard.Load() >= quiet && c.slots-c.free < c.allowed() {
 				c.free--
 				slots = append(slots, c)
 				more = more || c.free > 0
@@ -290,7 +300,16 @@ func (h *hub) setQueue(c *conn, queue int) bool {
 	d := c.threads + queue - c.slots
 	c.slots += d
 	c.free += d
+	h.openedLocked(c)
 	return d > 0 && c.free > 0
+}
+
+// openedLocked puts c in h.open if it has room for an attempt (h.mu
+// held): called wherever c.free grows or c resumes.
+func (h *hub) openedLocked(c *conn) {
+	if c.free > 0 && !c.paused && h.conns[c.id] == c {
+		h.open[c] = struct{}{}
+	}
 }
 
 // release gives back reserved slots that received no task; slots of a
@@ -301,6 +320,7 @@ func (h *hub) release(slots []*conn) {
 	for _, c := range slots {
 		if h.conns[c.id] == c {
 			c.free++
+			h.openedLocked(c)
 		}
 	}
 }
@@ -363,6 +383,7 @@ func (h *hub) finished(c *conn, attempt int64) bool {
 	delete(c.running, attempt)
 	delete(h.attempts, attempt)
 	c.free++
+	h.openedLocked(c)
 	return true
 }
 
@@ -412,6 +433,7 @@ func (h *hub) takeOutcome(c *conn, attempt int64, hold *payloadHold) (ok, freed 
 		delete(c.running, attempt)
 		delete(h.attempts, attempt)
 		c.free++
+		h.openedLocked(c)
 		freed = true
 	} else if o := c.outcomes[attempt]; o == nil || !o.retry {
 		return false, false
@@ -473,6 +495,7 @@ func (h *hub) add(c *conn) {
 	for a := range c.running {
 		h.attempts[a] = c
 	}
+	h.openedLocked(c)
 }
 
 // remove forgets c, the worker's connection that ended. Unless the worker
@@ -501,6 +524,7 @@ func (h *hub) remove(c *conn) (unstarted []int64) {
 
 func (h *hub) dropLocked(c *conn) {
 	delete(h.conns, c.id)
+	delete(h.open, c)
 	for a := range c.running {
 		if h.attempts[a] == c {
 			delete(h.attempts, a)
@@ -542,6 +566,7 @@ func (h *hub) heartbeat(c *conn, now time.Time, dev *protocol.Device, interval t
 	c.device = *dev
 	resumed = c.paused && !dev.Paused
 	c.paused = dev.Paused
+	h.openedLocked(c)
 	return resumed
 }
 

@@ -139,3 +139,44 @@ func TestAllowed(t *testing.T) {
 		}
 	}
 }
+
+// A dispatch round walks only the connections that may have room: a
+// paused worker, or one whose slots are all taken, leaves the hub's open
+// set when a round meets it, and comes back as soon as it resumes or an
+// attempt of its ends, so that thousands of paused or busy volunteers cost
+// a round nothing and none is forgotten.
+func TestReserveWalksOnlyWorkersWithRoom(t *testing.T) {
+	t.Parallel()
+	h := newHub(time.Minute)
+	now := time.Now().UnixNano()
+	paused := &conn{id: "paused", free: 1, slots: 1, operator: true, paused: true, running: map[int64]string{}}
+	busy := &conn{id: "busy", free: 1, slots: 1, operator: true, running: map[int64]string{}}
+	for _, c := range []*conn{paused, busy} {
+		c.heard.Store(now)
+		h.add(c)
+	}
+	if got := ids(h.reserve(10)); !slices.Equal(got, []string{"busy"}) {
+		t.Fatalf("reserved %v, want busy's one slot", got)
+	}
+	if !h.started(busy, []protocol.Assign{{Attempt: 7, Module: "m"}}) {
+		t.Fatal("started: busy is no longer connected")
+	}
+	if got := h.reserve(10); len(got) != 0 {
+		t.Fatalf("reserved %v with no free slot", ids(got))
+	}
+	if len(h.open) != 0 {
+		t.Fatalf("the open set still holds %d connections without room", len(h.open))
+	}
+	h.heartbeat(paused, time.Now(), &protocol.Device{}, time.Second)
+	h.finished(busy, 7)
+	got := ids(h.reserve(10))
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"busy", "paused"}) {
+		t.Fatalf("reserved %v once one resumed and the other's attempt ended, want both", got)
+	}
+	h.remove(busy)
+	h.release(h.reserve(10))
+	if _, ok := h.open[busy]; ok {
+		t.Fatal("a connection that left is still in the open set")
+	}
+}
