@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
@@ -18,8 +19,9 @@ import (
 // Config configures a Worker.
 type Config struct {
 	// Servers are the base URLs (http://host:port) of server replicas; the
-	// worker uses one at a time and moves to the next when it cannot
-	// connect.
+	// worker uses one at a time, the first at start, and moves to another
+	// picked at random when it cannot connect or its connection breaks, so
+	// that the workers of a replica that dies spread over the others.
 	Servers []string
 	// Slots is the number of attempts run at once (default 1).
 	Slots int
@@ -265,8 +267,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		return errors.New("worker: no server URL")
 	}
 	backoff := 100 * time.Millisecond
-	for i := 0; ctx.Err() == nil; i++ {
-		server := w.cfg.Servers[i%len(w.cfg.Servers)]
+	n := len(w.cfg.Servers)
+	for i := 0; ctx.Err() == nil; {
+		server := w.cfg.Servers[i]
 		start := time.Now()
 		err := w.session(ctx, server)
 		if ctx.Err() != nil {
@@ -275,12 +278,18 @@ func (w *Worker) Run(ctx context.Context) error {
 		if time.Since(start) > 10*time.Second {
 			backoff = 100 * time.Millisecond
 		}
-		w.log.Warn("disconnected from server", "server", server, "err", err, "retry_in", backoff)
+		// A random pause in the second half of the backoff: the workers of
+		// a replica that died come back spread out, not all at once.
+		pause := backoff/2 + rand.N(backoff/2+1)
+		w.log.Warn("disconnected from server", "server", server, "err", err, "retry_in", pause)
 		select {
 		case <-ctx.Done():
-		case <-time.After(backoff):
+		case <-time.After(pause):
 		}
 		backoff = min(backoff*2, 5*time.Second)
+		if n > 1 {
+			i = (i + 1 + rand.IntN(n-1)) % n
+		}
 	}
 	w.mu.Lock()
 	for _, a := range w.running {
