@@ -26,6 +26,13 @@ func main() {
 	headless.ServeSlotIfChild() // the wasm part's runner starts slot processes from this binary
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if len(os.Args) > 1 && os.Args[1] == bench.SwarmCommand { // a child of the scale part
+		if err := bench.RunSwarm(ctx, os.Args[2:], os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "cyclepool-bench swarm:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(ctx, os.Args[1:]); err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "cyclepool-bench:", err)
@@ -49,9 +56,10 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.BrowserTasks, "browser-tasks", 10000, "no-op tasks in the browser throughput run")
 	fs.StringVar(&cfg.Chromium, "chromium", bench.DefaultChromium, "the Chromium the browser part drives")
 	fs.IntVar(&cfg.ChurnTasks, "churn-tasks", 0, "counter tasks (about 1 s each) in the churn soak (default: 32 per CPU)")
+	fs.IntVar(&cfg.ScaleConns, "scale-conns", 36000, "volunteers the scale part connects, over three replicas")
 	fs.IntVar(&cfg.HostileTasks, "hostile-tasks", 2000, "counter tasks in the hostile part's honest workflow")
 	fs.IntVar(&cfg.HostileTaskMS, "hostile-task-ms", 10, "busy milliseconds of each task of the hostile part")
-	only := fs.String("only", "", "comma-separated parts to run: single, dispatch, data, churn, conns, wasm, browser, hostile")
+	only := fs.String("only", "", "comma-separated parts to run: single, dispatch, data, churn, conns, wasm, browser, hostile, scale")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -47,7 +47,10 @@ type Config struct {
 	Slots   int       // worker slots per worker process (default 16)
 	Workers int       // worker processes (default 2)
 	Queue   int       // attempts each worker accepts ahead of time
-	Only    []string  // run only these parts: single, dispatch, data, churn, conns, wasm, browser, hostile
+	Only    []string  // run only these parts: single, dispatch, data, churn, conns, wasm, browser, hostile, scale
+	// ScaleConns is the number of volunteers the scale part connects
+	// (default 36,000), over three replicas and several swarm processes.
+	ScaleConns int
 	// ChurnTasks is the number of counter tasks in the churn soak
 	// (default 32 per CPU).
 	ChurnTasks int
@@ -106,6 +109,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.ChurnTasks <= 0 {
 		cfg.ChurnTasks = 32 * runtime.NumCPU()
 	}
+	if cfg.ScaleConns <= 0 {
+		cfg.ScaleConns = 36000
+	}
 	if cfg.HostileTasks <= 0 {
 		cfg.HostileTasks = 2000
 	}
@@ -135,7 +141,7 @@ func Run(ctx context.Context, cfg Config) error {
 			b.printf("wasm_vs_native: error: %v", err)
 		}
 	}
-	if !want("single") && !want("dispatch") && !want("churn") && !want("conns") && !want("browser") && !want("hostile") && !want("data") {
+	if !want("single") && !want("dispatch") && !want("churn") && !want("conns") && !want("browser") && !want("hostile") && !want("data") && !want("scale") {
 		return nil
 	}
 	// The embedded default, durable as in production.
@@ -211,6 +217,15 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		if err := b.browser(ctx); err != nil {
 			b.printf("browser: error: %v", err)
+		}
+	}
+	if want("scale") {
+		for _, w := range b.workers { // the scale part starts its own
+			w.stop()
+		}
+		b.workers = nil
+		if err := b.scale(ctx, cl.URL()); err != nil {
+			b.printf("scale: error: %v", err)
 		}
 	}
 	if want("hostile") { // last: it leaves the hostile workers' traces behind

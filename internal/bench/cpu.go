@@ -61,11 +61,11 @@ func readProcStat(pid int) (procStat, bool) {
 	return procStat{ppid: ppid, cpu: time.Duration(ut+st) * clockTick}, true
 }
 
-// cpuNow adds up the CPU time of this process's descendants by role. A
-// process that exited between two readings takes its CPU time with it, so
-// compare readings taken while the same processes live (slot processes
-// that ran no-op tasks live through a run).
-func (b *bench) cpuNow() cpuShare {
+// cpuByChild adds up the CPU time of this process's descendants by the
+// child of this process they descend from (this process itself under its
+// own pid). A process that exited between two readings takes its CPU time
+// with it, so compare readings taken while the same processes live.
+func cpuByChild() map[int]time.Duration {
 	procs := map[int]procStat{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -78,18 +78,10 @@ func (b *bench) cpuNow() cpuShare {
 		}
 	}
 	self := os.Getpid()
-	workers := map[int]bool{}
-	for _, w := range b.workers {
-		workers[w.cmd.Process.Pid] = true
-	}
-	server := 0
-	if b.server != nil {
-		server = b.server.cmd.Process.Pid
-	}
-	var c cpuShare
+	by := map[int]time.Duration{}
 	for pid, st := range procs {
 		if pid == self {
-			c.bench += st.cpu
+			by[self] += st.cpu
 			continue
 		}
 		// Walk up to the child of this process that pid descends from.
@@ -102,18 +94,39 @@ func (b *bench) cpuNow() cpuShare {
 			}
 			top = p.ppid
 		}
-		switch {
-		case top == 0:
-		case top == server:
-			c.server += st.cpu
-		case workers[top] && top == pid:
-			c.workers += st.cpu
-		case workers[top]:
-			c.slots += st.cpu
-		case top == b.browserPID:
-			c.browser += st.cpu
-		default:
-			c.postgres += st.cpu // PostgreSQL is the benchmark's only other child
+		if top != 0 {
+			if top != pid {
+				by[-top] += st.cpu // descendants of top, apart from top itself
+			}
+			by[top] += st.cpu
+		}
+	}
+	return by
+}
+
+// cpuNow adds up the CPU time of this process's descendants by role
+// (slot processes that ran no-op tasks live through a run, so readings
+// compare).
+func (b *bench) cpuNow() cpuShare {
+	by := cpuByChild()
+	self := os.Getpid()
+	roles := map[int]bool{self: true, b.browserPID: true}
+	var c cpuShare
+	c.bench = by[self]
+	c.browser = by[b.browserPID]
+	if b.server != nil {
+		pid := b.server.cmd.Process.Pid
+		c.server, roles[pid] = by[pid], true
+	}
+	for _, w := range b.workers {
+		pid := w.cmd.Process.Pid
+		c.workers += by[pid] - by[-pid]
+		c.slots += by[-pid]
+		roles[pid] = true
+	}
+	for pid, d := range by {
+		if pid > 0 && !roles[pid] {
+			c.postgres += d // PostgreSQL is the benchmark's only other child
 		}
 	}
 	return c
