@@ -378,15 +378,15 @@ func (s *Server) failed(c *conn) {
 	}
 }
 
-// touchWorkers records every minute or so that this replica's workers are
-// still connected, so that the leader can tell workers of dead replicas.
+// touchWorkers records every 10 seconds that this replica, and with it
+// every worker connected to it, is alive (so that the leader can tell the
+// workers of dead replicas), and reads its workers' records again.
 func (s *Server) touchWorkers(ctx context.Context) {
 	every(ctx, 10*time.Second, func(ctx context.Context) {
-		ids := s.hub.ids()
-		if err := s.store.TouchWorkers(ctx, ids); err != nil && ctx.Err() == nil {
-			s.log.Warn("touch workers", "err", err)
+		if err := s.store.TouchReplica(ctx, s.cfg.Replica); err != nil && ctx.Err() == nil {
+			s.log.Warn("touch replica", "err", err)
 		}
-		s.refreshRecords(ctx, ids)
+		s.refreshRecords(ctx, s.hub.ids())
 	})
 }
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -183,11 +182,16 @@ func (s *Store) WorkerGone(ctx context.Context, id string, session int64, unstar
 }
 
 // ForgetReplicaWorkers marks workers of replicas that stopped answering as
-// disconnected: those connected to a replica but not seen for longer than
-// after.
+// disconnected: those connected to a replica that has not said it is alive
+// (TouchReplica) for longer than after, and were not seen themselves since
+// (a worker that has just connected to a replica yet to say so stays). They
+// count as last seen when their replica was.
 func (s *Store) ForgetReplicaWorkers(ctx context.Context, after time.Duration) error {
-	if _, err := s.pool.Exec(ctx, `WITH gone AS (UPDATE workers SET connected = false
-			WHERE connected AND last_seen < now() - $1 * interval '1 millisecond' RETURNING id, last_seen)
+	if _, err := s.pool.Exec(ctx, `WITH gone AS (UPDATE workers w SET connected = false,
+				last_seen = greatest(w.last_seen, (SELECT r.seen FROM replicas r WHERE r.name = w.replica))
+			WHERE w.connected AND w.last_seen < now() - $1 * interval '1 millisecond'
+				AND NOT EXISTS (SELECT 1 FROM replicas r WHERE r.name = w.replica AND r.seen >= now() - $1 * interval '1 millisecond')
+			RETURNING w.id, w.last_seen)
 		UPDATE worker_sessions ws SET disconnected_at = gone.last_seen FROM gone
 		WHERE ws.worker_id = gone.id AND ws.disconnected_at IS NULL`, after.Milliseconds()); err != nil {
 		return fmt.Errorf("forget stale workers: %w", err)
@@ -224,14 +228,12 @@ func (s *Store) PruneActivity(ctx context.Context) error {
 	return nil
 }
 
-// TouchWorkers records that the listed workers are still connected.
-func (s *Store) TouchWorkers(ctx context.Context, ids []string) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	slices.Sort(ids)
-	if _, err := s.pool.Exec(ctx, `UPDATE workers SET last_seen = now() WHERE id = ANY($1::uuid[])`, ids); err != nil {
-		return fmt.Errorf("touch workers: %w", err)
+// TouchReplica records that replica is alive, and with it every worker
+// connected to it: one row for all of them (migration 00021).
+func (s *Store) TouchReplica(ctx context.Context, replica string) error {
+	if _, err := s.pool.Exec(ctx, `INSERT INTO replicas (name, seen) VALUES ($1, now())
+		ON CONFLICT (name) DO UPDATE SET seen = now()`, replica); err != nil {
+		return fmt.Errorf("touch replica %s: %w", replica, err)
 	}
 	return nil
 }
@@ -289,7 +291,9 @@ func (w WorkerRecord) Reputation(trust sched.VerifyConfig) sched.Reputation {
 func (s *Store) Workers(ctx context.Context, ids []string) ([]WorkerRecord, error) {
 	var rows pgx.Rows
 	var err error
-	cols := fmt.Sprintf(`SELECT w.id::text, w.kind, w.slots, w.volunteer, w.device, w.replica, w.connected, w.connected_at, w.last_seen,
+	// A connected worker was seen when its replica last said it is alive.
+	cols := fmt.Sprintf(`SELECT w.id::text, w.kind, w.slots, w.volunteer, w.device, w.replica, w.connected, w.connected_at,
+		CASE WHEN w.connected THEN greatest(w.last_seen, (SELECT rp.seen FROM replicas rp WHERE rp.name = w.replica)) ELSE w.last_seen END,
 		w.attempts, w.tasks_lost, w.results_valid, w.results_invalid, w.valid_streak, w.operator, w.build, coalesce(r.succeeded, 0),
 		w.strikes * power(0.5, extract(epoch FROM now() - coalesce(w.strikes_at, now())) / %d)
 		FROM workers w LEFT JOIN worker_results r ON r.worker_id = w.id`, int(StrikeHalfLife.Seconds()))
