@@ -543,6 +543,20 @@ func (h *hub) ids() []string {
 	return ids
 }
 
+// activeIDs lists the connected workers that are not paused: those whose
+// records the plan may read.
+func (h *hub) activeIDs() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ids := make([]string, 0, len(h.conns))
+	for id, c := range h.conns {
+		if !c.paused {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 func (h *hub) countByKind() map[string]int {
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -380,13 +380,15 @@ func (s *Server) failed(c *conn) {
 
 // touchWorkers records every 10 seconds that this replica, and with it
 // every worker connected to it, is alive (so that the leader can tell the
-// workers of dead replicas), and reads its workers' records again.
+// workers of dead replicas), and reads again the records of its workers
+// that are not paused (a paused worker gets no task, and its record is
+// read when it resumes).
 func (s *Server) touchWorkers(ctx context.Context) {
 	every(ctx, 10*time.Second, func(ctx context.Context) {
 		if err := s.store.TouchReplica(ctx, s.cfg.Replica); err != nil && ctx.Err() == nil {
 			s.log.Warn("touch replica", "err", err)
 		}
-		s.refreshRecords(ctx, s.hub.ids())
+		s.refreshRecords(ctx, s.hub.activeIDs())
 	})
 }
 

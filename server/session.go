@@ -620,7 +620,10 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 			hb.Device = &d
 		}
 		if s.hub.heartbeat(c, time.Now(), hb.Device, s.cfg.Heartbeat) {
+			// Resumed: work for it now, and its record read again (it
+			// was not while the worker was paused).
 			s.wakeSlots()
+			go s.refreshRecords(s.ctx, []string{c.id})
 		}
 		if hb.Device != nil {
 			// Write the device state only when it changed: most heartbeats
