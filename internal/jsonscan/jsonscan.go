@@ -139,6 +139,44 @@ func (s *Scanner) Integer() ([]byte, bool) {
 	return s.data[start:s.i], true
 }
 
+// Number consumes a number as JSON writes one (an optional minus sign,
+// digits without leading zeros, an optional fraction and exponent) and
+// returns its text.
+func (s *Scanner) Number() ([]byte, bool) {
+	s.Space()
+	start := s.i
+	digits := func() int {
+		d := s.i
+		for s.i < len(s.data) && '0' <= s.data[s.i] && s.data[s.i] <= '9' {
+			s.i++
+		}
+		return s.i - d
+	}
+	if s.i < len(s.data) && s.data[s.i] == '-' {
+		s.i++
+	}
+	d := s.i
+	if n := digits(); n == 0 || s.data[d] == '0' && n > 1 {
+		return nil, false
+	}
+	if s.i < len(s.data) && s.data[s.i] == '.' {
+		s.i++
+		if digits() == 0 {
+			return nil, false
+		}
+	}
+	if s.i < len(s.data) && (s.data[s.i] == 'e' || s.data[s.i] == 'E') {
+		s.i++
+		if s.i < len(s.data) && (s.data[s.i] == '+' || s.data[s.i] == '-') {
+			s.i++
+		}
+		if digits() == 0 {
+			return nil, false
+		}
+	}
+	return s.data[start:s.i], true
+}
+
 // maxKeys is the most keys Object takes in one object.
 const maxKeys = 16
 

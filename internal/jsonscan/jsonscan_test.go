@@ -51,6 +51,22 @@ func TestInteger(t *testing.T) {
 	}
 }
 
+func TestNumber(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want string // the number's text; "" when refused
+	}{
+		{"0", "0"}, {"-0", "-0"}, {"1.5", "1.5"}, {"-0.25e-3", "-0.25e-3"}, {"1E+2", "1E+2"}, {"3e400", "3e400"},
+		{"12,", "12"}, {"7}", "7"},
+		{"01", ""}, {".5", ""}, {"1.", ""}, {"1e", ""}, {"1e+", ""}, {"-", ""}, {"+1", ""}, {"x", ""}, {"", ""},
+	} {
+		d, ok := New([]byte(tc.in)).Number()
+		if ok != (tc.want != "") || string(d) != tc.want {
+			t.Errorf("%q: %q %v, want %q", tc.in, d, ok, tc.want)
+		}
+	}
+}
+
 func TestObjectAndArray(t *testing.T) {
 	many := make([]string, maxKeys+1)
 	for i := range many {

@@ -56,10 +56,17 @@ func decodeFast(hdr []byte) (*Frame, bool) {
 				f.Acks = nil
 			}
 			return ok
+		case "heartbeat":
+			if p.Null() {
+				f.Heartbeat = nil
+				return true
+			}
+			f.Heartbeat = &Heartbeat{}
+			return p.heartbeat(f.Heartbeat)
 		}
 		return false
 	})
-	if !ok || !p.Done() || (f.Type != TypeAssign && f.Type != TypeAck && f.Type != TypeResult) {
+	if !ok || !p.Done() || (f.Type != TypeAssign && f.Type != TypeAck && f.Type != TypeResult && f.Type != TypeHeartbeat) {
 		return nil, false
 	}
 	return f, true
@@ -123,6 +130,26 @@ func (p fastParser) uint(bits int) (uint64, bool) {
 	}
 	v, err := strconv.ParseUint(string(d), 10, bits)
 	return v, err == nil
+}
+
+func (p fastParser) float64() (float64, bool) {
+	d, ok := p.Number()
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(string(d), 64)
+	return v, err == nil
+}
+
+// floatPtr reads a number, or null (nil), into *v.
+func (p fastParser) floatPtr(v **float64) bool {
+	if p.Null() {
+		*v = nil
+		return true
+	}
+	x, ok := p.float64()
+	*v = &x
+	return ok
 }
 
 func (p fastParser) int() (int, bool) {
@@ -277,6 +304,89 @@ func (p fastParser) result(r *Result) bool {
 			if null {
 				r.Uploaded = nil
 			}
+		}
+		return ok
+	})
+}
+
+// heartbeat reads a heartbeat, which every worker sends every few seconds:
+// the frame a replica decodes most with many volunteers connected.
+func (p fastParser) heartbeat(h *Heartbeat) bool {
+	return p.Object(func(key []byte) bool {
+		var ok bool
+		switch string(key) {
+		case "running":
+			h.Running = []Progress{}
+			var null bool
+			ok, null = p.list(func() bool {
+				h.Running = append(h.Running, Progress{})
+				pr := &h.Running[len(h.Running)-1]
+				return p.Object(func(key []byte) bool {
+					var ok bool
+					switch string(key) {
+					case "attempt":
+						pr.Attempt, ok = p.int64()
+					case "fraction":
+						pr.Fraction, ok = p.float64()
+					}
+					return ok
+				})
+			})
+			if null {
+				h.Running = nil
+			}
+		case "free":
+			h.Free, ok = p.int()
+		case "queue":
+			if p.Null() {
+				h.Queue, ok = nil, true
+				break
+			}
+			var q int
+			q, ok = p.int()
+			h.Queue = &q
+		case "device":
+			if p.Null() {
+				h.Device, ok = nil, true
+				break
+			}
+			h.Device = &Device{}
+			ok = p.device(h.Device)
+		}
+		return ok
+	})
+}
+
+func (p fastParser) device(d *Device) bool {
+	return p.Object(func(key []byte) bool {
+		var ok bool
+		switch string(key) {
+		case "battery":
+			ok = p.floatPtr(&d.Battery)
+		case "charging":
+			d.Charging, ok = p.str()
+		case "connection":
+			d.Connection, ok = p.str()
+		case "downlink_mbps":
+			ok = p.floatPtr(&d.DownlinkMbps)
+		case "rtt_ms":
+			ok = p.floatPtr(&d.RTTMillis)
+		case "save_data":
+			d.SaveData, ok = p.str()
+		case "online":
+			d.Online, ok = p.str()
+		case "visibility":
+			d.Visibility, ok = p.str()
+		case "cores":
+			d.Cores, ok = p.int()
+		case "memory_gib":
+			ok = p.floatPtr(&d.MemoryGiB)
+		case "user_agent":
+			d.UserAgent, ok = p.str()
+		case "paused":
+			d.Paused, ok = p.Bool()
+		case "paused_because":
+			d.PausedBecause, ok = p.str()
 		}
 		return ok
 	})

@@ -9,7 +9,7 @@ import (
 	"github.com/cyclepool/cyclepool/internal/fill"
 )
 
-// fastSamples are assign, ack and result frames as json.Marshal writes them, with
+// fastSamples are assign, ack, result and heartbeat frames as json.Marshal writes them, with
 // the oddities a task can bring (names and arguments to escape, empty and
 // absent lists, extreme numbers).
 func fastSamples() [][]byte {
@@ -53,6 +53,21 @@ func fastSamples() [][]byte {
 		}
 		data, _ = json.Marshal(r)
 		out = append(out, data)
+		hb := &Frame{Type: TypeHeartbeat, Heartbeat: &Heartbeat{Free: i % 4}}
+		for j := range rng.IntN(3) {
+			hb.Heartbeat.Running = append(hb.Heartbeat.Running, Progress{Attempt: rng.Int64(), Fraction: float64(j) / 3})
+		}
+		if i%2 == 0 {
+			q := i
+			hb.Heartbeat.Queue = &q
+		}
+		if i%3 != 0 {
+			b, mb, rtt := rng.Float64(), float64(i)*1e-7, 1e300*rng.Float64()
+			hb.Heartbeat.Device = &Device{Battery: &b, Charging: pick(), Connection: "4g", DownlinkMbps: &mb, RTTMillis: &rtt,
+				SaveData: "no", Online: "yes", Visibility: pick(), Cores: i, UserAgent: pick(), Paused: i%5 == 0, PausedBecause: pick()}
+		}
+		data, _ = json.Marshal(hb)
+		out = append(out, data)
 	}
 	out = append(out, []byte(` { "t" : "ack" , "acks" : [ { "attempt" : 1 , "of" : "fail" , "ok" : true } ] } `),
 		[]byte(`{"t":"ack","acks":[]}`), []byte(`{"t":"assign"}`), []byte(`{"t":"ack","acks":null}`),
@@ -64,7 +79,13 @@ func fastSamples() [][]byte {
 		[]byte(`{"t":"result","results":[{"attempt":1,"outputs":null,"log":{"size":0},"duration_ms":2}]}`),
 		[]byte(`{"t":"result","results":[{"attempt":1,"outputs":[{"name":"a","size":1,"data":"x"}]}]}`),
 		[]byte(`{"t":"result","results":[{"attempt":1,"fails":[]}]}`), []byte(`{"t":"result","fails":[{"attempt":1}]}`),
-		[]byte(`{"t":"result","results":[{"log":null}]}`), []byte(`{"t":"result","results":[{"duration_ms":1e3}]}`))
+		[]byte(`{"t":"result","results":[{"log":null}]}`), []byte(`{"t":"result","results":[{"duration_ms":1e3}]}`),
+		[]byte(`{"t":"heartbeat","heartbeat":{"running":[{"attempt":1,"fraction":0.5e-3}],"free":1,"queue":null,"device":null}}`),
+		[]byte(`{"t":"heartbeat","heartbeat":{"running":null,"device":{"battery":1E+2,"cores":2.0}}}`),
+		[]byte(`{"t":"heartbeat","heartbeat":{"device":{"battery":-0,"rtt_ms":1e400,"memory_gib":.5}}}`),
+		[]byte(`{"t":"heartbeat","heartbeat":{"device":{"battery":01.5,"downlink_mbps":1.}}}`),
+		[]byte(`{"t":"heartbeat","heartbeat":null}`), []byte(`{"t":"heartbeat","heartbeat":{"free":1,"free":2}}`),
+		[]byte(`{"t":"heartbeat","heartbeat":{"device":{"paused":null,"charging":null}}}`))
 	return out
 }
 
@@ -113,6 +134,12 @@ func TestDecodeFastMatchesJSON(t *testing.T) {
 			{Attempt: 3, Of: AckFail, Retry: true, Error: "not committed: server error; send it again"}}},
 		{Type: TypeResult, Results: []Result{{Attempt: 9, Outputs: []Blob{{Name: "stdout", Size: 12}, {Name: "tile.png", Size: 4096}},
 			Log: Blob{Size: 3}, DurationMS: 41}, {Attempt: 10, Outputs: []Blob{}, DurationMS: 1}}},
+		{Type: TypeHeartbeat, Heartbeat: &Heartbeat{Running: []Progress{}}},
+		{Type: TypeHeartbeat, Heartbeat: &Heartbeat{Running: []Progress{{Attempt: 3, Fraction: 0.25}}, Free: 1, Queue: new(int),
+			Device: &Device{Battery: new(0.87), Charging: "no", Connection: "4g", DownlinkMbps: new(9.5), RTTMillis: new(50.0),
+				SaveData: "no", Online: "yes", Visibility: "visible", Cores: 8, MemoryGiB: new(8.0),
+				UserAgent: "Mozilla/5.0 (Linux; Android 14) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0 Mobile Safari/537.36",
+				Paused: true, PausedBecause: "on battery"}}},
 	} {
 		data, _, _ := Encode(f)
 		if _, ok := decodeFast(data); !ok {
