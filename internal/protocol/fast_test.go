@@ -139,7 +139,7 @@ func TestDecodeFastMatchesJSON(t *testing.T) {
 			Device: &Device{Battery: new(0.87), Charging: "no", Connection: "4g", DownlinkMbps: new(9.5), RTTMillis: new(50.0),
 				SaveData: "no", Online: "yes", Visibility: "visible", Cores: 8, MemoryGiB: new(8.0),
 				UserAgent: "Mozilla/5.0 (Linux; Android 14) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0 Mobile Safari/537.36",
-				Paused: true, PausedBecause: "on battery"}}},
+				Paused:    true, PausedBecause: "on battery"}}},
 	} {
 		data, _, _ := Encode(f)
 		if _, ok := decodeFast(data); !ok {
