@@ -40,6 +40,7 @@ func TestStalledCommitsKeepTheWorkerConnected(t *testing.T) {
 	// task_outputs: an empty stdout is stored without a row, so the
 	// completions of no-op tasks write none.)
 	tx := lockTable(t, p.db, "LOCK TABLE workflows IN SHARE MODE")
+	locked := time.Now()
 	conn := tx.Conn()
 	succeeded := func() int {
 		var n int
@@ -67,6 +68,7 @@ func TestStalledCommitsKeepTheWorkerConnected(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
+	stall := time.Since(locked)
 
 	st := wait(t, p.client, id, 60*time.Second)
 	if st.State != client.WorkflowDone {
@@ -80,7 +82,16 @@ func TestStalledCommitsKeepTheWorkerConnected(t *testing.T) {
 		JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = $1`, id).Scan(&attempts, &done); err != nil {
 		t.Fatal(err)
 	}
-	if attempts != n || done != n {
-		t.Errorf("%d attempts, %d succeeded; want %d of each (one per task)", attempts, done, n)
+	// One attempt per task. On a machine so busy that the stall outlasted
+	// the lease, the first outcomes' leases may lapse while they wait for
+	// their commit (nobody renews them): those tasks run again, which is
+	// not what this test is about.
+	switch {
+	case done != n:
+		t.Errorf("%d attempts succeeded, want %d (one per task)", done, n)
+	case attempts != n && stall < 6*time.Second:
+		t.Errorf("%d attempts for %d tasks after a stall of %v, within the lease: want one per task", attempts, n, stall.Round(time.Millisecond))
+	case attempts != n:
+		t.Logf("%d attempts for %d tasks: the stall (%v) outlasted the 6 s lease", attempts, n, stall.Round(time.Millisecond))
 	}
 }

@@ -104,8 +104,10 @@ func (l *lineLog) String() string {
 	return strings.Join(l.lines, "\n")
 }
 
-// waitFor returns the first submatch of re in any line, waiting up to d.
+// waitFor returns the first submatch of re in any line, waiting up to
+// patience times d.
 func (l *lineLog) waitFor(re *regexp.Regexp, d time.Duration) (string, bool) {
+	d *= patience
 	deadline := time.Now().Add(d)
 	go func() {
 		time.Sleep(d)
@@ -285,10 +287,11 @@ func submit(t *testing.T, c *client.Client, wf any) string {
 	return s.ID
 }
 
-// wait waits for a workflow to finish and returns its final status.
+// wait waits for a workflow to finish (up to patience times d) and returns
+// its final status.
 func wait(t *testing.T, c *client.Client, id string, d time.Duration) *client.Status {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
+	ctx, cancel := context.WithTimeout(context.Background(), patience*d)
 	defer cancel()
 	st, err := c.Wait(ctx, id)
 	if err != nil {
@@ -313,9 +316,17 @@ func output(t *testing.T, c *client.Client, id, task, name string) string {
 	return string(b)
 }
 
-// eventually polls cond every 50ms until it holds or d passes.
+// patience multiplies every wait of eventually: d is how long the wait
+// takes on a quiet machine at most, and a machine busy with other tests
+// (a second make test beside this one) may take several times as long.
+// The waits bound how long a test hangs, they claim no speed.
+const patience = 3
+
+// eventually polls cond every 50ms until it holds or patience times d
+// passes.
 func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
+	d *= patience
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {

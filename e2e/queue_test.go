@@ -34,12 +34,12 @@ func TestHeadlessQueueGrowsForShortTasks(t *testing.T) {
 		t.Fatalf("workflow ended %s", st.State)
 	}
 	// About 100 ms of work per slot, at most 32 for one slot: 32 for a
-	// no-op task, a little less on a loaded machine, where one takes a few
-	// milliseconds.
+	// no-op task on a quiet machine, fewer on a busy one, where one takes
+	// longer; more than the 1 it started with either way.
 	adapted := regexp.MustCompile(`msg="queue adapted to the tasks" queue=(\d+)`)
 	q, ok := grows.out.waitFor(adapted, 10*time.Second)
-	if n, err := strconv.Atoi(q); !ok || err != nil || n < 4 || n > 32 {
-		t.Errorf("the worker's queue became %q, want 4 to 32 (32 is its longest for one slot)", q)
+	if n, err := strconv.Atoi(q); !ok || err != nil || n < 2 || n > 32 {
+		t.Errorf("the worker's queue became %q, want 2 to 32 (it started at 1; 32 is its longest for one slot)", q)
 	}
 	if countLines(fixed.out, adapted) > 0 {
 		t.Errorf("the queue of the worker with --max-queue 1 changed:\n%s", fixed.out)
