@@ -137,7 +137,11 @@ func (s *Server) sweepLeases(ctx context.Context) {
 	if s.health.faultWithin(s.cfg.Lease) {
 		return
 	}
-	sw := store.Sweep{Limit: 1000, Gap: max(s.cfg.Lease/3, 2*time.Second), Lease: s.cfg.Lease}
+	// A replica silent for a little over its touch interval died: its
+	// workers get four leases to come back elsewhere before their
+	// attempts are lost (store.Sweep.ReplicaGrace).
+	sw := store.Sweep{Limit: 1000, Gap: max(s.cfg.Lease/3, 2*time.Second), Lease: s.cfg.Lease,
+		ReplicaSilence: replicaTouchEvery + replicaTouchEvery/5, ReplicaGrace: 4 * s.cfg.Lease}
 	for {
 		res, err := s.store.SweepLeases(ctx, sw)
 		s.health.observe("expire leases", err)

@@ -378,16 +378,23 @@ func (s *Server) failed(c *conn) {
 	}
 }
 
+// replicaTouchEvery is how often a replica says it is alive.
+const replicaTouchEvery = 10 * time.Second
+
 // touchWorkers records every 10 seconds that this replica, and with it
 // every worker connected to it, is alive (so that the leader can tell the
 // workers of dead replicas), and reads again the records of its workers
 // that are not paused (a paused worker gets no task, and its record is
 // read when it resumes).
 func (s *Server) touchWorkers(ctx context.Context) {
-	every(ctx, 10*time.Second, func(ctx context.Context) {
+	touch := func(ctx context.Context) {
 		if err := s.store.TouchReplica(ctx, s.cfg.Replica); err != nil && ctx.Err() == nil {
 			s.log.Warn("touch replica", "err", err)
 		}
+	}
+	touch(ctx) // at once: a replica restarted under its name is alive again
+	every(ctx, replicaTouchEvery, func(ctx context.Context) {
+		touch(ctx)
 		s.refreshRecords(ctx, s.hub.activeIDs())
 	})
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -68,5 +69,87 @@ func TestReplicaVouchesForItsWorkers(t *testing.T) {
 	if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM worker_sessions WHERE disconnected_at IS NULL AND worker_id = ANY($1::uuid[])`,
 		[]string{silent, never}).Scan(&open); err != nil || open != 0 {
 		t.Errorf("%d sessions of forgotten workers still open (%v)", open, err)
+	}
+}
+
+// The workers of a replica that died get time to come back to another
+// before their attempts are lost: a lapsed lease of such a worker is left
+// alone for ReplicaGrace, and the hello that brings the worker back (its
+// attempts listed) renews it. A worker of a live replica, or one that
+// stays away past the grace, loses its attempt as before.
+func TestDeadReplicasWorkersGetTimeToComeBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	f.submit(t, "batch", f.task("a"), f.task("b"), f.task("c"))
+	type held struct {
+		reg     Registration
+		attempt int64
+	}
+	hold := func(replica string) held {
+		t.Helper()
+		reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1, Replica: replica, Operator: true}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.worker = reg.ID
+		cs := f.claim(t, 1, time.Minute)
+		if len(cs) != 1 {
+			t.Fatalf("claimed %d attempts for the worker of %s", len(cs), replica)
+		}
+		return held{reg, cs[0].Attempt}
+	}
+	back, away, live := hold("dead"), hold("dead"), hold("live")
+	for _, r := range []string{"dead", "live"} {
+		if err := f.s.TouchReplica(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// "dead" said it was alive 30 s ago; every lease lapsed a second ago,
+	// but away's 3 minutes ago.
+	for _, q := range []string{
+		`UPDATE replicas SET seen = now() - interval '30 seconds' WHERE name = 'dead'`,
+		`UPDATE attempts SET lease_until = now() - interval '1 second'`,
+		`UPDATE attempts SET lease_until = now() - interval '3 minutes' WHERE id = ` + fmt.Sprint(away.attempt),
+	} {
+		if _, err := f.s.pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sw := Sweep{Limit: 100, ReplicaSilence: 12 * time.Second, ReplicaGrace: time.Minute}
+	res, err := f.s.SweepLeases(ctx, sw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Expired != 2 {
+		t.Errorf("the sweep ended %d attempts, want 2: the live replica's worker's and the one away past the grace", res.Expired)
+	}
+	// The worker that was left alone comes back to the live replica.
+	reg, err := f.s.RegisterWorker(ctx, WorkerHello{ID: back.reg.ID, Token: back.reg.Token, Kind: "headless", Slots: 1,
+		Replica: "live", Operator: true, Running: []int64{back.attempt}}, time.Minute)
+	if err != nil || len(reg.Lost) != 0 {
+		t.Fatalf("the returning worker's hello: lost %v, %v", reg.Lost, err)
+	}
+	states := map[int64]string{}
+	rows, err := f.s.pool.Query(ctx, `SELECT id, state FROM attempts`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id int64
+		var st string
+		if err := rows.Scan(&id, &st); err != nil {
+			t.Fatal(err)
+		}
+		states[id] = st
+	}
+	want := map[int64]string{back.attempt: "running", away.attempt: "lost", live.attempt: "lost"}
+	for id, st := range want {
+		if states[id] != st {
+			t.Errorf("attempt %d is %s, want %s (all: %v)", id, states[id], st, states)
+		}
+	}
+	if n := f.tasksLost(t, back.reg.ID); n != 0 {
+		t.Errorf("the worker that came back was charged %d losses", n)
 	}
 }
