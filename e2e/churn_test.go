@@ -78,13 +78,21 @@ func TestChurnCostsNoTaskItsAttempts(t *testing.T) {
 		t.Fatal("the workflow finished before the server was restarted: the soak is too short to say anything")
 	}
 	st := wait(t, c, id, time.Minute)
-	if st.State != client.WorkflowDone {
+	if st.State != client.WorkflowDone && st.State != client.WorkflowFailed {
 		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
 	}
-	lostOrReturned := 0
+	lostOrReturned, tooBusy := 0, 0
 	for i := range n {
 		name := fmt.Sprintf("c%02d", i)
 		tk := st.Task(name)
+		// On a machine so busy that a churn worker's 3 s of life often
+		// brings its task no further, a task may vanish with its workers
+		// the 10 times max_lost allows: it then fails for that, charged
+		// no attempt. Nothing else may fail it.
+		if tk.State == client.TaskFailed && tk.Attempts == 0 && strings.Contains(tk.Error, "(max_lost)") {
+			tooBusy++
+			continue
+		}
 		if tk.Attempts != 1 {
 			t.Errorf("task %s was charged %d attempts, want the 1 that succeeded", name, tk.Attempts)
 		}
@@ -97,6 +105,12 @@ func TestChurnCostsNoTaskItsAttempts(t *testing.T) {
 		if !regexp.MustCompile(fmt.Sprintf(`^counted %d from \d+\n$`, churnSteps(i))).MatchString(out) {
 			t.Errorf("task %s stdout = %q", name, out)
 		}
+	}
+	if tooBusy > 0 {
+		t.Logf("%d of %d tasks vanished with their workers 10 times (max_lost): the machine is too busy for this soak", tooBusy, n)
+	}
+	if tooBusy == n {
+		t.Fatal("every task reached max_lost: the soak said nothing")
 	}
 	if lostOrReturned == 0 {
 		t.Error("no attempt was lost or returned: the churn did not reach a running task")

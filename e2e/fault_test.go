@@ -604,6 +604,10 @@ func TestSlowFrameIsNotSilence(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	p := newPlatform(t, "--lease", "4s") // silent after 10 s
+	// The task first, then the socket: it says nothing until the
+	// checkpoint below, and must get its task within those 10 s.
+	counter := push(t, p.client, "counter")
+	submit(t, p.client, workflow("slow", task{"name": "c", "module": counter, "args": []string{"1", "1"}}))
 	ws := helloSocket(t, p.srv.url)
 	write := func(f *protocol.Frame) {
 		t.Helper()
@@ -635,8 +639,6 @@ func TestSlowFrameIsNotSilence(t *testing.T) {
 			}
 		}
 	}
-	counter := push(t, p.client, "counter")
-	submit(t, p.client, workflow("slow", task{"name": "c", "module": counter, "args": []string{"1", "1"}}))
 	as := read(protocol.TypeAssign, 30*time.Second).Assign[0]
 
 	tx := lockTable(t, p.db, "LOCK TABLE attempts IN EXCLUSIVE MODE")
