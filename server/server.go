@@ -392,9 +392,22 @@ func (s *Server) touchWorkers(ctx context.Context) {
 			s.log.Warn("touch replica", "err", err)
 		}
 	}
+	// Every minute (and at start, which finds those of a previous run
+	// under the same name), workers recorded as connected here that the
+	// hub does not hold are marked gone.
+	ghosts := func(ctx context.Context) {
+		if err := s.store.ForgetGhosts(ctx, s.cfg.Replica, s.hub.ids()); err != nil && ctx.Err() == nil {
+			s.log.Warn("forget ghost workers", "err", err)
+		}
+	}
 	touch(ctx) // at once: a replica restarted under its name is alive again
+	ghosts(ctx)
+	n := 0
 	every(ctx, replicaTouchEvery, func(ctx context.Context) {
 		touch(ctx)
+		if n++; n%6 == 0 {
+			ghosts(ctx)
+		}
 		s.refreshRecords(ctx, s.hub.activeIDs())
 	})
 }

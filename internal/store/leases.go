@@ -263,9 +263,9 @@ func (s *Store) SweepLeases(ctx context.Context, sw Sweep) (SweepResult, error) 
 const expireSQL = `WITH exp AS (
 	SELECT x.id, x.worker_id FROM running_attempts r JOIN attempts x ON x.id = r.attempt_id
 	WHERE x.state = 'running' AND x.lease_until < now()
-		AND NOT ($3 > 0 AND x.lease_until > now() - $3 * interval '1 millisecond' AND EXISTS (
+		AND NOT ($3::bigint > 0 AND x.lease_until > now() - $3::bigint * interval '1 millisecond' AND EXISTS (
 			SELECT 1 FROM workers w JOIN replicas rp ON rp.name = w.replica
-			WHERE w.id = x.worker_id AND rp.seen < now() - $2 * interval '1 millisecond'))
+			WHERE w.id = x.worker_id AND rp.seen < now() - $2::bigint * interval '1 millisecond'))
 	ORDER BY x.id LIMIT $1 FOR UPDATE OF x SKIP LOCKED
 ), held AS (
 	SELECT a.id, row_number() OVER (PARTITION BY a.worker_id ORDER BY a.id) AS k

@@ -228,6 +228,22 @@ func (s *Store) PruneActivity(ctx context.Context) error {
 	return nil
 }
 
+// ForgetGhosts marks disconnected the workers that the database says are
+// connected to replica but that it does not hold (connected, the ids it
+// holds): their end was not recorded (WorkerGone failed, or the replica
+// restarted under its name). Workers that connected within the last
+// minute are left alone: they may have arrived after the list was made.
+func (s *Store) ForgetGhosts(ctx context.Context, replica string, connected []string) error {
+	if _, err := s.pool.Exec(ctx, `WITH gone AS (UPDATE workers SET connected = false, last_seen = now()
+			WHERE replica = $1 AND connected AND connected_at < now() - interval '1 minute' AND NOT (id = ANY($2::uuid[]))
+			RETURNING id)
+		UPDATE worker_sessions ws SET disconnected_at = now() FROM gone
+		WHERE ws.worker_id = gone.id AND ws.disconnected_at IS NULL`, replica, connected); err != nil {
+		return fmt.Errorf("forget the ghost workers of %s: %w", replica, err)
+	}
+	return nil
+}
+
 // TouchReplica records that replica is alive, and with it every worker
 // connected to it: one row for all of them (migration 00021).
 func (s *Store) TouchReplica(ctx context.Context, replica string) error {

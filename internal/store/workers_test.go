@@ -153,3 +153,38 @@ func TestDeadReplicasWorkersGetTimeToComeBack(t *testing.T) {
 		t.Errorf("the worker that came back was charged %d losses", n)
 	}
 }
+
+// A replica marks gone the workers recorded as connected to it that it does
+// not hold (their end went unrecorded), but not one that connected a
+// moment ago, nor those of other replicas.
+func TestReplicaForgetsItsGhosts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	register := func(replica string) string {
+		t.Helper()
+		reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1, Replica: replica}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reg.ID
+	}
+	held, ghost, other := register("r"), register("r"), register("elsewhere")
+	if _, err := f.s.pool.Exec(ctx, `UPDATE workers SET connected_at = now() - interval '2 minutes'`); err != nil {
+		t.Fatal(err)
+	}
+	fresh := register("r")
+	if err := f.s.ForgetGhosts(ctx, "r", []string{held}); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := f.s.Workers(ctx, []string{held, ghost, other, fresh})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{held: true, ghost: false, other: true, fresh: true}
+	for _, r := range recs {
+		if r.Connected != want[r.ID] {
+			t.Errorf("worker %s of %q: connected = %v, want %v", r.ID[:8], r.Replica, r.Connected, want[r.ID])
+		}
+	}
+}
