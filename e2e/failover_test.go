@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -66,7 +67,7 @@ func TestPostgresFailoverToStandby(t *testing.T) {
 	var tasks []task
 	for i := range n {
 		tasks = append(tasks, task{"name": fmt.Sprintf("c%02d", i), "module": counter,
-			"args": []string{strconv.Itoa(steps(i)), "100"}, "checkpoint_interval": "1s", "max_attempts": 1})
+			"args": []string{strconv.Itoa(failoverSteps(i)), "100"}, "checkpoint_interval": "1s", "max_attempts": 1})
 	}
 	id := submit(t, c, workflow("failover", tasks...))
 	eventually(t, 60*time.Second, "some tasks done", func() bool {
@@ -86,6 +87,9 @@ func TestPostgresFailoverToStandby(t *testing.T) {
 	}
 
 	maxID, _ := strconv.ParseInt(queryString(t, primary.URL(), `SELECT coalesce(max(id), 0)::text FROM attempts`), 10, 64)
+	if st, err := c.Status(ctx, id); err != nil || st.Counts.Done == n {
+		t.Fatalf("the workflow finished before the failover (%v): the test is too short to say anything", err)
+	}
 
 	primary.Crash()
 	readyz := func() int { code, _ := get(t, srv.url+"/readyz"); return code }
@@ -106,7 +110,13 @@ func TestPostgresFailoverToStandby(t *testing.T) {
 	if st.State != client.WorkflowDone {
 		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
 	}
-	checkCounterTasks(t, c, id, n)
+	checkFailoverTasks(t, c, id, n)
+	// Nobody was charged for the failover: no attempt was lost, and no
+	// worker counts a loss.
+	if lost := queryString(t, standby.URL(), `SELECT (SELECT count(*) FROM attempts WHERE state = 'lost')
+		+ (SELECT coalesce(sum(tasks_lost), 0) FROM workers)`); lost != "0" {
+		t.Errorf("%s lost attempts and workers' losses after the failover, want none", lost)
+	}
 	for name, out := range read {
 		if got := output(t, c, id, name, "stdout"); got != out {
 			t.Errorf("task %s: the owner read %q before the failover and %q after", name, out, got)
@@ -118,8 +128,32 @@ func TestPostgresFailoverToStandby(t *testing.T) {
 	// its sequence jumped past them (the unlogged guard table is empty on
 	// a promoted standby), and no id is given twice.
 	seq, _ := strconv.ParseInt(queryString(t, standby.URL(), `SELECT last_value::text FROM attempts_id_seq`), 10, 64)
-	if seq < maxID+1_000_000 {
-		t.Errorf("the attempt id sequence is at %d on the new primary, want past %d + 1,000,000", seq, maxID)
+	if seq < 1_000_000 || seq <= maxID {
+		t.Errorf("the attempt id sequence is at %d on the new primary, want it to have jumped a million, past %d", seq, maxID)
+	}
+}
+
+// failoverSteps is the step count (of 100 ms) of failover task i: enough
+// that some tasks still run when the primary dies.
+func failoverSteps(i int) int { return 8 + i%3 }
+
+// checkFailoverTasks is checkCounterTasks for failoverSteps.
+func checkFailoverTasks(t *testing.T, c *client.Client, id string, n int) {
+	t.Helper()
+	st, err := c.Status(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		name := fmt.Sprintf("c%02d", i)
+		tk := st.Task(name)
+		if tk == nil || tk.State != client.TaskDone || tk.Attempts != 1 {
+			t.Errorf("task %s: %+v, want done in its one attempt", name, tk)
+			continue
+		}
+		if out := output(t, c, id, name, "stdout"); !regexp.MustCompile(fmt.Sprintf(`^counted %d from \d+\n$`, failoverSteps(i))).MatchString(out) {
+			t.Errorf("task %s stdout = %q", name, out)
+		}
 	}
 }
 
