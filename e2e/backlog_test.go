@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,7 +41,6 @@ func TestStalledCommitsKeepTheWorkerConnected(t *testing.T) {
 	// task_outputs: an empty stdout is stored without a row, so the
 	// completions of no-op tasks write none.)
 	tx := lockTable(t, p.db, "LOCK TABLE workflows IN SHARE MODE")
-	locked := time.Now()
 	conn := tx.Conn()
 	succeeded := func() int {
 		var n int
@@ -68,7 +68,6 @@ func TestStalledCommitsKeepTheWorkerConnected(t *testing.T) {
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	stall := time.Since(locked)
 
 	st := wait(t, p.client, id, 60*time.Second)
 	if st.State != client.WorkflowDone {
@@ -77,21 +76,36 @@ func TestStalledCommitsKeepTheWorkerConnected(t *testing.T) {
 	if got := countLines(w.out, regexp.MustCompile(`disconnected from server`)); got > 0 {
 		t.Errorf("the worker was disconnected %d times:\n%s", got, w.out)
 	}
-	var attempts, done int
-	if err := conn.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE a.state = 'succeeded') FROM attempts a
-		JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = $1`, id).Scan(&attempts, &done); err != nil {
+	// One succeeded attempt per task. Any other attempt ended only
+	// because its lease lapsed while its outcome waited for the stalled
+	// commit (nobody renews such a lease, and a busy machine stalls
+	// longer), never for a closed socket, which the log shows above.
+	var done, other int
+	var reasons []string
+	rows, err := conn.Query(ctx, `SELECT a.state, coalesce(a.reason, '') FROM attempts a
+		JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = $1`, id)
+	if err != nil {
 		t.Fatal(err)
 	}
-	// One attempt per task. On a machine so busy that the stall outlasted
-	// the lease, the first outcomes' leases may lapse while they wait for
-	// their commit (nobody renews them): those tasks run again, which is
-	// not what this test is about.
-	switch {
-	case done != n:
-		t.Errorf("%d attempts succeeded, want %d (one per task)", done, n)
-	case attempts != n && stall < 6*time.Second:
-		t.Errorf("%d attempts for %d tasks although the lock was released within the lease: want one per task", attempts, n)
-	case attempts != n:
-		t.Logf("%d attempts for %d tasks: the lock outlasted the 6 s lease (%v)", attempts, n, stall.Round(time.Millisecond))
+	for rows.Next() {
+		var state, reason string
+		if err := rows.Scan(&state, &reason); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case state == "succeeded":
+			done++
+		case state == "lost" && strings.Contains(reason, "vanished"): // expireSQL's reasons
+			other++
+		default:
+			reasons = append(reasons, state+": "+reason)
+		}
+	}
+	rows.Close()
+	if done != n || len(reasons) > 0 {
+		t.Errorf("%d attempts succeeded, want %d (one per task); attempts that ended otherwise than by a lapsed lease: %q", done, n, reasons)
+	}
+	if other > 0 {
+		t.Logf("%d attempts lapsed while their outcomes waited for the stalled commits", other)
 	}
 }
