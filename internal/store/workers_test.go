@@ -15,14 +15,7 @@ func TestReplicaVouchesForItsWorkers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
-	register := func(replica string) string {
-		t.Helper()
-		reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1, Replica: replica}, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return reg.ID
-	}
+	register := func(replica string) string { return f.registerOn(t, replica) }
 	alive, silent, never := register("alive"), register("silent"), register("never")
 	for _, r := range []string{"alive", "silent"} {
 		if err := f.s.TouchReplica(ctx, r); err != nil {
@@ -161,14 +154,7 @@ func TestReplicaForgetsItsGhosts(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
-	register := func(replica string) string {
-		t.Helper()
-		reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1, Replica: replica}, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return reg.ID
-	}
+	register := func(replica string) string { return f.registerOn(t, replica) }
 	held, ghost, other := register("r"), register("r"), register("elsewhere")
 	if _, err := f.s.pool.Exec(ctx, `UPDATE workers SET connected_at = now() - interval '2 minutes'`); err != nil {
 		t.Fatal(err)
@@ -187,4 +173,14 @@ func TestReplicaForgetsItsGhosts(t *testing.T) {
 			t.Errorf("worker %s of %q: connected = %v, want %v", r.ID[:8], r.Replica, r.Connected, want[r.ID])
 		}
 	}
+}
+
+// registerOn registers a new worker connected to replica and returns its id.
+func (f *fixture) registerOn(t *testing.T, replica string) string {
+	t.Helper()
+	reg, err := f.s.RegisterWorker(context.Background(), WorkerHello{Kind: "headless", Slots: 1, Replica: replica}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg.ID
 }
