@@ -40,7 +40,7 @@ func TestChurnCostsNoTaskItsAttempts(t *testing.T) {
 	c := client.New(srv.url, srv.token)
 	steady := startWorker(t, "steady", 1, srv.url)
 	counter := push(t, c, "counter")
-	const n = 32
+	const n = 20
 	var tasks []task
 	for i := range n {
 		tasks = append(tasks, task{"name": fmt.Sprintf("c%02d", i), "module": counter,

@@ -234,7 +234,7 @@ func TestLargeDataOncePerWorker(t *testing.T) {
 	proxy := newCountingProxy(t, p.srv.url)
 	for i := range 2 {
 		w := start(t, fmt.Sprintf("worker-%d", i), "worker", "--server", proxy.url, "--slots", "2",
-			"--cache-dir", filepath.Join(os.TempDir(), "cyclepool-e2e-cache"), "--data-dir", t.TempDir())
+			"--cache-dir", compileCache(), "--data-dir", t.TempDir())
 		if _, ok := w.out.waitFor(regexp.MustCompile(`msg=connected`), 30*time.Second); !ok {
 			t.Fatalf("worker %d did not connect:\n%s", i, w.out)
 		}
@@ -649,7 +649,7 @@ func startWorkerKeeping(t *testing.T, name, server, id string, data []byte) stri
 		t.Fatal(err)
 	}
 	w := start(t, name, "worker", "--server", server, "--slots", "1", "--queue", "0", "--max-queue", "0",
-		"--cache-dir", filepath.Join(os.TempDir(), "cyclepool-e2e-cache"), "--data-dir", dataDir)
+		"--cache-dir", compileCache(), "--data-dir", dataDir)
 	line, ok := w.out.waitFor(regexp.MustCompile(`msg=connected .*worker=(\S+)`), 30*time.Second)
 	if !ok {
 		t.Fatalf("%s did not connect:\n%s", name, w.out)

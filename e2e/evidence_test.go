@@ -24,7 +24,7 @@ import (
 func startVolunteer(t *testing.T, name string, slots int, server string) *proc {
 	t.Helper()
 	p := start(t, name, "worker", "--server", server, "--slots", fmt.Sprint(slots), "--key=",
-		"--cache-dir", t.TempDir())
+		"--cache-dir", compileCache())
 	if _, ok := p.out.waitFor(regexp.MustCompile(`msg=connected`), 30*time.Second); !ok {
 		t.Fatalf("%s did not connect:\n%s", name, p.out)
 	}

@@ -85,6 +85,7 @@ func TestStoppedServerHandsItsLocalWorkersAttemptsBack(t *testing.T) {
 	t.Parallel()
 	db := pgtest.URL(t)
 	data := t.TempDir()
+	shareCompileCache(t, data)
 	port := freePort(t)
 	srv := startServer(t, "server", db, data, port, "--lease", "30s", "--local-worker", "1")
 	c := client.New(srv.url, srv.token)

@@ -235,11 +235,32 @@ func startServer(t *testing.T, name, db, dataDir string, port int, extra ...stri
 	return s
 }
 
+// compileCache is the compiled-module cache every worker of these tests
+// shares (across runs too): compiling a task module of a few MiB costs
+// wazero a second or two of CPU, and no test here is about that cost.
+func compileCache() string { return filepath.Join(os.TempDir(), "cyclepool-e2e-cache") }
+
+// shareCompileCache makes the local worker of a server on dataDir
+// (serve --local-worker, which compiles into dataDir/cache) use
+// compileCache.
+func shareCompileCache(t *testing.T, dataDir string) {
+	t.Helper()
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(compileCache(), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(compileCache(), filepath.Join(dataDir, "cache")); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // startWorker starts a headless worker on the given servers.
 func startWorker(t *testing.T, name string, slots int, servers ...string) *proc {
 	t.Helper()
 	p := start(t, name, "worker", "--server", strings.Join(servers, ","), "--slots", fmt.Sprint(slots),
-		"--cache-dir", filepath.Join(os.TempDir(), "cyclepool-e2e-cache"))
+		"--cache-dir", compileCache())
 	if _, ok := p.out.waitFor(regexp.MustCompile(`msg=connected`), 30*time.Second); !ok {
 		t.Fatalf("%s did not connect:\n%s", name, p.out)
 	}

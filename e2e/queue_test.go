@@ -20,9 +20,9 @@ import (
 func TestHeadlessQueueGrowsForShortTasks(t *testing.T) {
 	t.Parallel()
 	p := newPlatform(t)
-	grows := start(t, "worker", "worker", "--server", p.srv.url, "--slots", "1", "--queue", "1", "--cache-dir", t.TempDir())
+	grows := start(t, "worker", "worker", "--server", p.srv.url, "--slots", "1", "--queue", "1", "--cache-dir", compileCache())
 	fixed := start(t, "fixed worker", "worker", "--server", p.srv.url, "--slots", "1", "--queue", "1", "--max-queue", "1",
-		"--cache-dir", t.TempDir())
+		"--cache-dir", compileCache())
 	noop := push(t, p.client, "noop")
 	const n = 400
 	var tasks []task
