@@ -31,36 +31,72 @@ const chromiumPath = "/usr/bin/chromium"
 // screensDir also keeps every screenshot, for people to look at.
 const screensDir = "/tmp/cyclepool-screens"
 
-// browser is one headless Chromium with one tab.
+// browser is one tab of the shared Chromium, in a browser context of its
+// own.
 type browser struct {
 	t    *testing.T
 	ctx  context.Context
 	logs *lineLog // the page's console (the worker relays its own log there) and its exceptions
 }
 
-// newBrowser starts Chromium with a fresh profile. battery, when not empty,
-// replaces navigator.getBattery with a battery of that state, e.g.
-// `{level: 0.8, charging: false}`, before any script of the page runs.
-func newBrowser(t *testing.T, width, height int, battery string) *browser {
+// chromium is the one headless Chromium the browser tests share, started
+// by the first test that needs one and stopped by TestMain: starting a
+// Chromium per test cost about a CPU-second each. Each browser a test
+// opens is a browser context of its own (its cookies, storage and caches
+// apart, as in a fresh profile) with its own tab and window.
+var chromium struct {
+	once sync.Once
+	ctx  context.Context // the browser's first tab, whose end stops the browser
+	stop func()
+	err  error
+}
+
+// sharedChromium returns the context of the shared Chromium's first tab,
+// starting the browser once.
+func sharedChromium(t *testing.T) context.Context {
 	t.Helper()
 	if _, err := os.Stat(chromiumPath); err != nil {
 		t.Fatalf("Chromium is needed for the browser tests: %v (install Debian's chromium package, as .ci/run does)", err)
 	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromiumPath),
-		chromedp.NoSandbox, // root, in a container
-		chromedp.Flag("disable-gpu", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-quic", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(width, height),
-	)
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancel := chromedp.NewContext(actx)
-	t.Cleanup(func() {
-		cancel()
-		cancelAlloc()
+	chromium.once.Do(func() {
+		opts := append(chromedp.DefaultExecAllocatorOptions[:],
+			chromedp.ExecPath(chromiumPath),
+			chromedp.NoSandbox, // root, in a container
+			chromedp.Flag("disable-gpu", true),
+			chromedp.Flag("disable-component-update", true),
+			chromedp.Flag("disable-quic", true),
+		)
+		actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+		ctx, cancel := chromedp.NewContext(actx)
+		chromium.ctx = ctx
+		chromium.stop = func() {
+			cancel()
+			cancelAlloc()
+		}
+		chromium.err = chromedp.Do(ctx)
 	})
+	if chromium.err != nil {
+		t.Fatalf("start chromium: %v", chromium.err)
+	}
+	return chromium.ctx
+}
+
+// stopChromium stops the shared Chromium, if a test started it.
+func stopChromium() {
+	if chromium.stop != nil {
+		chromium.stop()
+	}
+}
+
+// newBrowser opens a tab of the shared Chromium in a new browser context
+// (a fresh profile's state), whose viewport is width by height. battery,
+// when not empty, replaces navigator.getBattery with a battery of that
+// state, e.g. `{level: 0.8, charging: false}`, before any script of the
+// page runs.
+func newBrowser(t *testing.T, width, height int, battery string) *browser {
+	t.Helper()
+	ctx, cancel := chromedp.NewContext(sharedChromium(t), chromedp.WithNewBrowserContext())
+	t.Cleanup(cancel)
 	b := &browser{t: t, ctx: ctx, logs: newLineLog()}
 	if err := chromedp.Listen(ctx, func(ev any) {
 		switch ev := ev.(type) {
@@ -88,7 +124,10 @@ func newBrowser(t *testing.T, width, height int, battery string) *browser {
 			b.logs.add(fmt.Sprintf("exception at %s:%d: %s", d.URL, d.LineNumber, msg))
 		}
 	}); err != nil {
-		t.Fatalf("start chromium: %v", err)
+		t.Fatalf("open a tab in chromium: %v", err)
+	}
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(int64(width), int64(height))); err != nil {
+		t.Fatalf("set the viewport: %v", err)
 	}
 	if battery != "" {
 		src := `Object.defineProperty(Navigator.prototype, "getBattery", {configurable: true, value: function () {

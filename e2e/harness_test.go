@@ -62,6 +62,7 @@ func TestMain(m *testing.M) {
 	code := 0
 	func() {
 		defer pgtest.Shutdown()
+		defer stopChromium()
 		code = m.Run()
 	}()
 	os.RemoveAll(dir)
