@@ -78,14 +78,12 @@ func TestOutcomesAreFencedByConnection(t *testing.T) {
 	if !s.hub.started(c, []protocol.Assign{{Attempt: attempt, Module: f.module}}) {
 		t.Fatal("started refused")
 	}
-	s.hub.mu.Lock()
-	c.free = 0
-	s.hub.mu.Unlock()
+	s.hub.setFree(c, 0)
 	if !result(attempt, 100) {
 		t.Fatal("the result of an attempt the connection holds was not queued")
 	}
-	if c.free != 1 {
-		t.Errorf("free slots %d after the result arrived, want 1", c.free)
+	if free := s.hub.freeOf(c); free != 1 {
+		t.Errorf("free slots %d after the result arrived, want 1", free)
 	}
 	if n := held(); n != 100 {
 		t.Errorf("%d payload bytes held while the result waits for its commit, want 100", n)

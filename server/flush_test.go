@@ -209,9 +209,7 @@ func TestReplicasTakingTurnsPlanFromWhatIsReady(t *testing.T) {
 	claimed, refused := 0, 0
 	for round := range 40 {
 		s, c := servers[round%2], conns[round%2]
-		s.hub.mu.Lock()
-		c.free = 4 // the last round's attempts ended
-		s.hub.mu.Unlock()
+		s.hub.setFree(c, 4) // the last round's attempts ended
 		n, planned, _, err := s.disp.assign(ctx, s.hub.reserve(1000))
 		if err != nil {
 			t.Fatal(err)
@@ -238,9 +236,7 @@ func TestDispatcherReusesItsCandidates(t *testing.T) {
 		if round == 3 {
 			s.wake() // a task became ready: the next round reads anew
 		}
-		s.hub.mu.Lock()
-		c.free = 4 // the last round's attempts ended
-		s.hub.mu.Unlock()
+		s.hub.setFree(c, 4) // the last round's attempts ended
 		if n, _, _, err := s.disp.assign(ctx, s.hub.reserve(1000)); err != nil || n != 4 {
 			t.Fatalf("round %d: %d claimed, err %v", round, n, err)
 		}
@@ -278,12 +274,7 @@ func TestCheckpointCostIsObservedForItsModule(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cost := func() (time.Duration, bool) {
-		s.rt.mu.Lock()
-		defer s.rt.mu.Unlock()
-		d, ok := s.rt.ckpt[f.module]
-		return d, ok
-	}
+	cost := func() (time.Duration, bool) { return s.rt.checkpointCost(f.module) }
 
 	checkpoint(claimed[0].Attempt) // not delivered through this connection
 	if d, ok := cost(); ok {

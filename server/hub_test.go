@@ -180,3 +180,19 @@ func TestReserveWalksOnlyWorkersWithRoom(t *testing.T) {
 		t.Fatal("a connection that left is still in the open set")
 	}
 }
+
+// setFree gives c n free slots, as attempts ending would: for tests that
+// drive the dispatcher by hand.
+func (h *hub) setFree(c *conn, n int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c.free = n
+	h.openedLocked(c)
+}
+
+// freeOf returns c's free slots.
+func (h *hub) freeOf(c *conn) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return c.free
+}
