@@ -1,10 +1,13 @@
 package server
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cyclepool/cyclepool/internal/store"
@@ -19,6 +22,12 @@ import (
 // that could not be committed meanwhile wait at their workers, which send
 // them again (ack.Retry). The replica counts as writing again once no
 // write has failed for settle while others succeeded.
+//
+// A write that ran out of time (its context's deadline, or pgconn's
+// timeout) says the database is slow or gone, not which: it counts as a
+// fault only once no write has succeeded for slowGrace. A machine so busy
+// that the leader's election missed its deadline once had paused dispatch
+// as if the disk were full.
 //
 // A disk that is nearly full lets some writes through (those that fit in
 // pages PostgreSQL has already) and not others, and workers send refused
@@ -38,6 +47,7 @@ type writeHealth struct {
 	summary   string        // plain words, for owners and /readyz
 	wait      time.Duration // the wait now: settle, longer after flaps
 	back      time.Time     // when writes last came back
+	lastOK    time.Time     // when a write last succeeded
 
 	writable prometheus.Gauge
 	faults   *prometheus.CounterVec
@@ -49,9 +59,12 @@ type writeHealth struct {
 // flapWindow is how soon after writes came back a failure counts as a flap
 // (and lengthens the wait), and how long writes must work for the wait to
 // go back to settle; maxSettle bounds the wait.
+// slowGrace is how long after a write last succeeded a write that timed
+// out is taken for slowness rather than a fault.
 const (
 	flapWindow = time.Minute
 	maxSettle  = 30 * time.Second
+	slowGrace  = 10 * time.Second
 )
 
 func newWriteHealth(log *slog.Logger, settle time.Duration, recovered func()) *writeHealth {
@@ -77,6 +90,15 @@ func (h *writeHealth) observe(what string, err error) {
 		if !store.ServerFault(err) {
 			return
 		}
+		if timedOut(err) {
+			h.mu.Lock()
+			slow := !h.failing && !h.lastOK.IsZero() && now.Sub(h.lastOK) < slowGrace
+			h.mu.Unlock()
+			if slow {
+				h.log.Warn("a write to the database timed out; others succeed: slow, not failing", "during", what, "err", err)
+				return
+			}
+		}
 		code := store.FaultCode(err)
 		h.faults.WithLabelValues(code).Inc()
 		h.mu.Lock()
@@ -101,6 +123,7 @@ func (h *writeHealth) observe(what string, err error) {
 		return
 	}
 	h.mu.Lock()
+	h.lastOK = now
 	back := h.failing && now.Sub(h.lastFault) >= h.wait
 	var outage time.Duration
 	if back {
@@ -154,4 +177,9 @@ func (h *writeHealth) faultWithin(d time.Duration) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return !h.lastFault.IsZero() && h.now().Sub(h.lastFault) < d
+}
+
+// timedOut reports whether err is a write that ran out of time.
+func timedOut(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err)
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -54,5 +55,36 @@ func TestWriteHealth(t *testing.T) {
 	}
 	if got := h.level(item); got != slog.LevelError {
 		t.Errorf("an item's error is logged at %v, want error", got)
+	}
+}
+
+// A write that timed out while others succeed is slowness, not a fault;
+// writes that keep timing out with none succeeding for slowGrace are one.
+func TestWriteHealthTimeouts(t *testing.T) {
+	t.Parallel()
+	clock := time.Unix(1_000_000, 0)
+	h := newWriteHealth(slog.New(slog.DiscardHandler), 2*time.Second, nil)
+	h.now = func() time.Time { return clock }
+	timeout := fmt.Errorf("elect maintenance leader: %w", context.DeadlineExceeded)
+	for i, s := range []struct {
+		after   time.Duration
+		err     error
+		failing bool
+	}{
+		{0, timeout, true},                                              // no write has succeeded yet: nothing says it is slowness
+		{3 * time.Second, nil, false},                                   // a success after the wait: back
+		{time.Second, timeout, false},                                   // a second after a success: slow
+		{time.Second, nil, false},                                       // others succeed
+		{5 * time.Second, timeout, false},                               // still within slowGrace of the last success
+		{6 * time.Second, timeout, true},                                // 11 s without a success: failing
+		{3 * time.Second, nil, true},                                    // a success: back only once none failed for the wait
+		{3 * time.Second, nil, false},                                   // the wait, doubled by the flap, is over
+		{time.Second, errors.New("dial tcp: connection refused"), true}, // no answer at all: at once
+	} {
+		clock = clock.Add(s.after)
+		h.observe("test", s.err)
+		if failing, cause := h.state(); failing != s.failing {
+			t.Fatalf("step %d (%v): failing %v (%s), want %v", i, s.err, failing, cause, s.failing)
+		}
 	}
 }
