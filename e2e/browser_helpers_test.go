@@ -42,8 +42,9 @@ type browser struct {
 // chromium is the one headless Chromium the browser tests share, started
 // by the first test that needs one and stopped by TestMain: starting a
 // Chromium per test cost about a CPU-second each. Each browser a test
-// opens is a browser context of its own (its cookies, storage and caches
-// apart, as in a fresh profile) with its own tab and window.
+// opens is a browser context of its own, with its own tab and window and
+// its own cookies, storage and caches, kept in memory (an incognito
+// profile's: a smaller default storage quota than a profile on disk).
 var chromium struct {
 	once sync.Once
 	ctx  context.Context // the browser's first tab, whose end stops the browser
@@ -89,7 +90,7 @@ func stopChromium() {
 }
 
 // newBrowser opens a tab of the shared Chromium in a new browser context
-// (a fresh profile's state), whose viewport is width by height. battery,
+// (nothing kept of other browsers), whose viewport is width by height. battery,
 // when not empty, replaces navigator.getBattery with a battery of that
 // state, e.g. `{level: 0.8, charging: false}`, before any script of the
 // page runs.

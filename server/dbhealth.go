@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -24,10 +25,13 @@ import (
 // write has failed for settle while others succeeded.
 //
 // A write that ran out of time (its context's deadline, or pgconn's
-// timeout) says the database is slow or gone, not which: it counts as a
-// fault only once no write has succeeded for slowGrace. A machine so busy
+// timeout) says the database is slow or gone, not which. It is taken for
+// slowness while the previous write of the same kind did not time out and
+// some write succeeded within slowGrace; the next timeout of that kind,
+// or any after slowGrace without a success, is a fault. A machine so busy
 // that the leader's election missed its deadline once had paused dispatch
-// as if the disk were full.
+// as if the disk were full. A slow write still pauses the lease reaper
+// (faultWithin): a renewal may have been the write that timed out.
 //
 // A disk that is nearly full lets some writes through (those that fit in
 // pages PostgreSQL has already) and not others, and workers send refused
@@ -42,12 +46,15 @@ type writeHealth struct {
 	failing   bool
 	since     time.Time // when the writes began to fail
 	lastFault time.Time
-	cause     string        // the database's own words, for the log
-	code      string        // the SQLSTATE of cause (store.FaultCode)
-	summary   string        // plain words, for owners and /readyz
-	wait      time.Duration // the wait now: settle, longer after flaps
-	back      time.Time     // when writes last came back
-	lastOK    time.Time     // when a write last succeeded
+	cause     string          // the database's own words, for the log
+	code      string          // the SQLSTATE of cause (store.FaultCode)
+	summary   string          // plain words, for owners and /readyz
+	wait      time.Duration   // the wait now: settle, longer after flaps
+	back      time.Time       // when writes last came back
+	lastOK    time.Time       // when a write last succeeded
+	lastSlow  time.Time       // when a write last timed out without counting as a fault
+	slowLog   time.Time       // when that was last logged
+	slowKinds map[string]bool // kinds of write whose latest attempt timed out
 
 	writable prometheus.Gauge
 	faults   *prometheus.CounterVec
@@ -60,22 +67,24 @@ type writeHealth struct {
 // (and lengthens the wait), and how long writes must work for the wait to
 // go back to settle; maxSettle bounds the wait.
 // slowGrace is how long after a write last succeeded a write that timed
-// out is taken for slowness rather than a fault.
+// out may be taken for slowness rather than a fault; slowLogEvery bounds
+// how often that is logged.
 const (
-	flapWindow = time.Minute
-	maxSettle  = 30 * time.Second
-	slowGrace  = 10 * time.Second
+	flapWindow   = time.Minute
+	maxSettle    = 30 * time.Second
+	slowGrace    = 10 * time.Second
+	slowLogEvery = time.Minute
 )
 
 func newWriteHealth(log *slog.Logger, settle time.Duration, recovered func()) *writeHealth {
 	h := &writeHealth{
-		log: log, settle: settle, wait: settle, recovered: recovered, now: time.Now,
+		log: log, settle: settle, wait: settle, recovered: recovered, now: time.Now, slowKinds: map[string]bool{},
 		writable: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cyclepool_database_writable",
 			Help: "1 while this replica's writes to PostgreSQL succeed; 0 while they fail for the database's own reason (disk full, read-only, down): dispatch and the lease reaper pause, results wait at the workers."}),
 		faults: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cyclepool_database_write_faults_total",
-			Help: "Writes to PostgreSQL that failed for the database's own reason, by SQLSTATE (\"connection\" when it did not answer)."}, []string{"code"}),
+			Help: "Writes to PostgreSQL that failed for the database's own reason, by SQLSTATE (\"connection\" when it did not answer, \"timeout\" for one that ran out of time while others succeeded: slowness, not counted as failing)."}, []string{"code"}),
 	}
 	h.writable.Set(1)
 	return h
@@ -92,10 +101,22 @@ func (h *writeHealth) observe(what string, err error) {
 		}
 		if timedOut(err) {
 			h.mu.Lock()
-			slow := !h.failing && !h.lastOK.IsZero() && now.Sub(h.lastOK) < slowGrace
+			slow := !h.failing && !h.slowKinds[what] && !h.lastOK.IsZero() && now.Sub(h.lastOK) < slowGrace
+			h.slowKinds[what] = true
+			logIt := slow && now.Sub(h.slowLog) >= slowLogEvery
+			if slow {
+				h.lastSlow = now
+			}
+			if logIt {
+				h.slowLog = now
+			}
 			h.mu.Unlock()
 			if slow {
-				h.log.Warn("a write to the database timed out; others succeed: slow, not failing", "during", what, "err", err)
+				h.faults.WithLabelValues("timeout").Inc()
+				if logIt {
+					h.log.Warn("a write to the database timed out while others succeed: slow, not failing (said at most once a minute)",
+						"during", what, "err", err)
+				}
 				return
 			}
 		}
@@ -124,6 +145,7 @@ func (h *writeHealth) observe(what string, err error) {
 	}
 	h.mu.Lock()
 	h.lastOK = now
+	delete(h.slowKinds, what)
 	back := h.failing && now.Sub(h.lastFault) >= h.wait
 	var outage time.Duration
 	if back {
@@ -144,10 +166,15 @@ func (h *writeHealth) observe(what string, err error) {
 
 // level is the level to log a failed write at: debug for a server fault
 // while writes are known to fail (the outage's one error line said it
-// already), error otherwise.
+// already) and for a timeout taken for slowness (observe logs those), error
+// otherwise.
 func (h *writeHealth) level(err error) slog.Level {
-	if failing, _ := h.state(); failing && store.ServerFault(err) {
+	failing, _ := h.state()
+	switch {
+	case failing && store.ServerFault(err):
 		return slog.LevelDebug
+	case timedOut(err) && store.ServerFault(err):
+		return slog.LevelDebug // taken for slowness, which observe said
 	}
 	return slog.LevelError
 }
@@ -170,16 +197,20 @@ func (h *writeHealth) state() (failing bool, why string) {
 	return h.failing, h.summary
 }
 
-// faultWithin reports whether a write failed within d before now: the
+// faultWithin reports whether a write failed (or timed out, taken for
+// slowness) within d before now: the
 // lease reaper leaves leases alone then, as a renewal may have been among
 // the writes that failed.
 func (h *writeHealth) faultWithin(d time.Duration) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return !h.lastFault.IsZero() && h.now().Sub(h.lastFault) < d
+	now := h.now()
+	return (!h.lastFault.IsZero() && now.Sub(h.lastFault) < d) || (!h.lastSlow.IsZero() && now.Sub(h.lastSlow) < d)
 }
 
-// timedOut reports whether err is a write that ran out of time.
+// timedOut reports whether err is a write that ran out of time: its
+// context's deadline, pgconn's timeout, or the network's.
 func timedOut(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err)
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) || (errors.As(err, &ne) && ne.Timeout())
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -58,33 +60,45 @@ func TestWriteHealth(t *testing.T) {
 	}
 }
 
-// A write that timed out while others succeed is slowness, not a fault;
-// writes that keep timing out with none succeeding for slowGrace are one.
+// A write that timed out while others succeed is slowness, not a fault
+// (though the lease reaper still waits after it); the next timeout of the
+// same kind of write, or any with no write succeeding for slowGrace, is a
+// fault.
 func TestWriteHealthTimeouts(t *testing.T) {
 	t.Parallel()
 	clock := time.Unix(1_000_000, 0)
 	h := newWriteHealth(slog.New(slog.DiscardHandler), 2*time.Second, nil)
 	h.now = func() time.Time { return clock }
 	timeout := fmt.Errorf("elect maintenance leader: %w", context.DeadlineExceeded)
+	netTimeout := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
 	for i, s := range []struct {
 		after   time.Duration
+		what    string
 		err     error
 		failing bool
+		within  bool // faultWithin(5 s)
 	}{
-		{0, timeout, true},                                              // no write has succeeded yet: nothing says it is slowness
-		{3 * time.Second, nil, false},                                   // a success after the wait: back
-		{time.Second, timeout, false},                                   // a second after a success: slow
-		{time.Second, nil, false},                                       // others succeed
-		{5 * time.Second, timeout, false},                               // still within slowGrace of the last success
-		{6 * time.Second, timeout, true},                                // 11 s without a success: failing
-		{3 * time.Second, nil, true},                                    // a success: back only once none failed for the wait
-		{3 * time.Second, nil, false},                                   // the wait, doubled by the flap, is over
-		{time.Second, errors.New("dial tcp: connection refused"), true}, // no answer at all: at once
+		{0, "a", timeout, true, true},                                              // no write has succeeded yet: nothing says it is slowness
+		{3 * time.Second, "a", nil, false, true},                                   // back after the wait
+		{time.Second, "a", timeout, false, true},                                   // a second after a success: slow, but the reaper waits
+		{time.Second, "b", nil, false, true},                                       // other writes succeed
+		{time.Second, "a", netTimeout, true, true},                                 // the same kind times out again: a fault
+		{3 * time.Second, "a", nil, true, true},                                    // the wait, doubled by the flap, is not over
+		{2 * time.Second, "b", nil, false, false},                                  // it is
+		{time.Second, "a", timeout, false, true},                                   // "a" succeeded since: slow again
+		{time.Second, "b", netTimeout, false, true},                                // and "b"
+		{11 * time.Second, "c", timeout, true, true},                               // 13 s without a success: a fault
+		{time.Second, "d", errors.New("dial tcp: connection refused"), true, true}, // no answer at all
 	} {
 		clock = clock.Add(s.after)
-		h.observe("test", s.err)
-		if failing, cause := h.state(); failing != s.failing {
-			t.Fatalf("step %d (%v): failing %v (%s), want %v", i, s.err, failing, cause, s.failing)
+		h.observe(s.what, s.err)
+		failing, cause := h.state()
+		if failing != s.failing || h.faultWithin(5*time.Second) != s.within {
+			t.Fatalf("step %d (%s: %v): failing %v (%s), fault within 5 s %v; want %v, %v", i, s.what, s.err, failing, cause,
+				h.faultWithin(5*time.Second), s.failing, s.within)
 		}
+	}
+	if got := h.level(timeout); got != slog.LevelDebug {
+		t.Errorf("a timeout is logged by its caller at %v, want debug (observe says it)", got)
 	}
 }

@@ -139,7 +139,9 @@ func (d *dispatcher) run(ctx context.Context) {
 			d.metrics.rounds.WithLabelValues("run").Inc()
 			widen := d.widen
 			n, planned, more, err := d.assign(ctx, slots)
-			d.health.observe("claim", err)
+			if err != nil || planned > 0 {
+				d.health.observe("claim", err) // a round that planned nothing wrote nothing
+			}
 			left = more
 			if err != nil {
 				left = true

@@ -75,15 +75,6 @@ func (r *runtimes) observeCheckpoint(module string, d time.Duration) {
 	r.ckpt[module] = d
 }
 
-// checkpointCost returns the module's moving average of a checkpoint's
-// cost, and whether one was measured.
-func (r *runtimes) checkpointCost(module string) (time.Duration, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	d, ok := r.ckpt[module]
-	return d, ok
-}
-
 // refreshStats writes this replica's new run times and the dashboard's
 // counts (tasks done, successes per worker), and reloads the averages of
 // the modules recently seen, every few seconds.

@@ -272,3 +272,12 @@ func TestCandidateCacheAfterAClaim(t *testing.T) {
 		}
 	}
 }
+
+// checkpointCost returns the module's moving average of a checkpoint's
+// cost, and whether one was measured.
+func (r *runtimes) checkpointCost(module string) (time.Duration, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d, ok := r.ckpt[module]
+	return d, ok
+}
