@@ -400,7 +400,12 @@ func (s *Server) touchWorkers(ctx context.Context) {
 			s.log.Warn("forget ghost workers", "err", err)
 		}
 	}
-	touch(ctx) // at once: a replica restarted under its name is alive again
+	// At once: a replica restarted under its name is alive again, and
+	// the workers recorded as connected to its previous process get time
+	// to come back (store.StartReplica).
+	if err := s.store.StartReplica(ctx, s.cfg.Replica); err != nil && ctx.Err() == nil {
+		s.log.Warn("record the replica's start", "err", err)
+	}
 	ghosts(ctx)
 	n := 0
 	every(ctx, replicaTouchEvery, func(ctx context.Context) {

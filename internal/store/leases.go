@@ -160,8 +160,10 @@ type Sweep struct {
 	Gap, Lease time.Duration
 	// ReplicaSilence and ReplicaGrace, when not 0: the attempts of a
 	// worker whose replica has not said it is alive (TouchReplica) for
-	// longer than ReplicaSilence (it died) are not ended until their lease
-	// lapsed ReplicaGrace ago. Its workers come back to other replicas,
+	// longer than ReplicaSilence (it died), or that has started again
+	// since the worker connected to it (StartReplica: it died and came
+	// back under its name), are not ended until their lease lapsed
+	// ReplicaGrace ago. Its workers come back to other replicas,
 	// and the hello that lists their attempts renews the leases; with a
 	// crowd arriving at once that may take longer than a lease, and the
 	// replica's death is no fault of theirs.
@@ -258,14 +260,15 @@ func (s *Store) SweepLeases(ctx context.Context, sw Sweep) (SweepResult, error) 
 // ones waited in its queue and never started (EndUnstarted), the others
 // may have run (EndVanished). A worker whose record is gone may have run
 // any of them. The last column says whether the attempt saved a checkpoint.
-// The attempts of a worker whose replica has been silent for $2 ms wait
-// until their lease lapsed $3 ms ago (Sweep.ReplicaGrace).
+// The attempts of a worker whose replica has been silent for $2 ms, or
+// has started again since the worker connected to it, wait until their
+// lease lapsed $3 ms ago (Sweep.ReplicaGrace).
 const expireSQL = `WITH exp AS (
 	SELECT x.id, x.worker_id FROM running_attempts r JOIN attempts x ON x.id = r.attempt_id
 	WHERE x.state = 'running' AND x.lease_until < now()
 		AND NOT ($3::bigint > 0 AND x.lease_until > now() - $3::bigint * interval '1 millisecond' AND EXISTS (
 			SELECT 1 FROM workers w JOIN replicas rp ON rp.name = w.replica
-			WHERE w.id = x.worker_id AND rp.seen < now() - $2::bigint * interval '1 millisecond'))
+			WHERE w.id = x.worker_id AND (rp.seen < now() - $2::bigint * interval '1 millisecond' OR w.connected_at < rp.started)))
 	ORDER BY x.id LIMIT $1 FOR UPDATE OF x SKIP LOCKED
 ), held AS (
 	SELECT a.id, row_number() OVER (PARTITION BY a.worker_id ORDER BY a.id) AS k

@@ -254,6 +254,18 @@ func (s *Store) TouchReplica(ctx context.Context, replica string) error {
 	return nil
 }
 
+// StartReplica records that replica's process started now (and is
+// alive): the workers recorded as connected to it before now were
+// connected to a process that died or stopped, and their attempts get
+// time to come back (SweepLeases).
+func (s *Store) StartReplica(ctx context.Context, replica string) error {
+	if _, err := s.pool.Exec(ctx, `INSERT INTO replicas (name, seen, started) VALUES ($1, now(), now())
+		ON CONFLICT (name) DO UPDATE SET seen = now(), started = now()`, replica); err != nil {
+		return fmt.Errorf("record the start of replica %s: %w", replica, err)
+	}
+	return nil
+}
+
 // ReplicaGone records that every worker connected to replica disconnected
 // (the replica is shutting down).
 func (s *Store) ReplicaGone(ctx context.Context, replica string) error {

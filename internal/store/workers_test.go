@@ -65,6 +65,62 @@ func TestReplicaVouchesForItsWorkers(t *testing.T) {
 	}
 }
 
+// A replica that died and came back under its name at once (its row says
+// it is alive) still gives the workers of its previous process time to
+// come back: they connected before its latest start. A worker that
+// connected to the new process does not get that time.
+func TestRestartedReplicasWorkersGetTimeToComeBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	f.submit(t, "batch", f.task("a"), f.task("b"))
+	hold := func() (Registration, int64) {
+		t.Helper()
+		reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1, Replica: "r", Operator: true}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.worker = reg.ID
+		cs := f.claim(t, 1, time.Minute)
+		if len(cs) != 1 {
+			t.Fatalf("claimed %d attempts", len(cs))
+		}
+		return reg, cs[0].Attempt
+	}
+	old, oldAttempt := hold()
+	if _, err := f.s.pool.Exec(ctx, `UPDATE workers SET connected_at = now() - interval '1 minute' WHERE id = $1`, old.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.s.StartReplica(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	_, newAttempt := hold()
+	if _, err := f.s.pool.Exec(ctx, `UPDATE attempts SET lease_until = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	res, err := f.s.SweepLeases(ctx, Sweep{Limit: 100, ReplicaSilence: 12 * time.Second, ReplicaGrace: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Expired != 1 {
+		t.Errorf("the sweep ended %d attempts, want 1: that of the worker connected to the new process", res.Expired)
+	}
+	states := map[int64]string{}
+	for _, id := range []int64{oldAttempt, newAttempt} {
+		var st string
+		if err := f.s.pool.QueryRow(ctx, `SELECT state FROM attempts WHERE id = $1`, id).Scan(&st); err != nil {
+			t.Fatal(err)
+		}
+		states[id] = st
+	}
+	if states[oldAttempt] != "running" || states[newAttempt] != "lost" {
+		t.Errorf("attempts: previous process's worker %s, new process's worker %s; want running, lost", states[oldAttempt], states[newAttempt])
+	}
+	if n := f.tasksLost(t, old.ID); n != 0 {
+		t.Errorf("the previous process's worker was charged %d losses", n)
+	}
+}
+
 // The workers of a replica that died get time to come back to another
 // before their attempts are lost: a lapsed lease of such a worker is left
 // alone for ReplicaGrace, and the hello that brings the worker back (its
