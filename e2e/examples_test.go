@@ -63,8 +63,10 @@ func TestExamplesOnTheEmbeddedDatabase(t *testing.T) {
 
 	data := filepath.Join(t.TempDir(), "data")
 	shareCompileCache(t, data)
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	serve := func() *server {
+		// A port of its own each time: while the first server stops,
+		// another test may take its port.
+		addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		p := start(t, "serve", "serve", "--addr", addr, "--data-dir", data, "--local-worker", "2")
 		tok, ok := p.out.waitFor(tokenRE, 120*time.Second)
 		if !ok {

@@ -86,8 +86,7 @@ func TestStoppedServerHandsItsLocalWorkersAttemptsBack(t *testing.T) {
 	db := pgtest.URL(t)
 	data := t.TempDir()
 	shareCompileCache(t, data)
-	port := freePort(t)
-	srv := startServer(t, "server", db, data, port, "--lease", "30s", "--local-worker", "1")
+	srv := startServer(t, "server", db, data, 0, "--lease", "30s", "--local-worker", "1")
 	c := client.New(srv.url, srv.token)
 	spin := push(t, c, "spin")
 	id := submit(t, c, workflow("local", task{"name": "a", "module": spin, "max_attempts": 1},
@@ -97,7 +96,7 @@ func TestStoppedServerHandsItsLocalWorkersAttemptsBack(t *testing.T) {
 		return err == nil && st.Counts.Running == 2
 	})
 	srv.stop()
-	srv2 := startServer(t, "server2", db, data, port, "--lease", "30s")
+	srv2 := startServer(t, "server2", db, data, 0, "--lease", "30s") // a port of its own: another test may have taken the first's
 	c = client.New(srv2.url, srv2.token)
 	st, err := c.Status(t.Context(), id)
 	if err != nil {
