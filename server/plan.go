@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -131,8 +132,8 @@ func (s *Server) refreshRecords(ctx context.Context, ids []string) {
 	}
 	recs, err := s.store.Workers(ctx, ids)
 	if err != nil {
-		if ctx.Err() == nil {
-			s.log.Warn("read worker records", "err", err)
+		if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			s.log.Warn("read worker records", "workers", len(ids), "err", err)
 		}
 		return
 	}

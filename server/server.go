@@ -413,7 +413,12 @@ func (s *Server) touchWorkers(ctx context.Context) {
 		if n++; n%6 == 0 {
 			ghosts(ctx)
 		}
-		s.refreshRecords(ctx, s.hub.activeIDs())
+		// Bounded: a read of records slower than the touch interval
+		// would delay the next touch, and the replica would look dead
+		// to the lease reaper. The next round reads them again.
+		rctx, cancel := context.WithTimeout(ctx, replicaTouchEvery/2)
+		s.refreshRecords(rctx, s.hub.activeIDs())
+		cancel()
 	})
 }
 
