@@ -137,10 +137,13 @@ func (s *Server) sweepLeases(ctx context.Context) {
 	if s.health.faultWithin(s.cfg.Lease) {
 		return
 	}
-	// A replica silent for a little over its touch interval died: its
-	// workers get four leases to come back elsewhere before their
-	// attempts are lost (store.Sweep.ReplicaGrace).
-	sw := store.Sweep{Limit: 1000, Gap: max(s.cfg.Lease/3, 2*time.Second), Lease: s.cfg.Lease,
+	// After a gap every running attempt gets two leases, not one: its
+	// worker's renewals then compete with the outage's backlog (results
+	// sent again, claims resumed), and one was not always enough for them
+	// to land on a busy machine. A replica silent for a little over its
+	// touch interval died: its workers get four leases to come back
+	// elsewhere before their attempts are lost (store.Sweep.ReplicaGrace).
+	sw := store.Sweep{Limit: 1000, Gap: max(s.cfg.Lease/3, 2*time.Second), Lease: 2 * s.cfg.Lease,
 		ReplicaSilence: replicaTouchEvery + replicaTouchEvery/5, ReplicaGrace: 4 * s.cfg.Lease}
 	for {
 		res, err := s.store.SweepLeases(ctx, sw)
