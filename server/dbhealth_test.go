@@ -76,7 +76,7 @@ func TestWriteHealthTimeouts(t *testing.T) {
 		what    string
 		err     error
 		failing bool
-		within  bool // faultWithin(5 s)
+		within  bool // faultWithin a lease of 5 s, by the test's clock
 	}{
 		{0, "a", timeout, true, true},                                              // no write has succeeded yet: nothing says it is slowness
 		{3 * time.Second, "a", nil, false, true},                                   // back after the wait
@@ -94,7 +94,7 @@ func TestWriteHealthTimeouts(t *testing.T) {
 		h.observe(s.what, s.err)
 		failing, cause := h.state()
 		if failing != s.failing || h.faultWithin(5*time.Second) != s.within {
-			t.Fatalf("step %d (%s: %v): failing %v (%s), fault within 5 s %v; want %v, %v", i, s.what, s.err, failing, cause,
+			t.Fatalf("step %d (%s: %v): failing %v (%s), faultWithin %v; want %v, %v", i, s.what, s.err, failing, cause,
 				h.faultWithin(5*time.Second), s.failing, s.within)
 		}
 	}
