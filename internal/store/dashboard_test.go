@@ -194,6 +194,7 @@ func TestWorkerTasksAndActivity(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
+	began := time.Now()
 	f.submit(t, "batch", f.task("a"), f.task("b"))
 	cs := f.claim(t, 2, time.Minute)
 	if _, err := f.s.Complete(ctx, []Completion{ok(cs[0], "A")}); err != nil {
@@ -260,14 +261,18 @@ func TestWorkerTasksAndActivity(t *testing.T) {
 			t.Fatalf("minutes %v and %v are not one apart", act[i-1].Minute, act[i].Minute)
 		}
 	}
-	// The test may cross a minute: look at the last two.
-	done, workers := 0, 0
+	// The test may cross a minute: look at the last two. Within one
+	// minute, that minute saw the 3 workers; across two, each saw some of
+	// them (the first worker in both).
+	done, most, sum := 0, 0, 0
 	for _, m := range act[len(act)-2:] {
 		done += m.TasksDone
-		workers = max(workers, m.Workers)
+		most, sum = max(most, m.Workers), sum+m.Workers
 	}
-	if last := act[len(act)-1]; time.Since(last.Minute) > time.Minute || done != 1 || workers != 3 {
-		t.Errorf("the last minutes: %+v, want 1 task done and 3 workers seen", act[len(act)-2:])
+	crossed := !began.Truncate(time.Minute).Equal(time.Now().Truncate(time.Minute))
+	seen := most == 3 || (crossed && most <= 3 && sum >= 3)
+	if last := act[len(act)-1]; time.Since(last.Minute) > time.Minute || done != 1 || !seen {
+		t.Errorf("the last minutes (the test crossed a minute: %v): %+v, want 1 task done and 3 workers seen", crossed, act[len(act)-2:])
 	}
 	if first := act[0]; first.TasksDone != 0 || first.Workers != 0 {
 		t.Errorf("an hour ago: %+v, want nothing", first)
