@@ -74,27 +74,14 @@ func TestRestartedReplicasWorkersGetTimeToComeBack(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	f.submit(t, "batch", f.task("a"), f.task("b"))
-	hold := func() (Registration, int64) {
-		t.Helper()
-		reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1, Replica: "r", Operator: true}, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.worker = reg.ID
-		cs := f.claim(t, 1, time.Minute)
-		if len(cs) != 1 {
-			t.Fatalf("claimed %d attempts", len(cs))
-		}
-		return reg, cs[0].Attempt
-	}
-	old, oldAttempt := hold()
+	old, oldAttempt := f.holdOn(t, "r")
 	if _, err := f.s.pool.Exec(ctx, `UPDATE workers SET connected_at = now() - interval '1 minute' WHERE id = $1`, old.ID); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.s.StartReplica(ctx, "r"); err != nil {
 		t.Fatal(err)
 	}
-	_, newAttempt := hold()
+	_, newAttempt := f.holdOn(t, "r")
 	if _, err := f.s.pool.Exec(ctx, `UPDATE attempts SET lease_until = now() - interval '1 second'`); err != nil {
 		t.Fatal(err)
 	}
@@ -137,16 +124,8 @@ func TestDeadReplicasWorkersGetTimeToComeBack(t *testing.T) {
 	}
 	hold := func(replica string) held {
 		t.Helper()
-		reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1, Replica: replica, Operator: true}, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.worker = reg.ID
-		cs := f.claim(t, 1, time.Minute)
-		if len(cs) != 1 {
-			t.Fatalf("claimed %d attempts for the worker of %s", len(cs), replica)
-		}
-		return held{reg, cs[0].Attempt}
+		reg, attempt := f.holdOn(t, replica)
+		return held{reg, attempt}
 	}
 	back, away, live := hold("dead"), hold("dead"), hold("live")
 	for _, r := range []string{"dead", "live"} {
@@ -229,6 +208,22 @@ func TestReplicaForgetsItsGhosts(t *testing.T) {
 			t.Errorf("worker %s of %q: connected = %v, want %v", r.ID[:8], r.Replica, r.Connected, want[r.ID])
 		}
 	}
+}
+
+// holdOn registers a new operator's worker connected to replica, makes it
+// the fixture's worker and claims one attempt for it.
+func (f *fixture) holdOn(t *testing.T, replica string) (Registration, int64) {
+	t.Helper()
+	reg, err := f.s.RegisterWorker(context.Background(), WorkerHello{Kind: "headless", Slots: 1, Replica: replica, Operator: true}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.worker = reg.ID
+	cs := f.claim(t, 1, time.Minute)
+	if len(cs) != 1 {
+		t.Fatalf("claimed %d attempts for the worker of %s", len(cs), replica)
+	}
+	return reg, cs[0].Attempt
 }
 
 // registerOn registers a new worker connected to replica and returns its id.
