@@ -92,14 +92,7 @@ func TestRestartedReplicasWorkersGetTimeToComeBack(t *testing.T) {
 	if res.Expired != 1 {
 		t.Errorf("the sweep ended %d attempts, want 1: that of the worker connected to the new process", res.Expired)
 	}
-	states := map[int64]string{}
-	for _, id := range []int64{oldAttempt, newAttempt} {
-		var st string
-		if err := f.s.pool.QueryRow(ctx, `SELECT state FROM attempts WHERE id = $1`, id).Scan(&st); err != nil {
-			t.Fatal(err)
-		}
-		states[id] = st
-	}
+	states := f.attemptStates(t)
 	if states[oldAttempt] != "running" || states[newAttempt] != "lost" {
 		t.Errorf("attempts: previous process's worker %s, new process's worker %s; want running, lost", states[oldAttempt], states[newAttempt])
 	}
@@ -158,19 +151,7 @@ func TestDeadReplicasWorkersGetTimeToComeBack(t *testing.T) {
 	if err != nil || len(reg.Lost) != 0 {
 		t.Fatalf("the returning worker's hello: lost %v, %v", reg.Lost, err)
 	}
-	states := map[int64]string{}
-	rows, err := f.s.pool.Query(ctx, `SELECT id, state FROM attempts`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var id int64
-		var st string
-		if err := rows.Scan(&id, &st); err != nil {
-			t.Fatal(err)
-		}
-		states[id] = st
-	}
+	states := f.attemptStates(t)
 	want := map[int64]string{back.attempt: "running", away.attempt: "lost", live.attempt: "lost"}
 	for id, st := range want {
 		if states[id] != st {
@@ -208,6 +189,29 @@ func TestReplicaForgetsItsGhosts(t *testing.T) {
 			t.Errorf("worker %s of %q: connected = %v, want %v", r.ID[:8], r.Replica, r.Connected, want[r.ID])
 		}
 	}
+}
+
+// attemptStates returns the state of every attempt, by id.
+func (f *fixture) attemptStates(t *testing.T) map[int64]string {
+	t.Helper()
+	rows, err := f.s.pool.Query(context.Background(), `SELECT id, state FROM attempts`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	states := map[int64]string{}
+	for rows.Next() {
+		var id int64
+		var st string
+		if err := rows.Scan(&id, &st); err != nil {
+			t.Fatal(err)
+		}
+		states[id] = st
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return states
 }
 
 // holdOn registers a new operator's worker connected to replica, makes it
