@@ -73,7 +73,7 @@ vet:
 # processes rather than compute, so four run at once whatever the cores.
 test: build vet chromium
 	CYCLEPOOL_REQUIRE_POSTGRES=1 $(GO) test -count=1 -parallel 4 -timeout 20m ./...
-	$(MAKE) fuzz FUZZTIME=50000x
+	$(MAKE) fuzz FUZZTIME=20000x
 
 # The browser tests drive Debian's Chromium; install it when it is missing
 # (as root, or through sudo).

@@ -195,7 +195,7 @@ func TestBrowserDataFullQuota(t *testing.T) {
 	}
 }
 
-// A 160 MiB blob mounted into 50 tasks on two headless workers reaches
+// A 128 MiB blob mounted into 50 tasks on two headless workers reaches
 // each worker once, and the server's memory rises by well under the blob's
 // size throughout, upload included (held whole anywhere, it would rise by
 // all of it).
@@ -205,7 +205,7 @@ func TestLargeDataOncePerWorker(t *testing.T) {
 	ctx := context.Background()
 	probe := push(t, p.client, "fsprobe")
 	_, before := peakRSS(t, p.srv.cmd.Process.Pid)
-	const size = 160 << 20
+	const size = 128 << 20
 	path := filepath.Join(t.TempDir(), "big.bin")
 	f, err := os.Create(path)
 	if err != nil {

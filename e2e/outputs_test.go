@@ -20,7 +20,7 @@ import (
 	"github.com/cyclepool/cyclepool/internal/wasiref"
 )
 
-// A headless task writes a 192 MiB output: the worker uploads it over
+// A headless task writes a 128 MiB output: the worker uploads it over
 // HTTP (the result frame only names it), it arrives intact (its hash
 // checked by the owner's download and by two downstream tasks, one
 // reading it under /in and one at a path of its own), and the server's
@@ -30,7 +30,7 @@ func TestLargeOutputOverHTTP(t *testing.T) {
 	p := newPlatform(t)
 	startWorker(t, "worker", 2, p.srv.url)
 	fill, probe := push(t, p.client, "outfill"), push(t, p.client, "fsprobe")
-	const size = 192 << 20
+	const size = 128 << 20
 	h := sha256.New()
 	chunk := []byte(strings.Repeat("b", 64<<10))
 	for range size / len(chunk) {
@@ -70,7 +70,7 @@ func TestLargeOutputOverHTTP(t *testing.T) {
 	// The dashboard previews it from its first bytes, not the whole.
 	cookie, _ := dashSession(t, p.srv.url, p.srv.token)
 	resp, page := dashRequest(t, http.MethodGet, p.srv.url+"/app/workflows/"+id+"/tasks/make/preview/big", cookie, nil, nil)
-	if resp.StatusCode != http.StatusOK || !strings.Contains(page, strings.Repeat("b", 1000)) || !strings.Contains(page, "192.0 MiB") {
+	if resp.StatusCode != http.StatusOK || !strings.Contains(page, strings.Repeat("b", 1000)) || !strings.Contains(page, "128.0 MiB") {
 		t.Errorf("preview of the output: %d\n%.2000s", resp.StatusCode, page)
 	}
 	// It travelled over HTTP, not in a frame.
@@ -78,7 +78,7 @@ func TestLargeOutputOverHTTP(t *testing.T) {
 		t.Errorf("the server stored %d bytes of uploaded outputs, want at least %d", int64(up), size)
 	}
 	// Held whole anywhere, the output would take the server's memory
-	// 192 MiB up; it streams, so the peak stays far below (a rise, not
+	// 128 MiB up; it streams, so the peak stays far below (a rise, not
 	// an absolute bound: the test runs beside others, whose load moves
 	// the server's baseline).
 	peak, _ := peakRSS(t, p.srv.cmd.Process.Pid)
