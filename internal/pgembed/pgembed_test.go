@@ -59,6 +59,7 @@ func query(t *testing.T, url, sql string, args ...any) string {
 }
 
 func TestStartStopRestart(t *testing.T) {
+	t.Parallel()
 	dir := testDir(t)
 	ctx := context.Background()
 
@@ -127,6 +128,7 @@ func TestStartStopRestart(t *testing.T) {
 }
 
 func TestRunsAsUnprivilegedUserWhenRoot(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("not root")
 	}
@@ -157,6 +159,7 @@ func TestRunsAsUnprivilegedUserWhenRoot(t *testing.T) {
 // A crashed server (SIGKILL) leaves postmaster.pid behind; the next Start
 // recovers, and committed data survives.
 func TestRecoverAfterCrash(t *testing.T) {
+	t.Parallel()
 	dir := testDir(t)
 	ctx := context.Background()
 	c, err := Start(ctx, Config{Dir: dir, Logger: logger(t)})
@@ -194,6 +197,7 @@ func TestRecoverAfterCrash(t *testing.T) {
 // A postmaster.pid naming a live process that is not PostgreSQL (a pid reused
 // after a reboot or in a new container) must not block the start.
 func TestStalePidOfOtherProcess(t *testing.T) {
+	t.Parallel()
 	dir := testDir(t)
 	ctx := context.Background()
 	c, err := Start(ctx, Config{Dir: dir, Ephemeral: true})
@@ -224,6 +228,7 @@ func TestStalePidOfOtherProcess(t *testing.T) {
 
 // A server that cannot start reports the tail of its log.
 func TestStartFailureShowsLog(t *testing.T) {
+	t.Parallel()
 	dir := testDir(t)
 	ctx := context.Background()
 	c, err := Start(ctx, Config{Dir: dir, Ephemeral: true})

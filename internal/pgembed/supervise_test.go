@@ -159,6 +159,7 @@ const (
 // its Cluster on the same port, crash recovery keeps committed data, and
 // the restart is logged and counted.
 func TestRestartsKilledPostmaster(t *testing.T) {
+	t.Parallel()
 	dir := testDir(t)
 	ctx := context.Background()
 	rec := newRecorder(t)
@@ -228,6 +229,7 @@ func TestRestartsKilledPostmaster(t *testing.T) {
 // and PostgreSQL refuses to start until they are gone: the Cluster retries
 // until they are, and the server runs again.
 func TestRestartWaitsForOldBackends(t *testing.T) {
+	t.Parallel()
 	dir := testDir(t)
 	ctx := context.Background()
 	rec := newRecorder(t)
@@ -262,6 +264,7 @@ func TestRestartWaitsForOldBackends(t *testing.T) {
 // Stop while restarts are failing ends the supervision (nothing restarts
 // the server afterwards) and releases the cluster.
 func TestStopDuringRestart(t *testing.T) {
+	t.Parallel()
 	dir := testDir(t)
 	ctx := context.Background()
 	rec := newRecorder(t)

@@ -38,6 +38,7 @@ func cacheFiles(t *testing.T, dir string) map[string]string {
 // does), and a later runner, a new runtime in a new process for the
 // isolated runner's slot processes, reads it and writes nothing.
 func TestCompilationCacheOnDisk(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		cfg  Config

@@ -15,7 +15,10 @@ import (
 // plain wazero (tasks/wasiconf: flags, errnos, contents, listings by
 // cookie, links), in /out and in the tree of a task with a setup, in both
 // modes.
-func TestWASIConformance(t *testing.T) { eachMode(t, testWASIConformance) }
+func TestWASIConformance(t *testing.T) {
+	t.Parallel()
+	eachMode(t, testWASIConformance)
+}
 
 // conformanceDirs are the trees tasks/wasiconf runs in: /out, and the root
 // of a task with a setup.

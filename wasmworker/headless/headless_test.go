@@ -328,7 +328,10 @@ func testCancelSpin(t *testing.T, r *Runner) {
 	}
 }
 
-func TestCheckpointRestore(t *testing.T) { eachMode(t, testCheckpointRestore) }
+func TestCheckpointRestore(t *testing.T) {
+	t.Parallel()
+	eachMode(t, testCheckpointRestore)
+}
 
 func testCheckpointRestore(t *testing.T, r *Runner) {
 	// 40 steps of 5 "ms" with a checkpoint due every millisecond. (tasks/counter

@@ -19,6 +19,7 @@ import (
 // as cancelled (queued attempts are taken back and moved, slot processes
 // killed and replaced all along).
 func TestPipelinedStressEveryRunEnds(t *testing.T) {
+	t.Parallel()
 	spinWarm, _ := job(t, "spin", protocol.Assign{Args: []string{"1"}})
 	r := pipelined(t, 5*time.Millisecond, spinWarm)
 	var wg sync.WaitGroup
