@@ -238,6 +238,11 @@ func TestBrowserOfflineDelivery(t *testing.T) {
 			t.Fatalf("the task did not finish offline; the page's last status: %s", st)
 		}
 	}
+	// A task whose checkpoint is never answered goes on after 75 s, saying
+	// so: the answer was lost, which is a bug even though the task ended.
+	if logs := b.logs.String(); strings.Contains(logs, "no answer to a checkpoint") {
+		t.Errorf("a checkpoint's answer was lost:\n%s", logs)
+	}
 	b.screenshot("volunteer-offline", 360, 800)
 
 	srv = startServer(t, "server-again", db, data, port, "--lease", "30s")

@@ -80,9 +80,13 @@ func newRunner(tasks js.Value, b *bridge, log *slog.Logger) *runner {
 		r.mu.Lock()
 		h := r.handlers[attempt]
 		r.mu.Unlock()
-		if h != nil {
-			h(a[1].Int(), a[2:])
+		if h == nil {
+			// No run of that attempt here (it ended, or was never
+			// started): false tells worker.js that a checkpoint
+			// waits for an answer nobody else will give.
+			return false
 		}
+		h(a[1].Int(), a[2:])
 		return nil
 	})
 	b.mu.Lock()

@@ -71,6 +71,9 @@ let host = null;
 let ahead = null; // {key, instance}
 class Unbound extends Error {}
 const HOST_FUNCTIONS = new Set(["progress", "checkpoint_due", "checkpoint", "restore"]);
+// CHECKPOINT_ANSWER_MS bounds a task's wait for its checkpoint's answer
+// (the Go worker answers within a minute; see checkpoint below).
+const CHECKPOINT_ANSWER_MS = 75000;
 
 // forwarders returns a module's import object: every function it imports
 // from wasi_snapshot_preview1 (those the shim lacks answer ENOSYS) and from
@@ -889,7 +892,15 @@ function runAttempt(p) {
       const state = bytesAt(ptr, len).slice();
       Atomics.store(ctl, 0, 0);
       postMessage({ type: "checkpoint", attempt: p.attempt, state }, [state.buffer]);
-      Atomics.wait(ctl, 0, 0); // the worker answers once the server committed it (or refused)
+      // The worker answers once the server committed it (or refused),
+      // within a minute and a little: the Go worker gives up on an
+      // acknowledgement after a minute. An answer later than that was
+      // lost, and waiting on would block the task for good: it goes on,
+      // the checkpoint not saved, and says so.
+      if (Atomics.wait(ctl, 0, 0, CHECKPOINT_ANSWER_MS) === "timed-out") {
+        postMessage({ type: "log", text: `attempt ${p.attempt}: no answer to a checkpoint in ${CHECKPOINT_ANSWER_MS / 1000} s; going on without it` });
+        return 1;
+      }
       // 0: saved; 2: offline, kept by the worker to deliver on reconnecting
       // (not saved yet, so 1 for the task, but not due again at once).
       const code = Atomics.load(ctl, 1);

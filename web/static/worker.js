@@ -427,10 +427,16 @@ function makeTasks(taskJs, server) {
         settle();
         return;
       }
+      if (m.type === "log") { console.error("task worker:", m.text); return; }
       const r = runs.get(m.attempt);
+      if (m.type === "checkpoint" && (!r || r.over || r.w !== w || events(m.attempt, 1, m.state) === false)) {
+        // Its task waits for an answer: one nobody will give would
+        // block it for good. Not saved.
+        if (w.ctl) answerCtl(w.ctl, 1);
+        return;
+      }
       if (!r || r.over || r.w !== w) return;
       if (m.type === "progress") events(m.attempt, 0, m.f);
-      else if (m.type === "checkpoint") events(m.attempt, 1, m.state);
     };
     w.onerror = (e) => {
       e.preventDefault();
@@ -556,7 +562,10 @@ function makeTasks(taskJs, server) {
   function answer(attempt, code) {
     const r = runs.get(attempt);
     if (!r || !r.w) return;
-    const a = new Int32Array(r.w.ctl);
+    answerCtl(r.w.ctl, code);
+  }
+  function answerCtl(ctl, code) {
+    const a = new Int32Array(ctl);
     Atomics.store(a, 1, code); Atomics.store(a, 0, 1); Atomics.notify(a, 0);
   }
 
