@@ -348,20 +348,20 @@ func (r *runner) run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 				job.Host.Progress(f)
 			}
 		case eventCheckpoint:
-			state := bytesFromJS(a[0])
+			state, seq := bytesFromJS(a[0]), a[1].Int() // seq: which checkpoint the answer is for
 			if r.connected != nil && !r.connected() {
 				// Offline: the task goes on at once (the checkpoint is not
 				// saved yet: 2 tells task.js to report 1 and wait another
 				// interval) and the latest state is delivered on reconnecting.
 				r.keep(ctx, job, tr, state)
-				r.answer.Invoke(float64(as.Attempt), 2)
+				r.answer.Invoke(float64(as.Attempt), 2, seq)
 				return
 			}
 			r.mu.Lock()
 			tr.kept = nil // superseded
 			r.mu.Unlock()
 			go func() {
-				r.answer.Invoke(float64(as.Attempt), r.checkpoint(ctx, job, tr, state))
+				r.answer.Invoke(float64(as.Attempt), r.checkpoint(ctx, job, tr, state), seq)
 			}()
 		}
 	}

@@ -13,13 +13,15 @@
 // Messages: in {type:"run", list}, a batch of attempts to run one after the
 // other, each {attempt, key, module, ahead, reset, args, stdin, inputs,
 // restore, seed, limits, ckptMs, share, ctl}; out {type:"progress", attempt, f},
-// {type:"checkpoint", attempt, state} (then blocks on ctl until the worker
-// answers), and once the whole batch ran {type:"done", list} with per
+// {type:"checkpoint", attempt, seq, state} (then blocks on ctl until the
+// worker answers it), {type:"log", text}, and once the whole batch ran {type:"done", list} with per
 // attempt {attempt, reason, message, outputs, log, ms, memoryBytes, ahead}. A Web
 // Worker runs many attempts one after the other: it keeps the modules it
 // was sent by key (the worker sends a module only the first time, and
 // reset empties the collection) and the ctl buffer of its first message.
-// ctl: Int32 0 and 1 answer a checkpoint; Float64 1 and 2 say which attempt
+// ctl: Int32 0 answers a checkpoint (seq × 4 + code: an answer names the
+// checkpoint it answers, so a late one wakes no later checkpoint); Float64
+// 1 and 2 say which attempt
 // runs now (0: none) and since when (performance.timeOrigin-based ms), so
 // that the worker enforces wall times and knows where a batch got to
 // without a message per attempt.
@@ -74,6 +76,11 @@ const HOST_FUNCTIONS = new Set(["progress", "checkpoint_due", "checkpoint", "res
 // CHECKPOINT_ANSWER_MS bounds a task's wait for its checkpoint's answer
 // (the Go worker answers within a minute; see checkpoint below).
 const CHECKPOINT_ANSWER_MS = 75000;
+// ckptSeq numbers this Web Worker's checkpoints, from a random start so
+// that an answer meant for another task Web Worker's ctl (an attempt moved
+// from one to another) matches none here; below 2^29, so seq × 4 + code
+// fits an Int32.
+let ckptSeq = 1 + Math.floor(Math.random() * (1 << 27));
 
 // forwarders returns a module's import object: every function it imports
 // from wasi_snapshot_preview1 (those the shim lacks answer ENOSYS) and from
@@ -874,7 +881,7 @@ function runAttempt(p) {
   };
 
   // ---- the cyclepool host functions ----
-  const ctl = new Int32Array(p.ctl); // [0]: 1 when answered, [1]: the answer
+  const ctl = new Int32Array(p.ctl); // [0]: the last answer, seq × 4 + code
   let lastCkpt = 0, lastProgress = -1, progressAt = 0;
   const cyclepool = {
     progress(f) {
@@ -890,20 +897,27 @@ function runAttempt(p) {
     },
     checkpoint(ptr, len) {
       const state = bytesAt(ptr, len).slice();
-      Atomics.store(ctl, 0, 0);
-      postMessage({ type: "checkpoint", attempt: p.attempt, state }, [state.buffer]);
+      const seq = ckptSeq = ckptSeq >= 1 << 28 ? 1 : ckptSeq + 1;
+      postMessage({ type: "checkpoint", attempt: p.attempt, seq, state }, [state.buffer]);
       // The worker answers once the server committed it (or refused),
       // within a minute and a little: the Go worker gives up on an
       // acknowledgement after a minute. An answer later than that was
       // lost, and waiting on would block the task for good: it goes on,
-      // the checkpoint not saved, and says so.
-      if (Atomics.wait(ctl, 0, 0, CHECKPOINT_ANSWER_MS) === "timed-out") {
-        postMessage({ type: "log", text: `attempt ${p.attempt}: no answer to a checkpoint in ${CHECKPOINT_ANSWER_MS / 1000} s; going on without it` });
-        return 1;
+      // the checkpoint not saved (nor due again at once), and says so.
+      const end = performance.now() + CHECKPOINT_ANSWER_MS;
+      let v;
+      while ((v = Atomics.load(ctl, 0)) >>> 2 !== seq) {
+        const left = end - performance.now();
+        if (left <= 0) {
+          postMessage({ type: "log", text: `attempt ${p.attempt}: no answer to a checkpoint in ${CHECKPOINT_ANSWER_MS / 1000} s; going on without it` });
+          lastCkpt = performance.now();
+          return 1;
+        }
+        Atomics.wait(ctl, 0, v, left);
       }
       // 0: saved; 2: offline, kept by the worker to deliver on reconnecting
       // (not saved yet, so 1 for the task, but not due again at once).
-      const code = Atomics.load(ctl, 1);
+      const code = v & 3;
       if (code === 0 || code === 2) lastCkpt = performance.now();
       return code === 0 ? 0 : 1;
     },

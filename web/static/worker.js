@@ -16,7 +16,8 @@
 // Worker that finishes starts its next attempt without waiting for Go. Go
 // names an attempt by its id in terminate and answer, and hears of it
 // through the one function it gave listen, events(attempt, kind, a): kind 0
-// progress (a: fraction), 1 checkpoint (a: state), 4 ended attempts (attempt
+// progress (a: fraction), 1 checkpoint (a: state, seq: the number answer
+// gives back), 4 ended attempts (attempt
 // 0; a: every attempt that ended since the last such event, packed in one
 // Uint8Array, see packEnded). Ended attempts go to Go together: at once when
 // nothing else runs or waits, else within endedDelayMs.
@@ -429,10 +430,10 @@ function makeTasks(taskJs, server) {
       }
       if (m.type === "log") { console.error("task worker:", m.text); return; }
       const r = runs.get(m.attempt);
-      if (m.type === "checkpoint" && (!r || r.over || r.w !== w || events(m.attempt, 1, m.state) === false)) {
+      if (m.type === "checkpoint" && (!r || r.over || r.w !== w || events(m.attempt, 1, m.state, m.seq) === false)) {
         // Its task waits for an answer: one nobody will give would
         // block it for good. Not saved.
-        if (w.ctl) answerCtl(w.ctl, 1);
+        if (w.ctl) answerCtl(w.ctl, m.seq, 1);
         return;
       }
       if (!r || r.over || r.w !== w) return;
@@ -557,16 +558,18 @@ function makeTasks(taskJs, server) {
   // for one).
   const running = () => Array.from(runs, ([a, r]) => (r.w && !r.over ? a : -1)).filter((a) => a >= 0);
 
-  // answer wakes the attempt's task, blocked in checkpoint, with code (0
-  // saved, 1 refused, 2 kept to deliver on reconnecting).
-  function answer(attempt, code) {
+  // answer wakes the attempt's task, blocked in its checkpoint seq, with
+  // code (0 saved, 1 refused, 2 kept to deliver on reconnecting).
+  function answer(attempt, code, seq) {
     const r = runs.get(attempt);
     if (!r || !r.w) return;
-    answerCtl(r.w.ctl, code);
+    answerCtl(r.w.ctl, seq, code);
   }
-  function answerCtl(ctl, code) {
+  // answerCtl writes an answer in one store, tagged with the checkpoint's
+  // seq: a task waiting for another checkpoint goes on waiting.
+  function answerCtl(ctl, seq, code) {
     const a = new Int32Array(ctl);
-    Atomics.store(a, 1, code); Atomics.store(a, 0, 1); Atomics.notify(a, 0);
+    Atomics.store(a, 0, (seq << 2) | code); Atomics.notify(a, 0);
   }
 
   // traced returns the trace with Go's last segment added.
