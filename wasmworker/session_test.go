@@ -275,22 +275,29 @@ var runOrBlock = runnerFunc(func(ctx context.Context, job *Job) *Outcome {
 })
 
 // queueServer is a fake server that asks for heartbeats every heartbeat,
-// assigns attempts 1 to 8, then next once their 8 results are in, and
-// passes on the queue of every heartbeat that carries one.
-func queueServer(t *testing.T, heartbeat time.Duration, next *protocol.Frame) (url string, queues <-chan int) {
+// assigns attempts 1 to 8, then next once their 8 results are in and a
+// heartbeat asked for a queue of grown, and passes on the queue of every
+// heartbeat that carries one. Not next at the results alone: the attempts
+// of next could end, and change the queue again, before the heartbeat
+// announcing the growth is built (it carries the queue as it is then), and
+// the growth would never be seen.
+func queueServer(t *testing.T, heartbeat time.Duration, grown int, next *protocol.Frame) (url string, queues <-chan int) {
 	t.Helper()
 	qs := make(chan int, 256)
-	results := 0
+	results, grew, sent := 0, false, false
 	url = fakeServer(t, heartbeat, []*protocol.Frame{assign(1, 8)}, func(f *protocol.Frame) []*protocol.Frame {
 		switch f.Type {
 		case protocol.TypeHeartbeat:
 			if f.Heartbeat.Queue != nil {
 				qs <- *f.Heartbeat.Queue
+				grew = grew || *f.Heartbeat.Queue == grown
 			}
 		case protocol.TypeResult:
-			if results += len(f.Results); results == 8 {
-				return []*protocol.Frame{next}
-			}
+			results += len(f.Results)
+		}
+		if results == 8 && grew && !sent {
+			sent = true
+			return []*protocol.Frame{next}
 		}
 		return nil
 	})
@@ -301,14 +308,14 @@ func queueServer(t *testing.T, heartbeat time.Duration, next *protocol.Frame) (u
 // most while they are short, and the heartbeats shrink it to one per slot
 // once long ones have run for a while, before any of them ends.
 func TestHeartbeatsCarryTheAdaptedQueue(t *testing.T) {
-	url, queues := queueServer(t, 50*time.Millisecond, assign(101, 104)) // long ones, after 8 short ones
+	url, queues := queueServer(t, 50*time.Millisecond, 64, assign(101, 104)) // long ones, after 8 short ones
 	w := New(Config{Servers: []string{url}, Slots: 4, Queue: 4, MaxQueue: 64, Kind: protocol.KindHeadless, Runner: runOrBlock,
 		Logger: slog.New(slog.DiscardHandler)})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go w.Run(ctx)
 	grew := false
-	timeout := time.After(5 * time.Second)
+	timeout := time.After(30 * time.Second) // a bound on a hang, not on speed
 	for {
 		select {
 		case q := <-queues:
@@ -329,7 +336,7 @@ func TestHeartbeatsCarryTheAdaptedQueue(t *testing.T) {
 // at the next tick (here a minute away): the queue grows to 64 on short
 // attempts, is announced, then shrinks on long ones at once.
 func TestQueueChangeHeldBackIsAnnouncedLater(t *testing.T) {
-	url, queues := queueServer(t, time.Minute, assign(200, 207))
+	url, queues := queueServer(t, time.Minute, 64, assign(200, 207))
 	// Attempts from 200 on say they ran for 200 ms.
 	runner := runnerFunc(func(ctx context.Context, job *Job) *Outcome {
 		d := time.Millisecond
@@ -344,7 +351,7 @@ func TestQueueChangeHeldBackIsAnnouncedLater(t *testing.T) {
 	defer cancel()
 	go w.Run(ctx)
 	var grew time.Time
-	timeout := time.After(5 * time.Second)
+	timeout := time.After(30 * time.Second) // a bound on a hang, not on speed
 	for {
 		select {
 		case q := <-queues:
