@@ -118,23 +118,30 @@ func TestSubmissionCandidatesAreThoseReadBack(t *testing.T) {
 // taskIDs maps a workflow's task names to their ids.
 func taskIDs(t *testing.T, s *Store, workflow string) map[string]int64 {
 	t.Helper()
-	rows, err := s.pool.Query(context.Background(), `SELECT name, id FROM tasks WHERE workflow_id = $1`, workflow)
+	return queryMap[string, int64](t, s, `SELECT name, id FROM tasks WHERE workflow_id = $1`, workflow)
+}
+
+// queryMap runs a query of two columns and maps the first to the second.
+func queryMap[K comparable, V any](t *testing.T, s *Store, sql string, args ...any) map[K]V {
+	t.Helper()
+	rows, err := s.pool.Query(context.Background(), sql, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids := map[string]int64{}
+	defer rows.Close()
+	m := map[K]V{}
 	for rows.Next() {
-		var name string
-		var id int64
-		if err := rows.Scan(&name, &id); err != nil {
+		var k K
+		var v V
+		if err := rows.Scan(&k, &v); err != nil {
 			t.Fatal(err)
 		}
-		ids[name] = id
+		m[k] = v
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	return ids
+	return m
 }
 
 // dump reads a workflow's rows as text, with ids replaced by positions and

@@ -194,24 +194,7 @@ func TestReplicaForgetsItsGhosts(t *testing.T) {
 // attemptStates returns the state of every attempt, by id.
 func (f *fixture) attemptStates(t *testing.T) map[int64]string {
 	t.Helper()
-	rows, err := f.s.pool.Query(context.Background(), `SELECT id, state FROM attempts`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	states := map[int64]string{}
-	for rows.Next() {
-		var id int64
-		var st string
-		if err := rows.Scan(&id, &st); err != nil {
-			t.Fatal(err)
-		}
-		states[id] = st
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return states
+	return queryMap[int64, string](t, f.s, `SELECT id, state FROM attempts`)
 }
 
 // holdOn registers a new operator's worker connected to replica, makes it
