@@ -37,6 +37,8 @@ func runWorker(ctx context.Context, args []string) error {
 	key := fs.String("key", os.Getenv("CYCLEPOOL_WORKER_KEY"), "operator key (the server's --data-dir/worker.key): this machine is "+
 		"the operator's own, so its failures are verdicts; volunteers leave it empty")
 	keyFile := fs.String("key-file", "", "read the operator key from this file")
+	cpuShare := fs.Int("cpu-share", 100, "percentage of each slot's CPU time that tasks may use (10 to 100, Linux only): below 100 a task "+
+		"computes for that share of every 100 ms and is stopped for the rest, as BOINC's \"use at most N% of CPU time\"")
 	procs := fs.Int("procs", 0, "CPUs running the worker's own code at once (GOMAXPROCS; tasks run in separate slot processes); default: GOMAXPROCS if set, else max(1, CPUs/4)")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
@@ -44,6 +46,9 @@ func runWorker(ctx context.Context, args []string) error {
 	runtime.GOMAXPROCS(workerProcs(*procs, os.Getenv("GOMAXPROCS") != "", runtime.NumCPU()))
 	if *servers == "" {
 		return errors.New("worker: --server URL is required")
+	}
+	if *cpuShare < 10 || *cpuShare > 100 {
+		return fmt.Errorf("worker: --cpu-share %d is not a percentage from 10 to 100", *cpuShare)
 	}
 	if *keyFile != "" {
 		b, err := os.ReadFile(*keyFile)
@@ -54,9 +59,10 @@ func runWorker(ctx context.Context, args []string) error {
 	}
 	log := newLogger(*logLevel)
 	servePprof(*pprofAddr, log)
-	r, err := headless.New(ctx, headless.Config{CacheDir: *cache, Logger: log, DataDir: *dataDir, DataCacheBytes: *dataMiB << 20})
+	r, err := headless.New(ctx, headless.Config{CacheDir: *cache, Logger: log, DataDir: *dataDir, DataCacheBytes: *dataMiB << 20,
+		CPUShare: *cpuShare})
 	if err != nil {
-		return err
+		return fmt.Errorf("worker: %w", err)
 	}
 	defer r.Close(context.Background())
 	var urls []string

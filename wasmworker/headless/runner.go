@@ -70,6 +70,11 @@ type Config struct {
 	// DataCacheBytes bounds the data cache; 0 means
 	// DefaultDataCacheBytes. Data in use is never evicted.
 	DataCacheBytes int64
+	// CPUShare is the percentage (1 to 100) of CPU time each slot process
+	// running an attempt may use: a duty cycle stops it for the rest of
+	// every 100 ms (cpushare.go), as a volunteer's browser does with its
+	// share. 0 means 100. Below 100 it needs slot processes, on Linux.
+	CPUShare int
 
 	// unstoppable turns off wazero's WithCloseOnContextDone in in-process
 	// mode. Only benchmarks use it: a running module then cannot be
@@ -151,6 +156,9 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if err := checkCPUShare(cfg.CPUShare, cfg.InProcess || !slotHookCalled.Load()); err != nil {
+		return nil, err
 	}
 	tmp := cfg.TempDir
 	if tmp == "" {

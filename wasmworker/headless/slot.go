@@ -128,6 +128,9 @@ func newSlotPool(cfg Config, log *slog.Logger, tmp, dataDir string) (*slotPool, 
 		all: map[*slotProc]struct{}{}, modules: map[string]*moduleBytes{},
 		pipe: pipelining{depth: pipelineDepth, minBusy: runtime.NumCPU(), short: pipelineShort, wait: pipelineWait}}
 	p.closing, p.close = context.WithCancel(context.Background())
+	if cfg.CPUShare > 0 && cfg.CPUShare < 100 {
+		go p.dutyCycle(cfg.CPUShare)
+	}
 	return p, nil
 }
 

@@ -29,6 +29,12 @@ func slotSysProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 }
 
+// The CPU share's duty cycle (cpushare.go) stops and continues slot
+// processes; a stopped one still dies with its worker (Pdeathsig).
+const dutyCycleSupported = true
+
+const stopSignal, continueSignal = syscall.SIGSTOP, syscall.SIGCONT
+
 // watchParent reports false: on Linux the kernel kills a slot process
 // whose worker died (slotSysProcAttr's parent-death signal).
 func watchParent() bool { return false }

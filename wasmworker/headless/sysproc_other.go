@@ -15,6 +15,12 @@ func selfExecutable() (string, error) { return os.Executable() }
 // slot process watches for its worker's death itself (watchParent).
 func slotSysProcAttr() *syscall.SysProcAttr { return nil }
 
+// No CPU share outside Linux: a slot process stopped by the duty cycle
+// (cpushare.go) could not watch for its worker's death.
+const dutyCycleSupported = false
+
+const stopSignal, continueSignal = syscall.Signal(0), syscall.Signal(0) // never sent
+
 // freeBytes returns 0: unknown (so /dev/shm is not used).
 func freeBytes(string) uint64 { return 0 }
 
