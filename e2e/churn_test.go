@@ -38,13 +38,13 @@ func TestChurnCostsNoTaskItsAttempts(t *testing.T) {
 	port := freePort(t)
 	srv := startServer(t, "server", db, data, port)
 	c := client.New(srv.url, srv.token)
-	steady := startWorker(t, "steady", 1, srv.url)
+	steady := startHeldWorker(t, "steady", 1, srv.url)
 	counter := push(t, c, "counter")
 	const n = 20
 	var tasks []task
 	for i := range n {
 		tasks = append(tasks, task{"name": fmt.Sprintf("c%02d", i), "module": counter,
-			"args": []string{strconv.Itoa(churnSteps(i)), "100"}, "checkpoint_interval": "1s", "max_attempts": 1})
+			"args": []string{strconv.Itoa(churnSteps(i)), heldStep(100)}, "checkpoint_interval": "1s", "max_attempts": 1})
 	}
 	id := submit(t, c, workflow("churn", tasks...))
 
@@ -63,7 +63,7 @@ func TestChurnCostsNoTaskItsAttempts(t *testing.T) {
 		} else if stalled++; stalled > 30 {
 			t.Fatalf("no task finished in 30 rounds of churn (%d of %d done after %d rounds)", done, n, round)
 		}
-		w := startWorker(t, fmt.Sprintf("churn%d", round), 2, srv.url)
+		w := startHeldWorker(t, fmt.Sprintf("churn%d", round), 2, srv.url)
 		time.Sleep(3 * time.Second)
 		w.kill()
 		if st, err := c.Status(ctx, id); err == nil && !restarted && st.Counts.Done >= n/3 {
@@ -151,13 +151,13 @@ func TestDatabaseRefusingWritesChargesNobody(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	p := newPlatform(t)
-	w := startWorker(t, "worker", 2, p.srv.url)
+	w := startHeldWorker(t, "worker", 2, p.srv.url)
 	counter := push(t, p.client, "counter")
 	const n = 8
 	var tasks []task
 	for i := range n {
 		tasks = append(tasks, task{"name": fmt.Sprintf("c%02d", i), "module": counter,
-			"args": []string{strconv.Itoa(churnSteps(i)), "100"}, "checkpoint_interval": "1s", "max_attempts": 1})
+			"args": []string{strconv.Itoa(churnSteps(i)), heldStep(100)}, "checkpoint_interval": "1s", "max_attempts": 1})
 	}
 	id := submit(t, p.client, workflow("readonly", tasks...))
 	eventually(t, 60*time.Second, "a task done and two running", func() bool {

@@ -23,7 +23,7 @@ func TestEventStreamReportsProgressAndStates(t *testing.T) {
 	counter := push(t, p.client, "counter")
 	noop := push(t, p.client, "noop")
 	id := submit(t, p.client, workflow("events",
-		task{"name": "slow", "module": counter, "args": []string{"40", "50"}},
+		task{"name": "slow", "module": counter, "args": []string{"40", heldStep(50)}},
 		task{"name": "after", "module": noop, "inputs": map[string]any{"x": map[string]any{"from": "slow"}}},
 	))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -33,7 +33,7 @@ func TestEventStreamReportsProgressAndStates(t *testing.T) {
 	if first.Type != "status" {
 		t.Fatalf("first event is %q, want status", first.Type)
 	}
-	startWorker(t, "worker", 1, p.srv.url) // only now, so that the stream sees everything happen
+	startHeldWorker(t, "worker", 1, p.srv.url) // only now, so that the stream sees everything happen
 	states := map[string][]string{}
 	sawProgress := false
 	var end map[string]string
@@ -87,7 +87,7 @@ func TestStatusWaitAnswersWhenTheWorkflowEnds(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	counter := push(t, p.client, "counter")
-	id := submit(t, p.client, workflow("long-poll", task{"name": "count", "module": counter, "args": []string{"20", "50"}}))
+	id := submit(t, p.client, workflow("long-poll", task{"name": "count", "module": counter, "args": []string{"20", heldStep(50)}}))
 
 	// No worker yet: the wait runs out and the answer says running.
 	began := time.Now()
@@ -136,7 +136,7 @@ func TestStatusWaitAnswersWhenTheWorkflowEnds(t *testing.T) {
 		st, err := p.client.StatusWhenFinished(ctx, strings.ToUpper(id), time.Minute)
 		ans <- answer{st, err, time.Now()}
 	}()
-	startWorker(t, "worker", 1, p.srv.url)
+	startHeldWorker(t, "worker", 1, p.srv.url)
 	a := <-ans
 	if a.err != nil {
 		t.Fatal(a.err)

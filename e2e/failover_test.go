@@ -60,14 +60,14 @@ func TestPostgresFailoverToStandby(t *testing.T) {
 	srv := startServer(t, "server", db, t.TempDir(), 0)
 	srv2 := startServer(t, "server2", db, t.TempDir(), 0)
 	c := client.New(srv.url, srv.token)
-	startWorker(t, "worker", 2, srv.url, srv2.url)
-	startWorker(t, "worker2", 2, srv2.url, srv.url)
+	startHeldWorker(t, "worker", 2, srv.url, srv2.url)
+	startHeldWorker(t, "worker2", 2, srv2.url, srv.url)
 	counter := push(t, c, "counter")
 	const n = 16
 	var tasks []task
 	for i := range n {
 		tasks = append(tasks, task{"name": fmt.Sprintf("c%02d", i), "module": counter,
-			"args": []string{strconv.Itoa(failoverSteps(i)), "100"}, "checkpoint_interval": "1s", "max_attempts": 1})
+			"args": []string{strconv.Itoa(failoverSteps(i)), heldStep(100)}, "checkpoint_interval": "1s", "max_attempts": 1})
 	}
 	id := submit(t, c, workflow("failover", tasks...))
 	eventually(t, 60*time.Second, "some tasks done", func() bool {

@@ -26,10 +26,10 @@ import (
 func TestKilledWorkerResumesFromCheckpoint(t *testing.T) {
 	t.Parallel()
 	p := newPlatform(t)
-	w1 := startWorker(t, "worker1", 1, p.srv.url)
+	w1 := startHeldWorker(t, "worker1", 1, p.srv.url)
 	counter := push(t, p.client, "counter")
 	id := submit(t, p.client, workflow("resume",
-		task{"name": "count", "module": counter, "args": []string{"60", "100"},
+		task{"name": "count", "module": counter, "args": []string{"60", heldStep(100)},
 			"checkpoint_interval": "1s", "max_attempts": 3},
 	))
 	eventually(t, 30*time.Second, "two checkpoints of task count", func() bool {
@@ -37,7 +37,7 @@ func TestKilledWorkerResumesFromCheckpoint(t *testing.T) {
 		return err == nil && st.Task("count") != nil && st.Task("count").Checkpoints >= 2
 	})
 	w1.kill()
-	startWorker(t, "worker2", 1, p.srv.url)
+	startHeldWorker(t, "worker2", 1, p.srv.url)
 
 	st := wait(t, p.client, id, 90*time.Second)
 	if st.State != client.WorkflowDone {
@@ -159,13 +159,13 @@ func TestServerRestartMidWorkflow(t *testing.T) {
 	port := freePort(t)
 	srv := startServer(t, "server", db, data, port)
 	c := client.New(srv.url, srv.token)
-	w := startWorker(t, "worker", 2, srv.url)
+	w := startHeldWorker(t, "worker", 2, srv.url)
 	counter := push(t, c, "counter")
 	const n = 20
 	var tasks []task
 	for i := range n {
 		tasks = append(tasks, task{"name": fmt.Sprintf("c%02d", i), "module": counter,
-			"args": []string{strconv.Itoa(steps(i)), "100"}, "checkpoint_interval": "1s"})
+			"args": []string{strconv.Itoa(steps(i)), heldStep(100)}, "checkpoint_interval": "1s"})
 	}
 	id := submit(t, c, workflow("restart", tasks...))
 
@@ -207,8 +207,8 @@ func TestReplicaKilledMidWorkflow(t *testing.T) {
 	})
 	r1 := startServer(t, "replica1", db, t.TempDir(), 0)
 	c := client.New(r1.url, r1.token)
-	startWorker(t, "workerA", 2, r1.url)
-	wb := startWorker(t, "workerB", 2, r2.url, r1.url)
+	startHeldWorker(t, "workerA", 2, r1.url)
+	wb := startHeldWorker(t, "workerB", 2, r2.url, r1.url)
 	first, _ := wb.out.waitFor(regexp.MustCompile(`msg=connected server=(\S+)`), 0)
 	if first != r2.url {
 		t.Fatalf("worker B first connected to %q, want replica 2 (%s)", first, r2.url)
@@ -220,7 +220,7 @@ func TestReplicaKilledMidWorkflow(t *testing.T) {
 	var tasks []task
 	for i := range n {
 		tasks = append(tasks, task{"name": fmt.Sprintf("c%02d", i), "module": counter,
-			"args": []string{strconv.Itoa(steps(i)), "100"}, "checkpoint_interval": "1s"})
+			"args": []string{strconv.Itoa(steps(i)), heldStep(100)}, "checkpoint_interval": "1s"})
 	}
 	id := submit(t, c, workflow("replicas", tasks...))
 

@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -260,8 +261,41 @@ func shareCompileCache(t *testing.T, dataDir string) {
 // startWorker starts a headless worker on the given servers.
 func startWorker(t *testing.T, name string, slots int, servers ...string) *proc {
 	t.Helper()
-	p := start(t, name, "worker", "--server", strings.Join(servers, ","), "--slots", fmt.Sprint(slots),
-		"--cache-dir", compileCache())
+	return startWorkerWith(t, name, slots, servers, nil)
+}
+
+// heldShare is the CPU share (--cpu-share) of the workers that run
+// counter tasks whose work is there to take time (a kill, a restart or a
+// failover must find them running): held to a fifth of the CPU, a step
+// of heldStep(100) of computing takes about 100 ms of wall time, and the
+// tests beside it get the other four fifths. The share is Linux's only.
+const heldShare = 20
+
+// startHeldWorker is startWorker for a worker held to heldShare.
+func startHeldWorker(t *testing.T, name string, slots int, servers ...string) *proc {
+	t.Helper()
+	if runtime.GOOS != "linux" {
+		return startWorker(t, name, slots, servers...)
+	}
+	return startWorkerWith(t, name, slots, servers, []string{"--cpu-share", fmt.Sprint(heldShare)})
+}
+
+// heldStep is the counter's MS argument for a step of about ms of wall
+// time on a held worker (startHeldWorker).
+func heldStep(ms int) string {
+	if runtime.GOOS != "linux" {
+		return fmt.Sprint(ms)
+	}
+	return fmt.Sprint(ms * heldShare / 100)
+}
+
+// startWorkerWith starts a headless worker with extra flags and waits
+// until it is connected.
+func startWorkerWith(t *testing.T, name string, slots int, servers, extra []string) *proc {
+	t.Helper()
+	args := append([]string{"worker", "--server", strings.Join(servers, ","), "--slots", fmt.Sprint(slots),
+		"--cache-dir", compileCache()}, extra...)
+	p := start(t, name, args...)
 	if _, ok := p.out.waitFor(regexp.MustCompile(`msg=connected`), 30*time.Second); !ok {
 		t.Fatalf("%s did not connect:\n%s", name, p.out)
 	}

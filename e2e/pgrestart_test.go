@@ -32,13 +32,13 @@ func TestPostgresRestartMidWorkflow(t *testing.T) {
 	port := pg.Port()
 	srv := startServer(t, "server", pg.URL(), t.TempDir(), 0)
 	c := client.New(srv.url, srv.token)
-	startWorker(t, "worker", 2, srv.url)
+	startHeldWorker(t, "worker", 2, srv.url)
 	counter := push(t, c, "counter")
 	const n = 12
 	var tasks []task
 	for i := range n {
 		tasks = append(tasks, task{"name": fmt.Sprintf("c%02d", i), "module": counter,
-			"args": []string{strconv.Itoa(steps(i)), "100"}, "checkpoint_interval": "1s"})
+			"args": []string{strconv.Itoa(steps(i)), heldStep(100)}, "checkpoint_interval": "1s"})
 	}
 	id := submit(t, c, workflow("pg-restart", tasks...))
 	eventually(t, 60*time.Second, "some tasks done", func() bool {

@@ -47,13 +47,13 @@ func TestEmbeddedPostgresKilledMidWorkflow(t *testing.T) {
 		t.Fatalf("server did not start:\n%s", srv.out)
 	}
 	c := client.New(url, tok)
-	startWorker(t, "worker", 2, url)
+	startHeldWorker(t, "worker", 2, url)
 	counter := push(t, c, "counter")
 	const n = 8
 	var tasks []task
 	for i := range n {
 		tasks = append(tasks, task{"name": fmt.Sprintf("c%02d", i), "module": counter,
-			"args": []string{strconv.Itoa(steps(i)), "300"}, "checkpoint_interval": "1s"})
+			"args": []string{strconv.Itoa(steps(i)), heldStep(300)}, "checkpoint_interval": "1s"})
 	}
 	id := submit(t, c, workflow("embedded-pg-killed", tasks...))
 	var before *client.Status
