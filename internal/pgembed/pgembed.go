@@ -390,14 +390,32 @@ func exitStatus(err error) string {
 	return err.Error()
 }
 
+// lockPatience is how long acquireLock retries a lock that is taken. A
+// process this one forks holds a copy of every descriptor, the lock's
+// included, until it executes its program (a moment, longer on a busy
+// machine): a cluster stopped and started again while another goroutine
+// starts a process would otherwise find its own lock taken.
+const lockPatience = 2 * time.Second
+
+// acquireLock takes the cluster's lock (an exclusive flock on dir/lock),
+// which another Start, in this process or another, holds while its
+// server runs.
 func (c *Cluster) acquireLock() error {
 	f, err := os.OpenFile(filepath.Join(c.dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("pgembed: %w", err)
 	}
-	if err := lockFile(f); err != nil {
-		f.Close()
-		return fmt.Errorf("pgembed: cluster %s is in use by another process: %w", c.dir, err)
+	deadline := time.Now().Add(lockPatience)
+	for {
+		err := lockFile(f)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			f.Close()
+			return fmt.Errorf("pgembed: cluster %s is in use by another process: %w", c.dir, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	c.lock = f
 	return nil

@@ -265,3 +265,25 @@ func TestFindBinDir(t *testing.T) {
 		t.Error("found PostgreSQL 7")
 	}
 }
+
+// A lock held for a moment, as by a process forked elsewhere in this
+// program while the cluster's previous lock was open (the copy of the
+// descriptor it holds until it executes keeps the lock), is waited for;
+// TestStartStopRestart checks that one held for good is refused.
+func TestLockHeldForAMomentIsWaitedFor(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	other, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lockFile(other); err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(100*time.Millisecond, func() { other.Close() })
+	c := &Cluster{dir: dir}
+	if err := c.acquireLock(); err != nil {
+		t.Fatalf("a lock released after 100 ms: %v", err)
+	}
+	c.lock.Close()
+}
