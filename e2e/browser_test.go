@@ -34,6 +34,18 @@ func openVolunteerPage(t *testing.T, b *browser, url string) {
 	eventually(t, 30*time.Second, "the browser worker to connect", func() bool { return b.status().Connected })
 }
 
+// setShare sets the page's CPU share (percent) as a volunteer would, with
+// its slider.
+func setShare(t *testing.T, b *browser, pct int) {
+	t.Helper()
+	var share int
+	b.eval(fmt.Sprintf(`(() => { const s = document.getElementById("share"); s.value = "%d"; s.dispatchEvent(new Event("change"));
+		return window.cyclepool.settings.share; })()`, pct), &share)
+	if share != pct {
+		t.Fatalf("the page's share is %d after setting %d", share, pct)
+	}
+}
+
 // The volunteer page computes a workflow in Chromium, and every output is
 // byte-identical to a headless worker's (wazero) for the same tasks: stdin,
 // /in, /out, argv, progress and checkpoints, and the deterministic clock
@@ -213,7 +225,8 @@ func TestBrowserOfflineDelivery(t *testing.T) {
 	counter := push(t, c, "counter")
 	b := newBrowser(t, 1280, 900, charging)
 	openVolunteerPage(t, b, srv.url)
-	id := submit(t, c, workflow("offline", task{"name": "count", "module": counter, "args": []string{"30", "100"},
+	setShare(t, b, heldShare) // the counter is there to take time
+	id := submit(t, c, workflow("offline", task{"name": "count", "module": counter, "args": []string{"30", heldStep(100)},
 		"checkpoint_interval": "1s"}))
 	eventually(t, 30*time.Second, "the task to run in the browser", func() bool { return len(b.status().Running) == 1 })
 
@@ -313,7 +326,8 @@ func TestBrowserTabClosedResumesFromCheckpoint(t *testing.T) {
 	counter := push(t, p.client, "counter")
 	b := newBrowser(t, 1280, 900, charging)
 	openVolunteerPage(t, b, p.srv.url)
-	id := submit(t, p.client, workflow("resume", task{"name": "count", "module": counter, "args": []string{"40", "100"},
+	setShare(t, b, heldShare) // the counter is there to take time
+	id := submit(t, p.client, workflow("resume", task{"name": "count", "module": counter, "args": []string{"40", heldStep(100)},
 		"checkpoint_interval": "1s"}))
 	eventually(t, 30*time.Second, "a checkpoint from the browser", func() bool {
 		st, err := p.client.Status(ctx, id)
@@ -323,7 +337,7 @@ func TestBrowserTabClosedResumesFromCheckpoint(t *testing.T) {
 		t.Fatalf("the browser is not running the task: %+v", s)
 	}
 	b.do(chromedp.Navigate("about:blank")) // the volunteer closes the tab
-	startWorker(t, "headless", 1, p.srv.url)
+	startHeldWorker(t, "headless", 1, p.srv.url)
 	st := wait(t, p.client, id, 60*time.Second)
 	if st.State != "done" {
 		as, _ := p.client.Attempts(ctx, id, "count")
@@ -561,6 +575,41 @@ func TestBrowserInstanceAhead(t *testing.T) {
 	eventually(t, 5*time.Second, "the page to count the tasks", func() bool { return b.status().Done >= before.Done+3 })
 	if after := b.status().TaskWorkers.Ahead; after != before.TaskWorkers.Ahead {
 		t.Errorf("%d attempts of the module with a start function ran on an instance made ahead", after-before.TaskWorkers.Ahead)
+	}
+}
+
+// A volunteer who gives a fifth of the CPU has tasks held to a fifth,
+// also a task that calls the host only after 50 ms of work or more (a step
+// of the counter here, longer in a browser): the page's "CPU time given",
+// its tasks' run time less the time they were held back, is about a fifth
+// of the attempt's time on the server's clock. (Held back for 80 ms after
+// each step, as the page once did, the task would use more than a third.)
+// A busy machine only lowers the share a task gets.
+func TestBrowserKeepsToItsCPUShare(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newPlatform(t)
+	counter := push(t, p.client, "counter")
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, p.srv.url)
+	setShare(t, b, 20)
+	id := submit(t, p.client, workflow("share", task{"name": "count", "module": counter, "args": []string{"4", "50"}}))
+	if st := wait(t, p.client, id, 2*time.Minute); st.State != "done" {
+		t.Fatalf("workflow ended %s: %+v", st.State, st.Tasks)
+	}
+	as, err := p.client.Attempts(ctx, id, "count")
+	if err != nil || len(as) != 1 || as[0].StartedAt == nil || as[0].EndedAt == nil {
+		t.Fatalf("attempts: %+v, %v", as, err)
+	}
+	wall := as[0].EndedAt.Sub(*as[0].StartedAt)
+	var cpu time.Duration
+	eventually(t, 10*time.Second, "the page to count the task's CPU time", func() bool {
+		cpu = time.Duration(b.status().CPUMs) * time.Millisecond
+		return cpu > 0
+	})
+	t.Logf("CPU time given %v in an attempt of %v (%.0f%%, share 20%%)", cpu, wall, 100*cpu.Seconds()/wall.Seconds())
+	if bound := wall/4 + 50*time.Millisecond; cpu > bound {
+		t.Errorf("the page gave %v of CPU time in an attempt of %v, more than its 20%% share allows (%v)", cpu, wall, bound)
 	}
 }
 

@@ -101,6 +101,7 @@ type ended struct {
 	reason, message string // reason "" on success
 	packed          []byte // outputs and log (worker.js's pack)
 	ran             time.Duration
+	held            time.Duration // of ran, held back by the CPU share; -1: not known
 	at              time.Time
 }
 
@@ -132,13 +133,14 @@ func (r *runner) onEnded(b []byte) {
 		return
 	}
 	for range count {
-		if len(b) < 16 {
+		if len(b) < 24 {
 			bad()
 			return
 		}
 		attempt := int64(math.Float64frombits(binary.LittleEndian.Uint64(b)))
 		ms := math.Float64frombits(binary.LittleEndian.Uint64(b[8:]))
-		b = b[16:]
+		heldMs := math.Float64frombits(binary.LittleEndian.Uint64(b[16:]))
+		b = b[24:]
 		reason, ok1 := bytes()
 		message, ok2 := bytes()
 		packed, ok3 := bytes()
@@ -147,7 +149,10 @@ func (r *runner) onEnded(b []byte) {
 			return
 		}
 		e := ended{reason: string(reason), message: string(message), packed: packed,
-			ran: time.Duration(ms * float64(time.Millisecond)), at: at}
+			ran: time.Duration(ms * float64(time.Millisecond)), held: -1, at: at}
+		if heldMs >= 0 {
+			e.held = time.Duration(heldMs * float64(time.Millisecond))
+		}
 		r.mu.Lock()
 		ch := r.ends[attempt]
 		r.mu.Unlock()
@@ -392,9 +397,10 @@ func (r *runner) run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 		lim.WallMS, lim.OutputBytes, lim.LogBytes, float64(time.Since(start))/1e6, setup)
 
 	var out *wasmworker.Outcome
+	held := time.Duration(-1) // the part of out.Duration the share held back, when task.js says
 	select {
 	case e := <-done:
-		out = outcomeOf(e)
+		out, held = outcomeOf(e), e.held
 		if out.Reason == protocol.ReasonWallTime && out.Message == "" {
 			out.Message = fmt.Sprintf("wall time limit of %v exceeded", time.Duration(lim.WallMS)*time.Millisecond)
 		}
@@ -414,13 +420,19 @@ func (r *runner) run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 			// rather than throw a finished result away.
 			select {
 			case e := <-done:
-				out = outcomeOf(e)
+				out, held = outcomeOf(e), e.held
 			case <-time.After(time.Second):
 			}
 		}
 	}
+	// The CPU time given: the run time less what the share held back, as
+	// task.js measured it; for an attempt cut short, the share's part.
+	worked := time.Duration(float64(out.Duration) * float64(share) / 100)
+	if held >= 0 {
+		worked = max(out.Duration-held, 0)
+	}
 	r.mu.Lock()
-	r.cpu += time.Duration(float64(out.Duration) * float64(share) / 100)
+	r.cpu += worked
 	r.mu.Unlock()
 	return out
 }

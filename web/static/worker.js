@@ -223,15 +223,16 @@ function makeTasks(taskJs, server) {
   // end records that an attempt ended (reason null on success) after ms
   // milliseconds in its task Web Worker.
   function end(attempt, reason, message, packed, ms) {
-    ended.push({ attempt, reason, message, packed, ms });
+    ended.push({ attempt, reason, message, packed, ms, heldMs: -1 });
     settle();
   }
   function settle() {
     if (active === 0 && pending.length === 0) flushEnded();
     else if (!endedTimer) endedTimer = setTimeout(flushEnded, endedDelayMs);
   }
-  // packEnded packs ended attempts: a uint32 count; per attempt its id and
-  // its run time in ms (float64), the reason and the message (a uint32
+  // packEnded packs ended attempts: a uint32 count; per attempt its id, its
+  // run time in ms and the part of it the CPU share held the task back (-1:
+  // not known, the task Web Worker did not say) (float64s), the reason and the message (a uint32
   // length, 0xffffffff for none, then UTF-8), and pack's bytes (a uint32
   // length, then the bytes); little endian.
   function flushEnded() {
@@ -241,7 +242,7 @@ function makeTasks(taskJs, server) {
     const strs = list.map((e) => [e.reason == null ? null : enc.encode(e.reason), e.message == null ? null : enc.encode(e.message)]);
     let n = 4;
     for (let i = 0; i < list.length; i++) {
-      n += 16 + 12 + list[i].packed.length;
+      n += 24 + 12 + list[i].packed.length;
       for (const x of strs[i]) if (x) n += x.length;
     }
     const b = new Uint8Array(n), v = new DataView(b.buffer);
@@ -249,7 +250,7 @@ function makeTasks(taskJs, server) {
     v.setUint32(p, list.length, true); p += 4;
     for (let i = 0; i < list.length; i++) {
       const e = list[i];
-      v.setFloat64(p, e.attempt, true); v.setFloat64(p + 8, e.ms, true); p += 16;
+      v.setFloat64(p, e.attempt, true); v.setFloat64(p + 8, e.ms, true); v.setFloat64(p + 16, e.heldMs, true); p += 24;
       for (const x of strs[i]) {
         if (x) { v.setUint32(p, x.length, true); b.set(x, p + 4); p += 4 + x.length; }
         else { v.setUint32(p, 0xffffffff, true); p += 4; }
@@ -422,7 +423,7 @@ function makeTasks(taskJs, server) {
           if (d.ahead) counts.ahead++;
           if (!d.reason) runMs.set(r.key, runMs.has(r.key) ? 0.8 * runMs.get(r.key) + 0.2 * d.ms : d.ms);
           ended.push({ attempt: d.attempt, reason: d.reason || null, message: d.reason ? d.message : null,
-            packed: pack(d.outputs, d.log), ms: d.ms });
+            packed: pack(d.outputs, d.log), ms: d.ms, heldMs: d.heldMs });
         }
         pump();
         settle();
