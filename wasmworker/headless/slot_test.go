@@ -87,11 +87,10 @@ func TestIsolatedCancelKillsSlot(t *testing.T) {
 		if o.Reason != protocol.ReasonCancelled {
 			t.Fatalf("Reason %q (%s), want cancelled", o.Reason, o.Message)
 		}
-		if d > 200*time.Millisecond {
-			t.Errorf("Run returned %v after cancel", d)
-		}
+		// How soon is a figure, not a bound a busy machine could break:
+		// the slot process is killed, not asked to stop (checked below).
 		t.Logf("Run returned %v after cancel", d)
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("Run did not return after cancel")
 	}
 	if !processGone(pid) {
@@ -192,7 +191,7 @@ func TestIsolatedCloseEndsAModuleFetch(t *testing.T) {
 		if o.Reason != protocol.ReasonWorker || !strings.Contains(o.Message, "closing") {
 			t.Errorf("Reason %q (%s), want worker: the runner is closing", o.Reason, o.Message)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("Run still fetching its module after Close")
 	}
 	if err := <-closed; err != nil {
@@ -212,7 +211,7 @@ func TestIsolatedSlotKilledFromOutside(t *testing.T) {
 			t.Fatalf("Reason %q Message %q, want worker and a message saying the slot process was killed", o.Reason, o.Message)
 		}
 		t.Logf("Message: %s", o.Message)
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("Run did not return after its slot process was killed")
 	}
 	j, _ := job(t, "echo", protocol.Assign{Args: []string{"again"}})
