@@ -5,7 +5,11 @@ DATA    ?= data
 ADDR    ?= :8080
 SLOTS   ?= 2
 
-.PHONY: all build tasks ctoolchain web templ run test fuzz bench vet clean chromium
+# Without the checkout's directory in the build cache's keys, a fresh clone
+# elsewhere reuses what an earlier one compiled (go build, vet and test).
+export GOFLAGS += -trimpath
+
+.PHONY: all build tasks ctoolchain web templ run test test-go fuzz-smoke fuzz bench vet clean chromium
 
 all: build
 
@@ -68,12 +72,19 @@ vet:
 # Unit, integration and end-to-end tests against a real PostgreSQL (started
 # by the tests from the installed binaries, which must be there: without
 # them the tests that need a database fail, saying so), real WebSockets and
-# real wazero, then a short run of each fuzz target (make fuzz runs them
-# longer). Most end-to-end tests wait on leases, heartbeats and child
-# processes rather than compute, so four run at once whatever the cores.
-test: build vet chromium
+# real wazero, with the vet passes and a short run of each fuzz target
+# (make fuzz runs them longer) beside them: the end-to-end tests, the long
+# pole, wait on leases, heartbeats and child processes more than they
+# compute, so four of them run at once whatever the cores, and the rest
+# fits in the CPU they leave.
+test: build chromium
+	@$(MAKE) --no-print-directory -j3 test-go vet fuzz-smoke
+
+test-go:
 	CYCLEPOOL_REQUIRE_POSTGRES=1 $(GO) test -count=1 -parallel 4 -timeout 20m ./...
-	$(MAKE) fuzz FUZZTIME=20000x
+
+fuzz-smoke:
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=20000x
 
 # The browser tests drive Debian's Chromium; install it when it is missing
 # (as root, or through sudo).
