@@ -6,8 +6,9 @@ ADDR    ?= :8080
 SLOTS   ?= 2
 
 # Without the checkout's directory in the build cache's keys, a fresh clone
-# elsewhere reuses what an earlier one compiled (go build, vet and test).
-export GOFLAGS += -trimpath
+# elsewhere reuses what an earlier one compiled (go build, vet and test);
+# the flags of the machine's go env are kept.
+export GOFLAGS := $(strip $(filter-out -trimpath,$(shell $(GO) env GOFLAGS)) -trimpath)
 
 .PHONY: all build tasks ctoolchain web templ run test test-go fuzz-smoke fuzz bench vet clean chromium
 
