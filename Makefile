@@ -10,7 +10,7 @@ SLOTS   ?= 2
 # the flags of the machine's go env are kept.
 export GOFLAGS := $(strip $(filter-out -trimpath,$(shell $(GO) env GOFLAGS)) -trimpath)
 
-.PHONY: all build tasks ctoolchain web templ run test test-go fuzz-smoke fuzz bench vet clean chromium
+.PHONY: all build tasks ctoolchain web templ run test test-e2e test-rest vet-low fuzz-smoke fuzz bench vet clean chromium
 
 all: build
 
@@ -74,18 +74,25 @@ vet:
 # by the tests from the installed binaries, which must be there: without
 # them the tests that need a database fail, saying so), real WebSockets and
 # real wazero, with the vet passes and a short run of each fuzz target
-# (make fuzz runs them longer) beside them: the end-to-end tests, the long
-# pole, wait on leases, heartbeats and child processes more than they
-# compute, so four of them run at once whatever the cores, and the rest
-# fits in the CPU they leave.
+# (make fuzz runs them longer) beside them. The end-to-end tests are the
+# long pole: they wait on leases, heartbeats and child processes more than
+# they compute, so four of them run at once whatever the cores, and
+# everything else runs at a lower priority (LOW) in the CPU they leave.
+LOW := nice -n 10 $(GO)
 test: build chromium
-	@$(MAKE) --no-print-directory -j3 test-go vet fuzz-smoke
+	@$(MAKE) --no-print-directory -j4 test-e2e test-rest vet-low fuzz-smoke
 
-test-go:
-	CYCLEPOOL_REQUIRE_POSTGRES=1 $(GO) test -count=1 -parallel 4 -timeout 20m ./...
+test-e2e:
+	CYCLEPOOL_REQUIRE_POSTGRES=1 $(GO) test -count=1 -parallel 4 -timeout 20m ./e2e/
+
+test-rest:
+	CYCLEPOOL_REQUIRE_POSTGRES=1 $(LOW) test -count=1 -parallel 4 -timeout 20m $$($(GO) list ./... | grep -v '/e2e$$')
+
+vet-low:
+	@$(MAKE) --no-print-directory vet GO="$(LOW)"
 
 fuzz-smoke:
-	@$(MAKE) --no-print-directory fuzz FUZZTIME=20000x
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=20000x GO="$(LOW)"
 
 # The browser tests drive Debian's Chromium; install it when it is missing
 # (as root, or through sudo).
