@@ -30,6 +30,8 @@ func runWorker(ctx context.Context, args []string) error {
 	gather := fs.Duration("gather", defaultGather, "how long a finished task's result may wait for others, to travel to the server "+
 		"in one frame with them, while other tasks run or wait (0: never)")
 	cache := fs.String("cache-dir", defaultCacheDir(), "directory of the compiled-module cache")
+	cacheMiB := fs.Int64("cache-mib", headless.DefaultCompileCacheBytes>>20, "bound of the compiled-module cache in MiB, kept at start "+
+		"(the modules read least recently go first; any unread for 30 days too)")
 	dataDir := fs.String("data-dir", "", "directory of the data cache: the blobs tasks mount, kept for later tasks (default: the user's cache directory)")
 	dataMiB := fs.Int64("data-cache-mib", headless.DefaultDataCacheBytes>>20, "bound of the data cache in MiB (blobs in use are never evicted)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
@@ -60,7 +62,7 @@ func runWorker(ctx context.Context, args []string) error {
 	log := newLogger(*logLevel)
 	servePprof(*pprofAddr, log)
 	r, err := headless.New(ctx, headless.Config{CacheDir: *cache, Logger: log, DataDir: *dataDir, DataCacheBytes: *dataMiB << 20,
-		CPUShare: *cpuShare})
+		CacheBytes: *cacheMiB << 20, CPUShare: *cpuShare})
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}

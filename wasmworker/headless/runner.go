@@ -49,6 +49,9 @@ type Config struct {
 	// CacheDir holds wazero's compilation cache. Empty means an in-memory
 	// cache only (modules are compiled again by each process).
 	CacheDir string
+	// CacheBytes bounds CacheDir, which New prunes (cacheprune.go); 0
+	// means DefaultCompileCacheBytes.
+	CacheBytes int64
 	// Logger receives diagnostics; nil discards them.
 	Logger *slog.Logger
 	// InProcess runs attempts in this process, stopped by wazero's
@@ -159,6 +162,13 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	}
 	if err := checkCPUShare(cfg.CPUShare, cfg.InProcess || !slotHookCalled.Load()); err != nil {
 		return nil, err
+	}
+	if cfg.CacheDir != "" {
+		bound := cfg.CacheBytes
+		if bound <= 0 {
+			bound = DefaultCompileCacheBytes
+		}
+		pruneCompileCache(cfg.CacheDir, bound, time.Now(), log)
 	}
 	tmp := cfg.TempDir
 	if tmp == "" {

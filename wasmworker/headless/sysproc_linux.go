@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"syscall"
+	"time"
 )
 
 // selfExecutable is the executable a slot process starts from:
@@ -47,6 +48,15 @@ func freeBytes(dir string) uint64 {
 		return 0
 	}
 	return st.Bavail * uint64(st.Bsize)
+}
+
+// accessTime is when a file was last read, as far as the file system
+// records it (relatime: at least daily).
+func accessTime(fi os.FileInfo) time.Time {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return time.Unix(st.Atim.Sec, st.Atim.Nsec)
+	}
+	return fi.ModTime()
 }
 
 // processGone reports whether no process has the given pid.

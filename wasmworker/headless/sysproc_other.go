@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"syscall"
+	"time"
 )
 
 // selfExecutable is the executable a slot process starts from.
@@ -23,6 +24,10 @@ const stopSignal, continueSignal = syscall.Signal(0), syscall.Signal(0) // never
 
 // freeBytes returns 0: unknown (so /dev/shm is not used).
 func freeBytes(string) uint64 { return 0 }
+
+// accessTime is when a file was last modified: its access time is not
+// read outside Linux.
+func accessTime(fi os.FileInfo) time.Time { return fi.ModTime() }
 
 // processGone reports false: unknown.
 func processGone(int) bool { return false }
