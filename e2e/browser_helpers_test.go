@@ -28,8 +28,10 @@ import (
 // without it fails the browser tests: they are never skipped.
 const chromiumPath = "/usr/bin/chromium"
 
-// screensDir also keeps every screenshot, for people to look at.
-const screensDir = "/tmp/cyclepool-screens"
+// screensDir is where the tests' screenshots of the pages go, for people
+// to look at: the directory CYCLEPOOL_SCREENS names, and none (no
+// screenshot taken) without it. No test asserts on a screenshot.
+func screensDir() string { return os.Getenv("CYCLEPOOL_SCREENS") }
 
 // browser is one tab of the shared Chromium, in a browser context of its
 // own.
@@ -223,29 +225,30 @@ func (b *browser) status() pageStatus {
 	return *s
 }
 
-// screenshot saves the whole page as PNG at the given width, under the
-// test's temp dir and under /tmp/cyclepool-screens/.
-func (b *browser) screenshot(name string, width, height int64) string {
+// screenshot sets the viewport to width by height and saves the whole page
+// as PNG in screensDir, when there is one.
+func (b *browser) screenshot(name string, width, height int64) {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
 	defer cancel()
 	if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, height)); err != nil {
 		b.t.Fatalf("viewport: %v", err)
 	}
+	dir := screensDir()
+	if dir == "" {
+		return
+	}
 	time.Sleep(300 * time.Millisecond) // let the layout settle
 	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		b.t.Fatalf("screenshot: %v", err)
 	}
-	file := fmt.Sprintf("%s-%dpx.png", name, width)
-	path := filepath.Join(b.t.TempDir(), file)
-	if err := os.WriteFile(path, png, 0o644); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		b.t.Fatal(err)
 	}
-	if err := os.MkdirAll(screensDir, 0o755); err == nil {
-		_ = os.WriteFile(filepath.Join(screensDir, file), png, 0o644)
+	if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%dpx.png", name, width)), png, 0o644); err != nil {
+		b.t.Fatal(err)
 	}
-	return path
 }
 
 // stopPage stops the volunteer page's worker (its toggle) and waits until

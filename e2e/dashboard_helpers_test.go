@@ -164,13 +164,19 @@ func (b *browser) viewShot(name string, width, height int64) {
 	if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, height)); err != nil {
 		b.t.Fatalf("viewport: %v", err)
 	}
+	dir := screensDir()
+	if dir == "" {
+		return
+	}
 	time.Sleep(300 * time.Millisecond)
 	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
 	if err != nil {
 		b.t.Fatalf("screenshot: %v", err)
 	}
-	file := fmt.Sprintf("%s-%dpx.png", name, width)
-	if err := os.MkdirAll(screensDir, 0o755); err == nil {
-		_ = os.WriteFile(filepath.Join(screensDir, file), png, 0o644)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%dpx.png", name, width)), png, 0o644); err != nil {
+		b.t.Fatal(err)
 	}
 }
