@@ -425,6 +425,14 @@ func (r *runner) run(ctx context.Context, job *wasmworker.Job) *wasmworker.Outco
 			}
 		}
 	}
+	if out.Reason != "" && out.Reason != protocol.ReasonCancelled {
+		// In the page's console: what a volunteer (or a test) sees of it.
+		msg := out.Message
+		if len(msg) > 300 {
+			msg = msg[:300] + "…"
+		}
+		r.log.Warn("attempt failed", "attempt", as.Attempt, "task", as.Task, "reason", out.Reason, "message", msg, "ran", out.Duration)
+	}
 	// The CPU time given: the run time less what the share held back, as
 	// task.js measured it; for an attempt cut short, the share's part.
 	worked := time.Duration(float64(out.Duration) * float64(share) / 100)
