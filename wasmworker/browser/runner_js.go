@@ -148,9 +148,12 @@ func (r *runner) onEnded(b []byte) {
 			bad()
 			return
 		}
+		if !(ms >= 0 && ms < math.MaxInt64/float64(time.Millisecond)) {
+			ms = 0 // not a run time (NaN, negative, or past any wall time): none
+		}
 		e := ended{reason: string(reason), message: string(message), packed: packed,
 			ran: time.Duration(ms * float64(time.Millisecond)), held: -1, at: at}
-		if heldMs >= 0 {
+		if heldMs >= 0 && heldMs <= ms {
 			e.held = time.Duration(heldMs * float64(time.Millisecond))
 		}
 		r.mu.Lock()
