@@ -225,8 +225,7 @@ func TestBrowserOfflineDelivery(t *testing.T) {
 	counter := push(t, c, "counter")
 	b := newBrowser(t, 1280, 900, charging)
 	openVolunteerPage(t, b, srv.url)
-	setShare(t, b, heldShare) // the counter is there to take time
-	id := submit(t, c, workflow("offline", task{"name": "count", "module": counter, "args": []string{"30", heldStep(100)},
+	id := submit(t, c, workflow("offline", task{"name": "count", "module": counter, "args": []string{"30", "100"},
 		"checkpoint_interval": "1s"}))
 	eventually(t, 30*time.Second, "the task to run in the browser", func() bool { return len(b.status().Running) == 1 })
 
