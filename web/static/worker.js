@@ -450,7 +450,10 @@ function makeTasks(taskJs, server) {
       stopBatch(w, id);
       if (r && !r.over) {
         r.over = true; runs.delete(id);
-        end(id, "worker", "the task Web Worker failed: " + (e.message || "error"), pack([], EMPTY), now() - w.startedAt());
+        // No start time: it failed before running anything (its script
+        // did not load, say), so it ran for nothing.
+        const ran = w.startedAt() > 0 ? now() - w.startedAt() : 0;
+        end(id, "worker", "the task Web Worker failed: " + (e.message || "error"), pack([], EMPTY), ran);
       }
       pump();
     };
