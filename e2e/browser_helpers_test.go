@@ -265,10 +265,13 @@ func stopPage(t *testing.T, b *browser) {
 
 // countingProxy stands between the browser and a server (WebSockets
 // included) and counts the requests that reach the server, by path prefix.
+// It can also refuse requests by path prefix, as a server gone or a
+// network cut for some paths would.
 type countingProxy struct {
-	url string
-	mu  sync.Mutex
-	log []string // request paths, in order
+	url     string
+	mu      sync.Mutex
+	log     []string // request paths, in order
+	refused string   // a path prefix answered with 503 ("" for none)
 	// blobBytes counts the bytes of the answers to /blobs/ requests.
 	blobBytes atomic.Int64
 }
@@ -296,7 +299,12 @@ func newCountingProxy(t *testing.T, target string) *countingProxy {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		cp.mu.Lock()
 		cp.log = append(cp.log, r.URL.Path)
+		refuse := cp.refused != "" && strings.HasPrefix(r.URL.Path, cp.refused)
 		cp.mu.Unlock()
+		if refuse {
+			http.Error(w, "refused by the test's proxy", http.StatusServiceUnavailable)
+			return
+		}
 		if strings.HasPrefix(r.URL.Path, "/blobs/") {
 			w = countingWriter{w, &cp.blobBytes}
 		}
@@ -305,6 +313,14 @@ func newCountingProxy(t *testing.T, target string) *countingProxy {
 	t.Cleanup(srv.Close)
 	cp.url = srv.URL
 	return cp
+}
+
+// refuse makes the proxy answer 503 to the requests whose path starts with
+// prefix ("" to refuse none).
+func (cp *countingProxy) refuse(prefix string) {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	cp.refused = prefix
 }
 
 // count returns how many requests had a path starting with prefix.

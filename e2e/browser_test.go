@@ -174,6 +174,10 @@ func TestBrowserOnlyWhileCharging(t *testing.T) {
 
 // A module is downloaded once per volunteer: a second visit, even with the
 // HTTP cache cleared, takes it from IndexedDB and never asks the server.
+// And once the page has started, it needs none of the server's static files
+// to run a task: a task Web Worker is started from the copy of task.js the
+// page fetched when it started, not from the server, which may be gone by
+// then (the offline test cuts it off right after its first assignment).
 func TestBrowserModuleCacheAcrossVisits(t *testing.T) {
 	t.Parallel()
 	p := newPlatform(t)
@@ -181,10 +185,12 @@ func TestBrowserModuleCacheAcrossVisits(t *testing.T) {
 	proxy := newCountingProxy(t, p.srv.url) // the page's origin: it counts what reaches the server
 	b := newBrowser(t, 1280, 900, charging)
 	openVolunteerPage(t, b, proxy.url)
+	proxy.refuse("/static/")
 	id := submit(t, p.client, workflow("visit-1", task{"name": "e", "module": echo, "args": []string{"one"}}))
 	if st := wait(t, p.client, id, 60*time.Second); st.State != "done" {
 		t.Fatalf("first visit: workflow ended %s", st.State)
 	}
+	proxy.refuse("")
 	if n := proxy.count("/modules/"); n != 1 {
 		t.Fatalf("first visit: %d module requests, want 1", n)
 	}

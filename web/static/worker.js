@@ -44,14 +44,29 @@ self.cyclepoolReady = (fn) => {
 async function boot(init) {
   try {
     importScripts(init.wasmExec);
-    self.cyclepoolTasks = makeTasks(init.taskJs, init.server);
     const go = new Go();
-    const { instance } = await WebAssembly.instantiateStreaming(fetch(init.wasm), go.importObject);
+    // task.js is fetched once, now, and every task Web Worker starts from
+    // that copy: a task arrives when the server may already be gone (or the
+    // network cut), and a worker started from the server's URL would then
+    // fail to load before its attempt starts.
+    const [taskJs, { instance }] = await Promise.all([
+      scriptURL(init.taskJs),
+      WebAssembly.instantiateStreaming(fetch(init.wasm), go.importObject),
+    ]);
+    self.cyclepoolTasks = makeTasks(taskJs, init.server);
     await go.run(instance);
   } catch (err) {
     postMessage({ type: "log", level: "error", text: "worker failed: " + (err && err.stack || err) });
   }
   postMessage({ type: "stopped" });
+}
+
+// scriptURL fetches a script and returns a blob: URL of its text, which a
+// Worker can start from for as long as the page lives, without the network.
+async function scriptURL(url) {
+  const resp = await fetch(url);
+  if (!resp.ok) throw new Error(`fetch ${url}: HTTP ${resp.status}`);
+  return URL.createObjectURL(new Blob([await resp.text()], { type: "text/javascript" }));
 }
 
 function makeTasks(taskJs, server) {
