@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,15 +35,24 @@ func startVolunteer(t *testing.T, name string, slots int, server string) *proc {
 
 // failer answers every assignment at once with a failure of the task's own
 // (reason exit), as a hostile volunteer would to fail other people's work,
-// and counts what it was given.
+// or with another reason (runFailing), and counts what it was given.
 type failer struct {
 	*fakeWorker
 	assigned atomic.Int64
 	// most is the most attempts it held at once
 	most atomic.Int64
+
+	mu sync.Mutex
+	at []time.Time // when each assign frame arrived
 }
 
 func runFailer(t *testing.T, server string, slots int) *failer {
+	t.Helper()
+	return runFailing(t, server, slots, protocol.ReasonExit)
+}
+
+// runFailing starts a failer that fails every attempt with reason.
+func runFailing(t *testing.T, server string, slots int, reason string) *failer {
 	t.Helper()
 	f := &failer{fakeWorker: dialFakeVolunteer(t, server, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: slots})}
 	go func() {
@@ -49,6 +60,9 @@ func runFailer(t *testing.T, server string, slots int) *failer {
 			if fr.Type != protocol.TypeAssign {
 				continue
 			}
+			f.mu.Lock()
+			f.at = append(f.at, time.Now())
+			f.mu.Unlock()
 			n := int64(len(fr.Assign))
 			f.assigned.Add(n)
 			if n > f.most.Load() {
@@ -56,7 +70,7 @@ func runFailer(t *testing.T, server string, slots int) *failer {
 			}
 			fails := make([]protocol.Fail, len(fr.Assign))
 			for i, a := range fr.Assign {
-				fails[i] = protocol.Fail{Attempt: a.Attempt, Reason: protocol.ReasonExit, Message: "exit status 1"}
+				fails[i] = protocol.Fail{Attempt: a.Attempt, Reason: reason, Message: "failed by a test's failer"}
 			}
 			data, _, err := protocol.Encode(&protocol.Frame{Type: protocol.TypeFail, Fails: fails})
 			if err != nil {
@@ -332,4 +346,49 @@ func TestForgerIsDisconnectedAndKeptOut(t *testing.T) {
 		t.Fatalf("the forger's address connecting again: %v %v; want 429 with Retry-After", resp, err)
 	}
 	dialFakeHello(t, p.srv.url, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1})
+}
+
+// A volunteer that hands back every attempt the moment it gets it (reason
+// worker, which costs no one anything), as a page whose runner is broken
+// or a hostile worker would, gets its budget of them and is then held:
+// it cannot spin a task through attempts, each a row in the database. The
+// task is charged nothing, and an honest worker then runs it.
+func TestHandBackLoopIsHeld(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	echo := push(t, p.client, "echo")
+	id := submit(t, p.client, workflow("handed-back", task{"name": "t", "module": echo, "max_attempts": 1,
+		"stdin": map[string]any{"data": "kept\n"}}))
+	const (
+		budget = 64              // server.handBackBurst
+		hold   = 5 * time.Second // server.handBackHold
+	)
+	loop := runFailing(t, p.srv.url, 1, protocol.ReasonWorker)
+	// The budget, the one past it, perhaps one more given as the hold
+	// began, and one after the hold.
+	eventually(t, 60*time.Second, "the looping worker to be held and let go", func() bool { return loop.assigned.Load() >= budget+3 })
+	loop.mu.Lock()
+	at := slices.Clone(loop.at)
+	loop.mu.Unlock()
+	first := -1 // the first assignment after a gap of at least the hold
+	for i := 1; i < len(at) && first < 0; i++ {
+		if at[i].Sub(at[i-1]) >= hold {
+			first = i
+		}
+	}
+	if first < 0 || first > budget+2 {
+		t.Fatalf("%d assignments, the first after a gap of %v at %d: want at most %d before the worker is held", len(at), hold, first, budget+2)
+	}
+	loop.ws.CloseNow()
+	as := attempts(t, p.client, id, "t")
+	t.Logf("%d assignments before the hold; %d attempts recorded", first, len(as))
+
+	startVolunteer(t, "honest", 1, p.srv.url)
+	st := wait(t, p.client, id, 60*time.Second)
+	if st.State != client.WorkflowDone || st.Tasks[0].Attempts != 1 {
+		t.Fatalf("workflow ended %s: %+v: want done, charged only the honest attempt", st.State, st.Tasks)
+	}
+	if out := output(t, p.client, id, "t", "stdout"); out != "kept\n" {
+		t.Errorf("stdout %q", out)
+	}
 }

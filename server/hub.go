@@ -64,6 +64,12 @@ type conn struct {
 	slots  int
 	free   int
 	paused bool
+	// held: the worker handed back attempts faster than its budget
+	// (hub.handedBack) and gets no new work until a timer ends the hold;
+	// holds counts the holds in a row, without an accepted result between
+	// them, which double each time.
+	held  bool
+	holds int
 	// running has the module of each attempt the worker holds, for the
 	// checkpoints' cost.
 	running map[int64]string
@@ -205,10 +211,15 @@ type hub struct {
 	// payload bounds the payload bytes of all workers' frames held on
 	// this replica (see payloadLimits).
 	payload byteBudget
+	// handBacks is each volunteer identity's budget of attempts handed
+	// back (handBackBurst, then one every handBackEvery), kept across its
+	// reconnections.
+	handBacks *addrBuckets
 }
 
 func newHub(silent time.Duration) *hub {
-	return &hub{conns: map[string]*conn{}, attempts: map[int64]*conn{}, open: map[*conn]struct{}{}, silent: silent}
+	return &hub{conns: map[string]*conn{}, attempts: map[int64]*conn{}, open: map[*conn]struct{}{}, silent: silent,
+		handBacks: newAddrBuckets(handBackEvery, handBackBurst)}
 }
 
 // heardFrom records that a frame arrived from c now. It reports whether c
@@ -236,7 +247,7 @@ func (h *hub) reserve(max int) []*conn {
 	for more := true; more && len(slots) < max; {
 		more = false
 		for c := range h.open {
-			if c.free <= 0 || c.paused {
+			if c.free <= 0 || c.paused || c.held {
 				delete(h.open, c) // back with opened when it has room again
 				continue
 			}
@@ -307,7 +318,7 @@ func (h *hub) setQueue(c *conn, queue int) bool {
 // openedLocked puts c in h.open if it has room for an attempt (h.mu
 // held): called wherever c.free grows or c resumes.
 func (h *hub) openedLocked(c *conn) {
-	if c.free > 0 && !c.paused && h.conns[c.id] == c {
+	if c.free > 0 && !c.paused && !c.held && h.conns[c.id] == c {
 		h.open[c] = struct{}{}
 	}
 }
@@ -590,6 +601,57 @@ func (h *hub) succeeded(c *conn) {
 	defer h.mu.Unlock()
 	c.tasksDone++
 	c.failStreak = 0
+	c.holds = 0
+}
+
+// handBackBurst and handBackEvery are a volunteer's budget of attempts
+// handed back (protocol.ReasonWorker: it paused, it is closing, its
+// runner broke): those cost no one anything (store.EndHandedBack), so a
+// worker that hands back every attempt as soon as it gets it, broken or
+// hostile, would otherwise take the same task back at once, forever, and
+// write an attempt each time. An honest volunteer hands back what it holds
+// when it pauses, a few attempts now and then. Past the budget, a
+// connection is held for handBackHold, doubled for each hold in a row up
+// to maxHandBackHold (docs/SECURITY.md).
+const (
+	handBackBurst   = 64
+	handBackEvery   = 5 * time.Second
+	handBackHold    = 5 * time.Second
+	maxHandBackHold = 5 * time.Minute
+)
+
+// handedBack records that c handed back n attempts now and returns how long
+// c is now held (0: not held by this call). The operator's workers are not
+// held back.
+func (h *hub) handedBack(c *conn, n int, now time.Time) time.Duration {
+	if c.operator || n <= 0 {
+		return 0
+	}
+	over := false
+	for range n {
+		over = !h.handBacks.take(c.id, now) || over
+	}
+	if !over {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if c.held {
+		return 0 // a timer already ends the hold
+	}
+	c.held = true
+	delete(h.open, c)
+	d := min(handBackHold<<min(c.holds, 16), maxHandBackHold)
+	c.holds++
+	return d
+}
+
+// unhold ends c's hold (handedBack).
+func (h *hub) unhold(c *conn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c.held = false
+	h.openedLocked(c)
 }
 
 // failedOnce records a failure c reported that counts against it and

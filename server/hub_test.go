@@ -196,3 +196,62 @@ func (h *hub) freeOf(c *conn) int {
 	defer h.mu.Unlock()
 	return c.free
 }
+
+// A volunteer that hands back attempts faster than its budget (a broken
+// runner that fails every attempt before it starts, or a hostile worker)
+// gets no new work until its hold ends; the holds in a row double, and an
+// accepted result resets them. The budget belongs to the identity, so a
+// new connection does not refill it. The operator's workers are not held.
+func TestHandBacksPastTheBudgetHoldTheWorker(t *testing.T) {
+	t.Parallel()
+	h := newHub(time.Minute)
+	now := time.Now()
+	newConn := func(id string, operator bool) *conn {
+		c := &conn{id: id, free: 1, slots: 1, operator: operator, tasksDone: 100, running: map[int64]string{}}
+		c.heard.Store(now.UnixNano())
+		h.add(c)
+		return c
+	}
+	vol, op := newConn("volunteer", false), newConn("operator", true)
+
+	tests := []struct {
+		name string
+		c    *conn
+		n    int
+		hold time.Duration
+	}{
+		{"within the budget", vol, handBackBurst, 0},
+		{"one past it", vol, 1, handBackHold},
+		{"more while held", vol, 3, 0},
+		{"the operator's, far past it", op, 10 * handBackBurst, 0},
+	}
+	for _, tc := range tests {
+		if got := h.handedBack(tc.c, tc.n, now); got != tc.hold {
+			t.Fatalf("%s: held for %v, want %v", tc.name, got, tc.hold)
+		}
+	}
+	if got := ids(h.reserve(10)); !slices.Equal(got, []string{"operator"}) {
+		t.Fatalf("reserved %v while the volunteer is held, want the operator's slot only", got)
+	}
+	h.unhold(vol)
+	if got := ids(h.reserve(10)); !slices.Equal(got, []string{"volunteer"}) {
+		t.Fatalf("reserved %v once the hold ended, want the volunteer's slot", got)
+	}
+	if got := h.handedBack(vol, 1, now); got != 2*handBackHold {
+		t.Fatalf("second hold in a row: %v, want %v", got, 2*handBackHold)
+	}
+	h.unhold(vol)
+	h.succeeded(vol)
+	h.remove(vol)
+	again := newConn("volunteer", false) // the same identity reconnects
+	if got := h.handedBack(again, 1, now); got != handBackHold {
+		t.Fatalf("after a result and a reconnection: held for %v, want %v (the budget is the identity's)", got, handBackHold)
+	}
+	if got := h.handedBack(again, 1, now); got != 0 {
+		t.Fatalf("held again while already held: %v", got)
+	}
+	h.unhold(again)
+	if got := h.handedBack(again, 1, now.Add(handBackEvery)); got != 0 {
+		t.Fatalf("held for %v with a token earned back", got)
+	}
+}

@@ -21,6 +21,7 @@ type metrics struct {
 	leaseGraces    prometheus.Counter
 	workerConnects *prometheus.CounterVec
 	badFrames      prometheus.Counter
+	handBackHolds  prometheus.Counter
 	uploadedBytes  prometheus.Counter
 	uploadSeconds  prometheus.Counter
 	leader         prometheus.Gauge
@@ -47,6 +48,8 @@ func newMetrics(s *Server) *metrics {
 			Name: "cyclepool_worker_connections_total", Help: "Worker connections accepted, by kind."}, []string{"kind"}),
 		badFrames: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cyclepool_bad_frames_total", Help: "Malformed or forbidden worker frames (each closed its socket)."}),
+		handBackHolds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cyclepool_hand_back_holds_total", Help: "Times a volunteer handed back attempts faster than its budget and got no new work for a while."}),
 		uploadedBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cyclepool_output_upload_bytes_total", Help: "Bytes of outputs workers uploaded over HTTP and the server stored."}),
 		uploadSeconds: prometheus.NewCounter(prometheus.CounterOpts{
@@ -63,7 +66,7 @@ func newMetrics(s *Server) *metrics {
 	for _, outcome := range []string{"run", "submission", "skipped"} {
 		m.rounds.WithLabelValues(outcome) // every outcome shows, 0 until it happens
 	}
-	m.reg.MustRegister(m.dispatched, m.rounds, m.completions, m.checkpoints, m.leaseExpiries, m.leaseGraces, m.workerConnects, m.badFrames, m.uploadedBytes, m.uploadSeconds,
+	m.reg.MustRegister(m.dispatched, m.rounds, m.completions, m.checkpoints, m.leaseExpiries, m.leaseGraces, m.workerConnects, m.badFrames, m.handBackHolds, m.uploadedBytes, m.uploadSeconds,
 		m.leader, m.batchSize, m.batchSeconds, s.health.writable, s.health.faults,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{s: s,

@@ -732,6 +732,22 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 	return nil
 }
 
+// holdIfHandingBack counts n attempts that c handed back
+// (hub.handedBack); past its budget, c gets no new work for a while.
+func (s *Server) holdIfHandingBack(c *conn, n int) {
+	d := s.hub.handedBack(c, n, time.Now())
+	if d == 0 {
+		return
+	}
+	s.metrics.handBackHolds.Inc()
+	c.log.Warn("worker hands back attempts faster than its budget: no new work for a while", "for", d,
+		"budget", fmt.Sprintf("%d, then one every %v", handBackBurst, handBackEvery))
+	time.AfterFunc(d, func() {
+		s.hub.unhold(c)
+		s.wakeSlots()
+	})
+}
+
 // finish frees the attempts' slots and queues their completions, those of
 // one frame together in one batch; the acks go out once it is committed.
 // An outcome for an attempt the connection does not hold (the rule above
@@ -741,6 +757,7 @@ func (s *Server) finish(ctx context.Context, c *conn, comps []store.Completion, 
 	items := make([]completion, 0, len(comps))
 	var refused []protocol.Ack
 	freed := false
+	handedBack := 0
 	for _, comp := range comps {
 		ok, fr := s.hub.takeOutcome(c, comp.Attempt, c.hold)
 		if !ok {
@@ -748,8 +765,12 @@ func (s *Server) finish(ctx context.Context, c *conn, comps []store.Completion, 
 			continue
 		}
 		freed = freed || fr
+		if fr && comp.End == store.EndHandedBack {
+			handedBack++
+		}
 		items = append(items, completion{c: c, comp: comp, of: of})
 	}
+	s.holdIfHandingBack(c, handedBack)
 	if len(refused) > 0 {
 		s.metrics.completions.WithLabelValues("refused").Add(float64(len(refused)))
 		c.enqueue(&protocol.Frame{Type: protocol.TypeAck, Acks: refused})
