@@ -350,3 +350,27 @@ func TestServeProcs(t *testing.T) {
 		t.Errorf("with GOMAXPROCS set: %d, want the runtime's %d", got, runtime.GOMAXPROCS(0))
 	}
 }
+
+// A CPU share that is not a percentage from 10 to 100 refuses to start,
+// naming the flag, before anything is started.
+func TestCPUShareFlagsAreValidated(t *testing.T) {
+	tests := []struct {
+		name string
+		run  func(context.Context, []string) error
+		args []string
+		want string
+	}{
+		{"worker, too small", runWorker, []string{"--server", "http://127.0.0.1:1", "--cpu-share", "5"}, "--cpu-share 5 is not a percentage"},
+		{"worker, too large", runWorker, []string{"--server", "http://127.0.0.1:1", "--cpu-share", "101"}, "--cpu-share 101 is not a percentage"},
+		{"serve's local worker", runServe, []string{"--data-dir", t.TempDir(), "--local-worker", "1", "--local-worker-cpu-share", "0"},
+			"--local-worker-cpu-share 0 is not a percentage"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.run(context.Background(), tc.args)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("%v, want an error saying %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -47,6 +47,7 @@ func runServe(ctx context.Context, args []string) error {
 	dbURL := fs.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL; empty starts a private cluster under --data-dir")
 	dataDir := fs.String("data-dir", "data", "directory for the embedded PostgreSQL, the owner token and caches")
 	localSlots := fs.Int("local-worker", 0, "also run a headless worker with this many slots in this process (0: none)")
+	localShare := fs.Int("local-worker-cpu-share", 100, "the local worker's --cpu-share: percentage of each slot's CPU time that tasks may use (10 to 100, Linux only)")
 	lease := fs.Duration("lease", 15*time.Second, "how long an attempt survives without a heartbeat before its task is requeued")
 	retention := fs.Duration("worker-retention", 30*24*time.Hour, "how long the record of a disconnected worker is kept (its reputation with it)")
 	poll := fs.Duration("poll", time.Second, "how often the dispatcher looks for ready tasks without being told of them (notifications tell it at once)")
@@ -69,6 +70,9 @@ func runServe(ctx context.Context, args []string) error {
 	strategy, err := sched.ParseStrategy(*fairness)
 	if err != nil {
 		return err
+	}
+	if *localShare < 10 || *localShare > 100 {
+		return fmt.Errorf("serve: --local-worker-cpu-share %d is not a percentage from 10 to 100", *localShare)
 	}
 	if msg := web.CheckFrameAncestors(*frameAncestors); msg != "" {
 		return fmt.Errorf("--%s", msg)
@@ -147,7 +151,8 @@ func runServe(ctx context.Context, args []string) error {
 		url, filepath.Join(*dataDir, "worker.key"))
 	var local *wasmworker.Worker
 	if *localSlots > 0 {
-		r, err := headless.New(ctx, headless.Config{CacheDir: filepath.Join(*dataDir, "cache"), DataDir: filepath.Join(*dataDir, "worker-data"), Logger: log})
+		r, err := headless.New(ctx, headless.Config{CacheDir: filepath.Join(*dataDir, "cache"), DataDir: filepath.Join(*dataDir, "worker-data"), Logger: log,
+			CPUShare: *localShare})
 		if err != nil {
 			stop()
 			<-done
