@@ -22,11 +22,13 @@ import (
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+
+	"github.com/cyclepool/cyclepool/internal/chromium"
 )
 
 // chromiumPath is Debian's Chromium, which .ci/run installs. A machine
 // without it fails the browser tests: they are never skipped.
-const chromiumPath = "/usr/bin/chromium"
+const chromiumPath = chromium.Path
 
 // screensDir is where the tests' screenshots of the pages go, for people
 // to look at: the directory CYCLEPOOL_SCREENS names, and none (no
@@ -41,13 +43,13 @@ type browser struct {
 	logs *lineLog // the page's console (the worker relays its own log there) and its exceptions
 }
 
-// chromium is the one headless Chromium the browser tests share, started
+// sharedChromiumState is the one headless Chromium the browser tests share, started
 // by the first test that needs one and stopped by TestMain: starting a
 // Chromium per test cost about a CPU-second each. Each browser a test
 // opens is a browser context of its own, with its own tab and window and
 // its own cookies, storage and caches, kept in memory (an incognito
 // profile's: a smaller default storage quota than a profile on disk).
-var chromium struct {
+var sharedChromiumState struct {
 	once sync.Once
 	ctx  context.Context // the browser's first tab, whose end stops the browser
 	stop func()
@@ -61,33 +63,26 @@ func sharedChromium(t *testing.T) context.Context {
 	if _, err := os.Stat(chromiumPath); err != nil {
 		t.Fatalf("Chromium is needed for the browser tests: %v (install Debian's chromium package, as .ci/run does)", err)
 	}
-	chromium.once.Do(func() {
-		opts := append(chromedp.DefaultExecAllocatorOptions[:],
-			chromedp.ExecPath(chromiumPath),
-			chromedp.NoSandbox, // root, in a container
-			chromedp.Flag("disable-gpu", true),
-			chromedp.Flag("disable-component-update", true),
-			chromedp.Flag("disable-quic", true),
-		)
-		actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	sharedChromiumState.once.Do(func() {
+		actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), chromium.Options(chromiumPath)...)
 		ctx, cancel := chromedp.NewContext(actx)
-		chromium.ctx = ctx
-		chromium.stop = func() {
+		sharedChromiumState.ctx = ctx
+		sharedChromiumState.stop = func() {
 			cancel()
 			cancelAlloc()
 		}
-		chromium.err = chromedp.Do(ctx)
+		sharedChromiumState.err = chromedp.Do(ctx)
 	})
-	if chromium.err != nil {
-		t.Fatalf("start chromium: %v", chromium.err)
+	if sharedChromiumState.err != nil {
+		t.Fatalf("start chromium: %v", sharedChromiumState.err)
 	}
-	return chromium.ctx
+	return sharedChromiumState.ctx
 }
 
 // stopChromium stops the shared Chromium, if a test started it.
 func stopChromium() {
-	if chromium.stop != nil {
-		chromium.stop()
+	if sharedChromiumState.stop != nil {
+		sharedChromiumState.stop()
 	}
 }
 

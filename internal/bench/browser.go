@@ -16,13 +16,14 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/cyclepool/cyclepool/internal/chromium"
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/wasmworker"
 	"github.com/cyclepool/cyclepool/wasmworker/headless"
 )
 
 // DefaultChromium is Debian's Chromium, which the browser part drives.
-const DefaultChromium = "/usr/bin/chromium"
+const DefaultChromium = chromium.Path
 
 // browserPage is one headless Chromium with the volunteer page open and
 // computing (no headless worker is connected meanwhile).
@@ -61,9 +62,7 @@ func (b *bench) openBrowser(ctx context.Context, threads int) (*browserPage, err
 	if _, err := os.Stat(exe); err != nil {
 		return nil, fmt.Errorf("chromium: %w", err)
 	}
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.Flag("disable-gpu", true),
-		chromedp.Flag("disable-component-update", true), chromedp.UserDataDir(filepath.Join(b.tmp, "chromium")))
+	opts := append(chromium.Options(exe), chromedp.UserDataDir(filepath.Join(b.tmp, "chromium")))
 	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
 	cctx, cancel := chromedp.NewContext(actx)
 	p := &browserPage{ctx: cctx, cancel: func() { cancel(); cancelAlloc() }}
