@@ -95,23 +95,17 @@ func TestDashboard(t *testing.T) {
 		big = append(big, task{"name": fmt.Sprintf("merge-%d", i), "module": echo, "inputs": in})
 	}
 	bigID := submit(t, p.client, workflow("dash-big", big...))
-	// The best of up to three loads: the other tests share the machine's
-	// two cores, and one of them may be starting a server just then.
-	took := time.Duration(1<<63 - 1)
-	for try := 0; try < 3 && took > 2*time.Second; try++ {
-		started := time.Now()
-		b.do(chromedp.Navigate(base + "/app/workflows/" + bigID))
-		b.waitJS(10*time.Second, "the big workflow's page", `window.cyclepoolApp && document.querySelectorAll("#tasks tbody tr").length > 0`)
-		took = min(took, time.Since(started))
-		var nav map[string]float64
-		b.eval(`(({requestStart, responseStart, responseEnd, domInteractive, domContentLoadedEventEnd, loadEventEnd}) => ({requestStart, responseStart, responseEnd, domInteractive, domContentLoadedEventEnd, loadEventEnd}))(performance.getEntriesByType("navigation")[0])`, &nav)
-		t.Logf("load %d of the 5,000-task workflow page: %v; navigation timing: %v", try+1, time.Since(started), nav)
-	}
+	started := time.Now()
+	b.do(chromedp.Navigate(base + "/app/workflows/" + bigID))
+	b.waitJS(10*time.Second, "the big workflow's page", `window.cyclepoolApp && document.querySelectorAll("#tasks tbody tr").length > 0`)
+	took := time.Since(started)
+	var nav map[string]float64
+	b.eval(`(({requestStart, responseStart, responseEnd, domInteractive, domContentLoadedEventEnd, loadEventEnd}) => ({requestStart, responseStart, responseEnd, domInteractive, domContentLoadedEventEnd, loadEventEnd}))(performance.getEntriesByType("navigation")[0])`, &nav)
 	var nodes int
 	b.eval(`document.querySelectorAll("#dag .node").length`, &nodes)
 	// The time is a figure, not a bound (a busy machine can break any):
 	// what keeps the page fast is asserted instead, a graph of groups.
-	t.Logf("5,000-task workflow page: %v, %d graph nodes", took, nodes)
+	t.Logf("5,000-task workflow page: %v (navigation timing %v), %d graph nodes", took, nav, nodes)
 	if nodes == 0 || nodes > 300 {
 		t.Errorf("the graph of 5,000 tasks has %d nodes, want groups", nodes)
 	}

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -31,18 +32,18 @@ func TestLargeOutputOverHTTP(t *testing.T) {
 	startWorker(t, "worker", 2, p.srv.url)
 	fill, probe := push(t, p.client, "outfill"), push(t, p.client, "fsprobe")
 	const size = 128 << 20
-	h := sha256.New()
+	h := crc32.NewIEEE()
 	chunk := []byte(strings.Repeat("b", 64<<10))
 	for range size / len(chunk) {
 		h.Write(chunk)
 	}
-	want := fmt.Sprintf("%d %x", size, h.Sum(nil))
+	want := fmt.Sprintf("%d %08x", size, h.Sum32())
 	_, before := peakRSS(t, p.srv.cmd.Process.Pid)
 	id := submit(t, p.client, workflow("big-output",
 		task{"name": "make", "module": fill, "args": []string{"bytes", strconv.Itoa(size)}},
-		task{"name": "in", "module": probe, "args": []string{"sha", "/in/big"},
+		task{"name": "in", "module": probe, "args": []string{"crc", "/in/big"},
 			"inputs": map[string]any{"big": map[string]any{"from": "make", "output": "big"}}},
-		task{"name": "path", "module": probe, "args": []string{"sha", "/data/big"},
+		task{"name": "path", "module": probe, "args": []string{"crc", "/data/big"},
 			"files": map[string]any{"/data/big": map[string]any{"from": "make", "output": "big"}}},
 	))
 	st := wait(t, p.client, id, 5*time.Minute)
@@ -124,14 +125,14 @@ func TestBrowserLargeInputAndOutput(t *testing.T) {
 	}
 	blob := pushBytes(t, p.client, "in.bin", in)
 	const outSize = 20 << 20
-	sum := func(b []byte) string { return fmt.Sprintf("%d %x", len(b), sha256.Sum256(b)) }
+	sum := func(b []byte) string { return fmt.Sprintf("%d %08x", len(b), crc32.ChecksumIEEE(b)) }
 	wantIn, wantOut := sum(in), sum(bytes.Repeat([]byte("x"), outSize))
 	b := newBrowser(t, 1280, 900, charging)
 	openVolunteerPage(t, b, p.srv.url)
 	id := submit(t, p.client, workflow("browser-big",
-		task{"name": "big", "module": probe, "args": []string{"sha", "/data/in.bin", "fill", "/out/big", strconv.Itoa(outSize)},
+		task{"name": "big", "module": probe, "args": []string{"crc", "/data/in.bin", "fill", "/out/big", strconv.Itoa(outSize)},
 			"files": map[string]any{"/data/in.bin": map[string]any{"blob": blob}}},
-		task{"name": "check", "module": probe, "args": []string{"sha", "/in/big"},
+		task{"name": "check", "module": probe, "args": []string{"crc", "/in/big"},
 			"inputs": map[string]any{"big": map[string]any{"from": "big", "output": "big"}}},
 	))
 	st := wait(t, p.client, id, 3*time.Minute)

@@ -13,6 +13,8 @@
 //	fill PATH N     writes N bytes to the file
 //	stat PATH       size and modification time (Unix seconds)
 //	sha PATH        the file's size and sha256, in hex
+//	crc PATH        the file's size and CRC-32 (IEEE), in hex: a check of
+//	                large files that costs a tenth of sha's CPU
 //	sock            the errnos of the socket functions (a task has no sockets)
 //	mkdir PATH      makes a directory
 //	rmdir PATH      removes a directory
@@ -30,6 +32,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"os"
 	"sort"
@@ -42,7 +45,7 @@ func main() {
 	args := os.Args[1:]
 	for len(args) > 0 {
 		cmd := args[0]
-		need := map[string]int{"env": 0, "pwd": 0, "cat": 1, "ls": 1, "write": 2, "append": 2, "rm": 1, "mv": 2, "fill": 2, "stat": 1, "sha": 1, "sock": 0, "mkdir": 1, "rmdir": 1, "trunc": 2, "readat": 3, "writeat": 3, "lsl": 1, "utime": 2, "link": 2, "symlink": 2, "seek": 1}[cmd]
+		need := map[string]int{"env": 0, "pwd": 0, "cat": 1, "ls": 1, "write": 2, "append": 2, "rm": 1, "mv": 2, "fill": 2, "stat": 1, "sha": 1, "crc": 1, "sock": 0, "mkdir": 1, "rmdir": 1, "trunc": 2, "readat": 3, "writeat": 3, "lsl": 1, "utime": 2, "link": 2, "symlink": 2, "seek": 1}[cmd]
 		if len(args) < 1+need {
 			fmt.Fprintf(os.Stderr, "fsprobe: %s wants %d arguments\n", cmd, need)
 			os.Exit(2)
@@ -183,6 +186,15 @@ func run(cmd string, a []string) string {
 		h := sha256.New()
 		n, err := io.Copy(h, f)
 		return result(fmt.Sprintf("%d %x", n, h.Sum(nil)), err)
+	case "crc":
+		f, err := os.Open(a[0])
+		if err != nil {
+			return result("", err)
+		}
+		defer f.Close()
+		h := crc32.NewIEEE()
+		n, err := io.Copy(h, f)
+		return result(fmt.Sprintf("%d %08x", n, h.Sum32()), err)
 	case "stat":
 		fi, err := os.Stat(a[0])
 		if err != nil {
