@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cyclepool/cyclepool/client"
-	"github.com/cyclepool/cyclepool/internal/pgtest"
 	"github.com/cyclepool/cyclepool/internal/wasmtest"
 )
 
@@ -225,7 +224,7 @@ func TestBrowserModuleCacheAcrossVisits(t *testing.T) {
 // result is accepted, once, and the task is not run again.
 func TestBrowserOfflineDelivery(t *testing.T) {
 	t.Parallel()
-	db, data, port := pgtest.URL(t), t.TempDir(), freePort(t)
+	db, data, port := migratedDB(t), t.TempDir(), freePort(t)
 	srv := startServer(t, "server", db, data, port, "--lease", "30s")
 	c := client.New(srv.url, srv.token)
 	counter := push(t, c, "counter")

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cyclepool/cyclepool/client"
-	"github.com/cyclepool/cyclepool/internal/pgtest"
 )
 
 // A workflow cancelled through replica A stops its infinite loop running on
@@ -21,7 +20,7 @@ import (
 func TestCancelOnOneReplicaStopsAttemptOnAnother(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.URL(t)
+	db := migratedDB(t)
 	ra := startServer(t, "replicaA", db, t.TempDir(), 0, "--lease", "5m")
 	rb := startServer(t, "replicaB", db, t.TempDir(), 0, "--lease", "5m")
 	ca := client.New(ra.url, ra.token)

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cyclepool/cyclepool/client"
-	"github.com/cyclepool/cyclepool/internal/pgtest"
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/taskbuild"
 )
@@ -33,7 +32,7 @@ func churnSteps(i int) int { return 10 + i%5 }
 func TestChurnCostsNoTaskItsAttempts(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := pgtest.URL(t)
+	db := migratedDB(t)
 	data := t.TempDir()
 	port := freePort(t)
 	srv := startServer(t, "server", db, data, port)

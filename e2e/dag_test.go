@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/cyclepool/cyclepool/client"
-	"github.com/cyclepool/cyclepool/internal/pgtest"
 )
 
 // A DAG of echo and reduce tasks completes, each task seeing exactly the
@@ -211,7 +210,7 @@ func metric(t *testing.T, url, series string) int {
 // minute).
 func TestSubmissionClaimsItsReadyTasks(t *testing.T) {
 	t.Parallel()
-	db := pgtest.URL(t)
+	db := migratedDB(t)
 	r1 := startServer(t, "replica1", db, t.TempDir(), 0, "--poll", "10m")
 	r2 := startServer(t, "replica2", db, t.TempDir(), 0, "--poll", "10m")
 	startWorker(t, "worker", 2, r1.url) // room for 4: 2 slots, 2 queued

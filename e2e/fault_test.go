@@ -16,7 +16,6 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/cyclepool/cyclepool/client"
-	"github.com/cyclepool/cyclepool/internal/pgtest"
 	"github.com/cyclepool/cyclepool/internal/protocol"
 )
 
@@ -154,7 +153,7 @@ func TestStaleResultIsRefused(t *testing.T) {
 // itself, and every task ends done with exactly one successful attempt.
 func TestServerRestartMidWorkflow(t *testing.T) {
 	t.Parallel()
-	db := pgtest.URL(t)
+	db := migratedDB(t)
 	data := t.TempDir()
 	port := freePort(t)
 	srv := startServer(t, "server", db, data, port)
@@ -198,7 +197,7 @@ func TestServerRestartMidWorkflow(t *testing.T) {
 // once the leader row's TTL (3s here) runs out.
 func TestReplicaKilledMidWorkflow(t *testing.T) {
 	t.Parallel()
-	db := pgtest.URL(t)
+	db := migratedDB(t)
 	// Replica 2, the one killed, starts first and leads before replica 1
 	// starts.
 	r2 := startServer(t, "replica2", db, t.TempDir(), 0)

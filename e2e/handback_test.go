@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cyclepool/cyclepool/client"
-	"github.com/cyclepool/cyclepool/internal/pgtest"
 )
 
 // A worker stopped on purpose (SIGTERM, Ctrl-C) hands its attempts back,
@@ -83,7 +82,7 @@ func TestStoppedWorkerHandsItsAttemptsBack(t *testing.T) {
 // one attempt used up.
 func TestStoppedServerHandsItsLocalWorkersAttemptsBack(t *testing.T) {
 	t.Parallel()
-	db := pgtest.URL(t)
+	db := migratedDB(t)
 	data := t.TempDir()
 	shareCompileCache(t, data)
 	srv := startServer(t, "server", db, data, 0, "--lease", "30s", "--local-worker", "1")

@@ -31,6 +31,7 @@ import (
 	"github.com/cyclepool/cyclepool/client"
 	"github.com/cyclepool/cyclepool/internal/pgtest"
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/internal/taskbuild"
 )
 
@@ -313,10 +314,26 @@ type platform struct {
 
 func newPlatform(t *testing.T, serverArgs ...string) *platform {
 	t.Helper()
-	db := pgtest.URL(t)
+	db := migratedDB(t)
 	data := t.TempDir()
 	srv := startServer(t, "server", db, data, 0, serverArgs...)
 	return &platform{db: db, srv: srv, data: data, client: client.New(srv.url, srv.token)}
+}
+
+// migratedDB returns the URL of a fresh database with every migration
+// applied: a copy of one migrated once per test binary, so that each
+// server's start finds nothing to do. Migrating an empty database is
+// what the examples test's server does (and internal/store's tests).
+func migratedDB(t *testing.T) string {
+	t.Helper()
+	return pgtest.Template(t, "migrated", func(ctx context.Context, url string) error {
+		s, err := store.Open(ctx, url)
+		if err != nil {
+			return err
+		}
+		s.Close()
+		return nil
+	})
 }
 
 // push uploads the task module called name and returns its id.
