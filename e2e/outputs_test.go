@@ -180,7 +180,7 @@ func TestBrowserWASIConformance(t *testing.T) {
 		t.Errorf("a file written on the page: %q, want ok and size 2 at 1700000000", got)
 	}
 	for name, guest := range map[string]string{"out": "/out", "root": "/"} {
-		want, err := wasiref.Run(context.Background(), taskbuild.Bytes(t, "wasiconf"), t.TempDir(), guest, guest)
+		want, err := wasiref.Run(context.Background(), taskbuild.Bytes(t, "wasiconf"), compileCache(), t.TempDir(), guest, guest)
 		if err != nil {
 			t.Fatal(err)
 		}

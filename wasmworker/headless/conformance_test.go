@@ -35,7 +35,7 @@ func testWASIConformance(t *testing.T, r *Runner) {
 	wasm := taskbuild.Bytes(t, "wasiconf")
 	for _, tc := range conformanceDirs {
 		t.Run(tc.name, func(t *testing.T) {
-			want, err := wasiref.Run(context.Background(), wasm, t.TempDir(), tc.guest, tc.guest)
+			want, err := wasiref.Run(context.Background(), wasm, cacheDir(), t.TempDir(), tc.guest, tc.guest)
 			if err != nil {
 				t.Fatal(err)
 			}
