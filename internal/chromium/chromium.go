@@ -13,7 +13,7 @@ const Path = "/usr/bin/chromium"
 // shows: every new browser context (one per test) otherwise opens two
 // omnibox popups as WebUI pages, each in a renderer of its own, which took
 // 40-50% of the browser tests' Chromium CPU (docs/RATIONALE.md, "Why does
-// make test take more than 3 minutes on 2 cores?").
+// make test take about 3 minutes on 2 cores, and not less?").
 func Options(exe string) []chromedp.ExecAllocatorOption {
 	return append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(exe),
