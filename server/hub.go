@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"golang.org/x/time/rate"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/sched"
@@ -64,12 +65,10 @@ type conn struct {
 	slots  int
 	free   int
 	paused bool
-	// held: the worker handed back attempts faster than its budget
-	// (hub.handedBack) and gets no new work until a timer ends the hold;
-	// holds counts the holds in a row, without an accepted result between
-	// them, which double each time.
-	held  bool
-	holds int
+	// heldUntil: the worker handed back attempts faster than its budget
+	// (hub.handedBack) and gets no new work before then (its identity's
+	// handBack.until, copied here for reserve).
+	heldUntil time.Time
 	// running has the module of each attempt the worker holds, for the
 	// checkpoints' cost.
 	running map[int64]string
@@ -211,15 +210,23 @@ type hub struct {
 	// payload bounds the payload bytes of all workers' frames held on
 	// this replica (see payloadLimits).
 	payload byteBudget
-	// handBacks is each volunteer identity's budget of attempts handed
-	// back (handBackBurst, then one every handBackEvery), kept across its
-	// reconnections.
-	handBacks *addrBuckets
+	// handBacks has the volunteer identities that handed back attempts:
+	// their budgets and holds, kept across reconnections (at most
+	// maxLimitedAddrs of them).
+	handBacks map[string]*handBack
+}
+
+// handBack is a volunteer identity's record of attempts handed back
+// (hub.handedBack).
+type handBack struct {
+	budget *rate.Limiter // handBackBurst, then one every handBackEvery
+	until  time.Time     // no new work before then
+	holds  int           // holds in a row, without an accepted result between them
 }
 
 func newHub(silent time.Duration) *hub {
 	return &hub{conns: map[string]*conn{}, attempts: map[int64]*conn{}, open: map[*conn]struct{}{}, silent: silent,
-		handBacks: newAddrBuckets(handBackEvery, handBackBurst)}
+		handBacks: map[string]*handBack{}}
 }
 
 // heardFrom records that a frame arrived from c now. It reports whether c
@@ -243,15 +250,18 @@ func (h *hub) reserve(max int) []*conn {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var slots []*conn
-	quiet := time.Now().UnixNano() - int64(h.silent)
+	now := time.Now()
+	quiet := now.UnixNano() - int64(h.silent)
 	for more := true; more && len(slots) < max; {
 		more = false
 		for c := range h.open {
-			if c.free <= 0 || c.paused || c.held {
+			if c.free <= 0 || c.paused {
 				delete(h.open, c) // back with opened when it has room again
 				continue
 			}
-			if len(slots) < max && c.heard.Load() >= quiet && c.slots-c.free < c.allowed() {
+			// A held worker stays open: the dispatcher's poll finds it
+			// again once its hold ends.
+			if len(slots) < max && c.heard.Load() >= quiet && c.slots-c.free < c.allowed() && !now.Before(c.heldUntil) {
 				c.free--
 				slots = append(slots, c)
 				more = more || c.free > 0
@@ -318,7 +328,7 @@ func (h *hub) setQueue(c *conn, queue int) bool {
 // openedLocked puts c in h.open if it has room for an attempt (h.mu
 // held): called wherever c.free grows or c resumes.
 func (h *hub) openedLocked(c *conn) {
-	if c.free > 0 && !c.paused && !c.held && h.conns[c.id] == c {
+	if c.free > 0 && !c.paused && h.conns[c.id] == c {
 		h.open[c] = struct{}{}
 	}
 }
@@ -506,6 +516,9 @@ func (h *hub) add(c *conn) {
 	for a := range c.running {
 		h.attempts[a] = c
 	}
+	if hb := h.handBacks[c.id]; hb != nil {
+		c.heldUntil = hb.until // a reconnection does not end a hold
+	}
 	h.openedLocked(c)
 }
 
@@ -601,7 +614,9 @@ func (h *hub) succeeded(c *conn) {
 	defer h.mu.Unlock()
 	c.tasksDone++
 	c.failStreak = 0
-	c.holds = 0
+	if hb := h.handBacks[c.id]; hb != nil {
+		hb.holds = 0
+	}
 }
 
 // handBackBurst and handBackEvery are a volunteer's budget of attempts
@@ -609,10 +624,11 @@ func (h *hub) succeeded(c *conn) {
 // runner broke): those cost no one anything (store.EndHandedBack), so a
 // worker that hands back every attempt as soon as it gets it, broken or
 // hostile, would otherwise take the same task back at once, forever, and
-// write an attempt each time. An honest volunteer hands back what it holds
-// when it pauses, a few attempts now and then. Past the budget, a
-// connection is held for handBackHold, doubled for each hold in a row up
-// to maxHandBackHold (docs/SECURITY.md).
+// write an attempt each time. What a worker hands back while paused costs
+// one from the budget, whatever its number (a volunteer's pause hands back
+// all it holds, its queue included). Past the budget, the identity is held
+// for handBackHold, doubled for each hold in a row up to maxHandBackHold
+// (docs/SECURITY.md).
 const (
 	handBackBurst   = 64
 	handBackEvery   = 5 * time.Second
@@ -620,38 +636,68 @@ const (
 	maxHandBackHold = 5 * time.Minute
 )
 
-// handedBack records that c handed back n attempts now and returns how long
-// c is now held (0: not held by this call). The operator's workers are not
-// held back.
-func (h *hub) handedBack(c *conn, n int, now time.Time) time.Duration {
-	if c.operator || n <= 0 {
-		return 0
-	}
-	over := false
-	for range n {
-		over = !h.handBacks.take(c.id, now) || over
-	}
-	if !over {
+// handedBack records that c handed back those of attempts it holds, now,
+// and returns how long its worker is now held (0: not held by this call).
+// Call it before the attempts' slots are freed. The operator's workers are
+// not held back.
+func (h *hub) handedBack(c *conn, attempts []int64, now time.Time) time.Duration {
+	if c.operator || len(attempts) == 0 {
 		return 0
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if c.held {
-		return 0 // a timer already ends the hold
+	n := 0
+	for _, a := range attempts {
+		if _, ok := c.running[a]; ok {
+			n++
+		}
 	}
-	c.held = true
-	delete(h.open, c)
-	d := min(handBackHold<<min(c.holds, 16), maxHandBackHold)
-	c.holds++
+	if n == 0 {
+		return 0
+	}
+	if c.paused {
+		n = 1
+	}
+	hb := h.handBacks[c.id]
+	if hb == nil {
+		h.makeRoomForHandBacksLocked(now)
+		hb = &handBack{budget: rate.NewLimiter(rate.Every(handBackEvery), handBackBurst)}
+		h.handBacks[c.id] = hb
+	}
+	if hb.budget.AllowN(now, n) {
+		return 0
+	}
+	hb.budget.AllowN(now, min(n, int(hb.budget.TokensAt(now)))) // what is left goes too
+	if now.Before(hb.until) {
+		return 0 // held already
+	}
+	d := min(handBackHold<<min(hb.holds, 16), maxHandBackHold)
+	hb.holds++
+	hb.until = now.Add(d)
+	c.heldUntil = hb.until
 	return d
 }
 
-// unhold ends c's hold (handedBack).
-func (h *hub) unhold(c *conn) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	c.held = false
-	h.openedLocked(c)
+// makeRoomForHandBacksLocked keeps h.handBacks under maxLimitedAddrs
+// records (h.mu held): those with a full budget and no hold go first, then
+// any not held.
+func (h *hub) makeRoomForHandBacksLocked(now time.Time) {
+	if len(h.handBacks) < maxLimitedAddrs {
+		return
+	}
+	for id, hb := range h.handBacks {
+		if !now.Before(hb.until) && hb.budget.TokensAt(now) >= handBackBurst {
+			delete(h.handBacks, id)
+		}
+	}
+	for id, hb := range h.handBacks {
+		if len(h.handBacks) < maxLimitedAddrs {
+			return
+		}
+		if !now.Before(hb.until) {
+			delete(h.handBacks, id)
+		}
+	}
 }
 
 // failedOnce records a failure c reported that counts against it and

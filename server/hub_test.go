@@ -199,59 +199,103 @@ func (h *hub) freeOf(c *conn) int {
 
 // A volunteer that hands back attempts faster than its budget (a broken
 // runner that fails every attempt before it starts, or a hostile worker)
-// gets no new work until its hold ends; the holds in a row double, and an
-// accepted result resets them. The budget belongs to the identity, so a
-// new connection does not refill it. The operator's workers are not held.
+// gets no new work until its hold ends, even through a new connection; the
+// holds in a row double, and an accepted result resets them. What a paused
+// worker hands back costs one from the budget, however many attempts; what
+// the connection does not hold costs nothing. The operator's workers are
+// not held.
 func TestHandBacksPastTheBudgetHoldTheWorker(t *testing.T) {
 	t.Parallel()
 	h := newHub(time.Minute)
 	now := time.Now()
-	newConn := func(id string, operator bool) *conn {
-		c := &conn{id: id, free: 1, slots: 1, operator: operator, tasksDone: 100, running: map[int64]string{}}
+	newConn := func(id string, operator, paused bool) *conn {
+		c := &conn{id: id, free: 1000, slots: 1000, operator: operator, paused: paused, tasksDone: 100, running: map[int64]string{}}
 		c.heard.Store(now.UnixNano())
 		h.add(c)
 		return c
 	}
-	vol, op := newConn("volunteer", false), newConn("operator", true)
-
+	var held []int64 // attempts every connection holds (they are never freed here)
+	for a := range int64(600) {
+		held = append(held, a+1)
+	}
+	vol, op, pauser := newConn("volunteer", false, false), newConn("operator", true, false), newConn("pauser", false, true)
+	for _, c := range []*conn{vol, op, pauser} {
+		for _, a := range held {
+			c.running[a] = "m"
+		}
+	}
 	tests := []struct {
 		name string
 		c    *conn
-		n    int
+		back []int64
+		at   time.Duration // after now
 		hold time.Duration
 	}{
-		{"within the budget", vol, handBackBurst, 0},
-		{"one past it", vol, 1, handBackHold},
-		{"more while held", vol, 3, 0},
-		{"the operator's, far past it", op, 10 * handBackBurst, 0},
+		{"attempts it does not hold", vol, []int64{10_000, 10_001}, 0, 0},
+		{"within the budget", vol, held[:handBackBurst], 0, 0},
+		{"one past it", vol, held[:1], 0, handBackHold},
+		{"more while held", vol, held[:3], 0, 0},
+		{"the operator's, far past it", op, held, 0, 0},
+		{"a paused worker's, a budget's worth of times", pauser, held, 0, 0},
+		{"a paused worker's, once more", pauser, held, 0, handBackHold},
 	}
 	for _, tc := range tests {
-		if got := h.handedBack(tc.c, tc.n, now); got != tc.hold {
-			t.Fatalf("%s: held for %v, want %v", tc.name, got, tc.hold)
+		n := 1
+		if strings.Contains(tc.name, "a budget's worth") {
+			n = handBackBurst
+		}
+		for i := range n {
+			if got := h.handedBack(tc.c, tc.back, now.Add(tc.at)); got != tc.hold {
+				t.Fatalf("%s (%d): held for %v, want %v", tc.name, i, got, tc.hold)
+			}
 		}
 	}
-	if got := ids(h.reserve(10)); !slices.Equal(got, []string{"operator"}) {
-		t.Fatalf("reserved %v while the volunteer is held, want the operator's slot only", got)
+	pauser.paused = false
+	h.openedLocked(pauser)
+	if got := ids(h.reserve(1)); !slices.Equal(got, []string{"operator"}) {
+		t.Fatalf("reserved %v while the volunteers are held, want the operator's slot", got)
 	}
-	h.unhold(vol)
-	if got := ids(h.reserve(10)); !slices.Equal(got, []string{"volunteer"}) {
-		t.Fatalf("reserved %v once the hold ended, want the volunteer's slot", got)
+
+	// A new connection of the held identity is held too.
+	h.remove(vol)
+	vol = newConn("volunteer", false, false)
+	for _, a := range held {
+		vol.running[a] = "m"
 	}
-	if got := h.handedBack(vol, 1, now); got != 2*handBackHold {
+	if got := ids(h.reserve(2)); !slices.Equal(got, []string{"operator", "operator"}) {
+		t.Fatalf("reserved %v with the held volunteer reconnected, want the operator's slots", got)
+	}
+	h.endHolds()
+	if got := ids(h.reserve(3)); !slices.Contains(got, "volunteer") {
+		t.Fatalf("reserved %v once the hold ended, want a slot of the volunteer's", got)
+	}
+	// Its next hold is twice as long; after an accepted result, as short as
+	// the first again.
+	if got := h.handedBack(vol, held[:1], now.Add(time.Second)); got != 2*handBackHold {
 		t.Fatalf("second hold in a row: %v, want %v", got, 2*handBackHold)
 	}
-	h.unhold(vol)
+	h.endHolds()
 	h.succeeded(vol)
-	h.remove(vol)
-	again := newConn("volunteer", false) // the same identity reconnects
-	if got := h.handedBack(again, 1, now); got != handBackHold {
-		t.Fatalf("after a result and a reconnection: held for %v, want %v (the budget is the identity's)", got, handBackHold)
+	if got := h.handedBack(vol, held[:1], now.Add(2*time.Second)); got != handBackHold {
+		t.Fatalf("a hold after an accepted result: %v, want %v", got, handBackHold)
 	}
-	if got := h.handedBack(again, 1, now); got != 0 {
-		t.Fatalf("held again while already held: %v", got)
+	h.endHolds()
+	// The budget comes back, one every handBackEvery.
+	later := now.Add(2*time.Second + handBackEvery)
+	if got := h.handedBack(vol, held[:1], later); got != 0 {
+		t.Fatalf("held for %v with a hand-back earned back", got)
 	}
-	h.unhold(again)
-	if got := h.handedBack(again, 1, now.Add(handBackEvery)); got != 0 {
-		t.Fatalf("held for %v with a token earned back", got)
+}
+
+// endHolds ends every identity's hold, as time would.
+func (h *hub) endHolds() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, hb := range h.handBacks {
+		hb.until = time.Time{}
+	}
+	for _, c := range h.conns {
+		c.heldUntil = time.Time{}
+		h.openedLocked(c)
 	}
 }

@@ -732,20 +732,23 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 	return nil
 }
 
-// holdIfHandingBack counts n attempts that c handed back
-// (hub.handedBack); past its budget, c gets no new work for a while.
-func (s *Server) holdIfHandingBack(c *conn, n int) {
-	d := s.hub.handedBack(c, n, time.Now())
+// holdIfHandingBack counts the attempts of comps that c hands back
+// (hub.handedBack), before their slots are freed: past its budget, its
+// worker gets no new work for a while.
+func (s *Server) holdIfHandingBack(c *conn, comps []store.Completion) {
+	var back []int64
+	for _, comp := range comps {
+		if comp.End == store.EndHandedBack {
+			back = append(back, comp.Attempt)
+		}
+	}
+	d := s.hub.handedBack(c, back, time.Now())
 	if d == 0 {
 		return
 	}
 	s.metrics.handBackHolds.Inc()
 	c.log.Warn("worker hands back attempts faster than its budget: no new work for a while", "for", d,
 		"budget", fmt.Sprintf("%d, then one every %v", handBackBurst, handBackEvery))
-	time.AfterFunc(d, func() {
-		s.hub.unhold(c)
-		s.wakeSlots()
-	})
 }
 
 // finish frees the attempts' slots and queues their completions, those of
@@ -757,7 +760,7 @@ func (s *Server) finish(ctx context.Context, c *conn, comps []store.Completion, 
 	items := make([]completion, 0, len(comps))
 	var refused []protocol.Ack
 	freed := false
-	handedBack := 0
+	s.holdIfHandingBack(c, comps)
 	for _, comp := range comps {
 		ok, fr := s.hub.takeOutcome(c, comp.Attempt, c.hold)
 		if !ok {
@@ -765,12 +768,8 @@ func (s *Server) finish(ctx context.Context, c *conn, comps []store.Completion, 
 			continue
 		}
 		freed = freed || fr
-		if fr && comp.End == store.EndHandedBack {
-			handedBack++
-		}
 		items = append(items, completion{c: c, comp: comp, of: of})
 	}
-	s.holdIfHandingBack(c, handedBack)
 	if len(refused) > 0 {
 		s.metrics.completions.WithLabelValues("refused").Add(float64(len(refused)))
 		c.enqueue(&protocol.Frame{Type: protocol.TypeAck, Acks: refused})

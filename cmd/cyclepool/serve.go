@@ -71,8 +71,8 @@ func runServe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *localShare < 10 || *localShare > 100 {
-		return fmt.Errorf("serve: --local-worker-cpu-share %d is not a percentage from 10 to 100", *localShare)
+	if err := checkCPUShare("serve: --local-worker-cpu-share", *localShare); err != nil {
+		return err
 	}
 	if msg := web.CheckFrameAncestors(*frameAncestors); msg != "" {
 		return fmt.Errorf("--%s", msg)

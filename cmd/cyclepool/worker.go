@@ -49,8 +49,8 @@ func runWorker(ctx context.Context, args []string) error {
 	if *servers == "" {
 		return errors.New("worker: --server URL is required")
 	}
-	if *cpuShare < 10 || *cpuShare > 100 {
-		return fmt.Errorf("worker: --cpu-share %d is not a percentage from 10 to 100", *cpuShare)
+	if err := checkCPUShare("worker: --cpu-share", *cpuShare); err != nil {
+		return err
 	}
 	if *keyFile != "" {
 		b, err := os.ReadFile(*keyFile)
@@ -158,4 +158,14 @@ func defaultCacheDir() string {
 func headlessDevice() protocol.Device {
 	return protocol.Device{Charging: protocol.Unknown, Connection: "wired", Online: "yes", Visibility: protocol.Unknown,
 		SaveData: "no", Cores: runtime.NumCPU()}
+}
+
+// checkCPUShare reports a CPU share (--cpu-share, and serve's
+// --local-worker-cpu-share) that is not a percentage from 10 to 100, named
+// by flag.
+func checkCPUShare(flag string, pct int) error {
+	if pct < 10 || pct > 100 {
+		return fmt.Errorf("%s %d is not a percentage from 10 to 100", flag, pct)
+	}
+	return nil
 }
