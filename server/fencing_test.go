@@ -99,6 +99,21 @@ func TestOutcomesAreFencedByConnection(t *testing.T) {
 	if n := held(); n != 0 {
 		t.Errorf("%d payload bytes held after the commit's verdict", n)
 	}
+	// Until it is committed, the worker's heartbeats keep its lease (the
+	// outcome waits at the worker); an attempt the connection never held
+	// is not renewed.
+	if err := s.handleFrame(ctx, c, &protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: &protocol.Heartbeat{
+		Running: []protocol.Progress{{Attempt: attempt, Fraction: 1}, {Attempt: attempt + 1000, Fraction: 1}}}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case rs := <-s.renewals.in:
+		if len(rs) != 1 || rs[0].r.Attempt != attempt {
+			t.Errorf("renewals %+v, want attempt %d's alone", rs, attempt)
+		}
+	default:
+		t.Error("a heartbeat listing an attempt whose outcome waits for a retry renewed nothing")
+	}
 	if !result(attempt, 100) {
 		t.Fatal("a result sent again after an ack saying retry was refused")
 	}

@@ -393,6 +393,20 @@ func (h *hub) holds(c *conn, attempt int64) (module string, ok bool) {
 	return module, ok
 }
 
+// renews reports whether a heartbeat of c renews attempt's lease: c runs
+// it, or its outcome arrived on c and is not committed yet (being
+// committed, or waiting at the worker to be sent again after an ack that
+// said retry: the attempt keeps its lease meanwhile, docs/PROTOCOL.md).
+func (h *hub) renews(c *conn, attempt int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := c.running[attempt]; ok {
+		return true
+	}
+	_, ok := c.outcomes[attempt]
+	return ok
+}
+
 // finished records that an attempt stopped on c and frees its slot. It
 // reports whether c was running it.
 func (h *hub) finished(c *conn, attempt int64) bool {

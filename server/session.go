@@ -653,9 +653,10 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 		}
 		var rs []renewal
 		for _, p := range hb.Running {
-			// Only attempts this connection holds reach the database; the
+			// Only attempts this connection holds, or whose outcome it
+			// sent and is not committed yet, reach the database; the
 			// others (an outcome on its way, or nonsense) are ignored.
-			if _, ok := s.hub.holds(c, p.Attempt); !ok {
+			if !s.hub.renews(c, p.Attempt) {
 				continue
 			}
 			rs = append(rs, renewal{c: c, r: store.Renewal{Attempt: p.Attempt, Worker: c.id, Progress: p.Fraction}})

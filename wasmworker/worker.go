@@ -655,9 +655,9 @@ func (w *Worker) heartbeatLoop(ctx context.Context, every time.Duration) error {
 // ones not yet sent first, up to heartbeatMost in all. The cut keeps the
 // list within the server's bound (docs/PROTOCOL.md) when outcomes pile up
 // behind slow commits: a busy worker with few slots once listed 1,920
-// attempts and was disconnected, losing its attempts' leases. An outcome
-// left off loses nothing: the server already has it (it renews only
-// attempts it has no outcome for), or it goes again after a reconnect.
+// attempts and was disconnected, losing its attempts' leases. The server
+// renews the lease of an outcome it has not committed (under way, or told
+// to retry); one left off the list goes without renewal that time.
 func (w *Worker) heartbeatRunning() []protocol.Progress {
 	most := heartbeatMost(w.cfg.Slots)
 	rs := make([]protocol.Progress, 0, min(len(w.running)+len(w.pending), most))
