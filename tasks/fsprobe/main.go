@@ -178,22 +178,12 @@ func run(cmd string, a []string) string {
 	case "sock":
 		return sockErrnos()
 	case "sha":
-		f, err := os.Open(a[0])
-		if err != nil {
-			return result("", err)
-		}
-		defer f.Close()
 		h := sha256.New()
-		n, err := io.Copy(h, f)
+		n, err := digest(a[0], h)
 		return result(fmt.Sprintf("%d %x", n, h.Sum(nil)), err)
 	case "crc":
-		f, err := os.Open(a[0])
-		if err != nil {
-			return result("", err)
-		}
-		defer f.Close()
 		h := crc32.NewIEEE()
-		n, err := io.Copy(h, f)
+		n, err := digest(a[0], h)
 		return result(fmt.Sprintf("%d %08x", n, h.Sum32()), err)
 	case "stat":
 		fi, err := os.Stat(a[0])
@@ -203,6 +193,16 @@ func run(cmd string, a []string) string {
 		return fmt.Sprintf("%d %d", fi.Size(), fi.ModTime().Unix())
 	}
 	return "unknown command " + cmd
+}
+
+// digest writes the file at path into h and returns its size.
+func digest(path string, h io.Writer) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return io.Copy(h, f)
 }
 
 func result(s string, err error) string {
