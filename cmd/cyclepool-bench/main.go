@@ -59,7 +59,7 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.ScaleConns, "scale-conns", 36000, "volunteers the scale part connects, over three replicas")
 	fs.IntVar(&cfg.HostileTasks, "hostile-tasks", 2000, "counter tasks in the hostile part's honest workflow")
 	fs.IntVar(&cfg.HostileTaskMS, "hostile-task-ms", 10, "busy milliseconds of each task of the hostile part")
-	only := fs.String("only", "", "comma-separated parts to run: single, dispatch, data, churn, conns, wasm, browser, hostile, scale")
+	only := fs.String("only", "", "comma-separated parts to run: single, dispatch, river, data, churn, conns, wasm, browser, hostile, scale")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -47,7 +47,7 @@ type Config struct {
 	Slots   int       // worker slots per worker process (default 16)
 	Workers int       // worker processes (default 2)
 	Queue   int       // attempts each worker accepts ahead of time
-	Only    []string  // run only these parts: single, dispatch, data, churn, conns, wasm, browser, hostile, scale
+	Only    []string  // run only these parts: single, dispatch, river, data, churn, conns, wasm, browser, hostile, scale
 	// ScaleConns is the number of volunteers the scale part connects
 	// (default 36,000), over three replicas and several swarm processes.
 	ScaleConns int
@@ -141,7 +141,7 @@ func Run(ctx context.Context, cfg Config) error {
 			b.printf("wasm_vs_native: error: %v", err)
 		}
 	}
-	if !want("single") && !want("dispatch") && !want("churn") && !want("conns") && !want("browser") && !want("hostile") && !want("data") && !want("scale") {
+	if !want("single") && !want("dispatch") && !want("churn") && !want("conns") && !want("browser") && !want("hostile") && !want("data") && !want("scale") && !want("river") {
 		return nil
 	}
 	// The embedded default, durable as in production.
@@ -188,6 +188,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if want("dispatch") {
 		if err := b.dispatch(ctx); err != nil {
 			b.printf("dispatch_tasks_per_s: error: %v", err)
+		}
+	}
+	if want("river") { // after dispatch, so that the two are measured in the same minutes
+		if err := b.river(ctx, cl.URL()); err != nil {
+			b.printf("river_jobs_per_s: error: %v", err)
 		}
 	}
 	if want("data") {
@@ -252,6 +257,9 @@ type bench struct {
 	// ownerToken is the owner's token, which client holds.
 	ownerToken string
 	noop       string
+	// dispatchRate is dispatch_tasks_per_s once the dispatch part ran, for
+	// the river part's ratio.
+	dispatchRate float64
 	// browserPID is the Chromium of the browser part, once started.
 	browserPID int
 }
@@ -613,7 +621,8 @@ func (b *bench) dispatch(ctx context.Context) error {
 	med := slices.Clone(rounds)
 	slices.SortFunc(med, func(a, b dispatchRound) int { return cmp.Compare(a.took, b.took) })
 	m := med[len(med)/2]
-	b.printf("dispatch_tasks_per_s: %.0f", float64(b.cfg.Tasks)/m.took.Seconds())
+	b.dispatchRate = float64(b.cfg.Tasks) / m.took.Seconds()
+	b.printf("dispatch_tasks_per_s: %.0f", b.dispatchRate)
 	b.printf("dispatch_tasks_per_s_rounds: %s", strings.Join(perS, ","))
 	b.printf("dispatch_submit_ms: %.0f", ms(m.submitted))
 	b.printf("dispatch_total_s: %.2f", m.took.Seconds())
