@@ -59,6 +59,10 @@ type conn struct {
 	// socket is still open (a frozen tab, a phone that lost its network):
 	// it is given nothing until it speaks again (see hub.reserve).
 	heard atomic.Int64
+	// idle: the worker's last heartbeat said it is paused and holds no
+	// attempt, so it heartbeats at the longer idle interval
+	// (Config.IdleHeartbeat) and its silence is measured against that.
+	idle atomic.Bool
 
 	// Guarded by hub.mu. slots is the worker's slots plus its queue (a
 	// heartbeat may change the queue); free the part of it not taken.
@@ -207,6 +211,9 @@ type hub struct {
 	// it gets no more work: a little over two heartbeat intervals, well
 	// within a lease.
 	silent time.Duration
+	// idleSilent is silent for the workers that heartbeat at the idle
+	// interval (conn.idle).
+	idleSilent time.Duration
 	// payload bounds the payload bytes of all workers' frames held on
 	// this replica (see payloadLimits).
 	payload byteBudget
@@ -224,16 +231,20 @@ type handBack struct {
 	holds  int           // holds in a row, without an accepted result between them
 }
 
-func newHub(silent time.Duration) *hub {
+func newHub(silent, idleSilent time.Duration) *hub {
 	return &hub{conns: map[string]*conn{}, attempts: map[int64]*conn{}, open: map[*conn]struct{}{}, silent: silent,
-		handBacks: map[string]*handBack{}}
+		idleSilent: idleSilent, handBacks: map[string]*handBack{}}
 }
 
 // heardFrom records that a frame arrived from c now. It reports whether c
 // had been silent (and so received no work) until then.
 func (h *hub) heardFrom(c *conn) bool {
 	now := time.Now().UnixNano()
-	return now-c.heard.Swap(now) > int64(h.silent)
+	limit := h.silent
+	if c.idle.Load() {
+		limit = h.idleSilent
+	}
+	return now-c.heard.Swap(now) > int64(limit)
 }
 
 // reserve takes up to max free slots, spread round-robin over the workers,
@@ -605,13 +616,22 @@ func (h *hub) countByKind() map[string]int {
 	return m
 }
 
-// heartbeat records a heartbeat's device state on c (nil: none): a
-// sample for the stability class, the state itself, and whether the
-// worker paused. It reports whether the worker resumed from a pause.
-func (h *hub) heartbeat(c *conn, now time.Time, dev *protocol.Device, interval time.Duration) (resumed bool) {
+// heartbeat records a heartbeat's device state on c (none: no device): a
+// sample for the stability class, the state itself, whether the worker
+// paused, and whether it now heartbeats at the idle interval (paused, and
+// holding no attempt). It reports whether the worker resumed from a pause.
+func (h *hub) heartbeat(c *conn, now time.Time, hb *protocol.Heartbeat, interval, idleInterval time.Duration) (resumed bool) {
+	dev := hb.Device
+	idle := dev != nil && dev.Paused && len(hb.Running) == 0
+	c.idle.Store(idle)
+	s := deviceSample(now, dev)
+	s.Every = interval
+	if idle {
+		s.Every = idleInterval
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	c.addSample(deviceSample(now, dev), interval)
+	c.addSample(s, interval)
 	if dev == nil {
 		return false
 	}

@@ -15,7 +15,7 @@ import (
 // again, however much free room it announced.
 func TestReserveSkipsSilentWorkers(t *testing.T) {
 	t.Parallel()
-	h := newHub(time.Second)
+	h := newHub(time.Second, time.Second)
 	quiet := &conn{id: "quiet", free: 5, running: map[int64]string{}}
 	quiet.heard.Store(time.Now().Add(-2 * time.Second).UnixNano())
 	live := &conn{id: "live", free: 2, running: map[int64]string{}}
@@ -85,7 +85,7 @@ func TestAssignFrames(t *testing.T) {
 // once; less takes back only room that is free, the rest as attempts end.
 func TestSetQueue(t *testing.T) {
 	t.Parallel()
-	h := newHub(time.Minute)
+	h := newHub(time.Minute, time.Minute)
 	c := &conn{id: "w", threads: 2, slots: 10, free: 10, running: map[int64]string{}, operator: true}
 	c.heard.Store(time.Now().UnixNano())
 	h.add(c)
@@ -147,7 +147,7 @@ func TestAllowed(t *testing.T) {
 // a round nothing and none is forgotten.
 func TestReserveWalksOnlyWorkersWithRoom(t *testing.T) {
 	t.Parallel()
-	h := newHub(time.Minute)
+	h := newHub(time.Minute, time.Minute)
 	now := time.Now().UnixNano()
 	paused := &conn{id: "paused", free: 1, slots: 1, operator: true, paused: true, running: map[int64]string{}}
 	busy := &conn{id: "busy", free: 1, slots: 1, operator: true, running: map[int64]string{}}
@@ -167,7 +167,7 @@ func TestReserveWalksOnlyWorkersWithRoom(t *testing.T) {
 	if len(h.open) != 0 {
 		t.Fatalf("the open set still holds %d connections without room", len(h.open))
 	}
-	h.heartbeat(paused, time.Now(), &protocol.Device{}, time.Second)
+	h.heartbeat(paused, time.Now(), &protocol.Heartbeat{Device: &protocol.Device{}}, time.Second, time.Second)
 	h.finished(busy, 7)
 	got := ids(h.reserve(10))
 	slices.Sort(got)
@@ -206,7 +206,7 @@ func (h *hub) freeOf(c *conn) int {
 // not held.
 func TestHandBacksPastTheBudgetHoldTheWorker(t *testing.T) {
 	t.Parallel()
-	h := newHub(time.Minute)
+	h := newHub(time.Minute, time.Minute)
 	now := time.Now()
 	newConn := func(id string, operator, paused bool) *conn {
 		c := &conn{id: id, free: 1000, slots: 1000, operator: operator, paused: paused, tasksDone: 100, running: map[int64]string{}}
@@ -297,5 +297,47 @@ func (h *hub) endHolds() {
 	for _, c := range h.conns {
 		c.heldUntil = time.Time{}
 		h.openedLocked(c)
+	}
+}
+
+// A worker that is paused and holds nothing heartbeats at the idle
+// interval: its silence is measured against that, so its heartbeats do
+// not count as a return from silence (which wakes the dispatcher), and
+// the sample it leaves names the idle interval for the jitter test.
+func TestIdleWorkersAreHeardAgainstTheIdleInterval(t *testing.T) {
+	h := newHub(time.Second, 2*time.Minute)
+	c := &conn{id: "w", slots: 1, free: 1, running: map[int64]string{}}
+	h.add(c)
+	silentFor := func(d time.Duration) { c.heard.Store(time.Now().Add(-d).UnixNano()) }
+	paused := &protocol.Device{Paused: true}
+	cases := []struct {
+		name      string
+		hb        *protocol.Heartbeat
+		idle      bool
+		wakesNext bool // a frame after a minute of silence counts as a return
+	}{
+		{"paused, holding nothing", &protocol.Heartbeat{Device: paused}, true, false},
+		{"paused, holding an attempt", &protocol.Heartbeat{Device: paused, Running: []protocol.Progress{{Attempt: 1}}}, false, true},
+		{"not paused", &protocol.Heartbeat{Device: &protocol.Device{}}, false, true},
+		{"no device", &protocol.Heartbeat{}, false, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h.heartbeat(c, time.Now(), tc.hb, time.Second, 4*time.Second)
+			if c.idle.Load() != tc.idle {
+				t.Fatalf("idle %v, want %v", c.idle.Load(), tc.idle)
+			}
+			want := time.Second
+			if tc.idle {
+				want = 4 * time.Second
+			}
+			if got := c.samples[len(c.samples)-1].Every; got != want {
+				t.Fatalf("the sample names %v, want %v", got, want)
+			}
+			silentFor(time.Minute)
+			if got := h.heardFrom(c); got != tc.wakesNext {
+				t.Fatalf("heard after a minute's silence: returned from silence %v, want %v", got, tc.wakesNext)
+			}
+		})
 	}
 }

@@ -40,6 +40,10 @@ type Config struct {
 	// Heartbeat is the interval at which workers are asked to heartbeat
 	// (default Lease/5).
 	Heartbeat time.Duration
+	// IdleHeartbeat is the interval of a worker that is paused and holds
+	// no attempt (default 4 heartbeats, at most half of a connection's
+	// silence limit: docs/PROTOCOL.md).
+	IdleHeartbeat time.Duration
 	// Poll is how often the dispatcher looks for ready tasks when no
 	// notification woke it (default 1s).
 	Poll time.Duration
@@ -109,6 +113,11 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
+// silenceLimit is how long a worker may send nothing before its
+// connection is closed: two leases, at least 10 s (its attempts' leases
+// lapsed long before).
+func (c *Config) silenceLimit() time.Duration { return max(2*c.Lease, 10*time.Second) }
+
 func (c *Config) setDefaults() {
 	if c.Replica == "" {
 		c.Replica = "replica-" + randomHex(4)
@@ -119,6 +128,10 @@ func (c *Config) setDefaults() {
 	if c.Heartbeat <= 0 {
 		c.Heartbeat = c.Lease / 5
 	}
+	if c.IdleHeartbeat <= 0 {
+		c.IdleHeartbeat = 4 * c.Heartbeat
+	}
+	c.IdleHeartbeat = min(max(c.IdleHeartbeat, c.Heartbeat), c.silenceLimit()/2)
 	if c.Poll <= 0 {
 		c.Poll = time.Second
 	}
@@ -198,7 +211,7 @@ func New(st *store.Store, cfg Config) *Server {
 	cfg.setDefaults()
 	s := &Server{
 		cfg: cfg, store: st, log: cfg.Logger.With("replica", cfg.Replica),
-		hub:     newHub(2*cfg.Heartbeat + cfg.Heartbeat/2),
+		hub:     newHub(2*cfg.Heartbeat+cfg.Heartbeat/2, 2*cfg.IdleHeartbeat+cfg.IdleHeartbeat/2),
 		modules: newModuleCache(64 << 20),
 		rt:      newRuntimes(),
 		ends:    newFinishWaiters(),

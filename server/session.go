@@ -321,7 +321,8 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 	c.heard.Store(time.Now().UnixNano())
 	welcome := &protocol.Frame{Type: protocol.TypeWelcome, Welcome: &protocol.Welcome{
 		WorkerID: id, ReconnectToken: token, HeartbeatMS: int(s.cfg.Heartbeat.Milliseconds()),
-		LeaseMS: int(s.cfg.Lease.Milliseconds()), MaxFrameBytes: s.cfg.MaxFrameBytes, Lost: lost,
+		IdleHeartbeatMS: int(s.cfg.IdleHeartbeat.Milliseconds()),
+		LeaseMS:         int(s.cfg.Lease.Milliseconds()), MaxFrameBytes: s.cfg.MaxFrameBytes, Lost: lost,
 	}}
 	if c.upload {
 		if welcome.Welcome.UploadKey, err = s.uploadKey(ctx, id); err != nil {
@@ -349,7 +350,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 // The timer runs only while the loop waits for a frame: handling one may
 // wait for the database, which says nothing of the worker.
 func (s *Server) readLoop(ctx context.Context, c *conn) error {
-	idle := max(2*s.cfg.Lease, 10*time.Second)
+	idle := s.cfg.silenceLimit()
 	var silent atomic.Bool
 	timer := time.AfterFunc(idle, func() {
 		silent.Store(true)
@@ -619,7 +620,7 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 			d := cleanDevice(*hb.Device)
 			hb.Device = &d
 		}
-		if s.hub.heartbeat(c, time.Now(), hb.Device, s.cfg.Heartbeat) {
+		if s.hub.heartbeat(c, time.Now(), hb, s.cfg.Heartbeat, s.cfg.IdleHeartbeat) {
 			// Resumed: work for it now, and its record read again (it
 			// was not while the worker was paused).
 			s.wakeSlots()

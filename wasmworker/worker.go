@@ -400,7 +400,9 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	}()
 	errc := make(chan error, 4)
 	go func() { errc <- w.writeLoop(sctx, ws, out) }()
-	go func() { errc <- w.heartbeatLoop(sctx, time.Duration(wel.HeartbeatMS)*time.Millisecond) }()
+	go func() {
+		errc <- w.heartbeatLoop(sctx, time.Duration(wel.HeartbeatMS)*time.Millisecond, time.Duration(wel.IdleHeartbeatMS)*time.Millisecond)
+	}()
 	go func() { errc <- w.readLoop(sctx, ws, server) }()
 	go func() { errc <- w.outcomeLoop(sctx) }()
 	// Outcomes not yet acknowledged go out again, once the writer runs
@@ -619,18 +621,29 @@ func mergeOutcomes(fs []*protocol.Frame) []*protocol.Frame {
 	return out
 }
 
-func (w *Worker) heartbeatLoop(ctx context.Context, every time.Duration) error {
+// heartbeatLoop sends a heartbeat every interval (the welcome's
+// heartbeat_ms), and at once when asked (hbNow: the device changed). While
+// the worker is paused and holds no attempt, it renews nothing: it then
+// heartbeats every idle interval instead (idle_heartbeat_ms, none from an
+// older server), skipping ticks, as long as that lasts. The ticks still
+// look, so that an attempt or an end of the pause is heard within one
+// interval even without hbNow.
+func (w *Worker) heartbeatLoop(ctx context.Context, every, idleEvery time.Duration) error {
 	if every <= 0 {
 		every = 3 * time.Second
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
+	var lastIdle bool
+	var lastSent time.Time
 	for {
+		forced := false
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
 		case <-w.hbNow:
+			forced = true
 		}
 		dev := w.cfg.Device()
 		hb := &protocol.Heartbeat{Device: &dev}
@@ -639,6 +652,12 @@ func (w *Worker) heartbeatLoop(ctx context.Context, every time.Duration) error {
 		// must not follow its paused one and unpause the worker.
 		dev = w.pausedIfHandingBack(dev)
 		hb.Running = w.heartbeatRunning()
+		idle := dev.Paused && len(hb.Running) == 0
+		if !forced && idle && lastIdle && time.Since(lastSent) < idleEvery-every/2 {
+			w.mu.Unlock()
+			continue
+		}
+		lastIdle, lastSent = idle, time.Now()
 		hb.Free = max(w.cfg.Slots-len(w.running), 0)
 		w.shrinkQueueForRunning(time.Now())
 		if w.cfg.MaxQueue > w.cfg.Queue {

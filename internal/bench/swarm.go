@@ -26,9 +26,9 @@ const SwarmCommand = "swarm"
 // swarm is a process's share of the scale part's volunteers: each holds
 // one WebSocket to a replica, says hello as a paused volunteer (a phone on
 // battery: connected, heartbeating, given no task), heartbeats at the
-// interval its welcome names, reconnects now and then (churn), and when
-// its replica goes away reconnects to another one under the identity it
-// had.
+// interval its welcome names for such a worker (idle_heartbeat_ms),
+// reconnects now and then (churn), and when its replica goes away
+// reconnects to another one under the identity it had.
 type swarm struct {
 	servers []string // ws:// URLs of the replicas' /ws/worker
 	header  http.Header
@@ -95,7 +95,11 @@ func (s *swarm) volunteer(ctx context.Context, i int) {
 			}
 			id, token, backoff = w.WorkerID, w.ReconnectToken, 100*time.Millisecond
 			s.connected.Add(1)
-			serverGone := s.hold(ctx, c, time.Duration(w.HeartbeatMS)*time.Millisecond)
+			every := w.HeartbeatMS
+			if w.IdleHeartbeatMS > 0 { // paused and holding nothing, as a worker does
+				every = w.IdleHeartbeatMS
+			}
+			serverGone := s.hold(ctx, c, time.Duration(every)*time.Millisecond)
 			s.connected.Add(-1)
 			c.CloseNow()
 			if !serverGone {

@@ -132,6 +132,11 @@ type Welcome struct {
 	HeartbeatMS    int    `json:"heartbeat_ms"`
 	LeaseMS        int    `json:"lease_ms"`
 	MaxFrameBytes  int    `json:"max_frame_bytes"`
+	// IdleHeartbeatMS is the interval of a worker that is paused and
+	// holds no attempt (none running, queued or awaiting its ack): it
+	// renews nothing, so it heartbeats less often, and at once when that
+	// changes (it resumes). 0 (a server before it): HeartbeatMS always.
+	IdleHeartbeatMS int `json:"idle_heartbeat_ms,omitempty"`
 	// UploadKey is the worker's capability for uploading the outputs of
 	// the attempts it holds (Result.Uploaded).
 	UploadKey string `json:"upload_key,omitempty"`

@@ -586,3 +586,41 @@ func TestScheduleRoundsLocality(t *testing.T) {
 		})
 	}
 }
+
+func TestHeartbeatJitterCountsGapsInTheirIntervals(t *testing.T) {
+	const normal, idle = 3 * time.Second, 12 * time.Second
+	// beats returns samples at the given offsets (s before t0), each
+	// naming the interval it keeps after it.
+	beats := func(at []int, every []time.Duration) []Sample {
+		ss := make([]Sample, len(at))
+		for i := range at {
+			ss[i] = Sample{At: t0.Add(-time.Duration(at[i]) * time.Second), Battery: -1, Online: true, Every: every[i]}
+		}
+		return ss
+	}
+	cases := []struct {
+		name     string
+		samples  []Sample
+		atMost   float64 // the jitter is at most this
+		atLeast  float64 // and at least this
+		unstable bool
+	}{
+		{"normal, on time", beats([]int{12, 9, 6, 3, 0}, []time.Duration{normal, normal, normal, normal, normal}), 0.01, 0, false},
+		{"idle, on time", beats([]int{48, 36, 24, 12, 0}, []time.Duration{idle, idle, idle, idle, idle}), 0.01, 0, false},
+		{"paused, then resumed", beats([]int{42, 30, 18, 6, 3, 0}, []time.Duration{idle, idle, idle, normal, normal, normal}), 0.01, 0, false},
+		{"idle gaps on the normal interval's samples", beats([]int{36, 24, 12, 9, 6, 3, 0}, []time.Duration{normal, normal, normal, normal, normal, normal, normal}), 2, 0.6, true},
+		{"no interval named: seconds", beats([]int{36, 24, 21, 0}, []time.Duration{0, 0, 0, 0}), 2, 0.5, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			j := HeartbeatJitter(t0, c.samples, 10*time.Minute)
+			if j > c.atMost || j < c.atLeast {
+				t.Fatalf("jitter %.3f, want %.2f to %.2f", j, c.atLeast, c.atMost)
+			}
+			st := Classify(t0, c.samples, History{Attempts: 20}, DefaultStability())
+			if got := contains(st.Reasons, "jitter"); got != c.unstable {
+				t.Fatalf("jitter among the reasons: %v, want %v (%q)", got, c.unstable, st.Reasons)
+			}
+		})
+	}
+}

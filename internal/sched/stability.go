@@ -42,6 +42,11 @@ type Sample struct {
 	Online     bool
 	Connection string // "ethernet", "wifi", "cellular", "2g", "slow-2g", "3g", "4g", "" when unknown
 	Hidden     bool   // the volunteer page is not visible (browsers throttle it)
+	// Every is the interval the worker keeps after this heartbeat: the
+	// idle interval while it is paused and holds nothing, the normal one
+	// otherwise (0: unknown, taken as the others'). The jitter test
+	// measures each gap against the interval it was meant to last.
+	Every time.Duration
 }
 
 // History is what the server remembers of a worker across attempts.
@@ -163,21 +168,39 @@ func linearFit(xs, ys []float64) (a, b float64, ok bool) {
 
 // HeartbeatJitter is the coefficient of variation of the gaps between
 // consecutive samples inside the window (0 with fewer than three samples).
+// Where samples name their interval (Sample.Every), each gap counts in
+// units of the interval the sample before it named, so that a worker
+// moving between the normal and the idle interval keeps a steady rhythm.
 func HeartbeatJitter(now time.Time, samples []Sample, window time.Duration) float64 {
-	var ts []time.Time
+	var in []Sample
 	for _, s := range samples {
 		if !s.At.After(now) && now.Sub(s.At) <= window {
-			ts = append(ts, s.At)
+			in = append(in, s)
 		}
 	}
-	if len(ts) < 3 {
+	if len(in) < 3 {
 		return 0
 	}
-	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
-	gaps := make([]float64, len(ts)-1)
+	sort.Slice(in, func(i, j int) bool { return in[i].At.Before(in[j].At) })
+	// The unit of a gap whose sample names no interval: the smallest named
+	// (the normal interval), or seconds when none is.
+	unit := time.Duration(0)
+	for _, s := range in {
+		if s.Every > 0 && (unit == 0 || s.Every < unit) {
+			unit = s.Every
+		}
+	}
+	if unit == 0 {
+		unit = time.Second
+	}
+	gaps := make([]float64, len(in)-1)
 	var sum float64
-	for i := 1; i < len(ts); i++ {
-		gaps[i-1] = ts[i].Sub(ts[i-1]).Seconds()
+	for i := 1; i < len(in); i++ {
+		every := in[i-1].Every
+		if every <= 0 {
+			every = unit
+		}
+		gaps[i-1] = float64(in[i].At.Sub(in[i-1].At)) / float64(every)
 		sum += gaps[i-1]
 	}
 	mean := sum / float64(len(gaps))

@@ -1,0 +1,124 @@
+//go:build !js
+
+package wasmworker
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+)
+
+// beatServer welcomes one worker with the given intervals and passes on
+// the device state of every heartbeat it sends.
+func beatServer(t *testing.T, every, idle time.Duration, beats chan<- protocol.Device) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer ws.CloseNow()
+		ctx := r.Context()
+		if _, _, err := ws.Read(ctx); err != nil { // hello
+			return
+		}
+		data, _, _ := protocol.Encode(&protocol.Frame{Type: protocol.TypeWelcome, Welcome: &protocol.Welcome{WorkerID: "w",
+			HeartbeatMS: int(every.Milliseconds()), IdleHeartbeatMS: int(idle.Milliseconds()), LeaseMS: 60000}})
+		if ws.Write(ctx, websocket.MessageText, data) != nil {
+			return
+		}
+		for {
+			typ, data, err := ws.Read(ctx)
+			if err != nil {
+				return
+			}
+			f, err := protocol.Decode(data, typ == websocket.MessageBinary)
+			if err != nil {
+				t.Errorf("bad frame from the worker: %v", err)
+				return
+			}
+			if f.Type == protocol.TypeHeartbeat && f.Heartbeat.Device != nil {
+				select {
+				case beats <- *f.Heartbeat.Device:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// A paused worker that holds nothing heartbeats at the welcome's idle
+// interval (here an hour: once, then no more), and at once and at the
+// normal interval again when it resumes; without an idle interval (an
+// older server) it keeps the normal one throughout.
+func TestPausedIdleWorkerHeartbeatsAtTheIdleInterval(t *testing.T) {
+	const every = 10 * time.Millisecond
+	tests := []struct {
+		name string
+		idle time.Duration
+	}{
+		{"idle interval", time.Hour},
+		{"no idle interval", 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			beats := make(chan protocol.Device, 1000)
+			url := beatServer(t, every, tc.idle, beats)
+			var paused atomic.Bool
+			paused.Store(true)
+			w := New(Config{Servers: []string{url}, Slots: 1, Kind: protocol.KindHeadless, Runner: sleepRunner{},
+				Logger: slog.New(slog.DiscardHandler),
+				Device: func() protocol.Device { return protocol.Device{Paused: paused.Load()} }})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan struct{})
+			go func() { defer close(done); w.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+			next := func() protocol.Device {
+				t.Helper()
+				select {
+				case d := <-beats:
+					return d
+				case <-time.After(30 * time.Second):
+					t.Fatal("no heartbeat in 30 s")
+					return protocol.Device{}
+				}
+			}
+			if d := next(); !d.Paused {
+				t.Fatal("the first heartbeat says not paused")
+			}
+			if tc.idle > 0 {
+				// Thirty normal intervals: a busy machine only makes them fewer.
+				time.Sleep(30 * every)
+				if n := len(beats); n > 0 {
+					t.Fatalf("%d more heartbeats while paused and idle, want none before the idle interval", n)
+				}
+			} else if d := next(); !d.Paused { // the normal interval goes on
+				t.Fatal("the second heartbeat says not paused")
+			}
+			for len(beats) > 0 {
+				<-beats
+			}
+			paused.Store(false)
+			w.DeviceChanged()
+			for d := next(); d.Paused; d = next() {
+			}
+			for range 5 { // at the normal interval: an hour's wait would fail the test
+				if d := next(); d.Paused {
+					t.Fatal("a heartbeat after resuming says paused")
+				}
+			}
+		})
+	}
+}
