@@ -5,57 +5,28 @@ package wasmworker
 import (
 	"context"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/coder/websocket"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 )
 
 // beatServer welcomes one worker with the given intervals and passes on
-// the device state of every heartbeat it sends.
+// the device state of every heartbeat it sends (beats must have room).
 func beatServer(t *testing.T, every, idle time.Duration, beats chan<- protocol.Device) string {
 	t.Helper()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ws, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
-		}
-		defer ws.CloseNow()
-		ctx := r.Context()
-		if _, _, err := ws.Read(ctx); err != nil { // hello
-			return
-		}
-		data, _, _ := protocol.Encode(&protocol.Frame{Type: protocol.TypeWelcome, Welcome: &protocol.Welcome{WorkerID: "w",
-			HeartbeatMS: int(every.Milliseconds()), IdleHeartbeatMS: int(idle.Milliseconds()), LeaseMS: 60000}})
-		if ws.Write(ctx, websocket.MessageText, data) != nil {
-			return
-		}
-		for {
-			typ, data, err := ws.Read(ctx)
-			if err != nil {
-				return
-			}
-			f, err := protocol.Decode(data, typ == websocket.MessageBinary)
-			if err != nil {
-				t.Errorf("bad frame from the worker: %v", err)
-				return
-			}
-			if f.Type == protocol.TypeHeartbeat && f.Heartbeat.Device != nil {
-				select {
-				case beats <- *f.Heartbeat.Device:
-				case <-ctx.Done():
-					return
-				}
+	return fakeServerWelcome(t, &protocol.Welcome{WorkerID: "w", HeartbeatMS: int(every.Milliseconds()),
+		IdleHeartbeatMS: int(idle.Milliseconds()), LeaseMS: 60000}, nil, func(f *protocol.Frame) []*protocol.Frame {
+		if f.Type == protocol.TypeHeartbeat && f.Heartbeat.Device != nil {
+			select {
+			case beats <- *f.Heartbeat.Device:
+			default:
+				t.Error("more heartbeats than the test has room for")
 			}
 		}
-	}))
-	t.Cleanup(srv.Close)
-	return srv.URL
+		return nil
+	})
 }
 
 // A paused worker that holds nothing heartbeats at the welcome's idle

@@ -38,6 +38,14 @@ type outcomeFrame struct {
 func fakeServer(t *testing.T, heartbeat time.Duration, first []*protocol.Frame,
 	onFrame func(*protocol.Frame) []*protocol.Frame) (url string) {
 	t.Helper()
+	return fakeServerWelcome(t, &protocol.Welcome{WorkerID: "w", HeartbeatMS: int(heartbeat.Milliseconds()), LeaseMS: 60000},
+		first, onFrame)
+}
+
+// fakeServerWelcome is fakeServer with the welcome given.
+func fakeServerWelcome(t *testing.T, welcome *protocol.Welcome, first []*protocol.Frame,
+	onFrame func(*protocol.Frame) []*protocol.Frame) (url string) {
+	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ws, err := websocket.Accept(w, r, nil)
 		if err != nil {
@@ -64,8 +72,7 @@ func fakeServer(t *testing.T, heartbeat time.Duration, first []*protocol.Frame,
 		if _, _, err := ws.Read(ctx); err != nil { // hello
 			return
 		}
-		if send(&protocol.Frame{Type: protocol.TypeWelcome, Welcome: &protocol.Welcome{WorkerID: "w",
-			HeartbeatMS: int(heartbeat.Milliseconds()), LeaseMS: 60000}}) != nil || send(first...) != nil {
+		if send(&protocol.Frame{Type: protocol.TypeWelcome, Welcome: welcome}) != nil || send(first...) != nil {
 			return
 		}
 		for {
