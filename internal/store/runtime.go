@@ -284,9 +284,16 @@ type AttemptSpan struct {
 }
 
 // workflowSpansSQL reads the attempts of workflow $1 (to be completed with
-// an ORDER BY).
+// an ORDER BY). Each task's attempts are looked up through attempts_task
+// (the OFFSET 0 keeps PostgreSQL from flattening the lookup into a join):
+// as a plain join, with the statistics of an attempts table analyzed while
+// small, PostgreSQL hashed the workflow's tasks and read every attempt of
+// every workflow, up to 0.6 ms for a one-task workflow among 3,000
+// attempts, and in proportion to all attempts ever kept.
 const workflowSpansSQL = `SELECT t.name, a.worker_id::text, a.started_at, coalesce(a.ended_at, now()), a.state = 'succeeded'
-	FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = $1`
+	FROM tasks t CROSS JOIN LATERAL (SELECT a.id, a.worker_id, a.started_at, a.ended_at, a.state FROM attempts a
+		WHERE a.task_id = t.id OFFSET 0) a
+	WHERE t.workflow_id = $1`
 
 func scanSpans(rows pgx.Rows) ([]AttemptSpan, error) {
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (AttemptSpan, error) {

@@ -148,6 +148,10 @@ const runningAttemptSQL = ` LEFT JOIN LATERAL (SELECT a.progress, a.worker_id::t
 		WHERE a.task_id = t.id AND (a.state = 'running' OR t.state = 'done' AND a.state = 'succeeded' AND NOT a.superseded)
 		ORDER BY a.state = 'running' DESC, a.id DESC LIMIT 1) ra ON true`
 
+// spansSQL reads the attempts of workflow $1 of owner $2 (none when the
+// workflow is another owner's), in the order they started.
+const spansSQL = workflowSpansSQL + ` AND EXISTS (SELECT 1 FROM workflows w WHERE w.id = $1 AND w.owner_id = $2) ORDER BY a.id`
+
 const taskStatusSQL = `SELECT t.name, t.state, t.attempts, t.max_attempts,
 	CASE WHEN t.state = 'done' THEN 1 ELSE coalesce(ra.progress, 0) END,
 	t.module_id, t.checkpoint_seq, t.checkpoint_at, coalesce(ra.worker, ''), t.started_at, t.finished_at, t.error, t.disputed, t.updated_at,
@@ -208,7 +212,7 @@ func (s *Store) status(ctx context.Context, ownerID int64, id string, spans bool
 	b.Queue(ownedWorkflowSQL, id, ownerID)
 	b.Queue(workflowTasksSQL, id, ownerID)
 	if spans {
-		b.Queue(workflowSpansSQL+` AND EXISTS (SELECT 1 FROM workflows w WHERE w.id = $1 AND w.owner_id = $2) ORDER BY a.id`, id, ownerID)
+		b.Queue(spansSQL, id, ownerID)
 	}
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close()
