@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"testing"
 	"time"
@@ -47,6 +48,66 @@ func TestActiveCounts(t *testing.T) {
 			t.Errorf("%s: workers %v, want one headless", step.name, workers)
 		}
 	}
+}
+
+// ActiveCounts reads the queue and the running attempts, not every task
+// and attempt ever kept, with statistics taken while thousands of tasks
+// were ready or running (a scrape of /metrics after a large workflow).
+func TestActiveCountsWithStaleStatistics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	const n = 3000
+	tasks := make([]NewTask, n)
+	for i := range tasks {
+		tasks[i] = f.task(fmt.Sprintf("t%d", i))
+	}
+	old, err := f.s.createLarge(ctx, f.owner, &NewWorkflow{Name: "old", Priority: "batch", Tasks: tasks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.s.pool.Exec(ctx, `INSERT INTO attempts (task_id, worker_id, lease_until)
+		SELECT id, $2, now() FROM tasks WHERE workflow_id = $1`, old, f.worker); err != nil {
+		t.Fatal(err)
+	}
+	// Analyzed with every task ready and every attempt running; then all
+	// of them end.
+	for _, q := range []string{`ANALYZE tasks, attempts`,
+		`UPDATE tasks SET state = 'done', pending = 0, finished_at = now() WHERE workflow_id = '` + old + `'`,
+		`UPDATE attempts SET state = 'succeeded', ended_at = now()`,
+		`UPDATE workflows SET state = 'done', tasks_left = 0 WHERE id = '` + old + `'`} {
+		if _, err := f.s.pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.submit(t, "batch", f.task("a"), f.task("b"))
+	if cs := f.claim(t, 1, time.Minute); len(cs) != 1 {
+		t.Fatalf("%d claimed", len(cs))
+	}
+	got, _, err := f.s.ActiveCounts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int64{StateBlocked: 0, StateReady: 1, StateRunning: 1}; !maps.Equal(got, want) {
+		t.Errorf("counts %v, want %v", got, want)
+	}
+	tx, err := f.s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var plan []struct{ Plan planNode }
+	if _, err := tx.Exec(ctx, hotPathSettingsSQL); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+activeCountsSQL).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	plan[0].Plan.walk(func(p *planNode) {
+		if (p.Relation == "tasks" || p.Relation == "attempts") && (p.NodeType == "Seq Scan" || p.NodeType == "Parallel Seq Scan" || p.ActualRows*p.ActualLoops > 2) {
+			t.Errorf("%s on %s returned %v rows over %v loops, with 2 tasks unfinished among %d", p.NodeType, p.Relation, p.ActualRows, p.ActualLoops, n+2)
+		}
+	})
 }
 
 // PruneActivity forgets the tasks done in minutes over a day old, and only
