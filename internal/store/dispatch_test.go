@@ -145,6 +145,7 @@ type planNode struct {
 	CTE         string     `json:"CTE Name"`
 	ActualRows  float64    `json:"Actual Rows"`
 	ActualLoops float64    `json:"Actual Loops"`
+	Removed     float64    `json:"Rows Removed by Filter"`
 	Plans       []planNode `json:"Plans"`
 }
 

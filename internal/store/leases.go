@@ -197,16 +197,14 @@ func (s *Store) SweepLeases(ctx context.Context, sw Sweep) (SweepResult, error) 
 			res.Since = time.Duration(*sinceMS * float64(time.Millisecond))
 		}
 		if sw.Gap > 0 && res.Since > sw.Gap {
-			tag, err := tx.Exec(ctx, `UPDATE attempts a SET lease_until = greatest(a.lease_until, now() + $1 * interval '1 millisecond')
-				FROM running_attempts r WHERE a.id = r.attempt_id AND a.state = 'running'`, sw.Lease.Milliseconds())
+			tag, err := tx.Exec(ctx, renewAllSQL, sw.Lease.Milliseconds())
 			res.Renewed = tag.RowsAffected()
 			return err
 		}
 		// running_attempts lists the attempts that may still run; those
 		// that ended (or are gone) are deleted from it here, in the same
 		// pass.
-		if _, err := tx.Exec(ctx, `DELETE FROM running_attempts r
-			WHERE NOT EXISTS (SELECT 1 FROM attempts a WHERE a.id = r.attempt_id AND a.state = 'running')`); err != nil {
+		if _, err := tx.Exec(ctx, sweepEndedSQL); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, expireSQL, sw.Limit, sw.ReplicaSilence.Milliseconds(), sw.ReplicaGrace.Milliseconds())
@@ -263,6 +261,23 @@ func (s *Store) SweepLeases(ctx context.Context, sw Sweep) (SweepResult, error) 
 // The attempts of a worker whose replica has been silent for $2 ms, or
 // has started again since the worker connected to it, wait until their
 // lease lapsed $3 ms ago (Sweep.ReplicaGrace).
+// renewAllSQL renews the lease of every running attempt by $1 ms at least.
+// The attempts are looked up by the ids running_attempts lists (an array,
+// so that PostgreSQL cannot merge the two tables' keys and read every
+// attempt ever kept, as sweepEndedSQL explains).
+const renewAllSQL = `UPDATE attempts a SET lease_until = greatest(a.lease_until, now() + $1 * interval '1 millisecond')
+	WHERE a.id = ANY (ARRAY(SELECT attempt_id FROM running_attempts)) AND a.state = 'running'`
+
+// sweepEndedSQL deletes from running_attempts the attempts that ended or
+// are gone. Each is looked up by its id (a scalar subquery, which
+// PostgreSQL never turns into a join): as NOT EXISTS, with statistics
+// taken while running_attempts was large, PostgreSQL merged the two
+// tables' keys and read attempts_pkey from the first attempt ever kept,
+// 74 ms a sweep after the 62,000-task dispatch benchmark, in proportion
+// to the whole history rather than to the attempts that may run.
+const sweepEndedSQL = `DELETE FROM running_attempts r
+	WHERE (SELECT a.state FROM attempts a WHERE a.id = r.attempt_id) IS DISTINCT FROM 'running'`
+
 const expireSQL = `WITH exp AS (
 	SELECT x.id, x.worker_id FROM running_attempts r JOIN attempts x ON x.id = r.attempt_id
 	WHERE x.state = 'running' AND x.lease_until < now()

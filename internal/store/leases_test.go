@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -41,5 +42,69 @@ func TestReaperForgetsEndedAttempts(t *testing.T) {
 		if n != pass.lost || listed() != pass.listed {
 			t.Errorf("a pass ended %d attempts and left %d listed, want %d and %d", n, listed(), pass.lost, pass.listed)
 		}
+	}
+}
+
+// The lease sweep's statements read the attempts that may run, through
+// running_attempts, not every attempt ever kept, with statistics taken
+// while thousands of attempts ran.
+func TestSweepReadsOnlyTheAttemptsThatMayRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	const n = 3000
+	tasks := make([]NewTask, n)
+	for i := range tasks {
+		tasks[i] = f.task(fmt.Sprintf("t%d", i))
+	}
+	old, err := f.s.createLarge(ctx, f.owner, &NewWorkflow{Name: "old", Priority: "batch", Tasks: tasks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Analyzed with every old attempt running; then they all end and the
+	// sweep forgets them.
+	for _, q := range []string{
+		`INSERT INTO attempts (task_id, worker_id, lease_until) SELECT id, '` + f.worker + `', now() FROM tasks WHERE workflow_id = '` + old + `'`,
+		`INSERT INTO running_attempts (attempt_id) SELECT id FROM attempts`,
+		`ANALYZE attempts, running_attempts`,
+		`UPDATE attempts SET state = 'succeeded', ended_at = now()`,
+		`UPDATE tasks SET state = 'done', pending = 0, finished_at = now() WHERE workflow_id = '` + old + `'`,
+		sweepEndedSQL,
+	} {
+		if _, err := f.s.pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.submit(t, "batch", f.task("a"), f.task("b"))
+	if cs := f.claim(t, 2, time.Minute); len(cs) != 2 {
+		t.Fatalf("%d claimed", len(cs))
+	}
+	for _, q := range []struct {
+		name string
+		sql  string
+		args []any
+	}{
+		{"forget ended attempts", sweepEndedSQL, nil},
+		{"expire leases", expireSQL, []any{100, int64(30000), int64(30000)}},
+		{"renew every lease", renewAllSQL, []any{int64(60000)}},
+	} {
+		tx, err := f.s.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []struct{ Plan planNode }
+		if _, err = tx.Exec(ctx, hotPathSettingsSQL); err == nil {
+			err = tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+q.sql, q.args...).Scan(&plan)
+		}
+		tx.Rollback(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", q.name, err)
+		}
+		plan[0].Plan.walk(func(p *planNode) {
+			if p.Relation == "attempts" && (p.NodeType == "Seq Scan" || (p.ActualRows+p.Removed)*p.ActualLoops > 4) {
+				t.Errorf("%s: %s on attempts read %v rows (%v of them left out) over %v loops, with 2 attempts running among %d",
+					q.name, p.NodeType, p.ActualRows+p.Removed, p.Removed, p.ActualLoops, n+2)
+			}
+		})
 	}
 }
