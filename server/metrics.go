@@ -57,7 +57,7 @@ func newMetrics(s *Server) *metrics {
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cyclepool_maintenance_leader", Help: "1 when this replica runs the maintenance (lease reaper)."}),
 		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "cyclepool_db_batch_size", Help: "Items per database batch, by operation (claim, renew, complete).",
+			Name: "cyclepool_db_batch_size", Help: "Items per database batch, by operation (claim, renew, complete, submission, hello).",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 12)}, []string{"op"}),
 		batchSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "cyclepool_db_batch_seconds", Help: "Latency of database batches, by operation.",

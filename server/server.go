@@ -178,6 +178,7 @@ type Server struct {
 
 	renewals    *batcher[renewal]
 	completions *batcher[completion]
+	hellos      *batcher[hello]
 
 	owners       sync.Map // token -> store.Owner, positive cache
 	knownModules sync.Map // ownedModule -> true: modules an owner has pushed
@@ -244,6 +245,9 @@ func New(st *store.Store, cfg Config) *Server {
 	// to the commit), and one makes batches twice as large, each paying
 	// its statements and commit once.
 	s.completions = newBatcher(8192, 1000, 1, s.flushCompletions)
+	// Two hello flushers: one batch's transaction waits for its commit
+	// while the next gathers and runs.
+	s.hellos = newBatcher(4096, 500, 2, s.flushHellos)
 	return s
 }
 
@@ -256,7 +260,7 @@ func (s *Server) Run(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, s.stop)
 	defer stop()
 	var wg sync.WaitGroup
-	for _, f := range []func(context.Context){s.renewals.run, s.completions.run, s.disp.run, s.listen, s.maintain, s.touchWorkers, s.refreshStats} {
+	for _, f := range []func(context.Context){s.renewals.run, s.completions.run, s.hellos.run, s.disp.run, s.listen, s.maintain, s.touchWorkers, s.refreshStats} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -277,10 +277,6 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 	case len(h.Running) > h.Slots+h.Queue:
 		return nil, protocolError{fmt.Errorf("%d running attempts for %d slots and a queue of %d", len(h.Running), h.Slots, h.Queue)}
 	}
-	// The registration runs on a goroutine of its own: the database driver's
-	// deep call stacks would otherwise stay with this connection's
-	// long-lived goroutine, which matters with thousands of idle workers.
-	var reg store.Registration
 	wh := store.WorkerHello{
 		ID: h.WorkerID, Token: h.ReconnectToken, Kind: h.Kind, Slots: h.Slots, Volunteer: truncate(h.Volunteer, 100),
 		Device: h.Device, Replica: s.cfg.Replica, Running: h.Running, Operator: operator, Build: truncate(h.Build, 100),
@@ -289,15 +285,22 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 		addr := remoteHost(r)
 		wh.AllowNew = func() bool { return s.gate.newIdentity(addr, time.Now()) }
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		reg, err = s.store.RegisterWorker(ctx, wh, s.cfg.Lease)
-	}()
-	<-done
+	reg, err := s.register(ctx, wh)
 	if err != nil {
 		return nil, err
 	}
+	// Registered: a greeting that fails from here on closes the
+	// connection's row (the worker is not connected after all).
+	greeted := false
+	defer func() {
+		if !greeted {
+			gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			if _, err := s.store.WorkerGone(gctx, reg.ID, reg.Session, nil); err != nil {
+				s.log.Warn("record worker gone", "worker", reg.ID, "err", err)
+			}
+		}
+	}()
 	id, token, lost := reg.ID, reg.Token, reg.Lost
 	c := &conn{
 		id: id, session: reg.Session, kind: h.Kind, threads: h.Slots, slots: h.Slots + h.Queue, ws: ws,
@@ -337,7 +340,54 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 		return nil, fmt.Errorf("send welcome: %w", err)
 	}
 	c.log.Debug("worker connected", "slots", h.Slots, "resumed", len(c.running), "build", truncate(h.Build, 100))
+	greeted = true
 	return c, nil
+}
+
+// hello is a worker's registration waiting in Server.hellos.
+type hello struct {
+	h    store.WorkerHello
+	done chan registered // answered once, by flushHellos
+}
+
+type registered struct {
+	reg store.Registration
+	err error
+}
+
+// register records a greeted worker (store.RegisterWorkers) in a batch
+// with the other hellos that arrive meanwhile: when a replica dies, its
+// volunteers come to the others all at once, and a transaction each would
+// hold the database's connections from the dispatcher's claims and the
+// results' commits. The database work runs on the batcher's goroutine,
+// whose deep call stacks then stay off the connection's long-lived one.
+func (s *Server) register(ctx context.Context, h store.WorkerHello) (store.Registration, error) {
+	req := hello{h: h, done: make(chan registered, 1)}
+	if err := s.hellos.submitAll(ctx, []hello{req}); err != nil {
+		return store.Registration{}, fmt.Errorf("register worker: %w", err)
+	}
+	select {
+	case r := <-req.done:
+		return r.reg, r.err
+	case <-s.ctx.Done():
+		// Shutting down: the batcher may be gone, and Run marks every
+		// worker of this replica gone.
+		return store.Registration{}, fmt.Errorf("register worker: %w", s.ctx.Err())
+	}
+}
+
+// flushHellos registers a batch of hellos.
+func (s *Server) flushHellos(ctx context.Context, batch []hello) {
+	hs := make([]store.WorkerHello, len(batch))
+	for i := range batch {
+		hs[i] = batch[i].h
+	}
+	start := time.Now()
+	regs, errs := s.store.RegisterWorkers(ctx, hs, s.cfg.Lease)
+	s.metrics.observeBatch("hello", len(batch), start)
+	for i := range batch {
+		batch[i].done <- registered{regs[i], errs[i]}
+	}
 }
 
 // readLoop handles the worker's frames until the socket closes. A worker

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cyclepool/cyclepool/internal/sched"
@@ -58,76 +60,227 @@ type Registration struct {
 // its running attempts that still hold their lease (renewed to now+lease);
 // the others are returned as lost. A new worker gets a new id and token.
 func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Duration) (Registration, error) {
-	dev, err := json.Marshal(h.Device)
-	if err != nil {
-		return Registration{}, fmt.Errorf("register worker: %w", err)
+	regs, errs := s.RegisterWorkers(ctx, []WorkerHello{h}, lease)
+	return regs[0], errs[0]
+}
+
+// RegisterWorkers is RegisterWorker for many workers at once, in one
+// transaction of two round trips (more only when a batch names a worker
+// twice), with one WAL flush: the hellos of a storm of reconnections (a
+// replica's volunteers moving to the others) cost the database a
+// transaction per batch rather than per worker. It returns each hello's
+// registration or error, in the order of hs; an error of the transaction
+// is every hello's.
+func (s *Store) RegisterWorkers(ctx context.Context, hs []WorkerHello, lease time.Duration) ([]Registration, []error) {
+	regs, errs := make([]Registration, len(hs)), make([]error, len(hs))
+	// A transaction registers each worker once: a second hello of the
+	// same identity waits for the next round, as it would have waited for
+	// the first one's transaction.
+	left := make([]int, len(hs))
+	for i := range left {
+		left[i] = i
 	}
-	var id, token string
-	var lost []int64
-	var modules map[int64]string
-	var session int64
-	err = s.tx(ctx, func(tx pgx.Tx) error {
-		id, token, lost, modules = "", "", nil, nil
-		if h.ID != "" && looksLikeUUID(h.ID) {
-			tag, err := tx.Exec(ctx, `UPDATE workers SET kind = $3, slots = $4, volunteer = $5, device = $6, replica = $7,
-				connected = true, connected_at = now(), last_seen = now(), operator = $8, build = $9 WHERE id = $1 AND token_hash = $2`,
-				h.ID, HashToken(h.Token), h.Kind, h.Slots, h.Volunteer, dev, h.Replica, h.Operator, h.Build)
+	for len(left) > 0 {
+		var round, later []int
+		seen := map[string]bool{}
+		for _, i := range left {
+			if id := claimedID(&hs[i]); id != "" && seen[id] {
+				later = append(later, i)
+				continue
+			} else if id != "" {
+				seen[id] = true
+			}
+			round = append(round, i)
+		}
+		err := s.tx(ctx, func(tx pgx.Tx) error { return registerRound(ctx, tx, hs, round, regs, errs, lease) })
+		for _, i := range round {
 			if err != nil {
-				return err
-			}
-			if tag.RowsAffected() == 1 {
-				id, token = h.ID, h.Token
+				regs[i], errs[i] = Registration{}, fmt.Errorf("register worker: %w", err)
 			}
 		}
-		if id == "" {
-			if h.AllowNew != nil && !h.AllowNew() {
-				return ErrTooManyIdentities
-			}
-			token = NewToken("cw_")
-			if err := tx.QueryRow(ctx, `INSERT INTO workers (id, token_hash, kind, slots, volunteer, device, replica, operator, build)
-				VALUES (gen_random_uuid(), $1, $2, $3, $4, $5, $6, $7, $8) RETURNING id::text`,
-				HashToken(token), h.Kind, h.Slots, h.Volunteer, dev, h.Replica, h.Operator, h.Build).Scan(&id); err != nil {
-				return err
-			}
+		left = later
+	}
+	return regs, errs
+}
+
+// claimedID is the identity a hello claims, "" for none worth looking up.
+func claimedID(h *WorkerHello) string {
+	if h.ID != "" && looksLikeUUID(h.ID) {
+		return strings.ToLower(h.ID)
+	}
+	return ""
+}
+
+// registerRound registers the hellos hs[round] (whose claimed identities
+// are distinct) in tx, writing regs and errs at their indexes.
+func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int, regs []Registration, errs []error, lease time.Duration) error {
+	devs := make([][]byte, len(hs))
+	for _, i := range round {
+		regs[i], errs[i] = Registration{}, nil
+		dev, err := json.Marshal(hs[i].Device)
+		if err != nil {
+			errs[i] = fmt.Errorf("register worker: %w", err)
+			continue
 		}
-		// The connection's row in the history the dashboard plots; a
-		// connection the worker did not close is closed now, and rows older
-		// than a day are pruned.
-		if err := tx.QueryRow(ctx, `WITH closed AS (
-				UPDATE worker_sessions SET disconnected_at = now() WHERE worker_id = $1 AND disconnected_at IS NULL),
-			pruned AS (DELETE FROM worker_sessions WHERE disconnected_at < now() - interval '1 day')
-			INSERT INTO worker_sessions (worker_id) VALUES ($1) RETURNING id`, id).Scan(&session); err != nil {
-			return err
+		devs[i] = dev
+	}
+	// Reconnections: the identities proved by their tokens.
+	var old []int
+	var ids, kinds, volunteers, replicas, builds []string
+	var hashes, oldDevs [][]byte
+	var slots []int32
+	var operators []bool
+	for _, i := range round {
+		h := &hs[i]
+		if errs[i] != nil || claimedID(h) == "" {
+			continue
 		}
-		if len(h.Running) == 0 {
-			return nil
-		}
-		rows, err := tx.Query(ctx, `UPDATE attempts a SET lease_until = now() + $3 * interval '1 millisecond'
-			FROM tasks t WHERE a.id = ANY($1) AND a.worker_id = $2 AND a.state = 'running' AND t.id = a.task_id
-			RETURNING a.id, t.module_id`, h.Running, id, lease.Milliseconds())
+		old = append(old, i)
+		ids, hashes, kinds, slots = append(ids, claimedID(h)), append(hashes, HashToken(h.Token)), append(kinds, h.Kind), append(slots, int32(h.Slots))
+		volunteers, oldDevs, replicas = append(volunteers, h.Volunteer), append(oldDevs, devs[i]), append(replicas, h.Replica)
+		operators, builds = append(operators, h.Operator), append(builds, h.Build)
+	}
+	proved := map[string]bool{}
+	if len(old) > 0 {
+		rows, err := tx.Query(ctx, `UPDATE workers w SET kind = u.kind, slots = u.slots, volunteer = u.volunteer, device = u.device,
+				replica = u.replica, connected = true, connected_at = now(), last_seen = now(), operator = u.operator, build = u.build
+			FROM unnest($1::uuid[], $2::bytea[], $3::text[], $4::int[], $5::text[], $6::jsonb[], $7::text[], $8::bool[], $9::text[])
+				AS u(id, token_hash, kind, slots, volunteer, device, replica, operator, build)
+			WHERE w.id = u.id AND w.token_hash = u.token_hash
+			RETURNING w.id::text`, ids, hashes, kinds, slots, volunteers, oldDevs, replicas, operators, builds)
 		if err != nil {
 			return err
 		}
-		modules = map[int64]string{}
-		var a int64
-		var m string
-		if _, err := pgx.ForEachRow(rows, []any{&a, &m}, func() error {
-			modules[a] = m
+		var id string
+		if _, err := pgx.ForEachRow(rows, []any{&id}, func() error {
+			proved[id] = true
 			return nil
 		}); err != nil {
 			return err
 		}
-		for _, a := range h.Running {
-			if _, ok := modules[a]; !ok {
-				lost = append(lost, a)
+	}
+	// New identities, for the others that may have one.
+	var fresh []int
+	var newIDs, newKinds, newVolunteers, newReplicas, newBuilds []string
+	var newHashes, newDevs [][]byte
+	var newSlots []int32
+	var newOperators []bool
+	for _, i := range round {
+		h := &hs[i]
+		if errs[i] != nil {
+			continue
+		}
+		if id := claimedID(h); id != "" && proved[id] {
+			regs[i].ID, regs[i].Token = id, h.Token
+			continue
+		}
+		if h.AllowNew != nil && !h.AllowNew() {
+			errs[i] = ErrTooManyIdentities
+			continue
+		}
+		uid, err := uuid.NewRandom()
+		if err != nil {
+			return fmt.Errorf("worker id: %w", err)
+		}
+		regs[i].ID, regs[i].Token = uid.String(), NewToken("cw_")
+		fresh = append(fresh, i)
+		newIDs, newHashes, newKinds = append(newIDs, regs[i].ID), append(newHashes, HashToken(regs[i].Token)), append(newKinds, h.Kind)
+		newSlots, newVolunteers, newDevs = append(newSlots, int32(h.Slots)), append(newVolunteers, h.Volunteer), append(newDevs, devs[i])
+		newReplicas, newOperators, newBuilds = append(newReplicas, h.Replica), append(newOperators, h.Operator), append(newBuilds, h.Build)
+	}
+	// The rest in one round trip: the new workers' rows; each
+	// connection's row in the history the dashboard plots (a connection
+	// the worker did not close is closed now, and rows older than a day
+	// are pruned); and the leases of the attempts the workers still run.
+	var registered []string
+	var runAttempts []int64
+	var runWorkers []string
+	for _, i := range round {
+		if errs[i] != nil {
+			continue
+		}
+		registered = append(registered, regs[i].ID)
+		for _, a := range hs[i].Running {
+			runAttempts, runWorkers = append(runAttempts, a), append(runWorkers, regs[i].ID)
+		}
+	}
+	if len(registered) == 0 {
+		return nil
+	}
+	b := &pgx.Batch{}
+	if len(fresh) > 0 {
+		b.Queue(`INSERT INTO workers (id, token_hash, kind, slots, volunteer, device, replica, operator, build)
+			SELECT * FROM unnest($1::uuid[], $2::bytea[], $3::text[], $4::int[], $5::text[], $6::jsonb[], $7::text[], $8::bool[], $9::text[])`,
+			newIDs, newHashes, newKinds, newSlots, newVolunteers, newDevs, newReplicas, newOperators, newBuilds)
+	}
+	b.Queue(`WITH ids AS (SELECT * FROM unnest($1::uuid[]) WITH ORDINALITY AS i(id, ord)),
+		closed AS (UPDATE worker_sessions s SET disconnected_at = now() FROM ids WHERE s.worker_id = ids.id AND s.disconnected_at IS NULL),
+		pruned AS (DELETE FROM worker_sessions WHERE disconnected_at < now() - interval '1 day')
+		INSERT INTO worker_sessions (worker_id) SELECT id FROM ids ORDER BY ord RETURNING id, worker_id::text`, registered)
+	if len(runAttempts) > 0 {
+		b.Queue(`UPDATE attempts a SET lease_until = now() + $3 * interval '1 millisecond'
+			FROM unnest($1::bigint[], $2::uuid[]) AS r(id, w), tasks t
+			WHERE a.id = r.id AND a.worker_id = r.w AND a.state = 'running' AND t.id = a.task_id
+			RETURNING a.id, a.worker_id::text, t.module_id`, runAttempts, runWorkers, lease.Milliseconds())
+	}
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	if len(fresh) > 0 {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+	}
+	byID := make(map[string]int, len(registered))
+	for _, i := range round {
+		if errs[i] == nil {
+			byID[regs[i].ID] = i
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	var session int64
+	var worker string
+	if _, err := pgx.ForEachRow(rows, []any{&session, &worker}, func() error {
+		regs[byID[worker]].Session = session
+		return nil
+	}); err != nil {
+		return err
+	}
+	if len(runAttempts) > 0 {
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		var a int64
+		var m string
+		if _, err := pgx.ForEachRow(rows, []any{&a, &worker, &m}, func() error {
+			r := &regs[byID[worker]]
+			if r.Modules == nil {
+				r.Modules = map[int64]string{}
+			}
+			r.Modules[a] = m
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	for _, i := range round {
+		if errs[i] != nil || len(hs[i].Running) == 0 {
+			continue
+		}
+		r := &regs[i]
+		if r.Modules == nil {
+			r.Modules = map[int64]string{}
+		}
+		for _, a := range hs[i].Running {
+			if _, ok := r.Modules[a]; !ok {
+				r.Lost = append(r.Lost, a)
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		return Registration{}, fmt.Errorf("register worker: %w", err)
 	}
-	return Registration{ID: id, Token: token, Lost: lost, Modules: modules, Session: session}, nil
+	return br.Close()
 }
 
 // UpdateDevice records a worker's latest device state.

@@ -2,9 +2,14 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // A replica says it is alive once for all its workers, whose rows it does
@@ -221,4 +226,98 @@ func (f *fixture) registerOn(t *testing.T, replica string) string {
 		t.Fatal(err)
 	}
 	return reg.ID
+}
+
+// RegisterWorkers registers a batch of hellos as RegisterWorker would one
+// at a time: reconnections keep their identities and the attempts they
+// still hold, a wrong token or none gets a new identity (if its address
+// may make one), and a worker named twice in a batch is registered twice
+// in order, its first connection's history row closed by the second.
+func TestRegisterWorkersInABatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	back, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "browser", Slots: 2, Replica: "r"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.worker = back.ID
+	f.submit(t, "batch", f.task("held"), f.task("done"))
+	cs := f.claim(t, 2, time.Minute)
+	if len(cs) != 2 {
+		t.Fatalf("%d claimed", len(cs))
+	}
+	if _, err := f.s.Complete(ctx, []Completion{ok(cs[1], "D")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.s.pool.Exec(ctx, `UPDATE attempts SET lease_until = now() + interval '5 seconds' WHERE id = $1`, cs[0].Attempt); err != nil {
+		t.Fatal(err)
+	}
+	hello := func(id, token string, running ...int64) WorkerHello {
+		return WorkerHello{ID: id, Token: token, Kind: "browser", Slots: 2, Replica: "r", Device: map[string]any{"battery": 0.5}, Running: running}
+	}
+	refused := hello("", "")
+	refused.AllowNew = func() bool { return false }
+	hs := []WorkerHello{
+		hello("", ""), // new
+		hello(back.ID, back.Token, cs[0].Attempt, cs[1].Attempt), // back: one attempt held, one over
+		hello(back.ID, "cw_wrong", cs[0].Attempt),                // a wrong token: a new identity, nothing held
+		refused,
+		hello(strings.ToUpper(back.ID), back.Token), // back again, on a second connection
+	}
+	regs, errs := f.s.RegisterWorkers(ctx, hs, time.Minute)
+	for i, e := range errs {
+		if (e != nil) != (i == 3) {
+			t.Fatalf("hello %d: error %v", i, e)
+		}
+	}
+	if !errors.Is(errs[3], ErrTooManyIdentities) {
+		t.Errorf("a refused new identity: %v", errs[3])
+	}
+	if regs[1].ID != back.ID || regs[1].Token != back.Token || regs[4].ID != back.ID {
+		t.Errorf("the reconnections got %s and %s, want %s", regs[1].ID, regs[4].ID, back.ID)
+	}
+	for _, i := range []int{0, 2} {
+		if regs[i].ID == back.ID || regs[i].ID == "" || !strings.HasPrefix(regs[i].Token, "cw_") {
+			t.Errorf("hello %d: id %q token %q, want a new identity", i, regs[i].ID, regs[i].Token)
+		}
+	}
+	if regs[0].ID == regs[2].ID {
+		t.Error("two new workers got one identity")
+	}
+	if m := regs[1].Modules; len(m) != 1 || m[cs[0].Attempt] != f.module || !slices.Equal(regs[1].Lost, []int64{cs[1].Attempt}) {
+		t.Errorf("the reconnection kept %v and lost %v, want %d kept and %d lost", m, regs[1].Lost, cs[0].Attempt, cs[1].Attempt)
+	}
+	if len(regs[2].Modules) != 0 || !slices.Equal(regs[2].Lost, []int64{cs[0].Attempt}) {
+		t.Errorf("a wrong token kept %v and lost %v, want nothing kept", regs[2].Modules, regs[2].Lost)
+	}
+	sessions := map[int64]bool{back.Session: true}
+	for _, i := range []int{0, 1, 2, 4} {
+		if sessions[regs[i].Session] || regs[i].Session == 0 {
+			t.Errorf("hello %d: session %d, not a new one", i, regs[i].Session)
+		}
+		sessions[regs[i].Session] = true
+	}
+	var open []int64
+	rows, err := f.s.pool.Query(ctx, `SELECT id FROM worker_sessions WHERE worker_id = $1 AND disconnected_at IS NULL`, back.ID)
+	if err == nil {
+		open, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	}
+	if err != nil || !slices.Equal(open, []int64{regs[4].Session}) {
+		t.Errorf("open sessions of the worker that came back twice: %v (%v), want only the last, %d", open, err, regs[4].Session)
+	}
+	recs, err := f.s.Workers(ctx, []string{regs[0].ID, back.ID, regs[2].ID})
+	if err != nil || len(recs) != 3 {
+		t.Fatalf("%d records (%v)", len(recs), err)
+	}
+	for _, r := range recs {
+		if !r.Connected || r.Kind != "browser" || r.Replica != "r" {
+			t.Errorf("record %+v", r)
+		}
+	}
+	// A new connection with a proved identity renews what it holds.
+	var lease time.Time
+	if err := f.s.pool.QueryRow(ctx, `SELECT lease_until FROM attempts WHERE id = $1`, cs[0].Attempt).Scan(&lease); err != nil || time.Until(lease) < 30*time.Second {
+		t.Errorf("the held attempt's lease ends in %v (%v), want about a minute", time.Until(lease).Round(time.Second), err)
+	}
 }

@@ -1,0 +1,110 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+)
+
+// Hellos that arrive while the registrations in hand wait for the
+// database are registered together, in one batch, and each worker gets
+// its own identity: a storm of reconnections costs a transaction per
+// batch, not per worker.
+func TestHellosAreRegisteredInBatches(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	f := newFixture(t)
+	s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, NewWorkerEvery: -1, Logger: slog.New(slog.DiscardHandler)})
+	go s.Run(ctx)
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	// The workers' table is locked: the registrations that come first
+	// wait, and the hellos behind them gather.
+	db, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(context.Background())
+	lock, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lock.Exec(ctx, `LOCK TABLE workers IN EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	const n = 40
+	hello, _, err := protocol.Encode(&protocol.Frame{Type: protocol.TypeHello, Hello: &protocol.Hello{Version: protocol.Version,
+		Kind: protocol.KindHeadless, Slots: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ws, _, err := websocket.DefaultDialer.DialContext(ctx, "ws"+strings.TrimPrefix(ts.URL, "http")+"/ws/worker", nil)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			t.Cleanup(func() { ws.Close() })
+			if err := ws.WriteMessage(websocket.TextMessage, hello); err != nil {
+				errs[i] = err
+				return
+			}
+			_, data, err := ws.ReadMessage()
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			f, err := protocol.Decode(data, false)
+			if err != nil || f.Type != protocol.TypeWelcome {
+				errs[i] = fmt.Errorf("%s instead of a welcome (%v)", data, err)
+				return
+			}
+			ids[i] = f.Welcome.WorkerID
+		}()
+	}
+	// Every hello is in: queued in the batcher, or in a flush waiting for
+	// the lock.
+	for deadline := time.Now().Add(30 * time.Second); s.hellos.waiting() < n; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d hellos waiting behind the lock, want %d", s.hellos.waiting(), n)
+		}
+	}
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	for i := range n {
+		if errs[i] != nil || ids[i] == "" || seen[ids[i]] {
+			t.Fatalf("worker %d: id %q, error %v", i, ids[i], errs[i])
+		}
+		seen[ids[i]] = true
+	}
+	var m dto.Metric
+	if err := s.metrics.batchSize.WithLabelValues("hello").(prometheus.Histogram).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if h := m.GetHistogram(); h.GetSampleCount() > 3 || h.GetSampleSum() != n {
+		t.Errorf("%v hellos registered in %d batches, want %d in 3 at most: the two flushes that waited, and the rest",
+			h.GetSampleSum(), h.GetSampleCount(), n)
+	}
+}
