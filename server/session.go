@@ -101,7 +101,6 @@ func (s *Server) serveWorker(ctx context.Context, cancel context.CancelFunc, ws 
 	}()
 	s.metrics.workerConnects.WithLabelValues(c.kind).Inc()
 	s.hub.add(c)
-	go s.refreshRecords(ctx, []string{c.id})
 	defer func() {
 		unstarted := s.hub.remove(c)
 		c.qmu.Lock()
@@ -311,6 +310,11 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 		record:   store.WorkerRecord{ID: id, Kind: h.Kind, Slots: h.Slots, Operator: operator},
 		operator: operator, addr: remoteHost(r), setup: slices.Contains(h.Features, protocol.FeatureSetup),
 		upload: slices.Contains(h.Features, protocol.FeatureUpload),
+	}
+	if reg.Record.ID == id {
+		// Read with the registration: the worker's standing holds from
+		// the start (a record not read holds it to one slot: allowed).
+		c.record = reg.Record
 	}
 	for a, m := range reg.Modules { // the attempts it kept
 		c.running[a] = m

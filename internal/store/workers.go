@@ -53,6 +53,8 @@ type Registration struct {
 	// Session identifies this connection; WorkerGone takes it so that the
 	// end of an old connection does not end a newer one.
 	Session int64
+	// Record is the worker's record as registered (Workers).
+	Record WorkerRecord
 }
 
 // RegisterWorker records a connected worker. A worker that proves an
@@ -66,7 +68,7 @@ func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Du
 
 // RegisterWorkers is RegisterWorker for many workers at once, in one
 // transaction of two round trips (more only when a batch names a worker
-// twice), with one WAL flush: the hellos of a storm of reconnections (a
+// twice), with one WAL flush, each registration with the worker's record: the hellos of a storm of reconnections (a
 // replica's volunteers moving to the others) cost the database a
 // transaction per batch rather than per worker. It returns each hello's
 // registration or error, in the order of hs; an error of the transaction
@@ -102,6 +104,36 @@ func (s *Store) RegisterWorkers(ctx context.Context, hs []WorkerHello, lease tim
 	}
 	return regs, errs
 }
+
+// The statements of registerRound, each for a batch of workers: one
+// array element per worker.
+const (
+	// registerProvedSQL updates the rows of the workers whose tokens
+	// prove them, and returns their ids.
+	registerProvedSQL = `UPDATE workers w SET kind = u.kind, slots = u.slots, volunteer = u.volunteer, device = u.device,
+		replica = u.replica, connected = true, connected_at = now(), last_seen = now(), operator = u.operator, build = u.build
+	FROM unnest($1::uuid[], $2::bytea[], $3::text[], $4::int[], $5::text[], $6::jsonb[], $7::text[], $8::bool[], $9::text[])
+		AS u(id, token_hash, kind, slots, volunteer, device, replica, operator, build)
+	WHERE w.id = u.id AND w.token_hash = u.token_hash
+	RETURNING w.id::text`
+	// registerNewSQL writes new workers.
+	registerNewSQL = `INSERT INTO workers (id, token_hash, kind, slots, volunteer, device, replica, operator, build)
+	SELECT * FROM unnest($1::uuid[], $2::bytea[], $3::text[], $4::int[], $5::text[], $6::jsonb[], $7::text[], $8::bool[], $9::text[])`
+	// registerSessionsSQL writes each connection's row in the history the
+	// dashboard plots, and returns the rows' ids with their workers': a
+	// connection the worker did not close is closed now, and rows older
+	// than a day are pruned.
+	registerSessionsSQL = `WITH ids AS (SELECT * FROM unnest($1::uuid[]) WITH ORDINALITY AS i(id, ord)),
+	closed AS (UPDATE worker_sessions s SET disconnected_at = now() FROM ids WHERE s.worker_id = ids.id AND s.disconnected_at IS NULL),
+	pruned AS (DELETE FROM worker_sessions WHERE disconnected_at < now() - interval '1 day')
+	INSERT INTO worker_sessions (worker_id) SELECT id FROM ids ORDER BY ord RETURNING id, worker_id::text`
+	// renewHeldSQL renews the leases of the attempts ($1) that their
+	// workers ($2) still hold, and returns them with their modules.
+	renewHeldSQL = `UPDATE attempts a SET lease_until = now() + $3 * interval '1 millisecond'
+	FROM unnest($1::bigint[], $2::uuid[]) AS r(id, w), tasks t
+	WHERE a.id = r.id AND a.worker_id = r.w AND a.state = 'running' AND t.id = a.task_id
+	RETURNING a.id, a.worker_id::text, t.module_id`
+)
 
 // claimedID is the identity a hello claims, "" for none worth looking up.
 func claimedID(h *WorkerHello) string {
@@ -140,24 +172,33 @@ func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int
 		volunteers, oldDevs, replicas = append(volunteers, h.Volunteer), append(oldDevs, devs[i]), append(replicas, h.Replica)
 		operators, builds = append(operators, h.Operator), append(builds, h.Build)
 	}
+	// With the hot path's settings (queueBegin): with generic plans for
+	// arrays of unknown length, PostgreSQL otherwise joined a lone hello
+	// with every worker and every connection's history row, 4 to 6 ms
+	// each with 36,000 volunteers.
 	proved := map[string]bool{}
+	b := &pgx.Batch{}
+	b.Queue(hotPathSettingsSQL)
 	if len(old) > 0 {
-		rows, err := tx.Query(ctx, `UPDATE workers w SET kind = u.kind, slots = u.slots, volunteer = u.volunteer, device = u.device,
-				replica = u.replica, connected = true, connected_at = now(), last_seen = now(), operator = u.operator, build = u.build
-			FROM unnest($1::uuid[], $2::bytea[], $3::text[], $4::int[], $5::text[], $6::jsonb[], $7::text[], $8::bool[], $9::text[])
-				AS u(id, token_hash, kind, slots, volunteer, device, replica, operator, build)
-			WHERE w.id = u.id AND w.token_hash = u.token_hash
-			RETURNING w.id::text`, ids, hashes, kinds, slots, volunteers, oldDevs, replicas, operators, builds)
-		if err != nil {
-			return err
+		b.Queue(registerProvedSQL, ids, hashes, kinds, slots, volunteers, oldDevs, replicas, operators, builds)
+	}
+	br := tx.SendBatch(ctx, b)
+	_, err := br.Exec()
+	if err == nil && len(old) > 0 {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			var id string
+			_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
+				proved[id] = true
+				return nil
+			})
 		}
-		var id string
-		if _, err := pgx.ForEachRow(rows, []any{&id}, func() error {
-			proved[id] = true
-			return nil
-		}); err != nil {
-			return err
-		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
 	}
 	// New identities, for the others that may have one.
 	var fresh []int
@@ -207,23 +248,16 @@ func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int
 	if len(registered) == 0 {
 		return nil
 	}
-	b := &pgx.Batch{}
+	b = &pgx.Batch{}
 	if len(fresh) > 0 {
-		b.Queue(`INSERT INTO workers (id, token_hash, kind, slots, volunteer, device, replica, operator, build)
-			SELECT * FROM unnest($1::uuid[], $2::bytea[], $3::text[], $4::int[], $5::text[], $6::jsonb[], $7::text[], $8::bool[], $9::text[])`,
-			newIDs, newHashes, newKinds, newSlots, newVolunteers, newDevs, newReplicas, newOperators, newBuilds)
+		b.Queue(registerNewSQL, newIDs, newHashes, newKinds, newSlots, newVolunteers, newDevs, newReplicas, newOperators, newBuilds)
 	}
-	b.Queue(`WITH ids AS (SELECT * FROM unnest($1::uuid[]) WITH ORDINALITY AS i(id, ord)),
-		closed AS (UPDATE worker_sessions s SET disconnected_at = now() FROM ids WHERE s.worker_id = ids.id AND s.disconnected_at IS NULL),
-		pruned AS (DELETE FROM worker_sessions WHERE disconnected_at < now() - interval '1 day')
-		INSERT INTO worker_sessions (worker_id) SELECT id FROM ids ORDER BY ord RETURNING id, worker_id::text`, registered)
+	b.Queue(registerSessionsSQL, registered)
+	b.Queue(workerRecordsSQL+` WHERE w.id = ANY($1::uuid[])`, registered)
 	if len(runAttempts) > 0 {
-		b.Queue(`UPDATE attempts a SET lease_until = now() + $3 * interval '1 millisecond'
-			FROM unnest($1::bigint[], $2::uuid[]) AS r(id, w), tasks t
-			WHERE a.id = r.id AND a.worker_id = r.w AND a.state = 'running' AND t.id = a.task_id
-			RETURNING a.id, a.worker_id::text, t.module_id`, runAttempts, runWorkers, lease.Milliseconds())
+		b.Queue(renewHeldSQL, runAttempts, runWorkers, lease.Milliseconds())
 	}
-	br := tx.SendBatch(ctx, b)
+	br = tx.SendBatch(ctx, b)
 	defer br.Close()
 	if len(fresh) > 0 {
 		if _, err := br.Exec(); err != nil {
@@ -247,6 +281,16 @@ func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int
 		return nil
 	}); err != nil {
 		return err
+	}
+	if rows, err = br.Query(); err != nil {
+		return err
+	}
+	recs, err := scanWorkerRecords(rows)
+	if err != nil {
+		return err
+	}
+	for _, r := range recs {
+		regs[byID[r.ID]].Record = r
 	}
 	if len(runAttempts) > 0 {
 		rows, err := br.Query()
@@ -472,30 +516,37 @@ func (w WorkerRecord) Reputation(trust sched.VerifyConfig) sched.Reputation {
 func (s *Store) Workers(ctx context.Context, ids []string) ([]WorkerRecord, error) {
 	var rows pgx.Rows
 	var err error
-	// A connected worker was seen when its replica last said it is alive.
-	cols := fmt.Sprintf(`SELECT w.id::text, w.kind, w.slots, w.volunteer, w.device, w.replica, w.connected, w.connected_at,
-		CASE WHEN w.connected THEN greatest(w.last_seen, (SELECT rp.seen FROM replicas rp WHERE rp.name = w.replica)) ELSE w.last_seen END,
-		w.attempts, w.tasks_lost, w.results_valid, w.results_invalid, w.valid_streak, w.operator, w.build, coalesce(r.succeeded, 0),
-		w.strikes * power(0.5, extract(epoch FROM now() - coalesce(w.strikes_at, now())) / %d)
-		FROM workers w LEFT JOIN worker_results r ON r.worker_id = w.id`, int(StrikeHalfLife.Seconds()))
 	if ids == nil {
-		rows, err = s.pool.Query(ctx, cols+` WHERE w.connected ORDER BY w.id`)
+		rows, err = s.pool.Query(ctx, workerRecordsSQL+` WHERE w.connected ORDER BY w.id`)
 	} else {
-		rows, err = s.pool.Query(ctx, cols+` WHERE w.id = ANY($1::uuid[]) ORDER BY w.id`, ids)
+		rows, err = s.pool.Query(ctx, workerRecordsSQL+` WHERE w.id = ANY($1::uuid[]) ORDER BY w.id`, ids)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read workers: %w", err)
 	}
-	ws, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (WorkerRecord, error) {
+	ws, err := scanWorkerRecords(rows)
+	if err != nil {
+		return nil, fmt.Errorf("read workers: %w", err)
+	}
+	return ws, nil
+}
+
+// workerRecordsSQL reads worker records (scanWorkerRecords), to be
+// completed with a WHERE clause on workers w. A connected worker was seen
+// when its replica last said it is alive.
+var workerRecordsSQL = fmt.Sprintf(`SELECT w.id::text, w.kind, w.slots, w.volunteer, w.device, w.replica, w.connected, w.connected_at,
+	CASE WHEN w.connected THEN greatest(w.last_seen, (SELECT rp.seen FROM replicas rp WHERE rp.name = w.replica)) ELSE w.last_seen END,
+	w.attempts, w.tasks_lost, w.results_valid, w.results_invalid, w.valid_streak, w.operator, w.build, coalesce(r.succeeded, 0),
+	w.strikes * power(0.5, extract(epoch FROM now() - coalesce(w.strikes_at, now())) / %d)
+	FROM workers w LEFT JOIN worker_results r ON r.worker_id = w.id`, int(StrikeHalfLife.Seconds()))
+
+func scanWorkerRecords(rows pgx.Rows) ([]WorkerRecord, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (WorkerRecord, error) {
 		var w WorkerRecord
 		err := r.Scan(&w.ID, &w.Kind, &w.Slots, &w.Volunteer, &w.Device, &w.Replica, &w.Connected, &w.ConnectedAt, &w.LastSeen,
 			&w.Attempts, &w.TasksLost, &w.ResultsValid, &w.ResultsInvalid, &w.ValidStreak, &w.Operator, &w.Build, &w.Succeeded, &w.Strikes)
 		return w, err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("read workers: %w", err)
-	}
-	return ws, nil
 }
 
 // AddOperatorKey makes key an operator key (idempotent): a worker that

@@ -285,6 +285,12 @@ func TestRegisterWorkersInABatch(t *testing.T) {
 	if regs[0].ID == regs[2].ID {
 		t.Error("two new workers got one identity")
 	}
+	// Each registration comes with the worker's record.
+	for i, want := range map[int]int64{0: 0, 1: 2, 2: 0, 4: 2} {
+		if r := regs[i].Record; r.ID != regs[i].ID || !r.Connected || r.Attempts != want {
+			t.Errorf("hello %d: record %+v, want worker %s connected with %d attempts", i, r, regs[i].ID, want)
+		}
+	}
 	if m := regs[1].Modules; len(m) != 1 || m[cs[0].Attempt] != f.module || !slices.Equal(regs[1].Lost, []int64{cs[1].Attempt}) {
 		t.Errorf("the reconnection kept %v and lost %v, want %d kept and %d lost", m, regs[1].Lost, cs[0].Attempt, cs[1].Attempt)
 	}
@@ -319,5 +325,70 @@ func TestRegisterWorkersInABatch(t *testing.T) {
 	var lease time.Time
 	if err := f.s.pool.QueryRow(ctx, `SELECT lease_until FROM attempts WHERE id = $1`, cs[0].Attempt).Scan(&lease); err != nil || time.Until(lease) < 30*time.Second {
 		t.Errorf("the held attempt's lease ends in %v (%v), want about a minute", time.Until(lease).Round(time.Second), err)
+	}
+}
+
+// A lone hello's registration reads the rows of its worker by key, not
+// every worker's and every connection's, with statistics taken while the
+// tables were empty (the volunteers of a project arrive within minutes,
+// long before autovacuum analyzes their tables).
+func TestRegistrationReadsByKeyWithStaleStatistics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	if _, err := f.s.pool.Exec(ctx, `ANALYZE workers, worker_sessions, attempts`); err != nil {
+		t.Fatal(err)
+	}
+	const n = 3000
+	hs := make([]WorkerHello, n)
+	for i := range hs {
+		hs[i] = WorkerHello{Kind: "browser", Slots: 1, Replica: "r"}
+	}
+	regs, errs := f.s.RegisterWorkers(ctx, hs, time.Minute)
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("hello %d: %v", i, err)
+		}
+	}
+	one := regs[n/2]
+	f.worker = one.ID
+	f.submit(t, "batch", f.task("a"))
+	cs := f.claim(t, 1, time.Minute)
+	if len(cs) != 1 {
+		t.Fatalf("%d claimed", len(cs))
+	}
+	dev := []byte(`{}`)
+	for _, q := range []struct {
+		name string
+		sql  string
+		args []any
+	}{
+		{"reconnection", registerProvedSQL, []any{[]string{one.ID}, [][]byte{HashToken(one.Token)}, []string{"browser"}, []int32{1},
+			[]string{""}, [][]byte{dev}, []string{"r"}, []bool{false}, []string{""}}},
+		{"history", registerSessionsSQL, []any{[]string{one.ID}}},
+		{"record", workerRecordsSQL + ` WHERE w.id = ANY($1::uuid[])`, []any{[]string{one.ID}}},
+		{"held attempts", renewHeldSQL, []any{[]int64{cs[0].Attempt}, []string{one.ID}, int64(60000)}},
+	} {
+		tx, err := f.s.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []struct{ Plan planNode }
+		if _, err = tx.Exec(ctx, hotPathSettingsSQL); err == nil {
+			err = tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+q.sql, q.args...).Scan(&plan)
+		}
+		tx.Rollback(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", q.name, err)
+		}
+		plan[0].Plan.walk(func(p *planNode) {
+			switch p.Relation {
+			case "workers", "worker_sessions", "attempts", "tasks":
+				if p.NodeType == "Seq Scan" || (p.ActualRows+p.Removed)*p.ActualLoops > 2 {
+					t.Errorf("%s: %s on %s read %v rows over %v loops for one worker among %d", q.name, p.NodeType, p.Relation,
+						p.ActualRows+p.Removed, p.ActualLoops, n+1)
+				}
+			}
+		})
 	}
 }
