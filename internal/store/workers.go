@@ -343,6 +343,16 @@ func (s *Store) UpdateDevice(ctx context.Context, id string, device any) error {
 	return nil
 }
 
+// workerGoneSQL closes connection $2 of worker $1 and marks the worker
+// disconnected unless another connection of it is open; it reports
+// whether it did.
+const workerGoneSQL = `WITH ended AS (
+	UPDATE worker_sessions SET disconnected_at = now() WHERE id = $2 AND disconnected_at IS NULL),
+upd AS (UPDATE workers SET connected = false, last_seen = now() WHERE id = $1
+	AND NOT EXISTS (SELECT 1 FROM worker_sessions WHERE worker_id = $1 AND disconnected_at IS NULL AND id <> $2)
+	RETURNING id)
+SELECT EXISTS (SELECT 1 FROM upd)`
+
 // WorkerGone records that a worker's connection (session, from
 // RegisterWorker) closed. The worker stays connected if it has a newer
 // connection already (it reconnected, to this replica or another, before
@@ -353,12 +363,7 @@ func (s *Store) UpdateDevice(ctx context.Context, id string, device any) error {
 // returns how many of those ended.
 func (s *Store) WorkerGone(ctx context.Context, id string, session int64, unstarted []int64) (int, error) {
 	var gone bool
-	if err := s.pool.QueryRow(ctx, `WITH ended AS (
-			UPDATE worker_sessions SET disconnected_at = now() WHERE id = $2 AND disconnected_at IS NULL),
-		upd AS (UPDATE workers SET connected = false, last_seen = now() WHERE id = $1
-			AND NOT EXISTS (SELECT 1 FROM worker_sessions WHERE worker_id = $1 AND disconnected_at IS NULL AND id <> $2)
-			RETURNING id)
-		SELECT EXISTS (SELECT 1 FROM upd)`, id, session).Scan(&gone); err != nil {
+	if err := s.pool.QueryRow(ctx, workerGoneSQL, id, session).Scan(&gone); err != nil {
 		return 0, fmt.Errorf("disconnect worker %s: %w", id, err)
 	}
 	if !gone || len(unstarted) == 0 {

@@ -342,7 +342,8 @@ func TestRegistrationReadsByKeyWithStaleStatistics(t *testing.T) {
 		hs[i] = WorkerHello{Kind: "browser", Slots: 1, Replica: "r"}
 	}
 	var regs []Registration
-	// Analyzed when 30 workers were connected; then the others come.
+	// Analyzed when 30 workers were connected, among many connections
+	// that ended; then the others come.
 	for _, part := range [][]WorkerHello{hs[:30], hs[30:]} {
 		rs, errs := f.s.RegisterWorkers(ctx, part, time.Minute)
 		for i, err := range errs {
@@ -352,6 +353,11 @@ func TestRegistrationReadsByKeyWithStaleStatistics(t *testing.T) {
 		}
 		regs = append(regs, rs...)
 		if len(regs) == 30 {
+			// And after a day of connections that ended.
+			if _, err := f.s.pool.Exec(ctx, `INSERT INTO worker_sessions (worker_id, connected_at, disconnected_at)
+				SELECT gen_random_uuid(), now() - interval '2 hours', now() - interval '1 hour' FROM generate_series(1, 3000)`); err != nil {
+				t.Fatal(err)
+			}
 			if _, err := f.s.pool.Exec(ctx, `ANALYZE workers, worker_sessions, attempts`); err != nil {
 				t.Fatal(err)
 			}
@@ -379,6 +385,7 @@ func TestRegistrationReadsByKeyWithStaleStatistics(t *testing.T) {
 		{"history", registerSessionsSQL, []any{[]string{one.ID}}, true},
 		{"record", workerRecordsSQL + ` WHERE w.id = ANY($1::uuid[])`, []any{[]string{one.ID}}, true},
 		{"held attempts", renewHeldSQL, []any{[]int64{cs[0].Attempt}, []string{one.ID}, int64(60000)}, false},
+		{"gone", workerGoneSQL, []any{one.ID, one.Session}, false},
 	} {
 		for _, nestloop := range []bool{true, !q.anyJoins} {
 			tx, err := f.s.pool.Begin(ctx)
