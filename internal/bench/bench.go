@@ -509,9 +509,11 @@ func (b *bench) single(ctx context.Context) error {
 	wf := b.workflowJSON("single", 1)
 	var cpu0 cpuShare
 	var began time.Time
+	var batches0 map[string][3]float64
 	for i := range b.cfg.Singles + 20 {
 		if i == 20 {
 			b.resetStatements(ctx)
+			batches0 = b.batchStats(ctx)
 			cpu0, began = b.cpuNow(), time.Now()
 		}
 		start := time.Now()
@@ -539,6 +541,9 @@ func (b *bench) single(ctx context.Context) error {
 	}
 	b.printf("single_task_claim_to_result_p50_ms: %.2f", worker*1000)
 	b.printCPU("single", cpu, len(lat), wall)
+	// The submission's transaction (with its claim) and the completion's,
+	// as the server timed them: most of a lone task's time.
+	b.printBatches("single", batches0, b.batchStats(ctx))
 	b.printStatements(ctx, "single", len(lat))
 	return b.readyToRunning(ctx)
 }

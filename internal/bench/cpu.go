@@ -187,7 +187,7 @@ func (b *bench) batchStats(ctx context.Context) map[string][3]float64 {
 // printBatches prints the mean size and duration of the server's database
 // batches between two readings.
 func (b *bench) printBatches(part string, before, after map[string][3]float64) {
-	for _, op := range []string{"claim", "complete", "renew"} {
+	for _, op := range []string{"submission", "claim", "complete", "renew"} {
 		n := after[op][0] - before[op][0]
 		if n <= 0 {
 			continue
