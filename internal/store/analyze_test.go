@@ -210,14 +210,7 @@ func TestSpansReadTheirWorkflowsAttemptsWithStaleStatistics(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	const n = 3000
-	tasks := make([]NewTask, n)
-	for i := range tasks {
-		tasks[i] = f.task(fmt.Sprintf("t%d", i))
-	}
-	old, err := f.s.createLarge(ctx, f.owner, &NewWorkflow{Name: "old", Priority: "batch", Tasks: tasks})
-	if err != nil {
-		t.Fatal(err)
-	}
+	old := f.largeWorkflow(t, n)
 	if _, err := f.s.pool.Exec(ctx, `ANALYZE attempts`); err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +222,7 @@ func TestSpansReadTheirWorkflowsAttemptsWithStaleStatistics(t *testing.T) {
 		}
 	}
 	attempt(old)
-	id, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "new", Priority: "batch", Tasks: tasks[:1]})
+	id, err := f.s.CreateWorkflow(ctx, f.owner, &NewWorkflow{Name: "new", Priority: "batch", Tasks: []NewTask{f.task("one")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,4 +278,45 @@ func placeholders(n int) string {
 		s += fmt.Sprintf("$%d", i)
 	}
 	return s
+}
+
+// largeWorkflow writes a batch workflow of n independent tasks (as a large
+// submission does) and returns its id.
+func (f *fixture) largeWorkflow(t *testing.T, n int) string {
+	t.Helper()
+	tasks := make([]NewTask, n)
+	for i := range tasks {
+		tasks[i] = f.task(fmt.Sprintf("t%d", i))
+	}
+	id, err := f.s.createLarge(context.Background(), f.owner, &NewWorkflow{Name: "large", Priority: "batch", Tasks: tasks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// explainHot runs sql under EXPLAIN ANALYZE in a transaction with the hot
+// path's settings (queueBegin) and settings (pairs of name and value)
+// besides, rolled back, and returns its plan.
+func (f *fixture) explainHot(t *testing.T, sql string, args []any, settings ...string) planNode {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, hotPathSettingsSQL); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(settings); i += 2 {
+		if _, err := tx.Exec(ctx, `SELECT set_config($1, $2, true)`, settings[i], settings[i+1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var plan []struct{ Plan planNode }
+	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+sql, args...).Scan(&plan); err != nil {
+		t.Fatalf("explain %.40q: %v", sql, err)
+	}
+	return plan[0].Plan
 }

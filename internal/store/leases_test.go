@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 )
@@ -53,14 +52,7 @@ func TestSweepReadsOnlyTheAttemptsThatMayRun(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	const n = 3000
-	tasks := make([]NewTask, n)
-	for i := range tasks {
-		tasks[i] = f.task(fmt.Sprintf("t%d", i))
-	}
-	old, err := f.s.createLarge(ctx, f.owner, &NewWorkflow{Name: "old", Priority: "batch", Tasks: tasks})
-	if err != nil {
-		t.Fatal(err)
-	}
+	old := f.largeWorkflow(t, n)
 	// Analyzed with every old attempt running; then they all end and the
 	// sweep forgets them.
 	for _, q := range []string{
@@ -88,19 +80,8 @@ func TestSweepReadsOnlyTheAttemptsThatMayRun(t *testing.T) {
 		{"expire leases", expireSQL, []any{100, int64(30000), int64(30000)}},
 		{"renew every lease", renewAllSQL, []any{int64(60000)}},
 	} {
-		tx, err := f.s.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var plan []struct{ Plan planNode }
-		if _, err = tx.Exec(ctx, hotPathSettingsSQL); err == nil {
-			err = tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+q.sql, q.args...).Scan(&plan)
-		}
-		tx.Rollback(ctx)
-		if err != nil {
-			t.Fatalf("%s: %v", q.name, err)
-		}
-		plan[0].Plan.walk(func(p *planNode) {
+		plan := f.explainHot(t, q.sql, q.args)
+		plan.walk(func(p *planNode) {
 			if p.Relation == "attempts" && (p.NodeType == "Seq Scan" || (p.ActualRows+p.Removed)*p.ActualLoops > 4) {
 				t.Errorf("%s: %s on attempts read %v rows (%v of them left out) over %v loops, with 2 attempts running among %d",
 					q.name, p.NodeType, p.ActualRows+p.Removed, p.Removed, p.ActualLoops, n+2)

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"maps"
 	"testing"
 	"time"
@@ -58,14 +57,7 @@ func TestActiveCountsWithStaleStatistics(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	const n = 3000
-	tasks := make([]NewTask, n)
-	for i := range tasks {
-		tasks[i] = f.task(fmt.Sprintf("t%d", i))
-	}
-	old, err := f.s.createLarge(ctx, f.owner, &NewWorkflow{Name: "old", Priority: "batch", Tasks: tasks})
-	if err != nil {
-		t.Fatal(err)
-	}
+	old := f.largeWorkflow(t, n)
 	if _, err := f.s.pool.Exec(ctx, `INSERT INTO attempts (task_id, worker_id, lease_until)
 		SELECT id, $2, now() FROM tasks WHERE workflow_id = $1`, old, f.worker); err != nil {
 		t.Fatal(err)
@@ -91,19 +83,8 @@ func TestActiveCountsWithStaleStatistics(t *testing.T) {
 	if want := map[string]int64{StateBlocked: 0, StateReady: 1, StateRunning: 1}; !maps.Equal(got, want) {
 		t.Errorf("counts %v, want %v", got, want)
 	}
-	tx, err := f.s.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	var plan []struct{ Plan planNode }
-	if _, err := tx.Exec(ctx, hotPathSettingsSQL); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+activeCountsSQL).Scan(&plan); err != nil {
-		t.Fatal(err)
-	}
-	plan[0].Plan.walk(func(p *planNode) {
+	plan := f.explainHot(t, activeCountsSQL, nil)
+	plan.walk(func(p *planNode) {
 		if (p.Relation == "tasks" || p.Relation == "attempts") && (p.NodeType == "Seq Scan" || p.NodeType == "Parallel Seq Scan" || p.ActualRows*p.ActualLoops > 2) {
 			t.Errorf("%s on %s returned %v rows over %v loops, with 2 tasks unfinished among %d", p.NodeType, p.Relation, p.ActualRows, p.ActualLoops, n+2)
 		}

@@ -388,22 +388,8 @@ func TestRegistrationReadsByKeyWithStaleStatistics(t *testing.T) {
 		{"gone", workerGoneSQL, []any{one.ID, one.Session}, false},
 	} {
 		for _, nestloop := range []bool{true, !q.anyJoins} {
-			tx, err := f.s.pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var plan []struct{ Plan planNode }
-			if _, err = tx.Exec(ctx, hotPathSettingsSQL); err == nil {
-				_, err = tx.Exec(ctx, `SELECT set_config('enable_nestloop', $1, true)`, map[bool]string{true: "on", false: "off"}[nestloop])
-			}
-			if err == nil {
-				err = tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+q.sql, q.args...).Scan(&plan)
-			}
-			tx.Rollback(ctx)
-			if err != nil {
-				t.Fatalf("%s: %v", q.name, err)
-			}
-			plan[0].Plan.walk(func(p *planNode) {
+			plan := f.explainHot(t, q.sql, q.args, "enable_nestloop", map[bool]string{true: "on", false: "off"}[nestloop])
+			plan.walk(func(p *planNode) {
 				switch p.Relation {
 				case "workers", "worker_sessions", "attempts", "tasks":
 					if p.NodeType == "Seq Scan" || (p.ActualRows+p.Removed)*p.ActualLoops > 2 {
