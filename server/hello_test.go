@@ -108,3 +108,42 @@ func TestHellosAreRegisteredInBatches(t *testing.T) {
 			h.GetSampleSum(), h.GetSampleCount(), n)
 	}
 }
+
+// A hello carrying texts PostgreSQL cannot store (JSON's \u0000 decodes
+// to a NUL character) is registered with them cleaned, as is the device
+// of a later heartbeat, and fails nobody's registration.
+func TestHelloWithNULCharactersIsCleaned(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	f := newFixture(t)
+	s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, NewWorkerEvery: -1, Logger: slog.New(slog.DiscardHandler)})
+	go s.Run(ctx)
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	ws, _, err := websocket.DefaultDialer.DialContext(ctx, "ws"+strings.TrimPrefix(ts.URL, "http")+"/ws/worker", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	hello := `{"t":"hello","hello":{"version":` + fmt.Sprint(protocol.Version) + `,"kind":"browser","slots":1,"volunteer":"v\u0000x",` +
+		`"build":"b\u0000","device":{"user_agent":"ua\u0000","paused_because":"p\u0000"}}}`
+	if err := ws.WriteMessage(websocket.TextMessage, []byte(hello)); err != nil {
+		t.Fatal(err)
+	}
+	_, data, err := ws.ReadMessage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fr, err := protocol.Decode(data, false)
+	if err != nil || fr.Type != protocol.TypeWelcome {
+		t.Fatalf("%s instead of a welcome (%v)", data, err)
+	}
+	recs, err := f.st.Workers(ctx, []string{fr.Welcome.WorkerID})
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("%d records (%v)", len(recs), err)
+	}
+	if r := recs[0]; r.Volunteer != "vx" || r.Build != "b" || strings.ContainsRune(string(r.Device), 0) || strings.Contains(string(r.Device), `\u0000`) {
+		t.Errorf("stored volunteer %q, build %q, device %s", r.Volunteer, r.Build, r.Device)
+	}
+}

@@ -156,6 +156,12 @@ func (s *Server) sendError(mu *sync.Mutex, ws *websocket.Conn, msg string) {
 }
 
 // truncate cuts s to at most n bytes, on a character boundary.
+// storable returns s as PostgreSQL can store it in text and jsonb: valid
+// UTF-8 without NUL characters (JSON's \u0000 decodes to one).
+func storable(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, ""), "\x00", "")
+}
+
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
@@ -188,9 +194,9 @@ func cleanDevice(d protocol.Device) protocol.Device {
 	d.SaveData = enum(d.SaveData, "yes", "no", protocol.Unknown)
 	d.Online = enum(d.Online, "yes", "no", protocol.Unknown)
 	d.Visibility = enum(d.Visibility, "visible", "hidden", protocol.Unknown)
-	d.UserAgent = strings.ToValidUTF8(truncate(d.UserAgent, maxUserAgent), "")
-	d.Connection = strings.ToValidUTF8(truncate(d.Connection, maxConnection), "")
-	d.PausedBecause = strings.ToValidUTF8(truncate(d.PausedBecause, maxPausedBecause), "")
+	d.UserAgent = storable(truncate(d.UserAgent, maxUserAgent))
+	d.Connection = storable(truncate(d.Connection, maxConnection))
+	d.PausedBecause = storable(truncate(d.PausedBecause, maxPausedBecause))
 	within := func(p *float64, hi float64) *float64 {
 		if p == nil || !(*p >= 0 && *p <= hi) {
 			return nil
@@ -277,8 +283,8 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 		return nil, protocolError{fmt.Errorf("%d running attempts for %d slots and a queue of %d", len(h.Running), h.Slots, h.Queue)}
 	}
 	wh := store.WorkerHello{
-		ID: h.WorkerID, Token: h.ReconnectToken, Kind: h.Kind, Slots: h.Slots, Volunteer: truncate(h.Volunteer, 100),
-		Device: h.Device, Replica: s.cfg.Replica, Running: h.Running, Operator: operator, Build: truncate(h.Build, 100),
+		ID: h.WorkerID, Token: h.ReconnectToken, Kind: h.Kind, Slots: h.Slots, Volunteer: storable(truncate(h.Volunteer, 100)),
+		Device: h.Device, Replica: s.cfg.Replica, Running: h.Running, Operator: operator, Build: storable(truncate(h.Build, 100)),
 	}
 	if !operator {
 		addr := remoteHost(r)
@@ -364,7 +370,8 @@ type registered struct {
 // volunteers come to the others all at once, and a transaction each would
 // hold the database's connections from the dispatcher's claims and the
 // results' commits. The database work runs on the batcher's goroutine,
-// whose deep call stacks then stay off the connection's long-lived one.
+// whose deep call stacks then stay off the connection's long-lived one
+// (Run runs the batcher: a server that does not run greets nobody).
 func (s *Server) register(ctx context.Context, h store.WorkerHello) (store.Registration, error) {
 	req := hello{h: h, done: make(chan registered, 1)}
 	if err := s.hellos.submitAll(ctx, []hello{req}); err != nil {

@@ -250,17 +250,6 @@ func (s *Store) SweepLeases(ctx context.Context, sw Sweep) (SweepResult, error) 
 	return res, nil
 }
 
-// expireSQL ends up to $1 running attempts whose lease lapsed, and returns
-// each one's task, reason, worker, and whether it may have run. A worker
-// runs at most its slots attempts at once, the oldest it holds (attempt
-// ids grow in the order of assignment, and a worker starts its queued
-// attempts in that order): its attempts beyond its slots oldest running
-// ones waited in its queue and never started (EndUnstarted), the others
-// may have run (EndVanished). A worker whose record is gone may have run
-// any of them. The last column says whether the attempt saved a checkpoint.
-// The attempts of a worker whose replica has been silent for $2 ms, or
-// has started again since the worker connected to it, wait until their
-// lease lapsed $3 ms ago (Sweep.ReplicaGrace).
 // renewAllSQL renews the lease of every running attempt by $1 ms at least.
 // The attempts are looked up by the ids running_attempts lists (an array,
 // so that PostgreSQL cannot merge the two tables' keys and read every
@@ -278,6 +267,17 @@ const renewAllSQL = `UPDATE attempts a SET lease_until = greatest(a.lease_until,
 const sweepEndedSQL = `DELETE FROM running_attempts r
 	WHERE (SELECT a.state FROM attempts a WHERE a.id = r.attempt_id) IS DISTINCT FROM 'running'`
 
+// expireSQL ends up to $1 running attempts whose lease lapsed, and returns
+// each one's task, reason, worker, and whether it may have run. A worker
+// runs at most its slots attempts at once, the oldest it holds (attempt
+// ids grow in the order of assignment, and a worker starts its queued
+// attempts in that order): its attempts beyond its slots oldest running
+// ones waited in its queue and never started (EndUnstarted), the others
+// may have run (EndVanished). A worker whose record is gone may have run
+// any of them. The last column says whether the attempt saved a checkpoint.
+// The attempts of a worker whose replica has been silent for $2 ms, or
+// has started again since the worker connected to it, wait until their
+// lease lapsed $3 ms ago (Sweep.ReplicaGrace).
 const expireSQL = `WITH exp AS (
 	SELECT x.id, x.worker_id FROM running_attempts r JOIN attempts x ON x.id = r.attempt_id
 	WHERE x.state = 'running' AND x.lease_until < now()

@@ -1,15 +1,18 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/cyclepool/cyclepool/internal/sched"
 )
@@ -95,6 +98,18 @@ func (s *Store) RegisterWorkers(ctx context.Context, hs []WorkerHello, lease tim
 			round = append(round, i)
 		}
 		err := s.tx(ctx, func(tx pgx.Tx) error { return registerRound(ctx, tx, hs, round, regs, errs, lease) })
+		if err != nil && len(round) > 1 && dataError(err) {
+			// A value the database refused (which registerRound's checks
+			// missed) is one hello's fault: each registers alone, so that
+			// it fails no other.
+			for _, i := range round {
+				one := []int{i}
+				if err := s.tx(ctx, func(tx pgx.Tx) error { return registerRound(ctx, tx, hs, one, regs, errs, lease) }); err != nil {
+					regs[i], errs[i] = Registration{}, fmt.Errorf("register worker: %w", err)
+				}
+			}
+			err = nil
+		}
 		for _, i := range round {
 			if err != nil {
 				regs[i], errs[i] = Registration{}, fmt.Errorf("register worker: %w", err)
@@ -103,6 +118,27 @@ func (s *Store) RegisterWorkers(ctx context.Context, hs []WorkerHello, lease tim
 		left = later
 	}
 	return regs, errs
+}
+
+// dataError reports whether err is PostgreSQL's refusal of a value (SQL
+// state classes 22, data exception, and 23, integrity constraint).
+func dataError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23"))
+}
+
+// unstorable names the first of a hello's texts that PostgreSQL could not
+// store (a NUL character, or bytes that are not UTF-8), "" if none.
+func unstorable(h *WorkerHello, dev []byte) string {
+	for _, f := range []struct{ name, v string }{{"kind", h.Kind}, {"volunteer", h.Volunteer}, {"build", h.Build}, {"replica", h.Replica}} {
+		if strings.ContainsRune(f.v, 0) || !utf8.ValidString(f.v) {
+			return f.name
+		}
+	}
+	if bytes.Contains(dev, []byte(`\u0000`)) {
+		return "device"
+	}
+	return ""
 }
 
 // The statements of registerRound, each for a batch of workers: one
@@ -156,6 +192,10 @@ func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int
 		dev, err := json.Marshal(hs[i].Device)
 		if err != nil {
 			errs[i] = fmt.Errorf("register worker: %w", err)
+			continue
+		}
+		if f := unstorable(&hs[i], dev); f != "" {
+			errs[i] = fmt.Errorf("register worker: its %s holds a NUL character or bytes that are not UTF-8", f)
 			continue
 		}
 		devs[i] = dev

@@ -401,3 +401,27 @@ func TestRegistrationReadsByKeyWithStaleStatistics(t *testing.T) {
 		}
 	}
 }
+
+// A hello whose texts PostgreSQL cannot store (a NUL character, bytes
+// that are not UTF-8) fails alone: the others of its batch register.
+func TestRegisterWorkersRefusesUnstorableHellosAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	good := WorkerHello{Kind: "browser", Slots: 1, Replica: "r", Device: map[string]any{"user_agent": "ok"}}
+	nul, bad, dev := good, good, good
+	nul.Volunteer = "v\x00"
+	bad.Build = "\xff\xfe"
+	dev.Device = map[string]any{"user_agent": "a\x00b"}
+	regs, errs := f.s.RegisterWorkers(ctx, []WorkerHello{good, nul, good, bad, dev, good}, time.Minute)
+	for i, err := range errs {
+		refused := i == 1 || i == 3 || i == 4
+		if (err != nil) != refused || (!refused && regs[i].Session == 0) {
+			t.Errorf("hello %d: %+v, error %v; want refused %v", i, regs[i], err, refused)
+		}
+	}
+	var n int
+	if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM workers WHERE replica = 'r'`).Scan(&n); err != nil || n != 3 {
+		t.Errorf("%d workers registered (%v), want the 3 good ones", n, err)
+	}
+}
