@@ -295,17 +295,27 @@ func (f *fixture) largeWorkflow(t *testing.T, n int) string {
 	return id
 }
 
-// explainHot runs sql under EXPLAIN ANALYZE in a transaction with the hot
-// path's settings (queueBegin) and settings (pairs of name and value)
-// besides, rolled back, and returns its plan.
+// explainHot runs sql with args under EXPLAIN ANALYZE as the hot path
+// runs it: a prepared statement, in a transaction with the hot path's
+// settings (queueBegin: generic plans) and settings (pairs of name and
+// value) besides, rolled back; it returns the plan. (EXPLAIN with bound
+// parameters would plan with their values instead.)
 func (f *fixture) explainHot(t *testing.T, sql string, args []any, settings ...string) planNode {
 	t.Helper()
 	ctx := context.Background()
-	tx, err := f.s.pool.Begin(ctx)
+	conn, err := f.s.pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx)
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		tx.Rollback(ctx)
+		conn.Exec(ctx, `DEALLOCATE hot`)
+	}()
 	if _, err := tx.Exec(ctx, hotPathSettingsSQL); err != nil {
 		t.Fatal(err)
 	}
@@ -314,8 +324,16 @@ func (f *fixture) explainHot(t *testing.T, sql string, args []any, settings ...s
 			t.Fatal(err)
 		}
 	}
+	if _, err := tx.Exec(ctx, `PREPARE hot AS `+sql); err != nil {
+		t.Fatalf("prepare %.40q: %v", sql, err)
+	}
+	execute := `EXECUTE hot`
+	if len(args) > 0 {
+		execute += `(` + placeholders(len(args)) + `)`
+	}
 	var plan []struct{ Plan planNode }
-	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+sql, args...).Scan(&plan); err != nil {
+	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+execute,
+		append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...).Scan(&plan); err != nil {
 		t.Fatalf("explain %.40q: %v", sql, err)
 	}
 	return plan[0].Plan

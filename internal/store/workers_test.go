@@ -370,7 +370,7 @@ func TestRegistrationReadsByKeyWithStaleStatistics(t *testing.T) {
 	if len(cs) != 1 {
 		t.Fatalf("%d claimed", len(cs))
 	}
-	dev := []byte(`{}`)
+	dev := `{}`
 	// Each statement reads its worker's rows by key whatever the join the
 	// planner picks (nested loops off: the join PostgreSQL chose with the
 	// statistics of a real run).
@@ -381,7 +381,7 @@ func TestRegistrationReadsByKeyWithStaleStatistics(t *testing.T) {
 		anyJoins bool
 	}{
 		{"reconnection", registerProvedSQL, []any{[]string{one.ID}, [][]byte{HashToken(one.Token)}, []string{"browser"}, []int32{1},
-			[]string{""}, [][]byte{dev}, []string{"r"}, []bool{false}, []string{""}}, true},
+			[]string{""}, []string{dev}, []string{"r"}, []bool{false}, []string{""}}, true},
 		{"history", registerSessionsSQL, []any{[]string{one.ID}}, true},
 		{"record", workerRecordsSQL + ` WHERE w.id = ANY($1::uuid[])`, []any{[]string{one.ID}}, true},
 		{"held attempts", renewHeldSQL, []any{[]int64{cs[0].Attempt}, []string{one.ID}, int64(60000)}, false},
