@@ -27,10 +27,7 @@ func TestHellosAreRegisteredInBatches(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	f := newFixture(t)
-	s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, NewWorkerEvery: -1, Logger: slog.New(slog.DiscardHandler)})
-	go s.Run(ctx)
-	ts := httptest.NewServer(s.Handler())
-	t.Cleanup(ts.Close)
+	s, wsURL := runServer(t, f)
 	// The workers' table is locked: the registrations that come first
 	// wait, and the hellos behind them gather.
 	db, err := pgx.Connect(ctx, f.url)
@@ -58,7 +55,7 @@ func TestHellosAreRegisteredInBatches(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ws, _, err := websocket.DefaultDialer.DialContext(ctx, "ws"+strings.TrimPrefix(ts.URL, "http")+"/ws/worker", nil)
+			ws, _, err := websocket.DefaultDialer.DialContext(ctx, wsURL, nil)
 			if err != nil {
 				errs[i] = err
 				return
@@ -110,18 +107,14 @@ func TestHellosAreRegisteredInBatches(t *testing.T) {
 }
 
 // A hello carrying texts PostgreSQL cannot store (JSON's \u0000 decodes
-// to a NUL character) is registered with them cleaned, as is the device
-// of a later heartbeat, and fails nobody's registration.
+// to a NUL character) is registered with them cleaned.
 func TestHelloWithNULCharactersIsCleaned(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	f := newFixture(t)
-	s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, NewWorkerEvery: -1, Logger: slog.New(slog.DiscardHandler)})
-	go s.Run(ctx)
-	ts := httptest.NewServer(s.Handler())
-	t.Cleanup(ts.Close)
-	ws, _, err := websocket.DefaultDialer.DialContext(ctx, "ws"+strings.TrimPrefix(ts.URL, "http")+"/ws/worker", nil)
+	_, wsURL := runServer(t, f)
+	ws, _, err := websocket.DefaultDialer.DialContext(ctx, wsURL, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,4 +139,16 @@ func TestHelloWithNULCharactersIsCleaned(t *testing.T) {
 	if r := recs[0]; r.Volunteer != "vx" || r.Build != "b" || strings.ContainsRune(string(r.Device), 0) || strings.Contains(string(r.Device), `\u0000`) {
 		t.Errorf("stored volunteer %q, build %q, device %s", r.Volunteer, r.Build, r.Device)
 	}
+}
+
+// runServer runs a replica on f's store, with no bound on new worker
+// identities, until the test ends; it returns the replica and the URL of
+// its workers' WebSocket.
+func runServer(t *testing.T, f *fixture) (*Server, string) {
+	t.Helper()
+	s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, NewWorkerEvery: -1, Logger: slog.New(slog.DiscardHandler)})
+	go s.Run(t.Context())
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	return s, "ws" + strings.TrimPrefix(ts.URL, "http") + "/ws/worker"
 }
