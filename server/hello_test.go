@@ -100,9 +100,11 @@ func TestHellosAreRegisteredInBatches(t *testing.T) {
 	if err := s.metrics.batchSize.WithLabelValues("hello").(prometheus.Histogram).Write(&m); err != nil {
 		t.Fatal(err)
 	}
-	if h := m.GetHistogram(); h.GetSampleCount() > 3 || h.GetSampleSum() != n {
-		t.Errorf("%v hellos registered in %d batches, want %d in 3 at most: the two flushes that waited, and the rest",
-			h.GetSampleSum(), h.GetSampleCount(), n)
+	// The two flushes that waited, and the rest together: 3 batches, or a
+	// few more if a hello counted as waiting was still on its way into the
+	// queue when the lock went (batches of one would make 40).
+	if h := m.GetHistogram(); h.GetSampleCount() > n/4 || h.GetSampleSum() != n {
+		t.Errorf("%v hellos registered in %d batches, want %d in %d at most", h.GetSampleSum(), h.GetSampleCount(), n, n/4)
 	}
 }
 
