@@ -394,11 +394,10 @@ func (s *Server) flushHellos(ctx context.Context, batch []hello) {
 		hs[i] = batch[i].h
 	}
 	start := time.Now()
-	regs, errs := s.store.RegisterWorkers(ctx, hs, s.cfg.Lease)
+	s.store.RegisterWorkersEach(ctx, hs, s.cfg.Lease, func(i int, r store.Registration, err error) {
+		batch[i].done <- registered{r, err}
+	})
 	s.metrics.observeBatch("hello", len(batch), start)
-	for i := range batch {
-		batch[i].done <- registered{regs[i], errs[i]}
-	}
 }
 
 // readLoop handles the worker's frames until the socket closes. A worker

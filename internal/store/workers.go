@@ -78,6 +78,16 @@ func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Du
 // is every hello's.
 func (s *Store) RegisterWorkers(ctx context.Context, hs []WorkerHello, lease time.Duration) ([]Registration, []error) {
 	regs, errs := make([]Registration, len(hs)), make([]error, len(hs))
+	s.RegisterWorkersEach(ctx, hs, lease, func(i int, r Registration, err error) { regs[i], errs[i] = r, err })
+	return regs, errs
+}
+
+// RegisterWorkersEach is RegisterWorkers giving each hello's registration
+// or error to answer (with its index in hs) as soon as its transaction
+// committed: when a batch names a worker more than once, the hellos of
+// its first transaction do not wait for the others'.
+func (s *Store) RegisterWorkersEach(ctx context.Context, hs []WorkerHello, lease time.Duration, answer func(i int, r Registration, err error)) {
+	regs, errs := make([]Registration, len(hs)), make([]error, len(hs))
 	// A transaction registers each worker once: a second hello of the
 	// same identity waits for the next round, as it would have waited for
 	// the first one's transaction.
@@ -114,10 +124,10 @@ func (s *Store) RegisterWorkers(ctx context.Context, hs []WorkerHello, lease tim
 			if err != nil {
 				regs[i], errs[i] = Registration{}, fmt.Errorf("register worker: %w", err)
 			}
+			answer(i, regs[i], errs[i])
 		}
 		left = later
 	}
-	return regs, errs
 }
 
 // dataError reports whether err is PostgreSQL's refusal of a value (SQL

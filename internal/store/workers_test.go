@@ -425,3 +425,27 @@ func TestRegisterWorkersRefusesUnstorableHellosAlone(t *testing.T) {
 		t.Errorf("%d workers registered (%v), want the 3 good ones", n, err)
 	}
 }
+
+// A batch that names a worker twice answers the hellos of its first
+// transaction before it runs the second.
+func TestRegisterWorkersEachAnswersEachTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	back, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "browser", Slots: 1}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := WorkerHello{ID: back.ID, Token: back.Token, Kind: "browser", Slots: 1}
+	var order []int
+	f.s.RegisterWorkersEach(ctx, []WorkerHello{again, again, {Kind: "browser", Slots: 1}, again}, time.Minute,
+		func(i int, r Registration, err error) {
+			if err != nil || r.Session == 0 {
+				t.Errorf("hello %d: %+v, %v", i, r, err)
+			}
+			order = append(order, i)
+		})
+	if !slices.Equal(order, []int{0, 2, 1, 3}) {
+		t.Errorf("answered in the order %v, want 0 and 2 (the first transaction), then 1, then 3", order)
+	}
+}
