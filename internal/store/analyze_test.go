@@ -245,27 +245,8 @@ func TestSpansReadTheirWorkflowsAttemptsWithStaleStatistics(t *testing.T) {
 // plan.
 func eachPlanMode(t *testing.T, f *fixture, sql string, args []any, check func(mode string, plan planNode)) {
 	t.Helper()
-	ctx := context.Background()
 	for _, mode := range []string{"auto", "force_generic_plan", "force_custom_plan"} {
-		conn, err := f.s.pool.Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = conn.Exec(ctx, `PREPARE q AS `+sql)
-		if err == nil {
-			_, err = conn.Exec(ctx, `SELECT set_config('plan_cache_mode', $1, false)`, mode)
-		}
-		var plan []struct{ Plan planNode }
-		if err == nil {
-			err = conn.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE q(`+placeholders(len(args))+`)`,
-				append([]any{pgx.QueryExecModeSimpleProtocol}, args...)...).Scan(&plan)
-		}
-		_, _ = conn.Exec(ctx, `DEALLOCATE q; RESET plan_cache_mode`)
-		conn.Release()
-		if err != nil {
-			t.Fatal(err)
-		}
-		check(mode, plan[0].Plan)
+		check(mode, f.explain(t, sql, args, false, "plan_cache_mode", mode))
 	}
 }
 
@@ -295,12 +276,19 @@ func (f *fixture) largeWorkflow(t *testing.T, n int) string {
 	return id
 }
 
-// explainHot runs sql with args under EXPLAIN ANALYZE as the hot path
-// runs it: a prepared statement, in a transaction with the hot path's
-// settings (queueBegin: generic plans) and settings (pairs of name and
-// value) besides, rolled back; it returns the plan. (EXPLAIN with bound
-// parameters would plan with their values instead.)
+// explainHot is explain with the hot path's settings (queueBegin:
+// generic plans, no sequential scans), as the server runs its statements.
 func (f *fixture) explainHot(t *testing.T, sql string, args []any, settings ...string) planNode {
+	t.Helper()
+	return f.explain(t, sql, args, true, settings...)
+}
+
+// explain runs sql with args under EXPLAIN ANALYZE as a prepared
+// statement, in a transaction (rolled back) with the hot path's settings
+// when hot is set and settings (pairs of name and value) besides, and
+// returns the plan. (EXPLAIN with bound parameters would plan with their
+// values instead.)
+func (f *fixture) explain(t *testing.T, sql string, args []any, hot bool, settings ...string) planNode {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := f.s.pool.Acquire(ctx)
@@ -314,20 +302,22 @@ func (f *fixture) explainHot(t *testing.T, sql string, args []any, settings ...s
 	}
 	defer func() {
 		tx.Rollback(ctx)
-		conn.Exec(ctx, `DEALLOCATE hot`)
+		conn.Exec(ctx, `DEALLOCATE explained`)
 	}()
-	if _, err := tx.Exec(ctx, hotPathSettingsSQL); err != nil {
-		t.Fatal(err)
+	if hot {
+		if _, err := tx.Exec(ctx, hotPathSettingsSQL); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for i := 0; i+1 < len(settings); i += 2 {
 		if _, err := tx.Exec(ctx, `SELECT set_config($1, $2, true)`, settings[i], settings[i+1]); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := tx.Exec(ctx, `PREPARE hot AS `+sql); err != nil {
+	if _, err := tx.Exec(ctx, `PREPARE explained AS `+sql); err != nil {
 		t.Fatalf("prepare %.40q: %v", sql, err)
 	}
-	execute := `EXECUTE hot`
+	execute := `EXECUTE explained`
 	if len(args) > 0 {
 		execute += `(` + placeholders(len(args)) + `)`
 	}
