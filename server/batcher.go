@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -18,8 +17,6 @@ type batcher[T any] struct {
 	max      int
 	flushers int
 	flush    func(ctx context.Context, batch []T)
-	// unflushed counts the items submitted whose flush has not returned.
-	unflushed atomic.Int64
 }
 
 func newBatcher[T any](queue, max, flushers int, flush func(context.Context, []T)) *batcher[T] {
@@ -32,19 +29,13 @@ func (b *batcher[T]) submitAll(ctx context.Context, items []T) error {
 	if len(items) == 0 {
 		return nil
 	}
-	b.unflushed.Add(int64(len(items)))
 	select {
 	case b.in <- items:
 		return nil
 	case <-ctx.Done():
-		b.unflushed.Add(-int64(len(items)))
 		return ctx.Err()
 	}
 }
-
-// waiting returns how many submitted items are not flushed yet: queued,
-// or in a flush under way.
-func (b *batcher[T]) waiting() int64 { return b.unflushed.Load() }
 
 // run flushes batches until ctx is done.
 func (b *batcher[T]) run(ctx context.Context) {
@@ -76,7 +67,6 @@ func (b *batcher[T]) run(ctx context.Context) {
 				fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 				b.flush(fctx, batch)
 				cancel()
-				b.unflushed.Add(-int64(len(batch)))
 				// The slice is reused: drop the items' references, or a
 				// flushed batch's payloads (up to max frames' worth)
 				// stay reachable until overwritten.

@@ -80,9 +80,16 @@ func TestHellosAreRegisteredInBatches(t *testing.T) {
 	}
 	// Every hello is in: queued in the batcher, or in a flush waiting for
 	// the lock.
-	for deadline := time.Now().Add(30 * time.Second); s.hellos.waiting() < n; time.Sleep(5 * time.Millisecond) {
+	waiting := func() float64 {
+		var m dto.Metric
+		if err := s.metrics.hellosWaiting.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetGauge().GetValue()
+	}
+	for deadline := time.Now().Add(30 * time.Second); waiting() < n; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d hellos waiting behind the lock, want %d", s.hellos.waiting(), n)
+			t.Fatalf("%v hellos waiting behind the lock, want %d", waiting(), n)
 		}
 	}
 	if err := lock.Rollback(ctx); err != nil {
@@ -102,9 +109,13 @@ func TestHellosAreRegisteredInBatches(t *testing.T) {
 	}
 	// The two flushes that waited, and the rest together: 3 batches, or a
 	// few more if a hello counted as waiting was still on its way into the
-	// queue when the lock went (batches of one would make 40).
+	// queue when the lock went (batches of one would make 40). None waits
+	// once all are answered.
 	if h := m.GetHistogram(); h.GetSampleCount() > n/4 || h.GetSampleSum() != n {
 		t.Errorf("%v hellos registered in %d batches, want %d in %d at most", h.GetSampleSum(), h.GetSampleCount(), n, n/4)
+	}
+	if w := waiting(); w != 0 {
+		t.Errorf("%v hellos still counted as waiting after every welcome", w)
 	}
 }
 

@@ -25,6 +25,7 @@ type metrics struct {
 	uploadedBytes  prometheus.Counter
 	uploadSeconds  prometheus.Counter
 	leader         prometheus.Gauge
+	hellosWaiting  prometheus.Gauge
 	batchSize      *prometheus.HistogramVec
 	batchSeconds   *prometheus.HistogramVec
 }
@@ -56,6 +57,8 @@ func newMetrics(s *Server) *metrics {
 			Name: "cyclepool_output_upload_seconds_total", Help: "Time spent receiving the output uploads that were stored."}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "cyclepool_maintenance_leader", Help: "1 when this replica runs the maintenance (lease reaper)."}),
+		hellosWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cyclepool_hellos_waiting", Help: "Worker hellos waiting for their registration in the database (a storm of reconnections shows here)."}),
 		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "cyclepool_db_batch_size", Help: "Items per database batch, by operation (claim, renew, complete, submission, hello).",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 12)}, []string{"op"}),
@@ -67,7 +70,7 @@ func newMetrics(s *Server) *metrics {
 		m.rounds.WithLabelValues(outcome) // every outcome shows, 0 until it happens
 	}
 	m.reg.MustRegister(m.dispatched, m.rounds, m.completions, m.checkpoints, m.leaseExpiries, m.leaseGraces, m.workerConnects, m.badFrames, m.handBackHolds, m.uploadedBytes, m.uploadSeconds,
-		m.leader, m.batchSize, m.batchSeconds, s.health.writable, s.health.faults,
+		m.leader, m.hellosWaiting, m.batchSize, m.batchSeconds, s.health.writable, s.health.faults,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{s: s,
 			tasks:       prometheus.NewDesc("cyclepool_tasks", "Unfinished tasks over all workflows, by state (from the database).", []string{"state"}, nil),

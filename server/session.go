@@ -155,13 +155,13 @@ func (s *Server) sendError(mu *sync.Mutex, ws *websocket.Conn, msg string) {
 	_ = writeMessage(mu, ws, false, data, time.Second)
 }
 
-// truncate cuts s to at most n bytes, on a character boundary.
 // storable returns s as PostgreSQL can store it in text and jsonb: valid
 // UTF-8 without NUL characters (JSON's \u0000 decodes to one).
 func storable(s string) string {
 	return strings.ReplaceAll(strings.ToValidUTF8(s, ""), "\x00", "")
 }
 
+// truncate cuts s to at most n bytes, on a character boundary.
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
@@ -373,6 +373,8 @@ type registered struct {
 // whose deep call stacks then stay off the connection's long-lived one
 // (Run runs the batcher: a server that does not run greets nobody).
 func (s *Server) register(ctx context.Context, h store.WorkerHello) (store.Registration, error) {
+	s.metrics.hellosWaiting.Inc()
+	defer s.metrics.hellosWaiting.Dec()
 	req := hello{h: h, done: make(chan registered, 1)}
 	if err := s.hellos.submitAll(ctx, []hello{req}); err != nil {
 		return store.Registration{}, fmt.Errorf("register worker: %w", err)
