@@ -193,6 +193,28 @@ func claimedID(h *WorkerHello) string {
 	return ""
 }
 
+// workerRows holds workers' rows as registerProvedSQL and registerNewSQL
+// take them: a column each, one array element per worker.
+type workerRows struct {
+	ids, kinds, volunteers, replicas, builds []string
+	hashes, devices                          [][]byte
+	slots                                    []int32
+	operators                                []bool
+}
+
+// add appends the row of worker id (token hash hash) that h describes,
+// with its device as JSON.
+func (w *workerRows) add(id string, hash []byte, h *WorkerHello, device []byte) {
+	w.ids, w.hashes, w.kinds, w.slots = append(w.ids, id), append(w.hashes, hash), append(w.kinds, h.Kind), append(w.slots, int32(h.Slots))
+	w.volunteers, w.devices, w.replicas = append(w.volunteers, h.Volunteer), append(w.devices, device), append(w.replicas, h.Replica)
+	w.operators, w.builds = append(w.operators, h.Operator), append(w.builds, h.Build)
+}
+
+// args returns the columns as the statements' parameters $1 to $9.
+func (w *workerRows) args() []any {
+	return []any{w.ids, w.hashes, w.kinds, w.slots, w.volunteers, w.devices, w.replicas, w.operators, w.builds}
+}
+
 // registerRound registers the hellos hs[round] (whose claimed identities
 // are distinct) in tx, writing regs and errs at their indexes.
 func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int, regs []Registration, errs []error, lease time.Duration) error {
@@ -211,20 +233,11 @@ func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int
 		devs[i] = dev
 	}
 	// Reconnections: the identities proved by their tokens.
-	var old []int
-	var ids, kinds, volunteers, replicas, builds []string
-	var hashes, oldDevs [][]byte
-	var slots []int32
-	var operators []bool
+	var old workerRows
 	for _, i := range round {
-		h := &hs[i]
-		if errs[i] != nil || claimedID(h) == "" {
-			continue
+		if h := &hs[i]; errs[i] == nil && claimedID(h) != "" {
+			old.add(claimedID(h), HashToken(h.Token), h, devs[i])
 		}
-		old = append(old, i)
-		ids, hashes, kinds, slots = append(ids, claimedID(h)), append(hashes, HashToken(h.Token)), append(kinds, h.Kind), append(slots, int32(h.Slots))
-		volunteers, oldDevs, replicas = append(volunteers, h.Volunteer), append(oldDevs, devs[i]), append(replicas, h.Replica)
-		operators, builds = append(operators, h.Operator), append(builds, h.Build)
 	}
 	// With the hot path's settings (queueBegin): with generic plans for
 	// arrays of unknown length, PostgreSQL otherwise joined a lone hello
@@ -233,12 +246,12 @@ func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int
 	proved := map[string]bool{}
 	b := &pgx.Batch{}
 	b.Queue(hotPathSettingsSQL)
-	if len(old) > 0 {
-		b.Queue(registerProvedSQL, ids, hashes, kinds, slots, volunteers, oldDevs, replicas, operators, builds)
+	if len(old.ids) > 0 {
+		b.Queue(registerProvedSQL, old.args()...)
 	}
 	br := tx.SendBatch(ctx, b)
 	_, err := br.Exec()
-	if err == nil && len(old) > 0 {
+	if err == nil && len(old.ids) > 0 {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
 			var id string
@@ -255,11 +268,7 @@ func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int
 		return err
 	}
 	// New identities, for the others that may have one.
-	var fresh []int
-	var newIDs, newKinds, newVolunteers, newReplicas, newBuilds []string
-	var newHashes, newDevs [][]byte
-	var newSlots []int32
-	var newOperators []bool
+	var fresh workerRows
 	for _, i := range round {
 		h := &hs[i]
 		if errs[i] != nil {
@@ -278,10 +287,7 @@ func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int
 			return fmt.Errorf("worker id: %w", err)
 		}
 		regs[i].ID, regs[i].Token = uid.String(), NewToken("cw_")
-		fresh = append(fresh, i)
-		newIDs, newHashes, newKinds = append(newIDs, regs[i].ID), append(newHashes, HashToken(regs[i].Token)), append(newKinds, h.Kind)
-		newSlots, newVolunteers, newDevs = append(newSlots, int32(h.Slots)), append(newVolunteers, h.Volunteer), append(newDevs, devs[i])
-		newReplicas, newOperators, newBuilds = append(newReplicas, h.Replica), append(newOperators, h.Operator), append(newBuilds, h.Build)
+		fresh.add(regs[i].ID, HashToken(regs[i].Token), h, devs[i])
 	}
 	// The rest in one round trip: the new workers' rows; each
 	// connection's row in the history the dashboard plots (a connection
@@ -303,8 +309,8 @@ func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int
 		return nil
 	}
 	b = &pgx.Batch{}
-	if len(fresh) > 0 {
-		b.Queue(registerNewSQL, newIDs, newHashes, newKinds, newSlots, newVolunteers, newDevs, newReplicas, newOperators, newBuilds)
+	if len(fresh.ids) > 0 {
+		b.Queue(registerNewSQL, fresh.args()...)
 	}
 	b.Queue(registerSessionsSQL, registered)
 	b.Queue(workerRecordsSQL+` WHERE w.id = ANY($1::uuid[])`, registered)
@@ -313,7 +319,7 @@ func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int
 	}
 	br = tx.SendBatch(ctx, b)
 	defer br.Close()
-	if len(fresh) > 0 {
+	if len(fresh.ids) > 0 {
 		if _, err := br.Exec(); err != nil {
 			return err
 		}
