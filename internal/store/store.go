@@ -58,6 +58,9 @@ type Store struct {
 	// trust is when a worker's record is long and clean enough that its
 	// results need no replica (TrustAfter, TrustWindow: WithTrust).
 	trust sched.VerifyConfig
+	// tracer, when set, traces the statements of the pool's connections
+	// (the tests' withTracer).
+	tracer pgx.QueryTracer
 }
 
 // Option configures a Store (Open).
@@ -68,6 +71,12 @@ type Option func(*Store)
 // the store applies when it judges replicas.
 func WithTrust(cfg sched.VerifyConfig) Option {
 	return func(s *Store) { s.trust = cfg }
+}
+
+// withTracer traces the statements of the store's pool with t (tests:
+// which statements run, and in what transaction).
+func withTracer(t pgx.QueryTracer) Option {
+	return func(s *Store) { s.tracer = t }
 }
 
 // Open connects to the database at url, applies pending migrations and
@@ -96,6 +105,9 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 		o(s)
 	}
 	cfg.AfterConnect = s.guardAttemptIDs
+	if s.tracer != nil {
+		cfg.ConnConfig.Tracer = s.tracer
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: connect: %w", err)

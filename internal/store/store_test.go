@@ -41,11 +41,12 @@ func migratedURL(t testing.TB) string {
 	})
 }
 
-// newFixtureAt is newFixture on the database at url.
-func newFixtureAt(t testing.TB, url string) *fixture {
+// newFixtureAt is newFixture on the database at url, its store opened
+// with opts.
+func newFixtureAt(t testing.TB, url string, opts ...Option) *fixture {
 	t.Helper()
 	ctx := context.Background()
-	s, err := Open(ctx, url)
+	s, err := Open(ctx, url, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
