@@ -182,6 +182,7 @@ type Server struct {
 
 	owners       sync.Map // token -> store.Owner, positive cache
 	knownModules sync.Map // ownedModule -> true: modules an owner has pushed
+	operatorKeys sync.Map // key -> true: operator keys, positive cache
 	modules      *moduleCache
 	blobKeys     blobKeys
 	uploads      workerUploads // output uploads in progress, per worker

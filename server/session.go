@@ -45,7 +45,7 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if key != "" {
-		ok, err := s.store.OperatorKeyValid(r.Context(), key)
+		ok, err := s.operatorKeyValid(r.Context(), key)
 		switch {
 		case err != nil:
 			s.log.Warn("check operator key", "err", err)
@@ -85,6 +85,22 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 	// worker's registration in the database), and an idle worker would
 	// keep that for as long as it stays connected.
 	go s.serveWorker(ctx, cancel, ws, c)
+}
+
+// operatorKeyValid reports whether key is an operator key. Keys found are
+// remembered (they are never taken back: store.AddOperatorKey), so that
+// the operator's machines reconnecting at once, as when a replica dies,
+// cost no query each; keys not found are looked up every time, so that a
+// key another replica just made works at once.
+func (s *Server) operatorKeyValid(ctx context.Context, key string) (bool, error) {
+	if _, ok := s.operatorKeys.Load(key); ok {
+		return true, nil
+	}
+	ok, err := s.store.OperatorKeyValid(ctx, key)
+	if ok {
+		s.operatorKeys.Store(key, true)
+	}
+	return ok, err
 }
 
 // serveWorker serves a greeted worker's connection until it closes.
