@@ -63,6 +63,12 @@ type conn struct {
 	// attempt, so it heartbeats at the longer idle interval
 	// (Config.IdleHeartbeat) and its silence is measured against that.
 	idle atomic.Bool
+	// waiting is when the read loop began waiting for the worker's next
+	// frame (Unix ns), 0 while it handles one; silenced says the replica
+	// closed the socket, the worker having said nothing for the silence
+	// limit since (Server.closeSilent).
+	waiting  atomic.Int64
+	silenced atomic.Bool
 
 	// Guarded by hub.mu. slots is the worker's slots plus its queue (a
 	// heartbeat may change the queue); free the part of it not taken.
@@ -579,6 +585,17 @@ func (h *hub) dropLocked(c *conn) {
 			delete(h.attempts, a)
 		}
 	}
+}
+
+// all returns the connected workers' connections.
+func (h *hub) all() []*conn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	cs := make([]*conn, 0, len(h.conns))
+	for _, c := range h.conns {
+		cs = append(cs, c)
+	}
+	return cs
 }
 
 // ids lists the connected workers.

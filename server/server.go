@@ -261,7 +261,7 @@ func (s *Server) Run(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, s.stop)
 	defer stop()
 	var wg sync.WaitGroup
-	for _, f := range []func(context.Context){s.renewals.run, s.completions.run, s.hellos.run, s.disp.run, s.listen, s.maintain, s.touchWorkers, s.refreshStats} {
+	for _, f := range []func(context.Context){s.renewals.run, s.completions.run, s.hellos.run, s.disp.run, s.listen, s.maintain, s.touchWorkers, s.refreshStats, s.closeSilent} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -422,31 +421,25 @@ func (s *Server) flushHellos(ctx context.Context, batch []hello) {
 // that says nothing for two lease periods (at least 10 s) is gone; its
 // attempts' leases lapsed long before.
 //
-// The Reads have no context: a timer armed for each Read closes a silent
+// The Reads have no context: the replica's closeSilent closes a silent
 // socket, and the end of ctx closes it too. (A context with a deadline per
 // Read cost a timer, a context and the connection's AfterFunc per frame.)
-// The timer runs only while the loop waits for a frame: handling one may
-// wait for the database, which says nothing of the worker.
+// Silence counts only while the loop waits for a frame (conn.waiting):
+// handling one may wait for the database, which says nothing of the
+// worker.
 func (s *Server) readLoop(ctx context.Context, c *conn) error {
-	idle := s.cfg.silenceLimit()
-	var silent atomic.Bool
-	timer := time.AfterFunc(idle, func() {
-		silent.Store(true)
-		c.ws.Close()
-	})
-	timer.Stop()
-	defer timer.Stop()
+	defer c.waiting.Store(0)
 	defer context.AfterFunc(ctx, func() { c.ws.Close() })()
 	for {
-		timer.Reset(idle)
+		c.waiting.Store(time.Now().UnixNano())
 		f, fenced, hold, err := s.readFrame(ctx, c, func(wait bool) {
 			if wait {
-				timer.Stop()
+				c.waiting.Store(0)
 			} else {
-				timer.Reset(idle)
+				c.waiting.Store(time.Now().UnixNano())
 			}
 		})
-		timer.Stop()
+		c.waiting.Store(0)
 		if err != nil {
 			var perr protocolError
 			switch {
@@ -455,8 +448,8 @@ func (s *Server) readLoop(ctx context.Context, c *conn) error {
 				return err
 			case ctx.Err() != nil:
 				return ctx.Err()
-			case silent.Load():
-				return fmt.Errorf("no frame for %v: %w", idle, context.DeadlineExceeded)
+			case c.silenced.Load():
+				return fmt.Errorf("no frame for %v: %w", s.cfg.silenceLimit(), context.DeadlineExceeded)
 			}
 			return err
 		}
@@ -479,6 +472,32 @@ func (s *Server) readLoop(ctx context.Context, c *conn) error {
 			return protocolError{err}
 		}
 	}
+}
+
+// closeSilent closes, every twentieth of the silence limit, the sockets of
+// the workers that have sent nothing for that limit while their read loop
+// waited. One pass over the connections replaces a timer per connection,
+// reset at every frame: tens of thousands of such timers in the runtime's
+// heap made it walk them all about every 15 ms (pgx arms a 15 ms timer
+// around each write to the database, which marks the heap for a walk),
+// 3.5% of a replica's CPU in the scale benchmark (docs/RATIONALE.md).
+func (s *Server) closeSilent(ctx context.Context) {
+	limit := s.cfg.silenceLimit()
+	every(ctx, limit/20, func(context.Context) {
+		now := time.Now().UnixNano()
+		for _, c := range s.hub.all() {
+			if silentFor(c, now, limit) && c.silenced.CompareAndSwap(false, true) {
+				c.ws.Close()
+			}
+		}
+	})
+}
+
+// silentFor reports whether c's read loop has waited for a frame for limit
+// or longer at now (Unix ns).
+func silentFor(c *conn, now int64, limit time.Duration) bool {
+	since := c.waiting.Load()
+	return since != 0 && now-since >= int64(limit)
 }
 
 // readFrame reads the worker's next frame. A frame with payload is read in
