@@ -428,7 +428,6 @@ func (s *Server) flushHellos(ctx context.Context, batch []hello) {
 // handling one may wait for the database, which says nothing of the
 // worker.
 func (s *Server) readLoop(ctx context.Context, c *conn) error {
-	defer c.waiting.Store(0)
 	defer context.AfterFunc(ctx, func() { c.ws.Close() })()
 	for {
 		c.waiting.Store(time.Now().UnixNano())
