@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // goid returns the calling goroutine's id, from its stack trace's header
@@ -56,5 +57,48 @@ func TestGoPoolReusesGoroutines(t *testing.T) {
 	time.Sleep(20 * time.Millisecond) // the others exit
 	if after := runtime.NumGoroutine(); after > before+1 {
 		t.Errorf("%d goroutines after the runs, %d before: the pool keeps more than maxIdle", after, before)
+	}
+}
+
+// growStack uses about n bytes of stack.
+//
+//go:noinline
+func growStack(n int) byte {
+	var b [256]byte
+	b[0] = byte(n)
+	if n <= len(b) {
+		return b[0]
+	}
+	return growStack(n-len(b)) + b[0]
+}
+
+// An idle goroutine of the pool keeps the stack its functions grew: the
+// collector halves the stack of a goroutine that uses less than a quarter
+// of it, and the next attempt then grew it again, by copying it. A stack
+// that was neither shrunk nor grown in between holds the function's frame
+// at the same address.
+func TestGoPoolKeepsStacksThroughCollections(t *testing.T) {
+	p := newGoPool(1)
+	frames := make(chan uintptr, 1)
+	// probe sends where its frame is, after growing the stack to 16 KiB
+	// when grow is set (one function: the same frame layout either way).
+	probe := func(grow bool) func() {
+		return func() {
+			if grow {
+				growStack(10 << 10)
+			}
+			var x byte
+			frames <- uintptr(unsafe.Pointer(&x))
+		}
+	}
+	p.run(probe(true))
+	grown := <-frames
+	waitIdle(t, p, 1)
+	for range 3 {
+		runtime.GC()
+	}
+	p.run(probe(false))
+	if again := <-frames; again != grown {
+		t.Errorf("the next function's frame is at %#x, not %#x: the idle goroutine's stack was moved (shrunk by a collection)", again, grown)
 	}
 }
