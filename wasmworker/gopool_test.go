@@ -80,12 +80,12 @@ func growStack(n int) byte {
 func TestGoPoolKeepsStacksThroughCollections(t *testing.T) {
 	p := newGoPool(1)
 	frames := make(chan uintptr, 1)
-	// probe sends where its frame is, after growing the stack to 16 KiB
+	// probe sends where its frame is, after growing the stack to 8 or 16 KiB
 	// when grow is set (one function: the same frame layout either way).
 	probe := func(grow bool) func() {
 		return func() {
 			if grow {
-				growStack(10 << 10)
+				growStack(6 << 10)
 			}
 			var x byte
 			frames <- uintptr(unsafe.Pointer(&x))
