@@ -53,8 +53,10 @@ const waitFrame = 4 << 10
 //
 //go:noinline
 func (p *goPool) wait() func() {
+	// The frame is the stack in use, not a value anybody needs: it is
+	// written and read back only so that the compiler keeps it.
 	var frame [waitFrame]byte
-	frame[0] = 1 // the frame is the stack in use, not a value anybody reads
+	frame[0] = 1
 	f := <-p.work
 	if frame[0] != 1 {
 		panic("goPool: its wait frame changed")
