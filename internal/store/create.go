@@ -399,7 +399,7 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, 
 		}
 		claimed = nil
 		if err == nil && len(pickNames) > 0 {
-			claimed, err = collectClaimed(br)
+			claimed, err = collectClaimed(br, len(pickNames))
 		}
 		if err == nil {
 			_, err = br.Exec()

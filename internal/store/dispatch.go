@@ -280,7 +280,7 @@ func (s *Store) ClaimPicks(ctx context.Context, picks []Pick, lease time.Duratio
 	var cs []Claimed
 	var err error
 	if err = execBegin(br); err == nil {
-		cs, err = collectClaimed(br)
+		cs, err = collectClaimed(br, len(picks))
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -310,8 +310,9 @@ func distinct[T comparable](xs []T) bool {
 }
 
 // collectClaimed reads the attempts a claim statement (claimPicksSQL,
-// claimNewSQL) returns.
-func collectClaimed(br pgx.BatchResults) ([]Claimed, error) {
+// claimNewSQL) of picks picks returns: at most one each, so the slice is
+// made that large at once rather than grown by copying.
+func collectClaimed(br pgx.BatchResults, picks int) ([]Claimed, error) {
 	rows, err := br.Query()
 	if err != nil {
 		return nil, err
@@ -319,7 +320,7 @@ func collectClaimed(br pgx.BatchResults) ([]Claimed, error) {
 	in := interned{}
 	var worker, wf, module, prio pgtype.DriverBytes
 	var restore pgtype.Text // declared once: Scan's pointer would move it to the heap per row
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claimed, error) {
+	return pgx.AppendRows(make([]Claimed, 0, picks), rows, func(r pgx.CollectableRow) (Claimed, error) {
 		var c Claimed
 		err := r.Scan(&c.Attempt, &worker, &c.TaskID, &wf, &c.Name, &module, &c.Args, &c.Stdin, &prio,
 			&c.TimeoutMS, &c.MemoryPages, &c.OutputBytes, &c.LogBytes, &c.CkptMS, &c.Seed, &c.Restore, &c.Setup, &c.hasInputs, &restore)
