@@ -310,7 +310,7 @@ func distinct[T comparable](xs []T) bool {
 }
 
 // collectClaimed reads the attempts a claim statement (claimPicksSQL,
-// claimNewSQL) of picks picks returns: at most one each, so the slice is
+// claimNewSQL) returns, at most one for each of its picks: the slice is
 // made that large at once rather than grown by copying.
 func collectClaimed(br pgx.BatchResults, picks int) ([]Claimed, error) {
 	rows, err := br.Query()
