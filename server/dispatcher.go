@@ -422,6 +422,11 @@ func (d *dispatcher) deliver(ctx context.Context, claimed []store.Claimed, err e
 				end(cl, c, store.Completion{Reason: protocol.ReasonWorker, End: store.EndUnstarted,
 					Message: "the task reads an output uploaded over HTTP, which this worker's build cannot download; queued again"})
 			default:
+				if byConn[c] == nil {
+					// Room for every slot still reserved on c's worker:
+					// its attempts are no more than that.
+					byConn[c] = make([]protocol.Assign, 0, 1+len(reserved[cl.Worker]))
+				}
 				byConn[c] = append(byConn[c], a)
 			}
 		}
