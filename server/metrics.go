@@ -21,6 +21,7 @@ type metrics struct {
 	leaseGraces    prometheus.Counter
 	workerConnects *prometheus.CounterVec
 	badFrames      prometheus.Counter
+	silenceCloses  prometheus.Counter
 	handBackHolds  prometheus.Counter
 	uploadedBytes  prometheus.Counter
 	uploadSeconds  prometheus.Counter
@@ -49,6 +50,8 @@ func newMetrics(s *Server) *metrics {
 			Name: "cyclepool_worker_connections_total", Help: "Worker connections accepted, by kind."}, []string{"kind"}),
 		badFrames: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cyclepool_bad_frames_total", Help: "Malformed or forbidden worker frames (each closed its socket)."}),
+		silenceCloses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cyclepool_worker_silence_closes_total", Help: "Worker connections closed because the worker sent nothing for the silence limit (a frozen tab, a phone off the network)."}),
 		handBackHolds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cyclepool_hand_back_holds_total", Help: "Times a volunteer handed back attempts faster than its budget and got no new work for a while."}),
 		uploadedBytes: prometheus.NewCounter(prometheus.CounterOpts{
@@ -69,7 +72,7 @@ func newMetrics(s *Server) *metrics {
 	for _, outcome := range []string{"run", "submission", "skipped"} {
 		m.rounds.WithLabelValues(outcome) // every outcome shows, 0 until it happens
 	}
-	m.reg.MustRegister(m.dispatched, m.rounds, m.completions, m.checkpoints, m.leaseExpiries, m.leaseGraces, m.workerConnects, m.badFrames, m.handBackHolds, m.uploadedBytes, m.uploadSeconds,
+	m.reg.MustRegister(m.dispatched, m.rounds, m.completions, m.checkpoints, m.leaseExpiries, m.leaseGraces, m.workerConnects, m.badFrames, m.silenceCloses, m.handBackHolds, m.uploadedBytes, m.uploadSeconds,
 		m.leader, m.hellosWaiting, m.batchSize, m.batchSeconds, s.health.writable, s.health.faults,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{s: s,

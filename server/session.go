@@ -486,6 +486,7 @@ func (s *Server) closeSilent(ctx context.Context) {
 		now := time.Now().UnixNano()
 		for _, c := range s.hub.all() {
 			if silentFor(c, now, limit) && c.silenced.CompareAndSwap(false, true) {
+				s.metrics.silenceCloses.Inc()
 				c.ws.Close()
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 )
@@ -102,5 +103,9 @@ func TestSilentWorkerIsDisconnected(t *testing.T) {
 		}
 	case <-time.After(10 * limit):
 		t.Fatalf("still connected %v after the last frame (limit %v)", 10*limit, limit)
+	}
+	var m dto.Metric
+	if err := s.metrics.silenceCloses.Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+		t.Errorf("cyclepool_worker_silence_closes_total = %v (%v), want 1", m.GetCounter().GetValue(), err)
 	}
 }
