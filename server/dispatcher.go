@@ -53,6 +53,9 @@ type dispatcher struct {
 	// lay out: the plan keeps them from older workers, as it does tasks
 	// with files of their own (a candidate says that; it cannot say this).
 	needsSetup taskSet
+	// afterSend, set by tests, runs in submit between sending a
+	// submission's attempts and its COMMIT.
+	afterSend func()
 }
 
 // taskSet is a set of task ids, safe for concurrent use, that forgets
@@ -168,11 +171,14 @@ func (d *dispatcher) run(ctx context.Context) {
 // submit writes a workflow. When this replica's workers have idle slots
 // and its dispatcher left no older ready task waiting, a small workflow's
 // ready tasks are planned for those slots before it is written, claimed in
-// the submission's own transaction (store.CreateWorkflowClaiming), then
-// sent: on the path of every interactive task, that saves the dispatcher's
-// wake-up and the claim's own transaction. Ready tasks it leaves, and
-// those of any other submission, wake every replica's dispatcher by the
-// commit's notification.
+// the submission's own transaction (store.CreateWorkflowClaiming), and
+// sent before that transaction's COMMIT: on the path of every interactive
+// task, that saves the dispatcher's wake-up and the claim's own
+// transaction, and the commit's WAL flush runs while the attempts travel.
+// What the workers say of them meanwhile waits for the commit (claimGates);
+// if it fails, they are taken back. Ready tasks it leaves, and those of any
+// other submission, wake every replica's dispatcher by the commit's
+// notification.
 func (d *dispatcher) submit(ctx context.Context, ownerID int64, nw *store.NewWorkflow) (string, error) {
 	var slots []*conn
 	var cands []store.Candidate
@@ -203,10 +209,42 @@ func (d *dispatcher) submit(ctx context.Context, ownerID int64, nw *store.NewWor
 	// must reach their workers even if the owner hangs up.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	id, claimed, err := d.store.CreateWorkflowClaiming(cctx, ownerID, nw, sp, d.cfg.Lease)
+	var (
+		sent          []store.Claimed
+		undeliverable []store.Completion
+		release       func()
+	)
+	send := func(claimed []store.Claimed) {
+		workers := make([]string, 0, len(reserved))
+		for w := range reserved {
+			workers = append(workers, w)
+		}
+		release = d.hub.gates.hold(workers) // before any attempt can reach its worker
+		sent = claimed
+		undeliverable = d.send(cctx, claimed, nil, reserved)
+		if d.afterSend != nil {
+			d.afterSend()
+		}
+	}
+	id, claimed, err := d.store.CreateWorkflowClaiming(cctx, ownerID, nw, sp, d.cfg.Lease, send)
+	if release != nil {
+		if err != nil || claimed == nil {
+			// Not committed, or committed and its attempts ended since
+			// (store.CreateWorkflowClaiming): none of them holds a lease.
+			ids := make([]int64, len(sent))
+			for i := range sent {
+				ids[i] = sent[i].Attempt
+			}
+			d.hub.takeBack(ids, "the submission that claimed it did not commit")
+			undeliverable = nil // no attempt to end
+		}
+		release()
+	}
 	if err != nil {
-		for _, cs := range reserved {
-			d.hub.release(cs)
+		if release == nil {
+			for _, cs := range reserved {
+				d.hub.release(cs)
+			}
 		}
 		d.wakeSlots()
 		return "", err
@@ -215,7 +253,11 @@ func (d *dispatcher) submit(ctx context.Context, ownerID int64, nw *store.NewWor
 		d.metrics.rounds.WithLabelValues("submission").Inc()
 	}
 	d.metrics.observeBatch("submission", len(claimed), now)
-	d.deliver(cctx, claimed, nil, reserved)
+	if release == nil {
+		undeliverable = d.send(cctx, claimed, nil, reserved)
+	}
+	d.metrics.dispatched.Add(float64(len(claimed) - len(undeliverable)))
+	d.endUndeliverable(cctx, undeliverable)
 	switch {
 	case len(claimed) < len(sp):
 		d.wake() // a refused pick left its task ready, and nobody was told
@@ -389,8 +431,16 @@ func byWorker(slots []*conn) map[string][]*conn {
 // is ended at once; it returns how many were, after waking the dispatcher
 // for their tasks.
 func (d *dispatcher) deliver(ctx context.Context, claimed []store.Claimed, err error, reserved map[string][]*conn) (undelivered int) {
+	undeliverable := d.send(ctx, claimed, err, reserved)
+	d.metrics.dispatched.Add(float64(len(claimed) - len(undeliverable)))
+	d.endUndeliverable(ctx, undeliverable)
+	return len(undeliverable)
+}
+
+// send is deliver but for the attempts that cannot be sent: it returns
+// them, for endUndeliverable once their claim has committed.
+func (d *dispatcher) send(ctx context.Context, claimed []store.Claimed, err error, reserved map[string][]*conn) (undeliverable []store.Completion) {
 	byConn := map[*conn][]protocol.Assign{}
-	var undeliverable []store.Completion
 	end := func(cl *store.Claimed, c *conn, comp store.Completion) {
 		comp.Attempt, comp.Worker = cl.Attempt, cl.Worker
 		undeliverable = append(undeliverable, comp)
@@ -448,14 +498,19 @@ func (d *dispatcher) deliver(ctx context.Context, claimed []store.Claimed, err e
 			c.enqueue(&protocol.Frame{Type: protocol.TypeAssign, Assign: batch})
 		}
 	}
-	d.metrics.dispatched.Add(float64(len(claimed) - len(undeliverable)))
-	if len(undeliverable) > 0 {
-		if _, cerr := d.store.Complete(ctx, undeliverable); cerr != nil {
-			d.log.Error("end undeliverable attempts", "err", cerr)
-		}
-		d.wake()
+	return undeliverable
+}
+
+// endUndeliverable ends the attempts send could not send, charged as each
+// says, and wakes the dispatcher for their tasks.
+func (d *dispatcher) endUndeliverable(ctx context.Context, undeliverable []store.Completion) {
+	if len(undeliverable) == 0 {
+		return
 	}
-	return len(undeliverable)
+	if _, err := d.store.Complete(ctx, undeliverable); err != nil {
+		d.log.Error("end undeliverable attempts", "err", err)
+	}
+	d.wake()
 }
 
 // assignFrames splits one worker's attempts into assign frames: several to

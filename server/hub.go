@@ -227,6 +227,9 @@ type hub struct {
 	// their budgets and holds, kept across reconnections (at most
 	// maxLimitedAddrs of them).
 	handBacks map[string]*handBack
+	// gates holds back what workers say of attempts sent before their
+	// claim committed (dispatcher.submit).
+	gates claimGates
 }
 
 // handBack is a volunteer identity's record of attempts handed back
@@ -515,6 +518,27 @@ func (h *hub) settleOutcome(c *conn, attempt int64, retry bool) {
 	h.mu.Unlock()
 	if o != nil {
 		o.hold.done()
+	}
+}
+
+// takeBack cancels those attempts that run on this replica and frees their
+// slots at once: attempts sent before a commit that did not happen
+// (dispatcher.submit).
+func (h *hub) takeBack(attempts []int64, reason string) {
+	by := map[*conn][]int64{}
+	h.mu.Lock()
+	for _, a := range attempts {
+		if c := h.attempts[a]; c != nil {
+			by[c] = append(by[c], a)
+			delete(c.running, a)
+			delete(h.attempts, a)
+			c.free++
+			h.openedLocked(c)
+		}
+	}
+	h.mu.Unlock()
+	for c, as := range by {
+		c.enqueue(&protocol.Frame{Type: protocol.TypeCancel, Cancel: &protocol.Cancel{Attempts: as, Reason: reason}})
 	}
 }
 

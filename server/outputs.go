@@ -77,6 +77,9 @@ func (s *Server) handleUploadOutput(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusForbidden, "no upload key for worker %q", worker)
 		return
 	}
+	if err := s.hub.gates.wait(r.Context(), worker); err != nil { // the attempt may be committing
+		return
+	}
 	if r.Pattern == "PUT /checkpoints/{attempt}" {
 		name = "" // the attempt's checkpoint (store.BeginOutputUpload)
 	} else if msg := workflow.CheckOutputName(name); msg != "" {

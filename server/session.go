@@ -117,6 +117,7 @@ func (s *Server) serveWorker(ctx context.Context, cancel context.CancelFunc, ws 
 	s.metrics.workerConnects.WithLabelValues(c.kind).Inc()
 	s.hub.add(c)
 	defer func() {
+		_ = s.hub.gates.wait(s.ctx, c.id) // its attempts sent before their commit, ended below if unstarted
 		unstarted := s.hub.remove(c)
 		c.qmu.Lock()
 		close(c.done)
@@ -305,6 +306,9 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 		addr := remoteHost(r)
 		wh.AllowNew = func() bool { return s.gate.newIdentity(addr, time.Now()) }
 	}
+	if err := s.hub.gates.wait(ctx, h.WorkerID); err != nil { // the attempts its hello lists may be committing
+		return nil, err
+	}
 	reg, err := s.register(ctx, wh)
 	if err != nil {
 		return nil, err
@@ -450,6 +454,10 @@ func (s *Server) readLoop(ctx context.Context, c *conn) error {
 			case c.silenced.Load():
 				return fmt.Errorf("no frame for %v: %w", s.cfg.silenceLimit(), context.DeadlineExceeded)
 			}
+			return err
+		}
+		// Attempts sent to it before their commit exist once it ends.
+		if err := s.hub.gates.wait(ctx, c.id); err != nil {
 			return err
 		}
 		if s.hub.heardFrom(c) {

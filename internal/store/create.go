@@ -75,7 +75,7 @@ func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflo
 	if w.Claimable() {
 		var uid pgtype.UUID
 		if uid, err = newUUID(); err == nil {
-			id, _, err = s.createSmall(ctx, ownerID, w, uid, nil, 0)
+			id, _, err = s.createSmall(ctx, ownerID, w, uid, nil, 0, nil)
 		}
 	} else {
 		id, err = s.createLarge(ctx, ownerID, w)
@@ -220,8 +220,17 @@ func (w *NewWorkflow) Claimable() bool {
 // the commit's notification (ChannelReady) wakes every dispatcher, as for
 // any submission; otherwise it sends none (a pick the claim refuses is the
 // caller's to see: fewer attempts than picks).
-func (s *Store) CreateWorkflowClaiming(ctx context.Context, ownerID int64, w *NewWorkflow, picks []SubmitPick, lease time.Duration) (
-	id string, claimed []Claimed, err error) {
+//
+// With send, the attempts go out before the commit: send is called with
+// them once the claim has returned them and before COMMIT is sent, so
+// that they travel to their workers while PostgreSQL flushes the commit.
+// Until CreateWorkflowClaiming returns, the attempts do not exist for
+// anyone else: the caller must hold back everything their workers say of
+// them until then. If it then returns an error, or no attempts, the
+// attempts sent never existed or were ended (uncounted) meanwhile, and
+// the caller takes them back from their workers.
+func (s *Store) CreateWorkflowClaiming(ctx context.Context, ownerID int64, w *NewWorkflow, picks []SubmitPick, lease time.Duration,
+	send func([]Claimed)) (id string, claimed []Claimed, err error) {
 	if !w.Claimable() {
 		return "", nil, fmt.Errorf("create workflow %q: %d tasks are too many to claim at submission", w.Name, len(w.Tasks))
 	}
@@ -229,7 +238,7 @@ func (s *Store) CreateWorkflowClaiming(ctx context.Context, ownerID int64, w *Ne
 	if err != nil {
 		return "", nil, err
 	}
-	id, claimed, err = s.createSmall(ctx, ownerID, w, uid, picks, lease)
+	id, claimed, err = s.createSmall(ctx, ownerID, w, uid, picks, lease, send)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) {
@@ -271,7 +280,7 @@ func (s *Store) recoverSubmission(ctx context.Context, uid pgtype.UUID) (string,
 		}
 		if attempt != nil {
 			ends = append(ends, Completion{Attempt: *attempt, Worker: *worker, Reason: "worker", End: EndUnstarted,
-				Message: "the server lost the answer of the submission that claimed it: never sent"})
+				Message: "the server lost the answer of the submission that claimed it: taken back"})
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -292,9 +301,10 @@ func (s *Store) recoverSubmission(ctx context.Context, uid pgtype.UUID) (string,
 // With picks, the same round trip claims them (claimNewSQL, between the
 // statement and the COMMIT): the tasks are found by the workflow's id,
 // made here rather than by PostgreSQL so that the claim can name it, and
-// their names. It returns the attempts.
-func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, uid pgtype.UUID, picks []SubmitPick, lease time.Duration) (
-	id string, claimed []Claimed, err error) {
+// their names. It returns the attempts. With send as well, the COMMIT
+// takes a round trip of its own, after send (CreateWorkflowClaiming).
+func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, uid pgtype.UUID, picks []SubmitPick, lease time.Duration,
+	send func([]Claimed)) (id string, claimed []Claimed, err error) {
 	n := len(w.Tasks)
 	var (
 		names, modules, args = make([]string, n), make([]string, n), make([]string, n)
@@ -387,25 +397,14 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, 
 			}
 			b.Queue(sql, pickNames, uuidParams(pickWorkers), pickCkpts, pickSolos, lease.Milliseconds(), uid)
 		}
-		b.Queue("COMMIT")
-		br := s.pool.SendBatch(ctx, b)
-		if len(pickNames) > 0 {
-			err = execBegin(br)
+		if len(pickNames) > 0 && send != nil {
+			id, claimed, err = s.createSending(ctx, b, len(pickNames), send)
 		} else {
-			_, err = br.Exec()
+			b.Queue("COMMIT")
+			id, claimed, err = s.createBatch(ctx, b, len(pickNames))
 		}
-		if err == nil {
-			err = br.QueryRow().Scan(&id)
-		}
-		claimed = nil
-		if err == nil && len(pickNames) > 0 {
-			claimed, err = collectClaimed(br, len(pickNames))
-		}
-		if err == nil {
-			_, err = br.Exec()
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
+		if errors.Is(err, errSent) {
+			return "", nil, err // not again: its attempts went out
 		}
 		if err != nil && try < 5 && retryable(err) {
 			continue
@@ -413,7 +412,72 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, 
 		if err != nil {
 			return "", nil, err
 		}
-		break
+		return id, claimed, nil
+	}
+}
+
+// createBatch sends createSmall's batch, its COMMIT included, and reads
+// the workflow's id and the attempts of its n picks (none when n is 0).
+func (s *Store) createBatch(ctx context.Context, b *pgx.Batch, n int) (id string, claimed []Claimed, err error) {
+	br := s.pool.SendBatch(ctx, b)
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	if n > 0 {
+		err = execBegin(br)
+	} else {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		err = br.QueryRow().Scan(&id)
+	}
+	if err == nil && n > 0 {
+		claimed, err = collectClaimed(br, n)
+	}
+	if err == nil {
+		_, err = br.Exec() // COMMIT
+	}
+	return id, claimed, err
+}
+
+// errSent marks an error of createSending's COMMIT, after its attempts
+// went out: the submission is not tried again.
+var errSent = errors.New("attempts sent before the commit")
+
+// createSending sends createSmall's batch without its COMMIT, gives the
+// attempts of its n picks to send, then commits in a round trip of its
+// own. An error of the COMMIT wraps errSent.
+func (s *Store) createSending(ctx context.Context, b *pgx.Batch, n int, send func([]Claimed)) (id string, claimed []Claimed, err error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	// A connection released inside its transaction (after an error) is
+	// closed by the pool, which ends the transaction.
+	defer conn.Release()
+	br := conn.SendBatch(ctx, b)
+	err = execBegin(br)
+	if err == nil {
+		err = br.QueryRow().Scan(&id)
+	}
+	if err == nil {
+		claimed, err = collectClaimed(br, n)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	send(claimed)
+	tag, err := conn.Exec(ctx, "COMMIT")
+	switch {
+	case err != nil:
+		return "", nil, fmt.Errorf("%w: %w", errSent, err)
+	case tag.String() != "COMMIT":
+		return "", nil, fmt.Errorf("%w: the transaction ended in %s", errSent, tag)
 	}
 	return id, claimed, nil
 }

@@ -46,7 +46,7 @@ func TestSmallAndLargeSubmissionsWriteTheSameRows(t *testing.T) {
 			rows := map[string]any{}
 			small := func(ctx context.Context, owner int64, w *NewWorkflow) (string, error) {
 				uid, _ := newUUID()
-				id, _, err := f.s.createSmall(ctx, owner, w, uid, nil, 0)
+				id, _, err := f.s.createSmall(ctx, owner, w, uid, nil, 0, nil)
 				return id, err
 			}
 			for path, create := range map[string]func(context.Context, int64, *NewWorkflow) (string, error){
@@ -254,7 +254,7 @@ func TestSubmissionClaimsItsReadyTasks(t *testing.T) {
 
 			w := tc.wf
 			w.Name, w.Tasks = "wf", dag()
-			id, got, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, picks, time.Minute)
+			id, got, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, picks, time.Minute, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -313,14 +313,14 @@ func TestSubmissionClaimingAllNotifiesNobody(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := NewWorkflow{Name: "all", Priority: "batch", Tasks: []NewTask{f.task("a"), f.task("b", NewInput{From: 0, Output: "stdout"})}}
-	if _, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &all, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute); err != nil || len(claimed) != 1 {
+	if _, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &all, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, nil); err != nil || len(claimed) != 1 {
 		t.Fatalf("%d claimed, err %v: want a", len(claimed), err)
 	}
 	if _, err := f.s.pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, ChannelReady); err != nil {
 		t.Fatal(err)
 	}
 	some := NewWorkflow{Name: "some", Priority: "batch", Tasks: []NewTask{f.task("a"), f.task("c")}}
-	if _, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &some, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute); err != nil || len(claimed) != 1 {
+	if _, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &some, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, nil); err != nil || len(claimed) != 1 {
 		t.Fatalf("%d claimed, err %v: want a, and c left", len(claimed), err)
 	}
 	for _, want := range []string{"marker", ""} {
@@ -350,7 +350,7 @@ func TestSubmissionClaimsOnlySmallWorkflows(t *testing.T) {
 	if w.Claimable() {
 		t.Errorf("%d tasks: claimable", len(many))
 	}
-	if _, _, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute); err == nil {
+	if _, _, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, nil); err == nil {
 		t.Errorf("%d tasks: claimed at submission", len(many))
 	}
 	var n int
@@ -540,7 +540,7 @@ func TestLostSubmissionAnswerRequeuesItsAttempts(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	w := NewWorkflow{Name: "wf", Priority: "batch", Tasks: []NewTask{f.task("a")}}
-	id, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute)
+	id, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, nil)
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("%d claimed, err %v", len(claimed), err)
 	}
@@ -566,5 +566,69 @@ func TestLostSubmissionAnswerRequeuesItsAttempts(t *testing.T) {
 	other, _ := newUUID()
 	if got, err := f.s.recoverSubmission(ctx, other); err != nil || got != "" {
 		t.Errorf("a workflow never written: recovered %q, err %v", got, err)
+	}
+}
+
+// A claiming submission with send gives its attempts out before its
+// COMMIT: while send runs, nobody else sees the workflow or its attempts;
+// once CreateWorkflowClaiming returns, they are there. A COMMIT that never
+// happens (the context ended in send) leaves nothing written and returns
+// an error, so the caller takes the attempts back.
+func TestClaimingSubmissionSendsBeforeItsCommit(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	visible := func(attempt int64) bool {
+		var n int
+		if err := f.s.pool.QueryRow(context.Background(), `SELECT count(*) FROM attempts WHERE id = $1`, attempt).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	tests := []struct {
+		name      string
+		endInSend bool
+	}{
+		{"committed", false},
+		{"commit never sent", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			w := NewWorkflow{Name: "wf-" + tt.name, Priority: "interactive", Tasks: []NewTask{f.task("a")}}
+			var sent []Claimed
+			id, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute,
+				func(cl []Claimed) {
+					sent = cl
+					if len(cl) == 1 && visible(cl[0].Attempt) {
+						t.Errorf("attempt %d visible to another connection before the commit", cl[0].Attempt)
+					}
+					if tt.endInSend {
+						cancel()
+					}
+				})
+			if len(sent) != 1 {
+				t.Fatalf("send got %d attempts, want 1", len(sent))
+			}
+			if tt.endInSend {
+				if err == nil || claimed != nil || id != "" {
+					t.Errorf("got id %q, %d attempts, err %v: want an error and nothing", id, len(claimed), err)
+				}
+				var n int
+				if err := f.s.pool.QueryRow(context.Background(), `SELECT count(*) FROM workflows WHERE name = $1`, w.Name).Scan(&n); err != nil || n != 0 {
+					t.Errorf("%d workflows named %s written (err %v), want none", n, w.Name, err)
+				}
+				if visible(sent[0].Attempt) {
+					t.Errorf("attempt %d written without its commit", sent[0].Attempt)
+				}
+				return
+			}
+			if err != nil || len(claimed) != 1 || claimed[0].Attempt != sent[0].Attempt {
+				t.Fatalf("got %d attempts, err %v: want the one sent", len(claimed), err)
+			}
+			if !visible(sent[0].Attempt) {
+				t.Errorf("attempt %d not visible after the commit", sent[0].Attempt)
+			}
+		})
 	}
 }

@@ -1,0 +1,274 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/cyclepool/cyclepool/internal/protocol"
+)
+
+// A wait returns once every gate open for its worker when it began has
+// closed: gates of other workers do not hold it, and its context ends it.
+func TestClaimGates(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		held    []string // workers of the one gate opened
+		worker  string   // the one waiting
+		returns bool     // before the gate closes
+	}{
+		{"no gate", nil, "a", true},
+		{"another worker's gate", []string{"b"}, "a", true},
+		{"its gate", []string{"a"}, "a", false},
+		{"a gate of several workers", []string{"b", "a"}, "a", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var g claimGates
+			release := func() {}
+			if tc.held != nil {
+				release = g.hold(tc.held)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- g.wait(ctx, tc.worker) }()
+			if tc.returns {
+				if err := <-done; err != nil {
+					t.Fatalf("wait: %v", err)
+				}
+				release()
+				cancel()
+				return
+			}
+			for g.waiting.Load() == 0 { // held at the gate
+				time.Sleep(time.Millisecond)
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("wait returned (%v) while its gate was open", err)
+			default:
+			}
+			release()
+			if err := <-done; err != nil {
+				t.Fatalf("wait after the gate closed: %v", err)
+			}
+			// A gate closed is gone; another held again ends with the context.
+			release = g.hold(tc.held)
+			go func() { done <- g.wait(ctx, tc.worker) }()
+			cancel()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Errorf("wait at an open gate after its context ended: %v", err)
+			}
+			release()
+			if g.open.Load() != 0 || len(g.by) != 0 {
+				t.Errorf("%d gates open, %d workers listed after all closed", g.open.Load(), len(g.by))
+			}
+		})
+	}
+}
+
+// gateWorker is a worker over a real WebSocket, written by hand to send its
+// frames exactly when a test wants them.
+type gateWorker struct {
+	t  *testing.T
+	ws *websocket.Conn
+	id string
+}
+
+func dialGateWorker(t *testing.T, s *Server, url string) *gateWorker {
+	t.Helper()
+	ws, _, err := websocket.DefaultDialer.Dial(url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws.Close() })
+	w := &gateWorker{t: t, ws: ws}
+	w.send(&protocol.Frame{Type: protocol.TypeHello, Hello: &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1}})
+	w.id = w.next(protocol.TypeWelcome).Welcome.WorkerID
+	for !strings.Contains(strings.Join(s.hub.ids(), " "), w.id) { // serveWorker adds it after the welcome
+		time.Sleep(time.Millisecond)
+	}
+	return w
+}
+
+func (w *gateWorker) send(f *protocol.Frame) {
+	w.t.Helper()
+	data, bin, err := protocol.Encode(f)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	typ := websocket.TextMessage
+	if bin {
+		typ = websocket.BinaryMessage
+	}
+	if err := w.ws.WriteMessage(typ, data); err != nil {
+		w.t.Fatalf("write %s: %v", f.Type, err)
+	}
+}
+
+// next returns the next frame of type typ, skipping others.
+func (w *gateWorker) next(typ string) *protocol.Frame {
+	w.t.Helper()
+	w.ws.SetReadDeadline(time.Now().Add(30 * time.Second))
+	for {
+		mt, data, err := w.ws.ReadMessage()
+		if err != nil {
+			w.t.Fatalf("waiting for %s: %v", typ, err)
+		}
+		f, err := protocol.Decode(data, mt == websocket.BinaryMessage)
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		if f.Type == typ {
+			return f
+		}
+	}
+}
+
+// result sends the result of attempt.
+func (w *gateWorker) result(attempt int64) {
+	w.send(&protocol.Frame{Type: protocol.TypeResult, Results: []protocol.Result{{Attempt: attempt,
+		Outputs: []protocol.Blob{{Name: "stdout", Data: []byte("out\n")}}}}})
+}
+
+// submitEarly submits a one-task workflow until its submission claims the
+// task itself and sends it to w before its COMMIT, calling afterSend
+// between the two: a dispatcher's round that holds w's slot at that moment
+// sends the task after the commit instead, and w completes it. It returns
+// the attempt sent early and a channel that gives the submission's id and
+// error.
+func submitEarly(t *testing.T, s *Server, f *fixture, w *gateWorker, afterSend func()) (int64, <-chan submitted) {
+	t.Helper()
+	for range 20 {
+		var early atomic.Bool
+		s.disp.afterSend = func() {
+			early.Store(true)
+			afterSend()
+		}
+		s.disp.readyLeft.Store(false)
+		s.disp.tasksWake.Store(false)
+		done := make(chan submitted, 1)
+		go func() {
+			id, err := s.submit(context.Background(), f.owner.ID, f.oneTask())
+			done <- submitted{id, err}
+		}()
+		a := w.next(protocol.TypeAssign).Assign[0]
+		if early.Load() {
+			s.disp.afterSend = nil
+			return a.Attempt, done
+		}
+		w.result(a.Attempt) // sent by a dispatcher's round
+		if ack := w.next(protocol.TypeAck).Acks[0]; !ack.OK {
+			t.Fatalf("ack %+v of a task sent after its commit", ack)
+		}
+		if sub := <-done; sub.err != nil {
+			t.Fatal(sub.err)
+		}
+	}
+	t.Fatal("no submission of 20 claimed its task itself")
+	return 0, nil
+}
+
+type submitted struct {
+	id  string
+	err error
+}
+
+// A submission sends its attempt before its COMMIT. The worker's result,
+// back before the commit, waits for it (held at the worker's gate) and is
+// then accepted: the workflow is done. Over a real WebSocket, with a real
+// database.
+func TestResultBeforeTheCommitWaitsForIt(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	s, url := runServer(t, f)
+	w := dialGateWorker(t, s, url)
+	sentResult := make(chan struct{})
+	attempt, done := submitEarly(t, s, f, w, func() {
+		<-sentResult
+		// The read loop holds the result (a loop that did not would
+		// never be seen here: the commit then goes on after a while).
+		for giveUp := time.Now().Add(20 * time.Second); s.hub.gates.waiting.Load() == 0 && time.Now().Before(giveUp); {
+			time.Sleep(time.Millisecond)
+		}
+	})
+	w.result(attempt)
+	close(sentResult)
+	if ack := w.next(protocol.TypeAck).Acks[0]; ack.Attempt != attempt || !ack.OK {
+		t.Errorf("ack %+v, want attempt %d accepted", ack, attempt)
+	}
+	sub := <-done
+	if sub.err != nil {
+		t.Fatal(sub.err)
+	}
+	if st, err := f.st.Summary(context.Background(), f.owner.ID, sub.id); err != nil || st.State != "done" {
+		t.Errorf("workflow %v (%v), want done", st, err)
+	}
+}
+
+// A submission whose COMMIT fails after its attempt went out (its
+// connection killed) takes the attempt back: the worker is told to cancel
+// it, its result is refused, nothing is written, and the worker's slot is
+// free for the next submission.
+func TestUncommittedSubmissionTakesItsAttemptBack(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	s, url := runServer(t, f)
+	w := dialGateWorker(t, s, url)
+	admin, err := pgx.Connect(context.Background(), f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	count := func() int {
+		var n int
+		if err := admin.QueryRow(context.Background(), `SELECT count(*) FROM workflows`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := count()
+	attempt, done := submitEarly(t, s, f, w, func() {
+		var killed int
+		err := admin.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000)) FROM (
+			SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle in transaction'
+			AND pid <> pg_backend_pid() OFFSET 0) x`).Scan(&killed)
+		if err != nil || killed != 1 {
+			t.Errorf("killed %d connections in a transaction (%v), want the submission's", killed, err)
+		}
+	})
+	if sub := <-done; sub.err == nil {
+		t.Fatal("the submission succeeded without its commit")
+	}
+	if c := w.next(protocol.TypeCancel).Cancel; len(c.Attempts) != 1 || c.Attempts[0] != attempt {
+		t.Errorf("cancel %+v, want attempt %d", c, attempt)
+	}
+	w.result(attempt)
+	if ack := w.next(protocol.TypeAck).Acks[0]; ack.Attempt != attempt || ack.OK || ack.Retry {
+		t.Errorf("ack %+v, want attempt %d refused", ack, attempt)
+	}
+	if n := count(); n != before {
+		t.Errorf("%d workflows written, want none", n-before)
+	}
+	// The slot is free: the next submission's task reaches the worker.
+	s.disp.readyLeft.Store(false)
+	s.disp.tasksWake.Store(false)
+	id, err := s.submit(context.Background(), f.owner.ID, f.oneTask())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := w.next(protocol.TypeAssign).Assign[0]
+	w.result(b.Attempt)
+	if ack := w.next(protocol.TypeAck).Acks[0]; ack.Attempt != b.Attempt || !ack.OK {
+		t.Errorf("ack %+v of the next submission's attempt, want it accepted", ack)
+	}
+	if st, err := f.st.Summary(context.Background(), f.owner.ID, id); err != nil || st.State != "done" {
+		t.Errorf("next workflow %v (%v), want done", st, err)
+	}
+}
