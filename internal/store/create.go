@@ -446,40 +446,115 @@ func (s *Store) createBatch(ctx context.Context, b *pgx.Batch, n int) (id string
 // went out: the submission is not tried again.
 var errSent = errors.New("attempts sent before the commit")
 
-// createSending sends createSmall's batch without its COMMIT, gives the
-// attempts of its n picks to send, then commits in a round trip of its
-// own. An error of the COMMIT wraps errSent.
+// createSending sends createSmall's batch and its COMMIT in one write,
+// as one pipeline, with a request between the claim and the COMMIT that
+// PostgreSQL send what it has: the attempts come back before the COMMIT's
+// WAL flush, and go to send while it runs. (pgx.Batch asks for nothing
+// before its end, so its results come after the flush.) The statements
+// with arguments are prepared once per connection, as pgx.Batch's are.
+// An error of the COMMIT wraps errSent.
 func (s *Store) createSending(ctx context.Context, b *pgx.Batch, n int, send func([]Claimed)) (id string, claimed []Claimed, err error) {
-	conn, err := s.pool.Acquire(ctx)
+	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return "", nil, err
 	}
 	// A connection released inside its transaction (after an error) is
 	// closed by the pool, which ends the transaction.
-	defer conn.Release()
-	br := conn.SendBatch(ctx, b)
-	err = execBegin(br)
-	if err == nil {
-		err = br.QueryRow().Scan(&id)
+	defer pc.Release()
+	conn := pc.Conn()
+	qs := b.QueuedQueries // BEGIN, the settings (queueBegin), createSmallSQL, the claim
+	sds := make([]*pgconn.StatementDescription, len(qs))
+	for i, q := range qs {
+		if len(q.Arguments) > 0 {
+			name := fmt.Sprintf("cyclepool_%016x", fnv64(q.SQL))
+			if sds[i], err = conn.Prepare(ctx, name, q.SQL); err != nil {
+				return "", nil, err
+			}
+		}
 	}
-	if err == nil {
-		claimed, err = collectClaimed(br, n)
+	p := conn.PgConn().StartPipeline(ctx)
+	var eqb pgx.ExtendedQueryBuilder
+	for i, q := range qs {
+		if sds[i] == nil {
+			p.SendQueryParams(q.SQL, nil, nil, nil, nil)
+			continue
+		}
+		if err := eqb.Build(conn.TypeMap(), sds[i], q.Arguments); err != nil {
+			p.Close() // unsynced: closes the connection
+			return "", nil, err
+		}
+		p.SendQueryStatement(sds[i], eqb.ParamValues, eqb.ParamFormats, slices.Clone(eqb.ResultFormats))
 	}
-	if cerr := br.Close(); err == nil {
+	p.SendFlushRequest()
+	p.SendQueryParams("COMMIT", nil, nil, nil, nil)
+	p.SendPipelineSync()
+	if err := p.Flush(); err != nil {
+		return "", nil, err
+	}
+	fail := func(err error) (string, []Claimed, error) {
+		p.Close()
+		return "", nil, err
+	}
+	next := func() (pgx.Rows, error) {
+		r, err := p.GetResults()
+		if err != nil {
+			return nil, err
+		}
+		rr, ok := r.(*pgconn.ResultReader)
+		if !ok {
+			return nil, fmt.Errorf("a statement's results are %T", r)
+		}
+		return pgx.RowsFromResultReader(conn.TypeMap(), rr), nil
+	}
+	for range len(qs) - 2 { // BEGIN and the settings
+		rows, err := next()
+		if err != nil {
+			return fail(err)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fail(err)
+		}
+	}
+	rows, err := next()
+	if err == nil {
+		id, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if rows, err = next(); err == nil {
+		claimed, err = collectClaimedRows(rows, n)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	send(claimed)
+	rows, err = next()
+	if err == nil {
+		rows.Close()
+		err = rows.Err()
+	}
+	if err == nil && rows.CommandTag().String() != "COMMIT" {
+		err = fmt.Errorf("the transaction ended in %s", rows.CommandTag())
+	}
+	if cerr := p.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return "", nil, err
-	}
-	send(claimed)
-	tag, err := conn.Exec(ctx, "COMMIT")
-	switch {
-	case err != nil:
 		return "", nil, fmt.Errorf("%w: %w", errSent, err)
-	case tag.String() != "COMMIT":
-		return "", nil, fmt.Errorf("%w: the transaction ended in %s", errSent, tag)
 	}
 	return id, claimed, nil
+}
+
+// fnv64 is the 64-bit FNV-1a hash of s.
+func fnv64(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
 }
 
 // SubmissionCandidates returns the tasks of w that will be ready once it is

@@ -569,53 +569,74 @@ func TestLostSubmissionAnswerRequeuesItsAttempts(t *testing.T) {
 	}
 }
 
-// A claiming submission with send gives its attempts out before its
-// COMMIT: while send runs, nobody else sees the workflow or its attempts;
-// once CreateWorkflowClaiming returns, they are there. A COMMIT that never
-// happens (the context ended in send) leaves nothing written and returns
-// an error, so the caller takes the attempts back.
+// atCommitSQL adds to a test's database a check that runs at the COMMIT
+// of a transaction that wrote a workflow: one named held-at-commit waits
+// for advisory lock 4242, one named refused-at-commit fails. Real
+// PostgreSQL behaviour at the moment a claiming submission's attempts are
+// already out.
+const atCommitSQL = `CREATE FUNCTION test_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF NEW.name = 'held-at-commit' THEN PERFORM pg_advisory_xact_lock(4242); END IF;
+	IF NEW.name = 'refused-at-commit' THEN RAISE EXCEPTION 'refused at commit'; END IF;
+	RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER test_at_commit AFTER INSERT ON workflows DEFERRABLE INITIALLY DEFERRED
+	FOR EACH ROW EXECUTE FUNCTION test_at_commit()`
+
+// A claiming submission with send gives its attempts out before its COMMIT
+// has ended: send runs while the COMMIT is held, the attempts visible to
+// nobody else, and they are there once it returns. A COMMIT that fails
+// after send returns an error, with nothing written, so that the caller
+// takes the attempts back.
 func TestClaimingSubmissionSendsBeforeItsCommit(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
+	ctx := context.Background()
+	if _, err := f.s.pool.Exec(ctx, atCommitSQL); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := f.s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Release()
 	visible := func(attempt int64) bool {
 		var n int
-		if err := f.s.pool.QueryRow(context.Background(), `SELECT count(*) FROM attempts WHERE id = $1`, attempt).Scan(&n); err != nil {
+		if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM attempts WHERE id = $1`, attempt).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n == 1
 	}
-	tests := []struct {
-		name      string
-		endInSend bool
-	}{
-		{"committed", false},
-		{"commit never sent", true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			ctx, cancel := context.WithCancel(context.Background())
+	for _, name := range []string{"held-at-commit", "refused-at-commit"} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := admin.Exec(ctx, `SELECT pg_advisory_lock(4242)`); err != nil {
+				t.Fatal(err)
+			}
+			// Bounded: with the attempts read only after the COMMIT, send
+			// would never run while the lock is held.
+			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 			defer cancel()
-			w := NewWorkflow{Name: "wf-" + tt.name, Priority: "interactive", Tasks: []NewTask{f.task("a")}}
+			w := NewWorkflow{Name: name, Priority: "interactive", Tasks: []NewTask{f.task("a")}}
 			var sent []Claimed
-			id, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute,
+			id, claimed, err := f.s.CreateWorkflowClaiming(cctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute,
 				func(cl []Claimed) {
 					sent = cl
 					if len(cl) == 1 && visible(cl[0].Attempt) {
 						t.Errorf("attempt %d visible to another connection before the commit", cl[0].Attempt)
 					}
-					if tt.endInSend {
-						cancel()
+					if _, err := admin.Exec(ctx, `SELECT pg_advisory_unlock(4242)`); err != nil {
+						t.Error(err)
 					}
 				})
 			if len(sent) != 1 {
-				t.Fatalf("send got %d attempts, want 1", len(sent))
+				t.Fatalf("send got %d attempts (err %v), want 1", len(sent), err)
 			}
-			if tt.endInSend {
+			if name == "refused-at-commit" {
 				if err == nil || claimed != nil || id != "" {
 					t.Errorf("got id %q, %d attempts, err %v: want an error and nothing", id, len(claimed), err)
 				}
 				var n int
-				if err := f.s.pool.QueryRow(context.Background(), `SELECT count(*) FROM workflows WHERE name = $1`, w.Name).Scan(&n); err != nil || n != 0 {
+				if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM workflows WHERE name = $1`, w.Name).Scan(&n); err != nil || n != 0 {
 					t.Errorf("%d workflows named %s written (err %v), want none", n, w.Name, err)
 				}
 				if visible(sent[0].Attempt) {

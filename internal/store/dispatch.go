@@ -317,6 +317,11 @@ func collectClaimed(br pgx.BatchResults, picks int) ([]Claimed, error) {
 	if err != nil {
 		return nil, err
 	}
+	return collectClaimedRows(rows, picks)
+}
+
+// collectClaimedRows is collectClaimed for the claim's rows.
+func collectClaimedRows(rows pgx.Rows, picks int) ([]Claimed, error) {
 	in := interned{}
 	var worker, wf, module, prio pgtype.DriverBytes
 	var restore pgtype.Text // declared once: Scan's pointer would move it to the heap per row
