@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -143,6 +144,11 @@ func TestStatusWaitAnswersWhenTheWorkflowEnds(t *testing.T) {
 	}
 	if a.st.State != "done" || a.st.FinishedAt == nil || len(a.st.Tasks) != 1 || len(a.st.Tasks[0].Outputs) == 0 {
 		t.Fatalf("long poll answered %+v, want the done workflow with its outputs", a.st)
+	}
+	// The status the completion read for the long poll is the one a
+	// request reads afterwards.
+	if after, err := p.client.Status(ctx, id); err != nil || !reflect.DeepEqual(after, a.st) {
+		t.Errorf("long poll answered\n%+v\na status read after is\n%+v (%v)", a.st, after, err)
 	}
 	// Well before the minute: the end was told, not found by a poll.
 	if late := a.at.Sub(*a.st.FinishedAt); late > 5*time.Second {

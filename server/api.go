@@ -319,8 +319,16 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request, owner stor
 			writeError(w, http.StatusBadRequest, "wait must be a duration from 0s to %v, such as 30s or 500ms; got %q", maxStatusWait, v)
 			return
 		}
-		if err := s.waitFinished(r.Context(), owner.ID, r.PathValue("id"), wait); err != nil {
+		read, err := s.waitFinished(r.Context(), owner.ID, r.PathValue("id"), wait)
+		if err != nil {
 			s.notFoundOr(w, "workflow", err)
+			return
+		}
+		if read != nil {
+			st := *read.Status // shared with the workflow's other waiters
+			st.Efficiency, st.SuggestedParallelism = efficiency(read.Spans)
+			st.Notice = s.notice()
+			writeJSON(w, http.StatusOK, apiStatus(&st))
 			return
 		}
 	}
@@ -529,31 +537,38 @@ const maxStatusWait = 60 * time.Second
 // first; only a failure to read the workflow (ErrNotFound included) is an
 // error. It wakes on the database's notification that a workflow finished
 // (ChannelFinished), heard by this replica's listener whichever replica
-// finished it.
-func (s *Server) waitFinished(ctx context.Context, ownerID int64, id string, wait time.Duration) error {
+// finished it, or sooner when this replica's completion batch finished it:
+// then with the workflow's status when the batch read it (the owner's:
+// the waiter is registered, and the workflow watched, only after the look
+// found it the owner's), which it returns.
+func (s *Server) waitFinished(ctx context.Context, ownerID int64, id string, wait time.Duration) (*store.FinishedStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
+	lower := strings.ToLower(id) // as the database writes it in notifications
 	for {
 		// Registered before the look, so a workflow that finishes
 		// between the two still wakes this waiter.
-		woken, forget := s.ends.add(strings.ToLower(id)) // as the database writes it in notifications
+		woken, forget := s.ends.add(lower)
 		w, err := s.store.Summary(ctx, ownerID, id)
 		if err != nil || w.State != store.StateRunning {
 			forget()
 			if ctx.Err() != nil && !errors.Is(err, store.ErrNotFound) {
-				return nil // the time is up: answer with the status as it is
+				return nil, nil // the time is up: answer with the status as it is
 			}
-			return err
+			return nil, err
 		}
-		var finished bool
+		// The owner's running workflow: from now on a batch that
+		// finishes it reads its status for this waiter.
+		s.ends.watch(lower, woken)
+		var wk wake
 		select {
-		case finished = <-woken:
+		case wk = <-woken:
 		case <-ctx.Done():
 		case <-s.ctx.Done():
 		}
 		forget()
-		if finished || ctx.Err() != nil || s.ctx.Err() != nil {
-			return nil
+		if wk.finished || ctx.Err() != nil || s.ctx.Err() != nil {
+			return wk.status, nil
 		}
 	}
 }

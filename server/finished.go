@@ -1,34 +1,48 @@
 package server
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/cyclepool/cyclepool/internal/store"
+)
 
 // finishWaiters lets requests wait for a workflow to reach a final state.
 // The listener (listenOnce) hears of each workflow that finished, on any
 // replica (store.ChannelFinished: the database notifies it when the
-// transaction that ended the workflow commits), and wakes its waiters.
+// transaction that ended the workflow commits), and wakes its waiters; a
+// completion batch of this replica that finished it wakes them sooner,
+// with its status when the batch read it (store.CompleteWatching).
 type finishWaiters struct {
-	mu   sync.Mutex
-	byID map[string]map[chan bool]struct{}
+	mu sync.Mutex
+	// byID has the waiters of each workflow, and whether each wants its
+	// status (watched).
+	byID map[string]map[chan wake]bool
+}
+
+// wake is what a waiter is told: the workflow finished (else it may have:
+// look again), and its status when one was read for the waiters.
+type wake struct {
+	finished bool
+	status   *store.FinishedStatus
 }
 
 func newFinishWaiters() *finishWaiters {
-	return &finishWaiters{byID: map[string]map[chan bool]struct{}{}}
+	return &finishWaiters{byID: map[string]map[chan wake]bool{}}
 }
 
-// add registers a waiter for workflow id. The channel receives true when
-// the workflow finished, false when it may have (notifications may have
-// been missed: look again); either way the waiter is then gone. Call the
-// returned function when done waiting.
-func (f *finishWaiters) add(id string) (<-chan bool, func()) {
-	ch := make(chan bool, 1)
+// add registers a waiter for workflow id. The channel receives one wake,
+// after which the waiter is gone. Call the returned function when done
+// waiting.
+func (f *finishWaiters) add(id string) (<-chan wake, func()) {
+	ch := make(chan wake, 1)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	set := f.byID[id]
 	if set == nil {
-		set = map[chan bool]struct{}{}
+		set = map[chan wake]bool{}
 		f.byID[id] = set
 	}
-	set[ch] = struct{}{}
+	set[ch] = false
 	return ch, func() {
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -41,12 +55,26 @@ func (f *finishWaiters) add(id string) (<-chan bool, func()) {
 	}
 }
 
-// finished wakes the waiters of workflow id: it has finished.
-func (f *finishWaiters) finished(id string) {
+// watch says that the waiter ch of workflow id wants its status: a
+// completion batch that finds the workflow finished reads it for the
+// waiters (watched).
+func (f *finishWaiters) watch(id string, ch <-chan wake) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for c := range f.byID[id] {
+		if c == ch {
+			f.byID[id][c] = true
+		}
+	}
+}
+
+// finished wakes the waiters of workflow id: it has finished. status, when
+// not nil, is its status, read once it had: the waiters share it.
+func (f *finishWaiters) finished(id string, status *store.FinishedStatus) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for ch := range f.byID[id] {
-		ch <- true
+		ch <- wake{finished: true, status: status}
 	}
 	delete(f.byID, id)
 }
@@ -58,10 +86,33 @@ func (f *finishWaiters) all() {
 	defer f.mu.Unlock()
 	for id, set := range f.byID {
 		for ch := range set {
-			ch <- false
+			ch <- wake{}
 		}
 		delete(f.byID, id)
 	}
+}
+
+// watched returns up to n of the workflows whose waiters want their
+// status.
+func (f *finishWaiters) watched(n int) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.byID) == 0 {
+		return nil
+	}
+	var ids []string
+	for id, set := range f.byID {
+		if len(ids) == n {
+			break
+		}
+		for _, want := range set {
+			if want {
+				ids = append(ids, id)
+				break
+			}
+		}
+	}
+	return ids
 }
 
 // waiting counts the registered waiters.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -17,8 +18,10 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // The completion flusher wakes this replica's long polls itself once it has
 // committed the end of a workflow, without waiting for the database's
-// notification. The server here runs no listener (Run is not called), so
-// only the flusher can wake the waiter.
+// notification, and gives a waiter that wants it the workflow's status,
+// read in the completion's round trip: the same as a read of its own. The
+// server here runs no listener (Run is not called), so only the flusher can
+// wake the waiter.
 func TestCompletionFlushWakesTheLongPoll(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -40,15 +43,23 @@ func TestCompletionFlushWakesTheLongPoll(t *testing.T) {
 	s := New(st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
 	woken, forget := s.ends.add(strings.ToLower(id))
 	defer forget()
+	s.ends.watch(strings.ToLower(id), woken)
 	gone := make(chan struct{})
 	close(gone) // the ack is dropped: no socket behind this connection
 	c := &conn{id: reg.ID, done: gone, log: slog.New(slog.DiscardHandler)}
 	s.flushCompletions(ctx, []completion{{c: c, of: protocol.AckResult,
-		comp: store.Completion{Attempt: claimed[0].Attempt, Worker: reg.ID, OK: true}}})
+		comp: store.Completion{Attempt: claimed[0].Attempt, Worker: reg.ID, OK: true, Outputs: []store.Output{{Name: "stdout", Data: []byte("out")}}}}})
 	select {
-	case finished := <-woken:
-		if !finished {
-			t.Fatal("the waiter was woken to look again, want told the workflow finished")
+	case wk := <-woken:
+		if !wk.finished || wk.status == nil {
+			t.Fatalf("the waiter was woken with %+v, want told the workflow finished, with its status", wk)
+		}
+		want, spans, err := st.StatusAndSpans(ctx, owner.ID, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(wk.status.Status, want) || !reflect.DeepEqual(wk.status.Spans, spans) {
+			t.Errorf("status read with the completion:\n%+v %+v\nread after:\n%+v %+v", wk.status.Status, wk.status.Spans, want, spans)
 		}
 	default:
 		t.Fatal("the flusher committed the workflow's end and did not wake its waiter")

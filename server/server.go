@@ -333,7 +333,7 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 		cs[i] = b.comp
 	}
 	start := time.Now()
-	accepted, finished, err := s.store.CompleteFinished(ctx, cs)
+	accepted, finished, statuses, err := s.store.CompleteWatching(ctx, cs, s.ends.watched(store.MaxWatched))
 	s.metrics.observeBatch("complete", len(batch), start)
 	s.health.observe("commit results", err)
 	acks := map[*conn][]protocol.Ack{}
@@ -380,7 +380,11 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 	}
 	// After the counts above: a waiter told of the end sees them.
 	for _, id := range finished {
-		s.ends.finished(id)
+		if st, ok := statuses[id]; ok {
+			s.ends.finished(id, &st)
+		} else {
+			s.ends.finished(id, nil)
+		}
 	}
 }
 

@@ -77,8 +77,32 @@ func (s *Store) Complete(ctx context.Context, cs []Completion) ([]bool, error) {
 // finished: those are done, and sending them again would only have them
 // refused; the others were not committed.
 func (s *Store) CompleteFinished(ctx context.Context, cs []Completion) (accepted []bool, finished []string, err error) {
+	accepted, finished, _, err = s.CompleteWatching(ctx, cs, nil)
+	return accepted, finished, err
+}
+
+// FinishedStatus is a workflow's status and its attempts' spans, as
+// StatusAndSpans reads them.
+type FinishedStatus struct {
+	Status *WorkflowStatus
+	Spans  []AttemptSpan
+}
+
+// MaxWatched bounds the workflows CompleteWatching watches.
+const MaxWatched = 4
+
+// CompleteWatching is CompleteFinished that also reads the status of each
+// workflow of watch (the first MaxWatched ids that are UUIDs) found
+// finished once the batch has committed, when the batch takes one round
+// trip (a few successes: completeFast): after its COMMIT, in that round
+// trip. An owner waiting for a workflow the batch finished then gets its
+// answer without a round trip of its own. The statuses are of any owner:
+// watch only workflows whose owner's waiter has looked at them. A status
+// that could not be read is left out, and does not make the batch fail.
+func (s *Store) CompleteWatching(ctx context.Context, cs []Completion, watch []string) (accepted []bool, finished []string,
+	statuses map[string]FinishedStatus, err error) {
 	if len(cs) == 0 {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	// A worker may send anything: one item it got wrong must not sink the
 	// others. Items that repeat an attempt of the batch, or that PostgreSQL
@@ -104,13 +128,13 @@ func (s *Store) CompleteFinished(ctx context.Context, cs []Completion) (accepted
 		keep = append(keep, i)
 	}
 	if len(keep) == 0 {
-		return accepted, nil, nil
+		return accepted, nil, nil, nil
 	}
 	if err := s.resolveUploads(ctx, cs); err != nil {
-		return accepted, nil, err
+		return accepted, nil, nil, err
 	}
 	batch := pick(cs, keep)
-	acc, finished, err := s.completeBatch(ctx, batch)
+	acc, finished, statuses, err := s.completeBatch(ctx, batch, watch)
 	if acc == nil {
 		acc = make([]bool, len(batch))
 	}
@@ -124,7 +148,7 @@ func (s *Store) CompleteFinished(ctx context.Context, cs []Completion) (accepted
 			if acc[j] {
 				continue
 			}
-			one, fin, oneErr := s.completeBatch(ctx, batch[j:j+1])
+			one, fin, _, oneErr := s.completeBatch(ctx, batch[j:j+1], nil)
 			if oneErr != nil {
 				if retryable(oneErr) || ServerFault(oneErr) || ctx.Err() != nil {
 					err = oneErr
@@ -139,7 +163,7 @@ func (s *Store) CompleteFinished(ctx context.Context, cs []Completion) (accepted
 	for j, i := range keep {
 		accepted[i], cs[i].Refused = acc[j], batch[j].Refused
 	}
-	return accepted, finished, err
+	return accepted, finished, statuses, err
 }
 
 // byAttempt returns the indexes of cs in attempt id order: batches lock
@@ -256,35 +280,36 @@ func outputBytes(os []Output) int64 {
 // replicated tasks (completeFast, then completeGeneral for those); when the
 // second fails, accepted and finished still report what the first
 // committed, beside the error.
-func (s *Store) completeBatch(ctx context.Context, cs []Completion) (accepted []bool, finished []string, err error) {
+func (s *Store) completeBatch(ctx context.Context, cs []Completion, watch []string) (accepted []bool, finished []string,
+	statuses map[string]FinishedStatus, err error) {
 	if len(cs) > fastBatch || !plainSuccesses(cs) {
 		accepted, err = s.completeGeneral(ctx, cs)
-		return accepted, nil, err
+		return accepted, nil, nil, err
 	}
 	// A few successes: one round trip, except for replicated tasks'
 	// attempts, which completeFast leaves to the general path.
 	var rest []int
 	for try := 0; ; try++ {
-		accepted, rest, finished, err = s.completeFast(ctx, cs)
+		accepted, rest, finished, statuses, err = s.completeFast(ctx, cs, watch)
 		if err == nil || try >= 5 || !retryable(err) {
 			break
 		}
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("complete %d attempts: %w", len(cs), err)
+		return nil, nil, nil, fmt.Errorf("complete %d attempts: %w", len(cs), err)
 	}
 	if len(rest) == 0 {
-		return accepted, finished, nil
+		return accepted, finished, statuses, nil
 	}
 	general := pick(cs, rest)
 	acc, err := s.completeGeneral(ctx, general)
 	if err != nil {
-		return accepted, finished, err // the rest are false: not committed
+		return accepted, finished, nil, err // the rest are false: not committed
 	}
 	for j, i := range rest {
 		accepted[i], cs[i].Refused = acc[j], general[j].Refused
 	}
-	return accepted, finished, nil
+	return accepted, finished, nil, nil // the statuses were read before the rest committed
 }
 
 // fastBatch is the largest batch completeFast takes. A small batch is the
@@ -310,8 +335,10 @@ func plainSuccesses(cs []Completion) bool {
 // general path's two round trips cost as much as the rows. It leaves alone
 // the attempts of replicated tasks, whose results are verified first, and
 // returns their indexes in cs for the general path, and the ids of the
-// workflows it finished.
-func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []bool, rest []int, finished []string, err error) {
+// workflows it finished. After the COMMIT, the same round trip reads the
+// statuses of the watched workflows that have finished (CompleteWatching).
+func (s *Store) completeFast(ctx context.Context, cs []Completion, watch []string) (accepted []bool, rest []int, finished []string,
+	statuses map[string]FinishedStatus, err error) {
 	order := byAttempt(cs)
 	ids := make([]int64, len(cs))
 	workers := make([]string, len(cs))
@@ -329,6 +356,15 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 	queueBegin(b, false)
 	b.Queue(completeFastSQL, ids, uuidParams(workers), logs, outAttempt, outName, outData, s.interactiveHeadStart.Milliseconds(), ChannelReady, sizes)
 	b.Queue("COMMIT")
+	watched := make([]string, 0, MaxWatched)
+	for _, id := range watch {
+		if len(watched) < MaxWatched && looksLikeUUID(id) {
+			watched = append(watched, id)
+			b.Queue(finishedWorkflowSQL, id)
+			b.Queue(finishedTasksSQL, id)
+			b.Queue(finishedSpansSQL, id)
+		}
+	}
 	br := s.pool.SendBatch(ctx, b)
 	type row struct {
 		attempt    int64
@@ -351,14 +387,28 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 			})
 		}
 		if err == nil {
-			_, err = br.Exec()
+			_, err = br.Exec() // COMMIT
 		}
 	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, nil, nil, err
+	if err == nil {
+		// Committed: what follows is read, or left out, without failing
+		// the batch.
+		for _, id := range watched {
+			st, spans, err := readStatus(br, id, true)
+			if err != nil && !errors.Is(err, ErrNotFound) {
+				break // the rest of the batch failed with it
+			}
+			if err == nil {
+				if statuses == nil {
+					statuses = map[string]FinishedStatus{}
+				}
+				statuses[id] = FinishedStatus{Status: st, Spans: spans}
+			}
+		}
+		br.Close()
+	} else {
+		br.Close()
+		return nil, nil, nil, nil, err
 	}
 	index := make(map[int64]int, len(cs))
 	for i := range cs {
@@ -391,7 +441,7 @@ func (s *Store) completeFast(ctx context.Context, cs []Completion) (accepted []b
 		}
 	}
 	slices.Sort(rest)
-	return accepted, rest, finished, nil
+	return accepted, rest, finished, statuses, nil
 }
 
 // completeGeneral is Complete for any batch of distinct attempts.

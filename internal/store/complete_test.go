@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"testing"
@@ -79,7 +80,7 @@ func TestCompleteFastLeavesReplicasToTheGeneralPath(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	plain, cs := f.plainAndReplica(t)
-	acc, rest, _, err := f.s.completeFast(ctx, []Completion{ok(cs[0], "A"), ok(cs[1], "R")})
+	acc, rest, _, _, err := f.s.completeFast(ctx, []Completion{ok(cs[0], "A"), ok(cs[1], "R")}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,6 +129,62 @@ func TestCompletionTellsOfFinishedWorkflows(t *testing.T) {
 		slices.Sort(want)
 		if !slices.Equal(got, want) {
 			t.Errorf("completing %v told of %v, want %v", step.complete, got, want)
+		}
+	}
+}
+
+// A small batch asked to watch workflows reads, after its commit, the
+// status of each watched one that has finished, the same as
+// StatusAndSpans reads it; not of one still running, and never more than
+// MaxWatched. A watched id that is no workflow's, or not even a UUID,
+// changes nothing.
+func TestCompletionReadsWatchedStatuses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	two := f.submit(t, "batch", f.task("a"), f.task("b"))
+	one := f.submit(t, "batch", f.task("c"))
+	other := f.submit(t, "batch", f.task("d"))
+	cs := f.claim(t, 10, time.Minute)
+	if len(cs) != 4 {
+		t.Fatalf("claimed %d, want 4", len(cs))
+	}
+	byName := claimedByName(cs)
+	nobody, _ := newUUID()
+	for _, step := range []struct {
+		complete []string
+		watch    []string
+		want     []string // the statuses read
+	}{
+		{[]string{"a", "d"}, []string{two, "not-a-uuid", one}, nil}, // two and one still run
+		{[]string{"b", "c"}, []string{"not-a-uuid", two, nobody.String(), one}, []string{one, two}},
+		// Beyond MaxWatched ids: other, finished before, is the fifth.
+		{nil, []string{nobody.String(), nobody.String(), nobody.String(), nobody.String(), other}, nil},
+	} {
+		var batch []Completion
+		for _, n := range step.complete {
+			batch = append(batch, ok(byName[n], "out"))
+		}
+		if batch == nil {
+			batch = []Completion{ok(byName["a"], "again")} // refused: a is done
+		}
+		_, _, statuses, err := f.s.CompleteWatching(ctx, batch, step.watch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := slices.Sorted(maps.Keys(statuses))
+		want := slices.Sorted(slices.Values(step.want))
+		if !slices.Equal(got, want) {
+			t.Errorf("completing %v watching %v read the statuses of %v, want %v", step.complete, step.watch, got, want)
+		}
+		for id, st := range statuses {
+			wantSt, wantSpans, err := f.s.StatusAndSpans(ctx, f.owner, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(st.Status, wantSt) || !reflect.DeepEqual(st.Spans, wantSpans) {
+				t.Errorf("status of %s read with the completion:\n%+v %+v\nread after:\n%+v %+v", id, st.Status, st.Spans, wantSt, wantSpans)
+			}
 		}
 	}
 }

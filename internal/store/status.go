@@ -113,8 +113,22 @@ func (s *Store) ownedWorkflow(ctx context.Context, q pgx.Tx, ownerID int64, id s
 }
 
 // ownedWorkflowSQL reads the workflow $1 of owner $2.
-const ownedWorkflowSQL = `SELECT id::text, name, priority, state, created_at, finished_at, task_count, replicas, quorum
-	FROM workflows WHERE id = $1 AND owner_id = $2`
+const ownedWorkflowSQL = workflowSQL + ` AND owner_id = $2`
+
+// workflowSQL reads the workflow $1 (scanOwnedWorkflow).
+const workflowSQL = `SELECT id::text, name, priority, state, created_at, finished_at, task_count, replicas, quorum
+	FROM workflows WHERE id = $1`
+
+// The statements of status for a workflow $1 that has finished, of any
+// owner (the owner's waiter looked first): each reads nothing while the
+// workflow runs. completeFast queues them for the workflows it is asked
+// to watch (CompleteWatching).
+const (
+	finishedWorkflowSQL = workflowSQL + ` AND state <> 'running'`
+	finishedTasksSQL    = taskStatusSQL + ` WHERE t.workflow_id = $1 AND EXISTS (SELECT 1 FROM workflows w WHERE w.id = $1 AND w.state <> 'running')
+	ORDER BY t.id`
+	finishedSpansSQL = workflowSpansSQL + ` AND EXISTS (SELECT 1 FROM workflows w WHERE w.id = $1 AND w.state <> 'running') ORDER BY a.id`
+)
 
 func scanOwnedWorkflow(row pgx.Row, id string) (*WorkflowStatus, error) {
 	w := &WorkflowStatus{}
@@ -216,8 +230,25 @@ func (s *Store) status(ctx context.Context, ownerID int64, id string, spans bool
 	}
 	br := s.pool.SendBatch(ctx, b)
 	defer br.Close()
+	return readStatus(br, id, spans)
+}
+
+// readStatus reads a workflow's status from the results of its statements
+// in br (status's, or completeFast's for a watched workflow): the
+// workflow, its tasks and, with spans, its attempts' spans. It reads all
+// of them, whatever the first says (ErrNotFound when it found nothing).
+func readStatus(br pgx.BatchResults, id string, spans bool) (*WorkflowStatus, []AttemptSpan, error) {
 	w, err := scanOwnedWorkflow(br.QueryRow(), id)
 	if err != nil {
+		rest := 1
+		if spans {
+			rest = 2
+		}
+		for range rest {
+			if rows, qerr := br.Query(); qerr == nil {
+				rows.Close()
+			}
+		}
 		return nil, nil, err
 	}
 	rows, err := br.Query()
