@@ -538,9 +538,10 @@ const maxStatusWait = 60 * time.Second
 // error. It wakes on the database's notification that a workflow finished
 // (ChannelFinished), heard by this replica's listener whichever replica
 // finished it, or sooner when this replica's completion batch finished it:
-// then with the workflow's status when the batch read it (the owner's:
-// the waiter is registered, and the workflow watched, only after the look
-// found it the owner's), which it returns.
+// then with the workflow's status when the batch read it, which it
+// returns. (The waiter is watched from before the look, so that a batch
+// that begins meanwhile reads the status too; a status read for a workflow
+// the look does not find the owner's is dropped unread.)
 func (s *Server) waitFinished(ctx context.Context, ownerID int64, id string, wait time.Duration) (*store.FinishedStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -549,6 +550,7 @@ func (s *Server) waitFinished(ctx context.Context, ownerID int64, id string, wai
 		// Registered before the look, so a workflow that finishes
 		// between the two still wakes this waiter.
 		woken, forget := s.ends.add(lower)
+		s.ends.watch(lower, woken)
 		w, err := s.store.Summary(ctx, ownerID, id)
 		if err != nil || w.State != store.StateRunning {
 			forget()
@@ -557,9 +559,6 @@ func (s *Server) waitFinished(ctx context.Context, ownerID int64, id string, wai
 			}
 			return nil, err
 		}
-		// The owner's running workflow: from now on a batch that
-		// finishes it reads its status for this waiter.
-		s.ends.watch(lower, woken)
 		var wk wake
 		select {
 		case wk = <-woken:
