@@ -256,6 +256,21 @@ func (c *Client) Submit(ctx context.Context, workflowJSON []byte) (Submitted, er
 	return s, nil
 }
 
+// SubmitAndWait submits a workflow whose modules are ids and waits for
+// its end, as StatusWhenFinished does, in one request (POST
+// /api/v1/workflows?wait=): it returns the workflow's status once it has
+// reached a final state, or after wait (at most a minute) with it still
+// running. For interactive work, this saves a request: the answer comes
+// as the workflow ends.
+func (c *Client) SubmitAndWait(ctx context.Context, workflowJSON []byte, wait time.Duration) (*Status, error) {
+	var st Status
+	path := pathOf("workflows") + "?wait=" + url.QueryEscape(wait.String())
+	if _, err := c.doJSON(ctx, http.MethodPost, path, bytes.NewReader(workflowJSON), "application/json", &st); err != nil {
+		return nil, fmt.Errorf("submit workflow: %w", err)
+	}
+	return &st, nil
+}
+
 func (c *Client) submit(ctx context.Context, workflowJSON []byte) (Submitted, error) {
 	var s Submitted
 	_, err := c.doJSON(ctx, http.MethodPost, pathOf("workflows"), bytes.NewReader(workflowJSON), "application/json", &s)

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -153,5 +154,74 @@ func TestStatusWaitAnswersWhenTheWorkflowEnds(t *testing.T) {
 	// Well before the minute: the end was told, not found by a poll.
 	if late := a.at.Sub(*a.st.FinishedAt); late > 5*time.Second {
 		t.Errorf("long poll answered %v after the workflow finished", late)
+	}
+}
+
+// POST /api/v1/workflows?wait= submits a workflow and waits for its end in
+// one request: with no worker, the wait runs out and the answer (201) says
+// the workflow, written, is running; with one, the answer is the done
+// workflow with its outputs, the same status a request reads afterwards.
+// A bad wait is refused before anything is written.
+func TestSubmitAndWait(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	counter := push(t, p.client, "counter")
+	wf := func(name string) []byte {
+		b, err := json.Marshal(workflow(name, task{"name": "count", "module": counter, "args": []string{"3", "1"}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	total := func() int {
+		l, err := p.client.List(ctx, client.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Total
+	}
+
+	st, err := p.client.SubmitAndWait(ctx, wf("no-worker"), 300*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != "running" || st.ID == "" || len(st.Tasks) != 1 {
+		t.Fatalf("with no worker: %+v, want the running workflow", st)
+	}
+	if _, err := p.client.Status(ctx, st.ID); err != nil {
+		t.Fatalf("the workflow answered running was not written: %v", err)
+	}
+
+	before := total()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.srv.url+"/api/v1/workflows?wait=soon", bytes.NewReader(wf("bad-wait")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+p.srv.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || !strings.Contains(string(body), "wait must be a duration") {
+		t.Errorf("wait=soon: HTTP %d %q, want 400 naming the wait", resp.StatusCode, body)
+	}
+	if n := total(); n != before {
+		t.Errorf("%d workflows written by a refused submission", n-before)
+	}
+
+	startHeldWorker(t, "worker", 1, p.srv.url)
+	st, err = p.client.SubmitAndWait(ctx, wf("with-worker"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != "done" || st.FinishedAt == nil || len(st.Tasks) != 1 || len(st.Tasks[0].Outputs) == 0 {
+		t.Fatalf("with a worker: %+v, want the done workflow with its outputs", st)
+	}
+	if after, err := p.client.Status(ctx, st.ID); err != nil || !reflect.DeepEqual(after, st) {
+		t.Errorf("submit and wait answered\n%+v\na status read after is\n%+v (%v)", st, after, err)
 	}
 }

@@ -120,8 +120,14 @@ func (s *Server) handleModules(w http.ResponseWriter, r *http.Request, owner sto
 }
 
 // handleSubmit validates a workflow file and writes it whole, or refuses it
-// whole with an error naming the problem.
+// whole with an error naming the problem. With wait, it then waits for the
+// workflow's end as GET ?wait= does, and answers with its status.
 func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	wait, ok := parseWait(w, r)
+	if !ok {
+		return
+	}
+	waits := r.URL.Query().Get("wait") != ""
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, workflow.MaxFileSize+1))
 	if err != nil || len(body) > workflow.MaxFileSize {
 		writeError(w, http.StatusRequestEntityTooLarge, "workflow file is larger than %d MiB", workflow.MaxFileSize>>20)
@@ -141,14 +147,44 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		s.serverError(w, "create workflow", err)
 		return
 	}
+	var woken <-chan wake
+	forget := func() {}
+	if waits {
+		// Waited for from before it exists: a task that ends at once
+		// still finds its waiter, which gets the status its completion
+		// reads.
+		if nw.ID, err = store.NewWorkflowID(); err != nil {
+			s.serverError(w, "create workflow", err)
+			return
+		}
+		woken, forget = s.ends.add(nw.ID)
+		s.ends.watch(nw.ID, woken)
+	}
 	id, err := s.submit(r.Context(), owner.ID, nw)
 	if err != nil {
+		forget()
 		s.wake() // it may have committed, its notification lost with the connection
 		s.serverError(w, "create workflow", err)
 		return
 	}
 	s.log.Info("workflow submitted", "workflow", id, "name", spec.Name, "tasks", len(spec.Tasks), "owner", owner.Name)
-	writeJSON(w, http.StatusCreated, api.Submitted{ID: id, Name: spec.Name, Tasks: len(spec.Tasks)})
+	if !waits {
+		writeJSON(w, http.StatusCreated, api.Submitted{ID: id, Name: spec.Name, Tasks: len(spec.Tasks)})
+		return
+	}
+	read, err := s.waitAdded(r.Context(), owner.ID, id, wait, woken, forget)
+	var st *store.WorkflowStatus
+	if err == nil {
+		st, err = s.statusOf(r.Context(), owner, id, read)
+	}
+	if err != nil {
+		// Written all the same: say so, with what is known, rather than
+		// an error that would have the owner submit it again.
+		s.log.Warn("wait for a workflow submitted", "workflow", id, "err", err)
+		st = &store.WorkflowStatus{ID: id, Name: spec.Name, Priority: nw.Priority, State: store.StateRunning, TaskCount: len(spec.Tasks),
+			Notice: "the workflow was submitted, but the server could not read its status just now: ask again with GET /api/v1/workflows/" + id + "?wait="}
+	}
+	writeJSON(w, http.StatusCreated, apiStatus(st))
 }
 
 // checkSubmission runs every check a submission must pass before anything
@@ -313,33 +349,66 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, owner store.
 }
 
 func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request, owner store.Owner) {
-	if v := r.URL.Query().Get("wait"); v != "" {
-		wait, err := time.ParseDuration(v)
-		if err != nil || wait < 0 || wait > maxStatusWait {
-			writeError(w, http.StatusBadRequest, "wait must be a duration from 0s to %v, such as 30s or 500ms; got %q", maxStatusWait, v)
-			return
-		}
+	wait, ok := parseWait(w, r)
+	if !ok {
+		return
+	}
+	if r.URL.Query().Get("wait") != "" {
 		read, err := s.waitFinished(r.Context(), owner.ID, r.PathValue("id"), wait)
 		if err != nil {
 			s.notFoundOr(w, "workflow", err)
 			return
 		}
-		if read != nil {
-			st := *read.Status // shared with the workflow's other waiters
-			st.Efficiency, st.SuggestedParallelism = efficiency(read.Spans)
-			st.Notice = s.notice()
-			writeJSON(w, http.StatusOK, apiStatus(&st))
-			return
-		}
+		s.writeStatus(w, r, owner, r.PathValue("id"), read)
+		return
 	}
-	st, spans, err := s.store.StatusAndSpans(r.Context(), owner.ID, r.PathValue("id"))
+	s.writeStatus(w, r, owner, r.PathValue("id"), nil)
+}
+
+// writeStatus answers with the status object of the owner's workflow id:
+// read, when a completion read it for a waiter, else read now.
+func (s *Server) writeStatus(w http.ResponseWriter, r *http.Request, owner store.Owner, id string, read *store.FinishedStatus) {
+	st, err := s.statusOf(r.Context(), owner, id, read)
 	if err != nil {
 		s.notFoundOr(w, "workflow", err)
 		return
 	}
+	writeJSON(w, http.StatusOK, apiStatus(st))
+}
+
+// statusOf returns the status of the owner's workflow id, with its
+// efficiency and the server's notice: read, when a completion read it for
+// a waiter, else read now.
+func (s *Server) statusOf(ctx context.Context, owner store.Owner, id string, read *store.FinishedStatus) (*store.WorkflowStatus, error) {
+	var st *store.WorkflowStatus
+	var spans []store.AttemptSpan
+	if read != nil {
+		cp := *read.Status // shared with the workflow's other waiters
+		st, spans = &cp, read.Spans
+	} else {
+		var err error
+		if st, spans, err = s.store.StatusAndSpans(ctx, owner.ID, id); err != nil {
+			return nil, err
+		}
+	}
 	st.Efficiency, st.SuggestedParallelism = efficiency(spans)
 	st.Notice = s.notice()
-	writeJSON(w, http.StatusOK, apiStatus(st))
+	return st, nil
+}
+
+// parseWait reads the wait query parameter of a long poll: 0 when absent;
+// ok false once it answered a bad one.
+func parseWait(w http.ResponseWriter, r *http.Request) (wait time.Duration, ok bool) {
+	v := r.URL.Query().Get("wait")
+	if v == "" {
+		return 0, true
+	}
+	wait, err := time.ParseDuration(v)
+	if err != nil || wait < 0 || wait > maxStatusWait {
+		writeError(w, http.StatusBadRequest, "wait must be a duration from 0s to %v, such as 30s or 500ms; got %q", maxStatusWait, v)
+		return 0, false
+	}
+	return wait, true
 }
 
 func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request, owner store.Owner) {
@@ -543,14 +612,22 @@ const maxStatusWait = 60 * time.Second
 // that begins meanwhile reads the status too; a status read for a workflow
 // the look does not find the owner's is dropped unread.)
 func (s *Server) waitFinished(ctx context.Context, ownerID int64, id string, wait time.Duration) (*store.FinishedStatus, error) {
+	lower := strings.ToLower(id) // as the database writes it in notifications
+	woken, forget := s.ends.add(lower)
+	s.ends.watch(lower, woken)
+	return s.waitAdded(ctx, ownerID, id, wait, woken, forget)
+}
+
+// waitAdded is waitFinished for a waiter of id already added (and
+// watched): woken, forget.
+func (s *Server) waitAdded(ctx context.Context, ownerID int64, id string, wait time.Duration, woken <-chan wake, forget func()) (
+	*store.FinishedStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	lower := strings.ToLower(id) // as the database writes it in notifications
+	lower := strings.ToLower(id)
 	for {
 		// Registered before the look, so a workflow that finishes
 		// between the two still wakes this waiter.
-		woken, forget := s.ends.add(lower)
-		s.ends.watch(lower, woken)
 		w, err := s.store.Summary(ctx, ownerID, id)
 		if err != nil || w.State != store.StateRunning {
 			forget()
@@ -569,6 +646,8 @@ func (s *Server) waitFinished(ctx context.Context, ownerID int64, id string, wai
 		if wk.finished || ctx.Err() != nil || s.ctx.Err() != nil {
 			return wk.status, nil
 		}
+		woken, forget = s.ends.add(lower)
+		s.ends.watch(lower, woken)
 	}
 }
 

@@ -154,16 +154,13 @@ func (b *bench) browserSingle(ctx context.Context, p *browserPage) error {
 			cpu0, threads0, began = b.cpuNow(), threadCPU(b.browserPID), time.Now()
 		}
 		start := time.Now()
-		s, err := b.client.Submit(ctx, wf)
+		id, err := b.submitAndWait(ctx, wf)
 		if err != nil {
-			return err
-		}
-		if err := b.waitResult(ctx, s.ID); err != nil {
 			return err
 		}
 		if i >= 20 {
 			lat = append(lat, time.Since(start))
-			ids = append(ids, s.ID)
+			ids = append(ids, id)
 		}
 	}
 	cpu, threads, took := b.cpuNow().sub(cpu0), threadCPU(b.browserPID), time.Since(began)

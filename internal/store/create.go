@@ -27,6 +27,19 @@ type NewWorkflow struct {
 	// Blobs are the data blobs the tasks read (Setup), kept while the
 	// workflow is.
 	Blobs []string
+	// ID is the workflow's id (NewWorkflowID), or "" for one made when it
+	// is written. A caller that waits for the workflow's end makes it
+	// first, to wait from before the workflow exists.
+	ID string
+}
+
+// NewWorkflowID returns a new workflow id (NewWorkflow.ID).
+func NewWorkflowID() (string, error) {
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return "", fmt.Errorf("workflow id: %w", err)
+	}
+	return id.String(), nil
 }
 
 // NewTask is one task of a NewWorkflow.
@@ -74,7 +87,7 @@ func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflo
 	var err error
 	if w.Claimable() {
 		var uid pgtype.UUID
-		if uid, err = newUUID(); err == nil {
+		if uid, err = idOf(w); err == nil {
 			id, _, err = s.createSmall(ctx, ownerID, w, uid, nil, 0, nil)
 		}
 	} else {
@@ -97,19 +110,22 @@ func (s *Store) createLarge(ctx context.Context, ownerID int64, w *NewWorkflow) 
 	err := s.tx(ctx, func(tx pgx.Tx) error {
 		var now time.Time
 		var ids []int64
-		var uid pgtype.UUID // for COPY: a string would be parsed anew for every row
+		uid, err := idOf(w) // for COPY a pgtype.UUID: a string would be parsed anew for every row
+		if err != nil {
+			return err
+		}
 		// One round trip: the workflow row, its modules (whose keys
 		// keep a module in use from being deleted:
 		// migrations/00009_workflow_modules.sql), the transaction's time
 		// and the ids of its tasks.
 		if err := tx.QueryRow(ctx, `WITH wf AS (
-				INSERT INTO workflows (owner_id, name, priority, task_count, tasks_left)
-				VALUES ($1, $2, $3, $4, $4) RETURNING id, created_at
+				INSERT INTO workflows (id, owner_id, name, priority, task_count, tasks_left)
+				VALUES ($6, $1, $2, $3, $4, $4) RETURNING id, created_at
 			), wm AS (
 				INSERT INTO workflow_modules (workflow_id, module_id) SELECT wf.id, m FROM wf, unnest($5::text[]) m
 			)
 			SELECT id::text, id, created_at, (SELECT array_agg(nextval('tasks_id_seq')) FROM generate_series(1, $4)) FROM wf`,
-			ownerID, w.Name, w.Priority, len(w.Tasks), distinctModules(w)).Scan(&id, &uid, &now, &ids); err != nil {
+			ownerID, w.Name, w.Priority, len(w.Tasks), distinctModules(w), uid).Scan(&id, &uid, &now, &ids); err != nil {
 			return err
 		}
 		readyKey := now
@@ -234,7 +250,7 @@ func (s *Store) CreateWorkflowClaiming(ctx context.Context, ownerID int64, w *Ne
 	if !w.Claimable() {
 		return "", nil, fmt.Errorf("create workflow %q: %d tasks are too many to claim at submission", w.Name, len(w.Tasks))
 	}
-	uid, err := newUUID()
+	uid, err := idOf(w)
 	if err != nil {
 		return "", nil, err
 	}
@@ -586,6 +602,18 @@ func newUUID() (pgtype.UUID, error) {
 	id, err := uuid.NewRandom()
 	if err != nil {
 		return pgtype.UUID{}, fmt.Errorf("workflow id: %w", err)
+	}
+	return pgtype.UUID{Bytes: id, Valid: true}, nil
+}
+
+// idOf returns w's id (NewWorkflow.ID), or a new one when it has none.
+func idOf(w *NewWorkflow) (pgtype.UUID, error) {
+	if w.ID == "" {
+		return newUUID()
+	}
+	id, err := uuid.Parse(w.ID)
+	if err != nil {
+		return pgtype.UUID{}, fmt.Errorf("workflow id %q: %w", w.ID, err)
 	}
 	return pgtype.UUID{Bytes: id, Valid: true}, nil
 }
