@@ -147,25 +147,30 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		s.serverError(w, "create workflow", err)
 		return
 	}
+	// The id is made here: a submission whose answer was lost can be
+	// looked up, and a waiter can wait from before it exists.
+	if nw.ID, err = store.NewWorkflowID(); err != nil {
+		s.serverError(w, "create workflow", err)
+		return
+	}
 	var woken <-chan wake
 	forget := func() {}
 	if waits {
-		// Waited for from before it exists: a task that ends at once
-		// still finds its waiter, which gets the status its completion
-		// reads.
-		if nw.ID, err = store.NewWorkflowID(); err != nil {
-			s.serverError(w, "create workflow", err)
-			return
-		}
+		// A task that ends at once still finds its waiter, which gets
+		// the status its completion reads.
 		woken, forget = s.ends.add(nw.ID)
 		s.ends.watch(nw.ID, woken)
 	}
 	id, err := s.submit(r.Context(), owner.ID, nw)
 	if err != nil {
-		forget()
 		s.wake() // it may have committed, its notification lost with the connection
-		s.serverError(w, "create workflow", err)
-		return
+		if _, lerr := s.store.Summary(context.WithoutCancel(r.Context()), owner.ID, nw.ID); lerr != nil {
+			forget()
+			s.serverError(w, "create workflow", err)
+			return
+		}
+		s.log.Warn("workflow submitted, its commit's answer lost", "workflow", nw.ID, "err", err)
+		id = nw.ID // written after all
 	}
 	s.log.Info("workflow submitted", "workflow", id, "name", spec.Name, "tasks", len(spec.Tasks), "owner", owner.Name)
 	if !waits {

@@ -182,6 +182,34 @@ type submitted struct {
 	err error
 }
 
+// checkAtCommit connects to f's database and adds a check run at the
+// COMMIT of a transaction that wrote a workflow and claimed its tasks (not
+// of one written alone): one named held-at-commit waits for advisory lock
+// 4242, one named refused-at-commit fails. Real PostgreSQL holding or
+// refusing a claiming submission's COMMIT once its attempts are out.
+func checkAtCommit(t *testing.T, f *fixture) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(ctx) })
+	if _, err := admin.Exec(ctx, `CREATE FUNCTION test_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF EXISTS (SELECT FROM tasks t JOIN attempts a ON a.task_id = t.id WHERE t.workflow_id = NEW.id) THEN
+				IF NEW.name = 'held-at-commit' THEN PERFORM pg_advisory_xact_lock(4242); END IF;
+				IF NEW.name = 'refused-at-commit' THEN RAISE EXCEPTION 'refused at commit'; END IF;
+			END IF;
+			RETURN NULL;
+		END $$;
+		CREATE CONSTRAINT TRIGGER test_at_commit AFTER INSERT ON workflows DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW EXECUTE FUNCTION test_at_commit()`); err != nil {
+		t.Fatal(err)
+	}
+	return admin
+}
+
 // A submission sends its attempt before its COMMIT. The worker's result,
 // back before the commit, waits for it (held at the worker's gate) and is
 // then accepted: the workflow is done. Over a real WebSocket, with a real
@@ -189,15 +217,26 @@ type submitted struct {
 func TestResultBeforeTheCommitWaitsForIt(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
+	admin := checkAtCommit(t, f)
 	s, url := runServer(t, f)
 	w := dialGateWorker(t, s, url)
+	if _, err := admin.Exec(context.Background(), `SELECT pg_advisory_lock(4242)`); err != nil {
+		t.Fatal(err)
+	}
 	sentResult := make(chan struct{})
-	attempt, done := submitEarly(t, s, f, w, "one", func() {
+	attempt, done := submitEarly(t, s, f, w, "held-at-commit", func() {
 		<-sentResult
-		// The read loop holds the result (a loop that did not would
-		// never be seen here: the commit then goes on after a while).
-		for giveUp := time.Now().Add(20 * time.Second); s.hub.gates.waiting.Load() == 0 && time.Now().Before(giveUp); {
+		// The COMMIT is held: a result handled now would find no
+		// attempt and be refused. The read loop must hold it instead.
+		giveUp := time.Now().Add(20 * time.Second)
+		for s.hub.gates.waiting.Load() == 0 && time.Now().Before(giveUp) {
 			time.Sleep(time.Millisecond)
+		}
+		if s.hub.gates.waiting.Load() == 0 {
+			t.Error("the result was not held at its worker's gate")
+		}
+		if _, err := admin.Exec(context.Background(), `SELECT pg_advisory_unlock(4242)`); err != nil {
+			t.Error(err)
 		}
 	})
 	w.result(attempt)
@@ -222,23 +261,7 @@ func TestUncommittedSubmissionTakesItsAttemptBack(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	// Real PostgreSQL refusing a COMMIT: a deferred check, for a workflow
-	// whose transaction claimed its task (not one written alone).
-	if _, err := admin.Exec(ctx, `CREATE FUNCTION test_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.name = 'refused-at-commit' AND EXISTS (SELECT FROM tasks t JOIN attempts a ON a.task_id = t.id WHERE t.workflow_id = NEW.id)
-			THEN RAISE EXCEPTION 'refused at commit'; END IF;
-			RETURN NULL;
-		END $$;
-		CREATE CONSTRAINT TRIGGER test_at_commit AFTER INSERT ON workflows DEFERRABLE INITIALLY DEFERRED
-			FOR EACH ROW EXECUTE FUNCTION test_at_commit()`); err != nil {
-		t.Fatal(err)
-	}
+	admin := checkAtCommit(t, f)
 	s, url := runServer(t, f)
 	w := dialGateWorker(t, s, url)
 	attempt, done := submitEarly(t, s, f, w, "refused-at-commit", func() {})

@@ -214,6 +214,13 @@ func (d *dispatcher) submit(ctx context.Context, ownerID int64, nw *store.NewWor
 		undeliverable []store.Completion
 		release       func()
 	)
+	takeBack := func() {
+		ids := make([]int64, len(sent))
+		for i := range sent {
+			ids[i] = sent[i].Attempt
+		}
+		d.hub.takeBack(ids, "the submission that claimed it did not commit")
+	}
 	send := func(claimed []store.Claimed) {
 		workers := make([]string, 0, len(reserved))
 		for w := range reserved {
@@ -226,16 +233,20 @@ func (d *dispatcher) submit(ctx context.Context, ownerID int64, nw *store.NewWor
 			d.afterSend()
 		}
 	}
+	settled := false
+	defer func() {
+		if release != nil && !settled { // a panic: the gate must not stay shut
+			takeBack()
+			release()
+		}
+	}()
 	id, claimed, err := d.store.CreateWorkflowClaiming(cctx, ownerID, nw, sp, d.cfg.Lease, send)
+	settled = true
 	if release != nil {
 		if err != nil || claimed == nil {
 			// Not committed, or committed and its attempts ended since
 			// (store.CreateWorkflowClaiming): none of them holds a lease.
-			ids := make([]int64, len(sent))
-			for i := range sent {
-				ids[i] = sent[i].Attempt
-			}
-			d.hub.takeBack(ids, "the submission that claimed it did not commit")
+			takeBack()
 			undeliverable = nil // no attempt to end
 		}
 		release()

@@ -117,8 +117,10 @@ func (s *Server) serveWorker(ctx context.Context, cancel context.CancelFunc, ws 
 	s.metrics.workerConnects.WithLabelValues(c.kind).Inc()
 	s.hub.add(c)
 	defer func() {
-		_ = s.hub.gates.wait(s.ctx, c.id) // its attempts sent before their commit, ended below if unstarted
-		unstarted := s.hub.remove(c)
+		unstarted := s.hub.remove(c) // from now on nothing more is sent to c
+		// Attempts sent to it before their commit returned exist once
+		// it has: they may be among those ended below.
+		_ = s.hub.gates.wait(s.ctx, c.id)
 		c.qmu.Lock()
 		close(c.done)
 		c.qmu.Unlock()

@@ -237,14 +237,15 @@ func (w *NewWorkflow) Claimable() bool {
 // any submission; otherwise it sends none (a pick the claim refuses is the
 // caller's to see: fewer attempts than picks).
 //
-// With send, the attempts go out before the commit: send is called with
-// them once the claim has returned them and before COMMIT is sent, so
-// that they travel to their workers while PostgreSQL flushes the commit.
-// Until CreateWorkflowClaiming returns, the attempts do not exist for
-// anyone else: the caller must hold back everything their workers say of
-// them until then. If it then returns an error, or no attempts, the
-// attempts sent never existed or were ended (uncounted) meanwhile, and
-// the caller takes them back from their workers.
+// With send, the attempts go out before the commit has returned: send is
+// called with them once the claim has returned them, while PostgreSQL
+// flushes the COMMIT that follows in the same pipeline. Until
+// CreateWorkflowClaiming returns, the attempts may not exist for anyone
+// else: the caller must hold back everything their workers say of them
+// until then. If it then returns an error, or no attempts, the caller
+// takes them back from their workers: they never existed, or were ended
+// (uncounted) meanwhile, or, when even the look for a lost answer failed,
+// hold leases that will lapse.
 func (s *Store) CreateWorkflowClaiming(ctx context.Context, ownerID int64, w *NewWorkflow, picks []SubmitPick, lease time.Duration,
 	send func([]Claimed)) (id string, claimed []Claimed, err error) {
 	if !w.Claimable() {
@@ -554,12 +555,13 @@ func (s *Store) createSending(ctx context.Context, b *pgx.Batch, n int, send fun
 	if err == nil && rows.CommandTag().String() != "COMMIT" {
 		err = fmt.Errorf("the transaction ended in %s", rows.CommandTag())
 	}
-	if cerr := p.Close(); err == nil {
-		err = cerr
-	}
 	if err != nil {
+		p.Close()
 		return "", nil, fmt.Errorf("%w: %w", errSent, err)
 	}
+	// Committed: what the pipeline's end says changes nothing (a broken
+	// connection is closed by the pool).
+	p.Close()
 	return id, claimed, nil
 }
 
