@@ -483,8 +483,7 @@ func (s *Store) createSending(ctx context.Context, b *pgx.Batch, n int, send fun
 	sds := make([]*pgconn.StatementDescription, len(qs))
 	for i, q := range qs {
 		if len(q.Arguments) > 0 {
-			name := fmt.Sprintf("cyclepool_%016x", fnv64(q.SQL))
-			if sds[i], err = conn.Prepare(ctx, name, q.SQL); err != nil {
+			if sds[i], err = conn.Prepare(ctx, preparedName(q.SQL), q.SQL); err != nil {
 				return "", nil, err
 			}
 		}
@@ -565,14 +564,23 @@ func (s *Store) createSending(ctx context.Context, b *pgx.Batch, n int, send fun
 	return id, claimed, nil
 }
 
-// fnv64 is the 64-bit FNV-1a hash of s.
-func fnv64(s string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
+// preparedName is the name createSending prepares statement sql under on
+// a connection.
+func preparedName(sql string) string {
+	switch sql { // the same strings: compared by their pointers first
+	case createSmallSQL:
+		return "cyclepool_create_small"
+	case claimNewSQL:
+		return "cyclepool_claim_new"
+	case claimNewOnePerTaskSQL:
+		return "cyclepool_claim_new_one_per_task"
+	}
+	h := uint64(14695981039346656037) // FNV-1a
+	for i := 0; i < len(sql); i++ {
+		h ^= uint64(sql[i])
 		h *= 1099511628211
 	}
-	return h
+	return fmt.Sprintf("cyclepool_%016x", h)
 }
 
 // SubmissionCandidates returns the tasks of w that will be ready once it is
