@@ -263,10 +263,18 @@ func (c *Client) Submit(ctx context.Context, workflowJSON []byte) (Submitted, er
 // running. For interactive work, this saves a request: the answer comes
 // as the workflow ends.
 func (c *Client) SubmitAndWait(ctx context.Context, workflowJSON []byte, wait time.Duration) (*Status, error) {
+	st, err := c.submitAndWait(ctx, workflowJSON, wait)
+	if err != nil {
+		return nil, fmt.Errorf("submit workflow: %w", err)
+	}
+	return st, nil
+}
+
+func (c *Client) submitAndWait(ctx context.Context, workflowJSON []byte, wait time.Duration) (*Status, error) {
 	var st Status
 	path := pathOf("workflows") + "?wait=" + url.QueryEscape(wait.String())
 	if _, err := c.doJSON(ctx, http.MethodPost, path, bytes.NewReader(workflowJSON), "application/json", &st); err != nil {
-		return nil, fmt.Errorf("submit workflow: %w", err)
+		return nil, err
 	}
 	return &st, nil
 }

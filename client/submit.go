@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"time"
 )
 
 // moduleID matches a module id: "sha256:" and 64 lowercase hex digits.
@@ -29,24 +30,49 @@ func IsModuleID(s string) bool { return moduleID.MatchString(s) }
 // paths that were pushed. Data paths in the tasks' "files" are pushed the
 // same way (a directory as an archive) and listed in Submitted.Data.
 func (c *Client) SubmitFile(ctx context.Context, path string) (Submitted, error) {
+	s, _, err := c.submitFile(ctx, path, 0)
+	return s, err
+}
+
+// SubmitFileAndWait is SubmitFile, then waits for the workflow's end in
+// the same request, as SubmitAndWait does: it also returns the workflow's
+// status once it has reached a final state, or after wait (at most a
+// minute) with it still running.
+func (c *Client) SubmitFileAndWait(ctx context.Context, path string, wait time.Duration) (Submitted, *Status, error) {
+	if wait <= 0 {
+		return Submitted{}, nil, fmt.Errorf("submit %s: wait must be positive, got %v", path, wait)
+	}
+	return c.submitFile(ctx, path, wait)
+}
+
+// submitFile is SubmitFile, and with wait > 0 SubmitFileAndWait.
+func (c *Client) submitFile(ctx context.Context, path string, wait time.Duration) (Submitted, *Status, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return Submitted{}, fmt.Errorf("submit %s: %w", path, err)
+		return Submitted{}, nil, fmt.Errorf("submit %s: %w", path, err)
 	}
 	out, pushed, err := c.rewriteModules(ctx, data, filepath.Dir(path))
 	if err != nil {
-		return Submitted{}, fmt.Errorf("submit %s: %w", path, err)
+		return Submitted{}, nil, fmt.Errorf("submit %s: %w", path, err)
 	}
 	out, data2, err := c.pushBlobs(ctx, out, filepath.Dir(path))
 	if err != nil {
-		return Submitted{}, fmt.Errorf("submit %s: %w", path, err)
+		return Submitted{}, nil, fmt.Errorf("submit %s: %w", path, err)
 	}
-	s, err := c.submit(ctx, out)
+	var s Submitted
+	var st *Status
+	if wait > 0 {
+		if st, err = c.submitAndWait(ctx, out, wait); err == nil {
+			s.ID, s.Name, s.Tasks = st.ID, st.Name, st.TaskCount
+		}
+	} else {
+		s, err = c.submit(ctx, out)
+	}
 	if err != nil {
-		return Submitted{}, fmt.Errorf("submit %s: %w", path, err)
+		return Submitted{}, nil, fmt.Errorf("submit %s: %w", path, err)
 	}
 	s.Modules, s.Data = pushed, data2
-	return s, nil
+	return s, st, nil
 }
 
 // moduleRef is the "module" value of one task: its byte span in the file.

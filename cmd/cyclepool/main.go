@@ -37,7 +37,7 @@ func commands() []command {
 		{"sim", "sim SCENARIO [--json] [--seed N] | --list", "run a scheduling simulation", runSim},
 		{"module", "module push FILE.wasm... | module list", "push WebAssembly modules (prints their ids) or list them", runModule},
 		{"data", "data push [--archive] FILE|DIR... | data list | data rm ID...", "push data files and directories tasks mount (prints their ids), list or remove them", runData},
-		{"submit", "submit WORKFLOW.json", "push the workflow's module and data paths and submit it (prints the workflow id)", runSubmit},
+		{"submit", "submit WORKFLOW.json [--wait D]", "push the workflow's module and data paths and submit it (prints the workflow id); with --wait, wait for its end as wait does", runSubmit},
 		{"status", "status ID [--watch] [--json]", "show a workflow's tasks, once or live", runStatus},
 		{"wait", "wait ID [--timeout 10m]", "wait until a workflow ends (exit 0 done, 1 failed, 2 cancelled, 3 timed out)", runWait},
 		{"results", "results ID -o DIR", "download every done task's outputs to DIR/<task>/<output>", runResults},

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -251,6 +253,53 @@ func TestWaitExitCodes(t *testing.T) {
 			defer cancel()
 			if code := dispatch(ctx, []string{"wait", "6b0c", "--timeout", tt.timeout}, &buf); code != tt.code {
 				t.Errorf("exit = %d, want %d (%s)", code, tt.code, buf.String())
+			}
+		})
+	}
+}
+
+// submit --wait submits and waits in one request, then as wait does: the
+// id on stdout, and wait's exit code. A workflow still running when the
+// submission's request answers is waited for until --wait (exit 3).
+func TestSubmitWaitExitCodes(t *testing.T) {
+	wf := filepath.Join(t.TempDir(), "wf.json")
+	if err := os.WriteFile(wf, []byte(`{"name":"w","tasks":[{"name":"a","module":"sha256:`+strings.Repeat("ab", 32)+`"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		state string
+		code  int
+		wait  string
+	}{{"done", 0, "1m"}, {"failed", 1, "1m"}, {"cancelled", 2, "1m"}, {"running", 3, "300ms"}} {
+		t.Run(tt.state, func(t *testing.T) {
+			var submitted, waited string
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if strings.HasSuffix(r.URL.Path, "/events") {
+					http.Error(w, `{"error":"no stream here"}`, http.StatusServiceUnavailable)
+					return
+				}
+				st := exampleStatus()
+				st.State = tt.state
+				if r.Method == http.MethodPost {
+					submitted = r.URL.Query().Get("wait")
+					w.WriteHeader(http.StatusCreated)
+				}
+				json.NewEncoder(w).Encode(st)
+				waited = r.URL.Path
+			}))
+			defer srv.Close()
+			t.Setenv("CYCLEPOOL_SERVER", srv.URL)
+			var buf bytes.Buffer
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+			defer cancel()
+			if code := dispatch(ctx, []string{"submit", "--wait", tt.wait, wf}, &buf); code != tt.code {
+				t.Errorf("exit = %d, want %d (%s)", code, tt.code, buf.String())
+			}
+			if want, _ := time.ParseDuration(tt.wait); submitted != want.String() {
+				t.Errorf("submitted with wait=%q, want %q", submitted, want)
+			}
+			if tt.state == "running" && waited == "/api/v1/workflows" {
+				t.Errorf("still running after the submission's request, and not waited for since")
 			}
 		})
 	}

@@ -44,16 +44,29 @@ func runWait(ctx context.Context, args []string) error {
 	}
 	st, err := own.client().Wait(wctx, id)
 	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			state := "in an unknown state"
-			if st != nil {
-				state = st.State + " (" + countsText(st) + ")"
-			}
-			fmt.Fprintf(os.Stderr, "workflow %s timed out after %s: still %s\n", id, *timeout, state)
-			return &exitError{code: exitTimedOut}
-		}
+		return waitTimedOut(ctx, id, *timeout, st, err)
+	}
+	return waitEnded(st)
+}
+
+// waitTimedOut reports a wait for workflow id that ended with err after
+// timeout (st: the status last seen, if any): a timeout when the wait's
+// own deadline passed (exit status 3), err otherwise.
+func waitTimedOut(ctx context.Context, id string, timeout time.Duration, st *client.Status, err error) error {
+	if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
 		return err
 	}
+	state := "in an unknown state"
+	if st != nil {
+		state = st.State + " (" + countsText(st) + ")"
+	}
+	fmt.Fprintf(os.Stderr, "workflow %s timed out after %s: still %s\n", id, timeout, state)
+	return &exitError{code: exitTimedOut}
+}
+
+// waitEnded prints a finished workflow's final line and returns its exit
+// status: nil when done, 2 when cancelled, 1 when failed.
+func waitEnded(st *client.Status) error {
 	fmt.Fprintln(os.Stderr, finalText(st, time.Now()))
 	switch st.State {
 	case client.WorkflowDone:
