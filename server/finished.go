@@ -1,6 +1,7 @@
 package server
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/cyclepool/cyclepool/internal/store"
@@ -57,7 +58,7 @@ func (f *finishWaiters) add(id string) (<-chan wake, func()) {
 
 // watch says that the waiter ch of workflow id wants its status: a
 // completion batch that finds the workflow finished reads it for the
-// waiters (watched).
+// waiters (watchedAmong).
 func (f *finishWaiters) watch(id string, ch <-chan wake) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -92,27 +93,30 @@ func (f *finishWaiters) all() {
 	}
 }
 
-// watched returns up to n of the workflows whose waiters want their
-// status.
-func (f *finishWaiters) watched(n int) []string {
+// watchedAmong returns up to n distinct workflows of ids whose waiters
+// want their status.
+func (f *finishWaiters) watchedAmong(ids []string, n int) []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.byID) == 0 {
 		return nil
 	}
-	var ids []string
-	for id, set := range f.byID {
-		if len(ids) == n {
+	var out []string
+	for _, id := range ids {
+		if len(out) == n {
 			break
 		}
-		for _, want := range set {
+		if slices.Contains(out, id) {
+			continue
+		}
+		for _, want := range f.byID[id] {
 			if want {
-				ids = append(ids, id)
+				out = append(out, id)
 				break
 			}
 		}
 	}
-	return ids
+	return out
 }
 
 // waiting counts the registered waiters.

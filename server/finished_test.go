@@ -16,12 +16,12 @@ func TestFinishWaiters(t *testing.T) {
 	if n := f.waiting(); n != 3 {
 		t.Fatalf("waiting = %d, want 3", n)
 	}
-	if w := f.watched(4); len(w) != 0 {
+	if w := f.watchedAmong([]string{"a", "b"}, 4); len(w) != 0 {
 		t.Errorf("watched %v before any waiter wants a status", w)
 	}
 	f.watch("a", a2)
 	f.watch("b", a1) // not b's waiter: nothing
-	if w := f.watched(4); !slices.Equal(w, []string{"a"}) {
+	if w := f.watchedAmong([]string{"b", "a", "a", "c"}, 4); !slices.Equal(w, []string{"a"}) {
 		t.Errorf("watched %v, want [a]", w)
 	}
 	st := &store.FinishedStatus{Status: &store.WorkflowStatus{ID: "a"}}
@@ -46,7 +46,7 @@ func TestFinishWaiters(t *testing.T) {
 	if n := f.waiting(); n != 1 {
 		t.Fatalf("waiting = %d after a finished, want 1", n)
 	}
-	if w := f.watched(4); len(w) != 0 {
+	if w := f.watchedAmong([]string{"a"}, 4); len(w) != 0 {
 		t.Errorf("watched %v after a finished", w)
 	}
 	f.all()
@@ -62,17 +62,27 @@ func TestFinishWaiters(t *testing.T) {
 	}
 }
 
-// watched returns at most n workflows.
-func TestFinishWaitersWatchedIsBounded(t *testing.T) {
+// watchedAmong returns at most n workflows, each once, and only of those
+// it is given.
+func TestFinishWaitersWatchedAmong(t *testing.T) {
 	t.Parallel()
 	f := newFinishWaiters()
 	for _, id := range []string{"a", "b", "c"} {
 		ch, _ := f.add(id)
 		f.watch(id, ch)
 	}
-	for _, tc := range []struct{ n, want int }{{0, 0}, {2, 2}, {3, 3}, {4, 3}} {
-		if got := f.watched(tc.n); len(got) != tc.want {
-			t.Errorf("watched(%d) = %v, want %d of them", tc.n, got, tc.want)
+	for _, tc := range []struct {
+		ids  []string
+		n    int
+		want []string
+	}{
+		{[]string{"a", "b", "c"}, 0, nil},
+		{[]string{"a", "b", "c"}, 2, []string{"a", "b"}},
+		{[]string{"c", "c", "x", "a"}, 4, []string{"c", "a"}},
+		{[]string{"x", "y"}, 4, nil},
+	} {
+		if got := f.watchedAmong(tc.ids, tc.n); !slices.Equal(got, tc.want) {
+			t.Errorf("watchedAmong(%v, %d) = %v, want %v", tc.ids, tc.n, got, tc.want)
 		}
 	}
 }

@@ -47,7 +47,7 @@ func TestCompletionFlushWakesTheLongPoll(t *testing.T) {
 	gone := make(chan struct{})
 	close(gone) // the ack is dropped: no socket behind this connection
 	c := &conn{id: reg.ID, done: gone, log: slog.New(slog.DiscardHandler)}
-	s.flushCompletions(ctx, []completion{{c: c, of: protocol.AckResult,
+	s.flushCompletions(ctx, []completion{{c: c, of: protocol.AckResult, workflow: strings.ToLower(id),
 		comp: store.Completion{Attempt: claimed[0].Attempt, Worker: reg.ID, OK: true, Outputs: []store.Output{{Name: "stdout", Data: []byte("out")}}}}})
 	select {
 	case wk := <-woken:
@@ -131,7 +131,7 @@ func socketless(s *Server, worker string, slots int) *conn {
 	gone := make(chan struct{})
 	close(gone)
 	c := &conn{id: worker, done: gone, log: slog.New(slog.DiscardHandler), threads: slots, slots: slots, free: slots,
-		running: map[int64]string{}, operator: true}
+		running: map[int64]heldAttempt{}, operator: true}
 	c.heard.Store(time.Now().UnixNano())
 	s.hub.add(c)
 	return c

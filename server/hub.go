@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,9 +80,9 @@ type conn struct {
 	// (hub.handedBack) and gets no new work before then (its identity's
 	// handBack.until, copied here for reserve).
 	heldUntil time.Time
-	// running has the module of each attempt the worker holds, for the
-	// checkpoints' cost.
-	running map[int64]string
+	// running has each attempt the worker holds: its module, for the
+	// checkpoints' cost, and its workflow.
+	running map[int64]heldAttempt
 	// outcomes has the attempts whose outcome (result or fail) arrived on
 	// this connection and left running (their slots are free again) but
 	// whose commit has not been settled: under way, or failed with an ack
@@ -109,6 +110,19 @@ type conn struct {
 	// read loop is handling (read loop only).
 	inflight byteBudget
 	hold     *payloadHold
+}
+
+// heldAttempt is an attempt a connection holds (conn.running).
+type heldAttempt struct {
+	module   string
+	workflow string // "" when not known (an attempt a hello listed)
+}
+
+// workflowOf returns the workflow id of an assignment's task name
+// (protocol.Assign.Task: "<workflow id>/<task name>").
+func workflowOf(task string) string {
+	wf, _, _ := strings.Cut(task, "/")
+	return wf
 }
 
 type outFrame struct {
@@ -376,7 +390,7 @@ func (h *hub) started(c *conn, as []protocol.Assign) bool {
 		return false
 	}
 	for i := range as {
-		c.running[as[i].Attempt] = as[i].Module
+		c.running[as[i].Attempt] = heldAttempt{module: as[i].Module, workflow: workflowOf(as[i].Task)}
 		h.attempts[as[i].Attempt] = c
 		if su := as[i].Setup; su != nil {
 			for _, f := range su.Files {
@@ -409,8 +423,8 @@ const maxHeld = protocol.MaxHelloData
 func (h *hub) holds(c *conn, attempt int64) (module string, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	module, ok = c.running[attempt]
-	return module, ok
+	a, ok := c.running[attempt]
+	return a.module, ok
 }
 
 // renews reports whether a heartbeat of c renews attempt's lease: c runs
@@ -479,26 +493,27 @@ func (h *hub) mayReport(c *conn, attempt int64) bool {
 // takeOutcome applies the rule above to an outcome of attempt that arrived
 // on c: when c holds the attempt, the outcome is accepted (its commit under
 // way, holding hold until settled) and the attempt's slot, if it still had
-// one, freed. It reports whether the outcome is accepted and whether a slot
-// was freed.
-func (h *hub) takeOutcome(c *conn, attempt int64, hold *payloadHold) (ok, freed bool) {
+// one, freed. It reports whether the outcome is accepted, whether a slot
+// was freed, and the attempt's workflow when c knew it.
+func (h *hub) takeOutcome(c *conn, attempt int64, hold *payloadHold) (ok, freed bool, workflow string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if _, running := c.running[attempt]; running {
+	if a, running := c.running[attempt]; running {
+		workflow = a.workflow
 		delete(c.running, attempt)
 		delete(h.attempts, attempt)
 		c.free++
 		h.openedLocked(c)
 		freed = true
 	} else if o := c.outcomes[attempt]; o == nil || !o.retry {
-		return false, false
+		return false, false, ""
 	}
 	if c.outcomes == nil {
 		c.outcomes = map[int64]*outcome{}
 	}
 	hold.ref()
 	c.outcomes[attempt] = &outcome{hold: hold}
-	return true, freed
+	return true, freed, workflow
 }
 
 // settleOutcome records the verdict on the commit of an outcome of attempt

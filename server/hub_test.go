@@ -16,9 +16,9 @@ import (
 func TestReserveSkipsSilentWorkers(t *testing.T) {
 	t.Parallel()
 	h := newHub(time.Second, time.Second)
-	quiet := &conn{id: "quiet", free: 5, running: map[int64]string{}}
+	quiet := &conn{id: "quiet", free: 5, running: map[int64]heldAttempt{}}
 	quiet.heard.Store(time.Now().Add(-2 * time.Second).UnixNano())
-	live := &conn{id: "live", free: 2, running: map[int64]string{}}
+	live := &conn{id: "live", free: 2, running: map[int64]heldAttempt{}}
 	live.heard.Store(time.Now().UnixNano())
 	h.add(quiet)
 	h.add(live)
@@ -86,7 +86,7 @@ func TestAssignFrames(t *testing.T) {
 func TestSetQueue(t *testing.T) {
 	t.Parallel()
 	h := newHub(time.Minute, time.Minute)
-	c := &conn{id: "w", threads: 2, slots: 10, free: 10, running: map[int64]string{}, operator: true}
+	c := &conn{id: "w", threads: 2, slots: 10, free: 10, running: map[int64]heldAttempt{}, operator: true}
 	c.heard.Store(time.Now().UnixNano())
 	h.add(c)
 	if !h.setQueue(c, 64) || c.slots != 66 || c.free != 66 {
@@ -149,8 +149,8 @@ func TestReserveWalksOnlyWorkersWithRoom(t *testing.T) {
 	t.Parallel()
 	h := newHub(time.Minute, time.Minute)
 	now := time.Now().UnixNano()
-	paused := &conn{id: "paused", free: 1, slots: 1, operator: true, paused: true, running: map[int64]string{}}
-	busy := &conn{id: "busy", free: 1, slots: 1, operator: true, running: map[int64]string{}}
+	paused := &conn{id: "paused", free: 1, slots: 1, operator: true, paused: true, running: map[int64]heldAttempt{}}
+	busy := &conn{id: "busy", free: 1, slots: 1, operator: true, running: map[int64]heldAttempt{}}
 	for _, c := range []*conn{paused, busy} {
 		c.heard.Store(now)
 		h.add(c)
@@ -209,7 +209,7 @@ func TestHandBacksPastTheBudgetHoldTheWorker(t *testing.T) {
 	h := newHub(time.Minute, time.Minute)
 	now := time.Now()
 	newConn := func(id string, operator, paused bool) *conn {
-		c := &conn{id: id, free: 1000, slots: 1000, operator: operator, paused: paused, tasksDone: 100, running: map[int64]string{}}
+		c := &conn{id: id, free: 1000, slots: 1000, operator: operator, paused: paused, tasksDone: 100, running: map[int64]heldAttempt{}}
 		c.heard.Store(now.UnixNano())
 		h.add(c)
 		return c
@@ -221,7 +221,7 @@ func TestHandBacksPastTheBudgetHoldTheWorker(t *testing.T) {
 	vol, op, pauser := newConn("volunteer", false, false), newConn("operator", true, false), newConn("pauser", false, true)
 	for _, c := range []*conn{vol, op, pauser} {
 		for _, a := range held {
-			c.running[a] = "m"
+			c.running[a] = heldAttempt{module: "m"}
 		}
 	}
 	tests := []struct {
@@ -260,7 +260,7 @@ func TestHandBacksPastTheBudgetHoldTheWorker(t *testing.T) {
 	h.remove(vol)
 	vol = newConn("volunteer", false, false)
 	for _, a := range held {
-		vol.running[a] = "m"
+		vol.running[a] = heldAttempt{module: "m"}
 	}
 	if got := ids(h.reserve(2)); !slices.Equal(got, []string{"operator", "operator"}) {
 		t.Fatalf("reserved %v with the held volunteer reconnected, want the operator's slots", got)
@@ -306,7 +306,7 @@ func (h *hub) endHolds() {
 // the sample it leaves names the idle interval for the jitter test.
 func TestIdleWorkersAreHeardAgainstTheIdleInterval(t *testing.T) {
 	h := newHub(time.Second, 2*time.Minute)
-	c := &conn{id: "w", slots: 1, free: 1, running: map[int64]string{}}
+	c := &conn{id: "w", slots: 1, free: 1, running: map[int64]heldAttempt{}}
 	h.add(c)
 	silentFor := func(d time.Duration) { c.heard.Store(time.Now().Add(-d).UnixNano()) }
 	paused := &protocol.Device{Paused: true}

@@ -202,9 +202,10 @@ type renewal struct {
 }
 
 type completion struct {
-	c    *conn
-	comp store.Completion
-	of   string
+	c        *conn
+	comp     store.Completion
+	of       string
+	workflow string // the attempt's, when its connection knew it
 }
 
 // New returns a server on st. Call Run to start its services and serve
@@ -333,7 +334,15 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 		cs[i] = b.comp
 	}
 	start := time.Now()
-	accepted, finished, statuses, err := s.store.CompleteWatching(ctx, cs, s.ends.watched(store.MaxWatched))
+	// The workflows of the batch's attempts that long polls wait for:
+	// only the batch can have finished them.
+	wfs := make([]string, 0, len(batch))
+	for _, b := range batch {
+		if b.workflow != "" {
+			wfs = append(wfs, b.workflow)
+		}
+	}
+	accepted, finished, statuses, err := s.store.CompleteWatching(ctx, cs, s.ends.watchedAmong(wfs, store.MaxWatched))
 	s.metrics.observeBatch("complete", len(batch), start)
 	s.health.observe("commit results", err)
 	acks := map[*conn][]protocol.Ack{}

@@ -332,7 +332,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 		id: id, session: reg.Session, kind: h.Kind, threads: h.Slots, slots: h.Slots + h.Queue, ws: ws,
 		done:    make(chan struct{}),
 		log:     s.log.With("worker", id, "kind", h.Kind),
-		running: map[int64]string{}, paused: h.Device.Paused,
+		running: map[int64]heldAttempt{}, paused: h.Device.Paused,
 		device: h.Device, connected: time.Now(),
 		record:   store.WorkerRecord{ID: id, Kind: h.Kind, Slots: h.Slots, Operator: operator},
 		operator: operator, addr: remoteHost(r), setup: slices.Contains(h.Features, protocol.FeatureSetup),
@@ -344,7 +344,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 		c.record = reg.Record
 	}
 	for a, m := range reg.Modules { // the attempts it kept
-		c.running[a] = m
+		c.running[a] = heldAttempt{module: m}
 	}
 	for _, id := range h.Data[:min(len(h.Data), protocol.MaxHelloData)] {
 		if workflow.IsModuleID(id) {
@@ -871,13 +871,13 @@ func (s *Server) finish(ctx context.Context, c *conn, comps []store.Completion, 
 	freed := false
 	s.holdIfHandingBack(c, comps)
 	for _, comp := range comps {
-		ok, fr := s.hub.takeOutcome(c, comp.Attempt, c.hold)
+		ok, fr, wf := s.hub.takeOutcome(c, comp.Attempt, c.hold)
 		if !ok {
 			refused = append(refused, protocol.Ack{Attempt: comp.Attempt, Of: of, Error: notHeld(comp.Attempt)})
 			continue
 		}
 		freed = freed || fr
-		items = append(items, completion{c: c, comp: comp, of: of})
+		items = append(items, completion{c: c, comp: comp, of: of, workflow: wf})
 	}
 	if len(refused) > 0 {
 		s.metrics.completions.WithLabelValues("refused").Add(float64(len(refused)))
