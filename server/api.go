@@ -177,7 +177,7 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		writeJSON(w, http.StatusCreated, api.Submitted{ID: id, Name: spec.Name, Tasks: len(spec.Tasks)})
 		return
 	}
-	read, err := s.waitAdded(r.Context(), owner.ID, id, wait, woken, forget)
+	read, err := s.waitAdded(r.Context(), owner.ID, id, wait, woken, forget, false)
 	var st *store.WorkflowStatus
 	if err == nil {
 		st, err = s.statusOf(r.Context(), owner, id, read)
@@ -620,27 +620,40 @@ func (s *Server) waitFinished(ctx context.Context, ownerID int64, id string, wai
 	lower := strings.ToLower(id) // as the database writes it in notifications
 	woken, forget := s.ends.add(lower)
 	s.ends.watch(lower, woken)
-	return s.waitAdded(ctx, ownerID, id, wait, woken, forget)
+	return s.waitAdded(ctx, ownerID, id, wait, woken, forget, true)
 }
 
 // waitAdded is waitFinished for a waiter of id already added (and
-// watched): woken, forget.
-func (s *Server) waitAdded(ctx context.Context, ownerID int64, id string, wait time.Duration, woken <-chan wake, forget func()) (
+// watched): woken, forget; without look, for a workflow of the owner's
+// written since the waiter was added, it waits without a first look.
+func (s *Server) waitAdded(ctx context.Context, ownerID int64, id string, wait time.Duration, woken <-chan wake, forget func(), look bool) (
 	*store.FinishedStatus, error) {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	lower := strings.ToLower(id)
 	for {
 		// Registered before the look, so a workflow that finishes
-		// between the two still wakes this waiter.
-		w, err := s.store.Summary(ctx, ownerID, id)
-		if err != nil || w.State != store.StateRunning {
-			forget()
-			if ctx.Err() != nil && !errors.Is(err, store.ErrNotFound) {
-				return nil, nil // the time is up: answer with the status as it is
+		// between the two still wakes this waiter. Without look (the
+		// owner's workflow just written), the first look is skipped.
+		if look {
+			w, err := s.store.Summary(ctx, ownerID, id)
+			if err != nil || w.State != store.StateRunning {
+				var read *store.FinishedStatus
+				if err == nil { // the owner's: a batch that ended it meanwhile may have read its status
+					select {
+					case wk := <-woken:
+						read = wk.status
+					default:
+					}
+				}
+				forget()
+				if err != nil && ctx.Err() != nil && !errors.Is(err, store.ErrNotFound) {
+					return nil, nil // the time is up: answer with the status as it is
+				}
+				return read, err
 			}
-			return nil, err
 		}
+		look = true
 		var wk wake
 		select {
 		case wk = <-woken:

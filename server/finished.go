@@ -16,8 +16,20 @@ import (
 type finishWaiters struct {
 	mu sync.Mutex
 	// byID has the waiters of each workflow, and whether each wants its
-	// status (watched).
+	// status (watch).
 	byID map[string]map[chan wake]bool
+	// reading has the workflows whose statuses completion batches of
+	// this replica are reading (beginReading), and whether the listener
+	// heard them finish meanwhile: their waiters wait for the batch,
+	// whose commit's notification would otherwise wake them first,
+	// without the status.
+	reading map[string]*readingOf
+}
+
+// readingOf is a workflow in finishWaiters.reading.
+type readingOf struct {
+	batches int  // the batches reading it
+	heard   bool // the listener heard it finish meanwhile
 }
 
 // wake is what a waiter is told: the workflow finished (else it may have:
@@ -28,7 +40,7 @@ type wake struct {
 }
 
 func newFinishWaiters() *finishWaiters {
-	return &finishWaiters{byID: map[string]map[chan wake]bool{}}
+	return &finishWaiters{byID: map[string]map[chan wake]bool{}, reading: map[string]*readingOf{}}
 }
 
 // add registers a waiter for workflow id. The channel receives one wake,
@@ -58,7 +70,7 @@ func (f *finishWaiters) add(id string) (<-chan wake, func()) {
 
 // watch says that the waiter ch of workflow id wants its status: a
 // completion batch that finds the workflow finished reads it for the
-// waiters (watchedAmong).
+// waiters (beginReading).
 func (f *finishWaiters) watch(id string, ch <-chan wake) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -74,6 +86,10 @@ func (f *finishWaiters) watch(id string, ch <-chan wake) {
 func (f *finishWaiters) finished(id string, status *store.FinishedStatus) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.finishedLocked(id, status)
+}
+
+func (f *finishWaiters) finishedLocked(id string, status *store.FinishedStatus) {
 	for ch := range f.byID[id] {
 		ch <- wake{finished: true, status: status}
 	}
@@ -93,9 +109,12 @@ func (f *finishWaiters) all() {
 	}
 }
 
-// watchedAmong returns up to n distinct workflows of ids whose waiters
-// want their status.
-func (f *finishWaiters) watchedAmong(ids []string, n int) []string {
+// beginReading returns up to n distinct workflows of ids whose waiters
+// want their status, for a completion batch to read the statuses of;
+// until endReading, the listener's word that one finished (heard) waits
+// for the batch. Call endReading with them when the waiters have been
+// told what the batch found.
+func (f *finishWaiters) beginReading(ids []string, n int) []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.byID) == 0 {
@@ -112,11 +131,50 @@ func (f *finishWaiters) watchedAmong(ids []string, n int) []string {
 		for _, want := range f.byID[id] {
 			if want {
 				out = append(out, id)
+				r := f.reading[id]
+				if r == nil {
+					r = &readingOf{}
+					f.reading[id] = r
+				}
+				r.batches++
 				break
 			}
 		}
 	}
 	return out
+}
+
+// endReading ends beginReading's hold on ids: the waiters of those the
+// listener heard finish meanwhile, and the batch did not wake, are woken
+// now.
+func (f *finishWaiters) endReading(ids []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, id := range ids {
+		r := f.reading[id]
+		if r == nil {
+			continue
+		}
+		if r.batches--; r.batches > 0 {
+			continue
+		}
+		delete(f.reading, id)
+		if r.heard {
+			f.finishedLocked(id, nil)
+		}
+	}
+}
+
+// heard is the listener's word that workflow id finished: its waiters are
+// woken, or, while a batch reads its status, once the batch is done.
+func (f *finishWaiters) heard(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.reading[id]; r != nil {
+		r.heard = true
+		return
+	}
+	f.finishedLocked(id, nil)
 }
 
 // waiting counts the registered waiters.

@@ -18,7 +18,7 @@ func (s *Server) listen(ctx context.Context) {
 		// connection listened.
 		Listening: func() { s.wake(); s.ends.all() },
 		Ready:     s.wake,
-		Finished:  func(id string) { s.ends.finished(id, nil) },
+		Finished:  s.ends.heard,
 		// The owner cancelled the workflow, or the attempt's result is no
 		// longer needed (a quorum of other replicas agreed, its task
 		// failed, or an upstream result was overturned).

@@ -342,7 +342,9 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 			wfs = append(wfs, b.workflow)
 		}
 	}
-	accepted, finished, statuses, err := s.store.CompleteWatching(ctx, cs, s.ends.watchedAmong(wfs, store.MaxWatched))
+	watch := s.ends.beginReading(wfs, store.MaxWatched)
+	defer s.ends.endReading(watch)
+	accepted, finished, statuses, err := s.store.CompleteWatching(ctx, cs, watch)
 	s.metrics.observeBatch("complete", len(batch), start)
 	s.health.observe("commit results", err)
 	acks := map[*conn][]protocol.Ack{}
