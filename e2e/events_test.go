@@ -103,19 +103,9 @@ func TestStatusWaitAnswersWhenTheWorkflowEnds(t *testing.T) {
 
 	// The client sends only valid waits: send bad ones by hand.
 	for _, bad := range []string{"soon", "-1s", "61s"} {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.srv.url+"/api/v1/workflows/"+id+"?wait="+bad, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Authorization", "Bearer "+p.srv.token)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 400 || !strings.Contains(string(body), "wait must be a duration") {
-			t.Errorf("wait=%s: HTTP %d %q, want 400 naming the wait", bad, resp.StatusCode, body)
+		if code, body := p.request(ctx, t, http.MethodGet, "/api/v1/workflows/"+id+"?wait="+bad, nil); code != 400 ||
+			!strings.Contains(body, "wait must be a duration") {
+			t.Errorf("wait=%s: HTTP %d %q, want 400 naming the wait", bad, code, body)
 		}
 	}
 	out, err := runCLI(t, p.db, "token", "create", "eve")
@@ -195,19 +185,9 @@ func TestSubmitAndWait(t *testing.T) {
 	}
 
 	before := total()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.srv.url+"/api/v1/workflows?wait=soon", bytes.NewReader(wf("bad-wait")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+p.srv.token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 400 || !strings.Contains(string(body), "wait must be a duration") {
-		t.Errorf("wait=soon: HTTP %d %q, want 400 naming the wait", resp.StatusCode, body)
+	if code, body := p.request(ctx, t, http.MethodPost, "/api/v1/workflows?wait=soon", wf("bad-wait")); code != 400 ||
+		!strings.Contains(body, "wait must be a duration") {
+		t.Errorf("wait=soon: HTTP %d %q, want 400 naming the wait", code, body)
 	}
 	if n := total(); n != before {
 		t.Errorf("%d workflows written by a refused submission", n-before)
@@ -224,4 +204,22 @@ func TestSubmitAndWait(t *testing.T) {
 	if after, err := p.client.Status(ctx, st.ID); err != nil || !reflect.DeepEqual(after, st) {
 		t.Errorf("submit and wait answered\n%+v\na status read after is\n%+v (%v)", st, after, err)
 	}
+}
+
+// request sends an API request by hand, as the owner (the client sends
+// only valid ones), and returns the answer's status and body.
+func (p *platform) request(ctx context.Context, t *testing.T, method, path string, body []byte) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, p.srv.url+path, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+p.srv.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

@@ -230,24 +230,17 @@ func TestWaitExitCodes(t *testing.T) {
 		timeout string
 	}{{"done", 0, "1m"}, {"failed", 1, "1m"}, {"cancelled", 2, "1m"}, {"running", 3, "300ms"}} {
 		t.Run(tt.state, func(t *testing.T) {
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if strings.HasSuffix(r.URL.Path, "/events") {
-					http.Error(w, `{"error":"no stream here"}`, http.StatusServiceUnavailable)
-					return
+			statusServer(t, tt.state, func(w http.ResponseWriter, r *http.Request, st *client.Status) bool {
+				if r.URL.Path != "/api/v1/workflows" {
+					return false
 				}
-				st := exampleStatus()
-				st.State = tt.state
-				if r.URL.Path == "/api/v1/workflows" { // the id's prefix resolved
-					if r.URL.Query().Get("id_prefix") != "6b0c" {
-						t.Errorf("listed %s, want id_prefix=6b0c", r.URL.RawQuery)
-					}
-					json.NewEncoder(w).Encode(client.WorkflowList{Workflows: []client.Status{*st}, Total: 1})
-					return
+				// The id's prefix resolved.
+				if r.URL.Query().Get("id_prefix") != "6b0c" {
+					t.Errorf("listed %s, want id_prefix=6b0c", r.URL.RawQuery)
 				}
-				json.NewEncoder(w).Encode(st)
-			}))
-			defer srv.Close()
-			t.Setenv("CYCLEPOOL_SERVER", srv.URL)
+				json.NewEncoder(w).Encode(client.WorkflowList{Workflows: []client.Status{*st}, Total: 1})
+				return true
+			})
 			var buf bytes.Buffer
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 			defer cancel()
@@ -273,22 +266,16 @@ func TestSubmitWaitExitCodes(t *testing.T) {
 	}{{"done", 0, "1m"}, {"failed", 1, "1m"}, {"cancelled", 2, "1m"}, {"running", 3, "300ms"}} {
 		t.Run(tt.state, func(t *testing.T) {
 			var submitted, waited string
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if strings.HasSuffix(r.URL.Path, "/events") {
-					http.Error(w, `{"error":"no stream here"}`, http.StatusServiceUnavailable)
-					return
-				}
-				st := exampleStatus()
-				st.State = tt.state
-				if r.Method == http.MethodPost {
-					submitted = r.URL.Query().Get("wait")
-					w.WriteHeader(http.StatusCreated)
-				}
-				json.NewEncoder(w).Encode(st)
+			statusServer(t, tt.state, func(w http.ResponseWriter, r *http.Request, st *client.Status) bool {
 				waited = r.URL.Path
-			}))
-			defer srv.Close()
-			t.Setenv("CYCLEPOOL_SERVER", srv.URL)
+				if r.Method != http.MethodPost {
+					return false
+				}
+				submitted = r.URL.Query().Get("wait")
+				w.WriteHeader(http.StatusCreated)
+				json.NewEncoder(w).Encode(st)
+				return true
+			})
 			var buf bytes.Buffer
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 			defer cancel()
@@ -303,6 +290,26 @@ func TestSubmitWaitExitCodes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// statusServer serves, for the CLI this test runs (CYCLEPOOL_SERVER), the
+// example workflow in state to every request that other does not answer
+// (other reports whether it did); it has no event stream, so waits poll.
+func statusServer(t *testing.T, state string, other func(http.ResponseWriter, *http.Request, *client.Status) bool) {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/events") {
+			http.Error(w, `{"error":"no stream here"}`, http.StatusServiceUnavailable)
+			return
+		}
+		st := exampleStatus()
+		st.State = state
+		if !other(w, r, st) {
+			json.NewEncoder(w).Encode(st)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Setenv("CYCLEPOOL_SERVER", srv.URL)
 }
 
 func TestRenderStatusWithoutErrorsWidensTheBar(t *testing.T) {
