@@ -164,7 +164,10 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 	id, err := s.submit(r.Context(), owner.ID, nw)
 	if err != nil {
 		s.wake() // it may have committed, its notification lost with the connection
-		if _, lerr := s.store.Summary(context.WithoutCancel(r.Context()), owner.ID, nw.ID); lerr != nil {
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)
+		_, lerr := s.store.Summary(lctx, owner.ID, nw.ID)
+		cancel()
+		if lerr != nil {
 			forget()
 			s.serverError(w, "create workflow", err)
 			return
