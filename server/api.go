@@ -158,8 +158,7 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 	if waits {
 		// A task that ends at once still finds its waiter, which gets
 		// the status its completion reads.
-		woken, forget = s.ends.add(nw.ID)
-		s.ends.watch(nw.ID, woken)
+		woken, forget = s.ends.addWatching(nw.ID)
 	}
 	id, err := s.submit(r.Context(), owner.ID, nw)
 	if err != nil {
@@ -621,8 +620,7 @@ const maxStatusWait = 60 * time.Second
 // the look does not find the owner's is dropped unread.)
 func (s *Server) waitFinished(ctx context.Context, ownerID int64, id string, wait time.Duration) (*store.FinishedStatus, error) {
 	lower := strings.ToLower(id) // as the database writes it in notifications
-	woken, forget := s.ends.add(lower)
-	s.ends.watch(lower, woken)
+	woken, forget := s.ends.addWatching(lower)
 	return s.waitAdded(ctx, ownerID, id, wait, woken, forget, true)
 }
 
@@ -667,8 +665,7 @@ func (s *Server) waitAdded(ctx context.Context, ownerID int64, id string, wait t
 		if wk.finished || ctx.Err() != nil || s.ctx.Err() != nil {
 			return wk.status, nil
 		}
-		woken, forget = s.ends.add(lower)
-		s.ends.watch(lower, woken)
+		woken, forget = s.ends.addWatching(lower)
 	}
 }
 

@@ -219,7 +219,7 @@ func (d *dispatcher) submit(ctx context.Context, ownerID int64, nw *store.NewWor
 		for i := range sent {
 			ids[i] = sent[i].Attempt
 		}
-		d.hub.takeBack(ids, "the submission that claimed it did not commit")
+		d.hub.cancel(ids, "the submission that claimed it did not commit", true)
 	}
 	send := func(claimed []store.Claimed) {
 		workers := make([]string, 0, len(reserved))

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"iter"
 	"slices"
 	"sync"
 
@@ -16,7 +17,7 @@ import (
 type finishWaiters struct {
 	mu sync.Mutex
 	// byID has the waiters of each workflow, and whether each wants its
-	// status (watch).
+	// status (addWatching).
 	byID map[string]map[chan wake]bool
 	// reading has the workflows whose statuses completion batches of
 	// this replica are reading (beginReading), and whether the listener
@@ -47,6 +48,17 @@ func newFinishWaiters() *finishWaiters {
 // after which the waiter is gone. Call the returned function when done
 // waiting.
 func (f *finishWaiters) add(id string) (<-chan wake, func()) {
+	return f.register(id, false)
+}
+
+// addWatching is add for a waiter that wants the workflow's status: a
+// completion batch that finishes the workflow reads it for the waiters
+// (beginReading).
+func (f *finishWaiters) addWatching(id string) (<-chan wake, func()) {
+	return f.register(id, true)
+}
+
+func (f *finishWaiters) register(id string, wantStatus bool) (<-chan wake, func()) {
 	ch := make(chan wake, 1)
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -55,7 +67,7 @@ func (f *finishWaiters) add(id string) (<-chan wake, func()) {
 		set = map[chan wake]bool{}
 		f.byID[id] = set
 	}
-	set[ch] = false
+	set[ch] = wantStatus
 	return ch, func() {
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -64,19 +76,6 @@ func (f *finishWaiters) add(id string) (<-chan wake, func()) {
 			if len(set) == 0 {
 				delete(f.byID, id)
 			}
-		}
-	}
-}
-
-// watch says that the waiter ch of workflow id wants its status: a
-// completion batch that finds the workflow finished reads it for the
-// waiters (beginReading).
-func (f *finishWaiters) watch(id string, ch <-chan wake) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for c := range f.byID[id] {
-		if c == ch {
-			f.byID[id][c] = true
 		}
 	}
 }
@@ -114,14 +113,14 @@ func (f *finishWaiters) all() {
 // until endReading, the listener's word that one finished (heard) waits
 // for the batch. Call endReading with them when the waiters have been
 // told what the batch found.
-func (f *finishWaiters) beginReading(ids []string, n int) []string {
+func (f *finishWaiters) beginReading(ids iter.Seq[string], n int) []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.byID) == 0 {
-		return nil
+		return nil // no waiter: ids is not even looked at
 	}
 	var out []string
-	for _, id := range ids {
+	for id := range ids {
 		if len(out) == n {
 			break
 		}

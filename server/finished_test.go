@@ -11,17 +11,15 @@ func TestFinishWaiters(t *testing.T) {
 	t.Parallel()
 	f := newFinishWaiters()
 	a1, forgetA1 := f.add("a")
-	a2, forgetA2 := f.add("a")
 	b, forgetB := f.add("b")
+	if w := f.beginReading(slices.Values([]string{"a", "b"}), 4); len(w) != 0 {
+		t.Errorf("watched %v before any waiter wants a status", w)
+	}
+	a2, forgetA2 := f.addWatching("a")
 	if n := f.waiting(); n != 3 {
 		t.Fatalf("waiting = %d, want 3", n)
 	}
-	if w := f.beginReading([]string{"a", "b"}, 4); len(w) != 0 {
-		t.Errorf("watched %v before any waiter wants a status", w)
-	}
-	f.watch("a", a2)
-	f.watch("b", a1) // not b's waiter: nothing
-	w := f.beginReading([]string{"b", "a", "a", "c"}, 4)
+	w := f.beginReading(slices.Values([]string{"b", "a", "a", "c"}), 4)
 	if !slices.Equal(w, []string{"a"}) {
 		t.Errorf("watched %v, want [a]", w)
 	}
@@ -56,7 +54,7 @@ func TestFinishWaiters(t *testing.T) {
 	if n := f.waiting(); n != 1 {
 		t.Fatalf("waiting = %d after a finished, want 1", n)
 	}
-	if w := f.beginReading([]string{"a"}, 4); len(w) != 0 {
+	if w := f.beginReading(slices.Values([]string{"a"}), 4); len(w) != 0 {
 		t.Errorf("watched %v after a finished", w)
 	}
 	f.all()
@@ -78,8 +76,7 @@ func TestFinishWaitersBeginReading(t *testing.T) {
 	t.Parallel()
 	f := newFinishWaiters()
 	for _, id := range []string{"a", "b", "c"} {
-		ch, _ := f.add(id)
-		f.watch(id, ch)
+		f.addWatching(id)
 	}
 	for _, tc := range []struct {
 		ids  []string
@@ -91,7 +88,7 @@ func TestFinishWaitersBeginReading(t *testing.T) {
 		{[]string{"c", "c", "x", "a"}, 4, []string{"c", "a"}},
 		{[]string{"x", "y"}, 4, nil},
 	} {
-		got := f.beginReading(tc.ids, tc.n)
+		got := f.beginReading(slices.Values(tc.ids), tc.n)
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("beginReading(%v, %d) = %v, want %v", tc.ids, tc.n, got, tc.want)
 		}
@@ -108,11 +105,10 @@ func TestFinishWaitersBeginReading(t *testing.T) {
 func TestFinishWaitersHeardWhileReading(t *testing.T) {
 	t.Parallel()
 	f := newFinishWaiters()
-	a, _ := f.add("a")
-	f.watch("a", a)
+	a, _ := f.addWatching("a")
 	b, _ := f.add("b")
-	one := f.beginReading([]string{"a"}, 4)
-	two := f.beginReading([]string{"a"}, 4) // two batches at once
+	one := f.beginReading(slices.Values([]string{"a"}), 4)
+	two := f.beginReading(slices.Values([]string{"a"}), 4) // two batches at once
 	f.heard("a")
 	f.heard("b") // not being read: at once
 	select {

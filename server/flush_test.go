@@ -41,9 +41,8 @@ func TestCompletionFlushWakesTheLongPoll(t *testing.T) {
 	}
 
 	s := New(st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
-	woken, forget := s.ends.add(strings.ToLower(id))
+	woken, forget := s.ends.addWatching(strings.ToLower(id))
 	defer forget()
-	s.ends.watch(strings.ToLower(id), woken)
 	gone := make(chan struct{})
 	close(gone) // the ack is dropped: no socket behind this connection
 	c := &conn{id: reg.ID, done: gone, log: slog.New(slog.DiscardHandler)}

@@ -446,6 +446,11 @@ func (h *hub) renews(c *conn, attempt int64) bool {
 func (h *hub) finished(c *conn, attempt int64) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return h.finishedLocked(c, attempt)
+}
+
+// finishedLocked is finished with h.mu held.
+func (h *hub) finishedLocked(c *conn, attempt int64) bool {
 	if _, ok := c.running[attempt]; !ok {
 		return false
 	}
@@ -536,34 +541,19 @@ func (h *hub) settleOutcome(c *conn, attempt int64, retry bool) {
 	}
 }
 
-// takeBack cancels those attempts that run on this replica and frees their
-// slots at once: attempts sent before a commit that did not happen
-// (dispatcher.submit).
-func (h *hub) takeBack(attempts []int64, reason string) {
-	by := map[*conn][]int64{}
-	h.mu.Lock()
-	for _, a := range attempts {
-		if c := h.attempts[a]; c != nil {
-			by[c] = append(by[c], a)
-			delete(c.running, a)
-			delete(h.attempts, a)
-			c.free++
-			h.openedLocked(c)
-		}
-	}
-	h.mu.Unlock()
-	for c, as := range by {
-		c.enqueue(&protocol.Frame{Type: protocol.TypeCancel, Cancel: &protocol.Cancel{Attempts: as, Reason: reason}})
-	}
-}
-
 // cancel sends cancel frames for those attempts that run on this replica.
-func (h *hub) cancel(attempts []int64, reason string) {
+// With free, it also frees their slots at once, as for attempts sent
+// before a commit that did not happen (dispatcher.submit); otherwise they
+// are freed when the worker reports them cancelled.
+func (h *hub) cancel(attempts []int64, reason string, free bool) {
 	by := map[*conn][]int64{}
 	h.mu.Lock()
 	for _, a := range attempts {
 		if c := h.attempts[a]; c != nil {
 			by[c] = append(by[c], a)
+			if free {
+				h.finishedLocked(c, a)
+			}
 		}
 	}
 	h.mu.Unlock()

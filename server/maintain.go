@@ -23,7 +23,7 @@ func (s *Server) listen(ctx context.Context) {
 		// longer needed (a quorum of other replicas agreed, its task
 		// failed, or an upstream result was overturned).
 		Cancel: func(ids []int64) {
-			s.hub.cancel(ids, "cancelled: the owner cancelled it or its result is no longer needed")
+			s.hub.cancel(ids, "cancelled: the owner cancelled it or its result is no longer needed", false)
 		},
 	}
 	backoff := 100 * time.Millisecond

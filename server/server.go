@@ -336,13 +336,13 @@ func (s *Server) flushCompletions(ctx context.Context, batch []completion) {
 	start := time.Now()
 	// The workflows of the batch's attempts that long polls wait for:
 	// only the batch can have finished them.
-	wfs := make([]string, 0, len(batch))
-	for _, b := range batch {
-		if b.workflow != "" {
-			wfs = append(wfs, b.workflow)
+	watch := s.ends.beginReading(func(yield func(string) bool) {
+		for _, b := range batch {
+			if b.workflow != "" && !yield(b.workflow) {
+				return
+			}
 		}
-	}
-	watch := s.ends.beginReading(wfs, store.MaxWatched)
+	}, store.MaxWatched)
 	defer s.ends.endReading(watch)
 	accepted, finished, statuses, err := s.store.CompleteWatching(ctx, cs, watch)
 	s.metrics.observeBatch("complete", len(batch), start)
