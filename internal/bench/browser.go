@@ -43,6 +43,10 @@ type pageTrace struct {
 	Back        float64 `json:"back"`
 	Return      float64 `json:"return"`
 	LastRun     float64 `json:"lastRun"`
+	FromSocket  float64 `json:"fromSocket"`
+	ToSocket    float64 `json:"toSocket"`
+	Send        float64 `json:"send"`
+	Sent        int     `json:"sent"` // results that ToSocket and Send cover
 }
 
 type pageStatus struct {
@@ -199,6 +203,11 @@ func (b *bench) browserSingle(ctx context.Context, p *browserPage) error {
 	}{{"prepare", a.Prepare - z.Prepare}, {"to_task_worker", a.ToTask - z.ToTask}, {"instantiate", a.Instantiate - z.Instantiate},
 		{"run", a.Run - z.Run}, {"collect", a.Collect - z.Collect}, {"back", a.Back - z.Back}, {"return", a.Return - z.Return}} {
 		b.printf("browser_path_ms_%s: %.3f", seg.name, seg.v/n)
+	}
+	b.printf("browser_path_ms_from_socket: %.3f", (a.FromSocket-z.FromSocket)/n)
+	if sent := float64(a.Sent - z.Sent); sent > 0 {
+		b.printf("browser_path_ms_to_socket: %.3f", (a.ToSocket-z.ToSocket)/sent)
+		b.printf("browser_path_ms_socket_send: %.3f", (a.Send-z.Send)/sent)
 	}
 	return nil
 }

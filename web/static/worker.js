@@ -82,8 +82,27 @@ function makeTasks(taskJs, server) {
   // to the task Web Worker, instantiation, _start, collecting the outputs,
   // the postMessage back. Go adds the last segment (the done event to Run's
   // return) in traced.
-  const trace = { n: 0, prepare: 0, toTask: 0, instantiate: 0, run: 0, collect: 0, back: 0, lastRun: 0 };
+  // fromSocket is from the socket's message event (the frame that carried
+  // the attempt) to run: Go's decoding, its goroutine hand-offs and its
+  // preparation. Over the attempts that ended alone (sent), toSocket is
+  // from the ended event to the socket's send (Go's last segment
+  // included), and send the time in send itself.
+  const trace = { n: 0, prepare: 0, toTask: 0, instantiate: 0, run: 0, collect: 0, back: 0, lastRun: 0,
+    fromSocket: 0, toSocket: 0, send: 0, sent: 0 };
   const now = () => performance.timeOrigin + performance.now();
+  // Go opens its WebSocket through self.WebSocket: this subclass notes
+  // when messages arrive and results leave, for the trace.
+  let messageAt = 0, endedAt = 0;
+  const Socket = self.WebSocket;
+  self.WebSocket = class extends Socket {
+    constructor(...a) { super(...a); this.addEventListener("message", () => { messageAt = now(); }); }
+    send(d) {
+      if (!endedAt) return super.send(d);
+      const t = now();
+      super.send(d);
+      trace.sent++; trace.toSocket += t - endedAt; trace.send += now() - t; endedAt = 0;
+    }
+  };
   const enc = new TextEncoder();
   const EMPTY = new Uint8Array(0);
   // Counters the page shows (and the tests read): task Web Workers started,
@@ -272,6 +291,7 @@ function makeTasks(taskJs, server) {
       }
       v.setUint32(p, e.packed.length, true); b.set(e.packed, p + 4); p += 4 + e.packed.length;
     }
+    endedAt = list.length === 1 && list[0].traced ? now() : 0;
     events(0, 4, b);
   }
   const fail = (attempt, reason, message) => end(attempt, reason, message, pack([], EMPTY), 0);
@@ -315,7 +335,7 @@ function makeTasks(taskJs, server) {
   function run(attempt, moduleId, pages, args, stdin, inputs, restore, seedHi, seedLo, ckptMs, share,
     wallMs, outputBytes, logBytes, prepareMs, setupJSON) {
     const key = moduleId + "/" + pages;
-    const r = { w: null, over: false, prepareMs, wallMs, key };
+    const r = { w: null, over: false, prepareMs, wallMs, key, fromSocket: messageAt ? now() - messageAt : 0 };
     runs.set(attempt, r);
     const p = {
       attempt, key, module: null, ahead: false, reset: false, args: args || [], stdin: stdin || EMPTY, inputs: inputs || [],
@@ -433,12 +453,12 @@ function makeTasks(taskJs, server) {
             trace.n++;
             trace.prepare += r.prepareMs; trace.toTask += t.recv - t.posted; trace.instantiate += t.started - t.recv;
             trace.run += t.ran - t.started; trace.lastRun = t.ran - t.started; trace.collect += t.sent - t.ran;
-            trace.back += back - t.sent;
+            trace.back += back - t.sent; trace.fromSocket += r.fromSocket;
           }
           if (d.ahead) counts.ahead++;
           if (!d.reason) runMs.set(r.key, runMs.has(r.key) ? 0.8 * runMs.get(r.key) + 0.2 * d.ms : d.ms);
           ended.push({ attempt: d.attempt, reason: d.reason || null, message: d.reason ? d.message : null,
-            packed: pack(d.outputs, d.log), ms: d.ms, heldMs: d.heldMs });
+            packed: pack(d.outputs, d.log), ms: d.ms, heldMs: d.heldMs, traced: !d.reason && batch.length === 1 });
         }
         pump();
         settle();
