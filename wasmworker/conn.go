@@ -18,3 +18,14 @@ type conn interface {
 	// CloseNow closes the connection at once.
 	CloseNow() error
 }
+
+// A bufferingConn is a conn whose Write returns at once, the transport
+// buffering the message (the browser's WebSocket, up to maxBuffered
+// unsent). The worker writes to one from the goroutine that sends, rather
+// than handing each frame to a writer goroutine: in Go's WebAssembly every
+// hand-off between goroutines costs tens of microseconds of a task's
+// latency.
+type bufferingConn interface {
+	conn
+	buffersWrites()
+}

@@ -175,6 +175,10 @@ func (c *jsConn) Read(ctx context.Context) (bool, []byte, error) {
 // when its context ends, as the native one does, and the worker reconnects.
 const maxBuffered = 8 << 20
 
+// buffersWrites marks jsConn as a bufferingConn: the browser queues what
+// Write hands it.
+func (c *jsConn) buffersWrites() {}
+
 // Write hands one message to the browser, which queues it for sending,
 // once the browser holds less than maxBuffered unsent.
 func (c *jsConn) Write(ctx context.Context, binary bool, data []byte) error {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 )
@@ -80,6 +81,50 @@ func TestMergeOutcomes(t *testing.T) {
 			}
 			if fmt.Sprint(ids) != fmt.Sprint(want) {
 				t.Errorf("outcomes after merging: %v, want %v", ids, want)
+			}
+		})
+	}
+}
+
+// sendOn sends on the connection it was given, never on a later one: an
+// outcome taken from the outbox while one connection was current, and
+// sent after it ended, stays pending for the next connection's resend
+// rather than going twice. A bufferingConn's frames go through direct.
+func TestSendOn(t *testing.T) {
+	w := &Worker{}
+	f := &protocol.Frame{Type: protocol.TypeResult, Results: []protocol.Result{{Attempt: 7}}}
+	ended := make(chan struct{})
+	close(ended)
+	tests := []struct {
+		name     string
+		s        func(out chan outMsg, wrote *int) sender
+		deadline time.Time
+		sent     bool
+		queued   int
+		direct   int
+	}{
+		{"disconnected", func(chan outMsg, *int) sender { return sender{} }, time.Time{}, false, 0, 0},
+		{"queued", func(out chan outMsg, _ *int) sender { return sender{out: out, done: make(chan struct{})} }, time.Time{}, true, 1, 0},
+		{"connection ended", func(out chan outMsg, _ *int) sender { return sender{out: out, done: ended} }, time.Time{}, false, 0, 0},
+		{"direct", func(out chan outMsg, wrote *int) sender {
+			return sender{out: out, done: make(chan struct{}), direct: func(_ time.Time, m outMsg) bool { *wrote++; return len(m.data) > 0 }}
+		}, time.Time{}, true, 0, 1},
+		{"direct, connection ended", func(out chan outMsg, wrote *int) sender {
+			return sender{out: out, done: ended, direct: func(time.Time, outMsg) bool { *wrote++; return true }}
+		}, time.Time{}, false, 0, 0},
+		{"queue full past the deadline", func(chan outMsg, *int) sender {
+			return sender{out: make(chan outMsg), done: make(chan struct{})}
+		}, time.Now().Add(-time.Second), false, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out := make(chan outMsg, 4)
+			wrote := 0
+			if got := w.sendOn(tt.s(out, &wrote), f, tt.deadline); got != tt.sent {
+				t.Errorf("sendOn = %v, want %v", got, tt.sent)
+			}
+			if len(out) != tt.queued || wrote != tt.direct {
+				t.Errorf("queued %d and wrote %d directly, want %d and %d", len(out), wrote, tt.queued, tt.direct)
 			}
 		})
 	}

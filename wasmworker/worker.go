@@ -78,7 +78,11 @@ type Worker struct {
 
 	mu        sync.Mutex
 	id, token string
-	out       chan outMsg   // frames for the current connection; nil when disconnected
+	out       chan outMsg // frames for the current connection; nil when disconnected
+	// direct writes a frame on the current connection from the sending
+	// goroutine when that connection is a bufferingConn (out then has no
+	// reader); nil otherwise.
+	direct    func(deadline time.Time, m outMsg) bool
 	sessDone  chan struct{} // closed when the current connection ends
 	running   map[int64]*attempt
 	pending   map[int64]*protocol.Frame // outcomes not yet acknowledged
@@ -369,6 +373,30 @@ func (w *Worker) session(ctx context.Context, server string) error {
 		ws.SetReadLimit(int64(wel.MaxFrameBytes))
 	}
 	out := make(chan outMsg, 256)
+	errc := make(chan error, 4)
+	var direct func(time.Time, outMsg) bool
+	if _, ok := ws.(bufferingConn); ok {
+		var wmu sync.Mutex // one writer at a time, in the order they came
+		direct = func(deadline time.Time, m outMsg) bool {
+			wmu.Lock()
+			defer wmu.Unlock()
+			wctx, cancel := context.WithTimeout(sctx, 30*time.Second)
+			defer cancel()
+			if !deadline.IsZero() {
+				var cancelBy context.CancelFunc
+				wctx, cancelBy = context.WithDeadline(wctx, deadline)
+				defer cancelBy()
+			}
+			if err := ws.Write(wctx, m.binary, m.data); err != nil {
+				select { // the session ends with the first error
+				case errc <- fmt.Errorf("write: %w", err):
+				default:
+				}
+				return false
+			}
+			return true
+		}
+	}
 	w.mu.Lock()
 	w.id, w.token, w.uploadKey = wel.WorkerID, wel.ReconnectToken, wel.UploadKey
 	w.maxFrame = protocol.DefaultMaxFrameBytes
@@ -378,7 +406,7 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	for _, id := range wel.Lost {
 		w.forgetLocked(id)
 	}
-	w.out, w.sessDone = out, make(chan struct{})
+	w.out, w.direct, w.sessDone = out, direct, make(chan struct{})
 	w.stats.Connected, w.stats.Server = true, server
 	close(w.connected)
 	// Every outcome not yet acknowledged goes out again, those still in the
@@ -392,14 +420,15 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	w.log.Info("connected", "server", server, "worker", wel.WorkerID, "slots", w.cfg.Slots)
 	defer func() {
 		w.mu.Lock()
-		w.out = nil
+		w.out, w.direct = nil, nil
 		close(w.sessDone)
 		w.stats.Connected = false
 		w.connected = make(chan struct{})
 		w.mu.Unlock()
 	}()
-	errc := make(chan error, 4)
-	go func() { errc <- w.writeLoop(sctx, ws, out) }()
+	if direct == nil {
+		go func() { errc <- w.writeLoop(sctx, ws, out) }()
+	}
 	go func() {
 		errc <- w.heartbeatLoop(sctx, time.Duration(wel.HeartbeatMS)*time.Millisecond, time.Duration(wel.IdleHeartbeatMS)*time.Millisecond)
 	}()
@@ -462,16 +491,41 @@ func (w *Worker) send(f *protocol.Frame) bool { return w.sendBy(f, time.Time{}) 
 // sendBy is send, giving up at deadline (unless zero) when the
 // connection's queue stays full.
 func (w *Worker) sendBy(f *protocol.Frame, deadline time.Time) bool {
+	w.mu.Lock()
+	s := w.senderLocked()
+	w.mu.Unlock()
+	return w.sendOn(s, f, deadline)
+}
+
+// sender is the sending side of one connection (out nil: disconnected).
+type sender struct {
+	out    chan outMsg
+	direct func(time.Time, outMsg) bool
+	done   chan struct{}
+}
+
+// senderLocked returns the current connection's sender. w.mu is held.
+func (w *Worker) senderLocked() sender { return sender{w.out, w.direct, w.sessDone} }
+
+// sendOn sends a frame on the connection s, and reports false when that
+// connection has ended (or ends first), or deadline (unless zero) passed
+// while its queue stayed full.
+func (w *Worker) sendOn(s sender, f *protocol.Frame, deadline time.Time) bool {
+	if s.out == nil {
+		return false
+	}
 	data, bin, err := protocol.Encode(f)
 	if err != nil {
 		w.log.Error("encode frame", "type", f.Type, "err", err)
 		return false
 	}
-	w.mu.Lock()
-	out, done := w.out, w.sessDone
-	w.mu.Unlock()
-	if out == nil {
+	select {
+	case <-s.done:
 		return false
+	default:
+	}
+	if s.direct != nil {
+		return s.direct(deadline, outMsg{data, bin})
 	}
 	var expired <-chan time.Time // nil: never
 	if !deadline.IsZero() {
@@ -480,9 +534,9 @@ func (w *Worker) sendBy(f *protocol.Frame, deadline time.Time) bool {
 		expired = t.C
 	}
 	select {
-	case out <- outMsg{data, bin}:
+	case s.out <- outMsg{data, bin}:
 		return true
-	case <-done:
+	case <-s.done:
 	case <-expired:
 	}
 	return false
@@ -555,11 +609,19 @@ func (w *Worker) outcomeLoop(ctx context.Context) error {
 		w.mu.Lock()
 		batch := w.outbox
 		w.outbox = nil
+		s := w.senderLocked()
 		w.mu.Unlock()
-		for _, f := range mergeOutcomes(batch) {
-			if !w.send(f) {
-				break // disconnected: they are pending, and go again on reconnecting
-			}
+		w.sendOutcomes(s, batch)
+	}
+}
+
+// sendOutcomes sends outcomes taken from the outbox on the connection
+// that was current when they were taken. When it has ended they are not
+// sent: they are pending, and the next connection sends them again.
+func (w *Worker) sendOutcomes(s sender, batch []*protocol.Frame) {
+	for _, f := range mergeOutcomes(batch) {
+		if !w.sendOn(s, f, time.Time{}) {
+			return
 		}
 	}
 }
@@ -574,6 +636,11 @@ func (w *Worker) outcomeLoop(ctx context.Context) error {
 func (w *Worker) gathering() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	return w.gatheringLocked()
+}
+
+// gatheringLocked is gathering with w.mu held.
+func (w *Worker) gatheringLocked() bool {
 	return len(w.running) > 0 && w.queue > 0 && len(w.outbox) < maxOutcomesPerFrame
 }
 
@@ -930,8 +997,21 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		// report (and refuses it, the attempt being over already).
 		w.pending[as.Attempt] = f
 		w.outbox = append(w.outbox, f)
+		// With nothing to gather for, the outbox goes from here: waking
+		// outcomeLoop would cost a hand-off between goroutines (tens of
+		// microseconds of a lone task's latency in Go's WebAssembly, a
+		// thread's wake-up natively).
+		var now []*protocol.Frame
+		var s sender
+		if w.out != nil && !(w.cfg.Gather > 0 && w.gatheringLocked()) {
+			now, w.outbox, s = w.outbox, nil, w.senderLocked()
+		}
 		w.mu.Unlock()
-		w.wakeOutcomes()
+		if now != nil {
+			w.sendOutcomes(s, now)
+		} else {
+			w.wakeOutcomes()
+		}
 		if announce {
 			w.log.Info("queue adapted to the tasks", "queue", queue, "slots", w.cfg.Slots)
 			w.DeviceChanged() // a heartbeat now carries the new queue
