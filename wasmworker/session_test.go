@@ -5,9 +5,11 @@ package wasmworker
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -561,4 +563,83 @@ func TestCancelledAttemptsAreNotFailures(t *testing.T) {
 	if got := strings.Count(logs.String(), "result refused"); got != 1 {
 		t.Errorf("%d warnings of a refused result, want 1 (attempt 1's):\n%s", got, logs.String())
 	}
+}
+
+// stallingConn is a connection that buffers its writes (a bufferingConn,
+// as the browser's) and whose first write after the hello stalls, then
+// fails, as a socket on a network that went away: every later write fails
+// at once.
+type stallingConn struct {
+	conn
+	until  <-chan struct{} // the stall lasts until it is closed, and a little more
+	writes atomic.Int32
+	failed atomic.Bool
+}
+
+func (c *stallingConn) buffersWrites() {}
+
+func (c *stallingConn) Write(ctx context.Context, binary bool, data []byte) error {
+	if c.writes.Add(1) == 1 {
+		return c.conn.Write(ctx, binary, data) // the hello
+	}
+	if c.failed.Load() {
+		return errors.New("connection closed")
+	}
+	select {
+	case <-c.until:
+		time.Sleep(50 * time.Millisecond) // for the senders to queue behind this write
+	case <-ctx.Done():
+	}
+	c.failed.Store(true)
+	c.conn.CloseNow()
+	return errors.New("send stalled")
+}
+
+// A connection whose writes fail while attempts end, each sending its
+// outcome from its own goroutine, ends its session, and every goroutine of
+// that session exits: none waits for good to report its error.
+func TestFailingDirectWritesEndTheSession(t *testing.T) {
+	url := fakeServer(t, 20*time.Millisecond, []*protocol.Frame{assign(1, 6)}, func(*protocol.Frame) []*protocol.Frame { return nil })
+	var ran atomic.Int32
+	allRan := make(chan struct{})
+	w := New(Config{Servers: []string{url}, Slots: 6, Logger: slog.New(slog.DiscardHandler),
+		Runner: runnerFunc(func(context.Context, *Job) *Outcome {
+			if ran.Add(1) == 6 {
+				close(allRan)
+			}
+			return &Outcome{}
+		})})
+	var dials atomic.Int32
+	stalled := &stallingConn{until: allRan}
+	w.dial = func(ctx context.Context, url, key string) (conn, error) {
+		if dials.Add(1) > 1 {
+			return nil, errors.New("no more connections in this test")
+		}
+		c, err := dial(ctx, url, key)
+		stalled.conn = c
+		return stalled, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	for dials.Load() < 2 { // the session ended and the worker tried again
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if n := stalled.writes.Load(); n < 3 {
+		t.Fatalf("%d writes: the test wants some to fail after the stalled one", n)
+	}
+	// The session's goroutines exit once it ended (polled: they may still
+	// be on their way out).
+	var stacks string
+	for range 2000 {
+		buf := make([]byte, 1<<20)
+		stacks = string(buf[:runtime.Stack(buf, true)])
+		if !strings.Contains(stacks, "(*Worker).session.func") {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("goroutines of the ended session are still there:\n%s", stacks)
 }

@@ -73,8 +73,9 @@ type Config struct {
 
 // Worker connects to a server and runs the attempts it is given.
 type Worker struct {
-	cfg Config
-	log *slog.Logger
+	cfg  Config
+	log  *slog.Logger
+	dial func(ctx context.Context, url, key string) (conn, error) // dial, unless a test wraps it
 
 	mu        sync.Mutex
 	id, token string
@@ -165,7 +166,7 @@ func New(cfg Config) *Worker {
 		cancelled: map[int64]struct{}{}, retries: map[int64]int{},
 		modules: map[string][]byte{}, connected: make(chan struct{}), slotSem: make(chan struct{}, cfg.Slots), hbNow: make(chan struct{}, 1),
 		outboxNew: make(chan struct{}, 1), queue: cfg.Queue, attempts: newGoPool(cfg.Slots + max(cfg.Queue, cfg.MaxQueue)),
-		maxFrame: protocol.DefaultMaxFrameBytes}
+		maxFrame: protocol.DefaultMaxFrameBytes, dial: dial}
 }
 
 // Stats returns a snapshot of the worker's counters.
@@ -317,7 +318,7 @@ func wsURL(server string) string {
 // session runs one connection to server until it breaks.
 func (w *Worker) session(ctx context.Context, server string) error {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	ws, err := dial(dctx, wsURL(server), w.cfg.Key)
+	ws, err := w.dial(dctx, wsURL(server), w.cfg.Key)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
@@ -373,7 +374,8 @@ func (w *Worker) session(ctx context.Context, server string) error {
 		ws.SetReadLimit(int64(wel.MaxFrameBytes))
 	}
 	out := make(chan outMsg, 256)
-	errc := make(chan error, 4)
+	errc := make(chan error, 4) // one per loop below, so that none blocks on it
+	werr := make(chan error, 1) // the first of direct's errors; the rest are dropped
 	var direct func(time.Time, outMsg) bool
 	if _, ok := ws.(bufferingConn); ok {
 		var wmu sync.Mutex // one writer at a time, in the order they came
@@ -389,7 +391,7 @@ func (w *Worker) session(ctx context.Context, server string) error {
 			}
 			if err := ws.Write(wctx, m.binary, m.data); err != nil {
 				select { // the session ends with the first error
-				case errc <- fmt.Errorf("write: %w", err):
+				case werr <- fmt.Errorf("write: %w", err):
 				default:
 				}
 				return false
@@ -443,7 +445,10 @@ func (w *Worker) session(ctx context.Context, server string) error {
 			}
 		}
 	}()
-	err = <-errc
+	select {
+	case err = <-errc:
+	case err = <-werr:
+	}
 	scancel()
 	return err
 }
