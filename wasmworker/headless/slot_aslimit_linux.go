@@ -3,6 +3,7 @@
 package headless
 
 import (
+	"errors"
 	"os"
 	"strconv"
 	"strings"
@@ -57,10 +58,12 @@ var hardAddressSpaceLimit = sync.OnceValues(func() (uint64, error) {
 })
 
 // statm is /proc/self/statm, open for as long as the process lives:
-// reading it again from the start costs one system call.
+// reading it again from the start costs one system call (a pread; the
+// os.File's ReadAt would read again until the end of the file: two).
 var statm struct {
 	once sync.Once
 	f    *os.File
+	fd   int
 	err  error
 	buf  [128]byte
 }
@@ -68,12 +71,20 @@ var statm struct {
 // addressSpaceSize returns this process's address-space size in bytes
 // (VmSize), from /proc/self/statm. It is called by one goroutine at a time.
 func addressSpaceSize() (uint64, error) {
-	statm.once.Do(func() { statm.f, statm.err = os.Open("/proc/self/statm") })
+	statm.once.Do(func() {
+		statm.f, statm.err = os.Open("/proc/self/statm")
+		if statm.err == nil {
+			statm.fd = int(statm.f.Fd())
+		}
+	})
 	if statm.err != nil {
 		return 0, statm.err
 	}
-	n, err := statm.f.ReadAt(statm.buf[:], 0)
-	if n == 0 {
+	n, err := unix.Pread(statm.fd, statm.buf[:], 0)
+	if n <= 0 {
+		if err == nil {
+			err = errors.New("/proc/self/statm is empty")
+		}
 		return 0, err
 	}
 	f, _, _ := strings.Cut(string(statm.buf[:n]), " ")

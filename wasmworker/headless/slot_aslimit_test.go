@@ -4,6 +4,9 @@ package headless
 
 import (
 	"context"
+	"os"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -75,4 +78,43 @@ func TestIsolatedAddressSpaceLimit(t *testing.T) {
 	if o := r.Run(context.Background(), j); o.Reason != "" {
 		t.Fatalf("the next attempt: %s: %s", o.Reason, o.Message)
 	}
+}
+
+// addressSpaceSize reads VmSize from /proc/self/statm with one pread each
+// time: it agrees with a fresh read of the file, call after call, and
+// follows the address space as it grows.
+func TestAddressSpaceSize(t *testing.T) {
+	fresh := func() uint64 {
+		b, err := os.ReadFile("/proc/self/statm")
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, _, _ := strings.Cut(string(b), " ")
+		pages, err := strconv.ParseUint(f, 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pages * uint64(os.Getpagesize())
+	}
+	const grow = 256 << 20
+	var held []byte
+	for i := range 3 {
+		before := fresh()
+		got, err := addressSpaceSize()
+		after := fresh()
+		if err != nil || got == 0 {
+			t.Fatalf("call %d: addressSpaceSize = %d, %v", i, got, err)
+		}
+		// Go's own allocations may move the size between the reads.
+		if got+grow/2 < before || got > after+grow/2 {
+			t.Fatalf("call %d: addressSpaceSize = %d, /proc/self/statm said %d then %d", i, got, before, after)
+		}
+		if i == 1 {
+			held = make([]byte, grow) // reserved address space, untouched
+			if got2, _ := addressSpaceSize(); got2 < got+grow/2 {
+				t.Fatalf("after reserving %d bytes the size went from %d to %d", grow, got, got2)
+			}
+		}
+	}
+	runtime.KeepAlive(held)
 }
