@@ -257,10 +257,10 @@ func (s *Store) CreateWorkflowClaiming(ctx context.Context, ownerID int64, w *Ne
 	}
 	id, claimed, err = s.createSmall(ctx, ownerID, w, uid, picks, lease, send)
 	if err != nil {
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) {
+		var mc *maybeCommitted
+		if errors.As(err, &mc) {
 			// The transaction may have committed, its answer lost.
-			if id, rerr := s.recoverSubmission(ctx, uid); rerr == nil && id != "" {
+			if id, rerr := s.recoverSubmission(ctx, uid, mc.pid); rerr == nil && id != "" {
 				return id, nil, nil
 			}
 		}
@@ -269,17 +269,83 @@ func (s *Store) CreateWorkflowClaiming(ctx context.Context, ownerID int64, w *Ne
 	return id, claimed, nil
 }
 
+// maybeCommitted is an error after which a transaction may have committed
+// all the same: its COMMIT was sent, and then its answer was lost (the
+// connection failed, the context ended) or was a fatal error (a backend
+// terminated while it waited for a synchronous standby has committed
+// locally). pid is the transaction's backend, which may still be
+// committing.
+type maybeCommitted struct {
+	pid uint32
+	err error
+}
+
+func (e *maybeCommitted) Error() string { return e.err.Error() }
+func (e *maybeCommitted) Unwrap() error { return e.err }
+
+// uncertain returns err, which came after the COMMIT of backend pid's
+// transaction was sent, as a maybeCommitted, unless it says that the
+// transaction did not commit: an error PostgreSQL reported (not a fatal
+// one) aborts the transaction, and its COMMIT then rolls back.
+func uncertain(pid uint32, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.SeverityUnlocalized == "ERROR" || pgErr.SeverityUnlocalized == "" && pgErr.Severity == "ERROR") {
+		return err
+	}
+	return &maybeCommitted{pid: pid, err: err}
+}
+
+// awaitBackend waits until backend pid, whose connection was given up
+// after a lost answer, has ended: its transaction is then committed or
+// not, no longer in flight, and a look at what it wrote is the truth. A
+// backend still there after backendGrace is terminated: a COMMIT that waits
+// for a synchronous standby has committed locally, and PostgreSQL makes it
+// visible when its backend ends.
+func (s *Store) awaitBackend(ctx context.Context, pid uint32) error {
+	terminateAt := time.Now().Add(backendGrace)
+	for terminated := false; ; {
+		var alive bool
+		if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, int32(pid)).Scan(&alive); err != nil {
+			return fmt.Errorf("wait for backend %d: %w", pid, err)
+		}
+		if !alive {
+			return nil
+		}
+		if !terminated && time.Now().After(terminateAt) {
+			if _, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, int32(pid)); err != nil {
+				return fmt.Errorf("terminate backend %d: %w", pid, err)
+			}
+			terminated = true
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for backend %d: %w", pid, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// backendGrace is how long awaitBackend lets a backend finish its COMMIT
+// before it terminates it.
+const backendGrace = 5 * time.Second
+
 // recoverSubmission settles a claiming submission whose transaction ended
 // in an error that may have come after its commit (the connection lost
-// with the COMMIT's answer, or the context ended while it was on its way).
-// When the workflow uid was written after all, the attempts it claimed
+// with the COMMIT's answer, or the context ended while it was on its way),
+// once its backend pid has ended (awaitBackend; 0: not known, not waited
+// for). When the workflow uid was written after all, the attempts it claimed
 // never reached their workers and nobody was told of its tasks: the
 // attempts are ended without counting against their tasks or workers,
 // which queues the tasks again and wakes the dispatchers, and it returns
 // the workflow's id. It returns "" when the workflow was not written.
-func (s *Store) recoverSubmission(ctx context.Context, uid pgtype.UUID) (string, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+func (s *Store) recoverSubmission(ctx context.Context, uid pgtype.UUID, pid uint32) (string, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backendGrace+15*time.Second)
 	defer cancel()
+	if pid != 0 {
+		if err := s.awaitBackend(ctx, pid); err != nil {
+			return "", fmt.Errorf("look for a submission: %w", err)
+		}
+	}
 	rows, err := s.pool.Query(ctx, `SELECT w.id::text, a.id, a.worker_id::text FROM workflows w
 		LEFT JOIN tasks t ON t.workflow_id = w.id LEFT JOIN attempts a ON a.task_id = t.id AND a.state = 'running'
 		WHERE w.id = $1`, uid)
@@ -436,10 +502,18 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, 
 // createBatch sends createSmall's batch, its COMMIT included, and reads
 // the workflow's id and the attempts of its n picks (none when n is 0).
 func (s *Store) createBatch(ctx context.Context, b *pgx.Batch, n int) (id string, claimed []Claimed, err error) {
-	br := s.pool.SendBatch(ctx, b)
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	defer pc.Release()
+	br := pc.SendBatch(ctx, b)
 	defer func() {
 		if cerr := br.Close(); err == nil {
 			err = cerr
+		}
+		if err != nil {
+			err = uncertain(pc.Conn().PgConn().PID(), err)
 		}
 	}()
 	if n > 0 {
@@ -504,12 +578,15 @@ func (s *Store) createSending(ctx context.Context, b *pgx.Batch, n int, send fun
 	p.SendFlushRequest()
 	p.SendQueryParams("COMMIT", nil, nil, nil, nil)
 	p.SendPipelineSync()
+	// From here the COMMIT may be on its way: an error may have come after
+	// it committed (uncertain).
+	pid := conn.PgConn().PID()
 	if err := p.Flush(); err != nil {
-		return "", nil, err
+		return "", nil, uncertain(pid, err)
 	}
 	fail := func(err error) (string, []Claimed, error) {
 		p.Close()
-		return "", nil, err
+		return "", nil, uncertain(pid, err)
 	}
 	next := func() (pgx.Rows, error) {
 		r, err := p.GetResults()
@@ -556,7 +633,7 @@ func (s *Store) createSending(ctx context.Context, b *pgx.Batch, n int, send fun
 	}
 	if err != nil {
 		p.Close()
-		return "", nil, fmt.Errorf("%w: %w", errSent, err)
+		return "", nil, uncertain(pid, fmt.Errorf("%w: %w", errSent, err))
 	}
 	// Committed: what the pipeline's end says changes nothing (a broken
 	// connection is closed by the pool).

@@ -2,12 +2,14 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -548,7 +550,7 @@ func TestLostSubmissionAnswerRequeuesItsAttempts(t *testing.T) {
 	if err := uid.Scan(id); err != nil {
 		t.Fatal(err)
 	}
-	got, err := f.s.recoverSubmission(ctx, uid)
+	got, err := f.s.recoverSubmission(ctx, uid, 0)
 	if err != nil || got != id {
 		t.Fatalf("recovered %q, err %v: want %s", got, err, id)
 	}
@@ -564,20 +566,29 @@ func TestLostSubmissionAnswerRequeuesItsAttempts(t *testing.T) {
 		t.Errorf("the task was not claimable again")
 	}
 	other, _ := newUUID()
-	if got, err := f.s.recoverSubmission(ctx, other); err != nil || got != "" {
+	if got, err := f.s.recoverSubmission(ctx, other, 0); err != nil || got != "" {
 		t.Errorf("a workflow never written: recovered %q, err %v", got, err)
 	}
 }
 
 // atCommitSQL adds to a test's database a check that runs at the COMMIT
 // of a transaction that wrote a workflow: one named held-at-commit waits
-// for advisory lock 4242, one named refused-at-commit fails. Real
-// PostgreSQL behaviour at the moment a claiming submission's attempts are
-// already out.
+// for advisory lock 4242, one named refused-at-commit fails, one named
+// stuck-at-commit waits for the lock and goes on waiting when its client
+// cancels it (as a WAL flush or a synchronous standby keeps a COMMIT).
+// Real PostgreSQL behaviour at the moment a claiming submission's attempts
+// are already out.
 const atCommitSQL = `CREATE FUNCTION test_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
 	IF NEW.name = 'held-at-commit' THEN PERFORM pg_advisory_xact_lock(4242); END IF;
 	IF NEW.name = 'refused-at-commit' THEN RAISE EXCEPTION 'refused at commit'; END IF;
+	IF NEW.name = 'stuck-at-commit' THEN
+		BEGIN
+			PERFORM pg_advisory_xact_lock(4242);
+		EXCEPTION WHEN query_canceled THEN
+			PERFORM pg_advisory_xact_lock(4242);
+		END;
+	END IF;
 	RETURN NULL;
 END $$;
 CREATE CONSTRAINT TRIGGER test_at_commit AFTER INSERT ON workflows DEFERRABLE INITIALLY DEFERRED
@@ -649,6 +660,102 @@ func TestClaimingSubmissionSendsBeforeItsCommit(t *testing.T) {
 			}
 			if !visible(sent[0].Attempt) {
 				t.Errorf("attempt %d not visible after the commit", sent[0].Attempt)
+			}
+		})
+	}
+}
+
+// A claiming submission whose COMMIT's answer is lost while the COMMIT is
+// still in flight (its client gave up; the COMMIT waits on) is looked up
+// only once its backend has ended. When the COMMIT then commits, the
+// workflow is found, its attempt ended without counting against its task
+// or worker, and its id returned, rather than "not written" and an attempt
+// left running that no worker holds. A backend that does not end within
+// backendGrace is terminated (a COMMIT held here by a lock rolls back;
+// one waiting for a synchronous standby would be visible): nothing
+// written, an error.
+func TestLostAnswerOfACommitInFlight(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	if _, err := f.s.pool.Exec(ctx, atCommitSQL); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name    string
+		release bool // the COMMIT goes on, some time after the client gave up
+	}{{"committed", true}, {"terminated", false}} {
+		t.Run(tt.name, func(t *testing.T) {
+			lock, err := f.s.pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lock.Release()
+			if _, err := lock.Exec(ctx, `SELECT pg_advisory_lock(4242)`); err != nil {
+				t.Fatal(err)
+			}
+			defer lock.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
+			cctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			gaveUp := make(chan struct{})
+			released := make(chan error, 1)
+			go func() {
+				if !tt.release {
+					released <- nil
+					return
+				}
+				<-gaveUp
+				for {
+					var n int
+					if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+						WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND datname = current_database()`).Scan(&n); err != nil {
+						released <- err
+						return
+					}
+					if n > 0 {
+						break
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				time.Sleep(500 * time.Millisecond) // a look made at once would have found nothing
+				_, err := lock.Exec(ctx, `SELECT pg_advisory_unlock(4242)`)
+				released <- err
+			}()
+			w := NewWorkflow{Name: "stuck-at-commit", Priority: "interactive", Tasks: []NewTask{f.task("a")}}
+			var sent []Claimed
+			id, claimed, err := f.s.CreateWorkflowClaiming(cctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute,
+				func(cl []Claimed) {
+					sent = cl
+					cancel() // the COMMIT is on its way: the client gives up on it
+					close(gaveUp)
+				})
+			if rerr := <-released; rerr != nil {
+				t.Fatal(rerr)
+			}
+			if len(sent) != 1 {
+				t.Fatalf("send got %d attempts, want 1", len(sent))
+			}
+			var state, task string
+			var attempts int
+			row := f.s.pool.QueryRow(ctx, `SELECT a.state, t.state, t.attempts FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.id = $1`,
+				sent[0].Attempt)
+			if !tt.release {
+				if err == nil || id != "" {
+					t.Errorf("got id %q, err %v: want an error", id, err)
+				}
+				if err := row.Scan(&state, &task, &attempts); !errors.Is(err, pgx.ErrNoRows) {
+					t.Errorf("attempt %s written (err %v), want nothing", state, err)
+				}
+				return
+			}
+			if err != nil || claimed != nil || id == "" {
+				t.Fatalf("got id %q, %d attempts, err %v: want the workflow's id, its attempt taken back", id, len(claimed), err)
+			}
+			if err := row.Scan(&state, &task, &attempts); err != nil {
+				t.Fatal(err)
+			}
+			if state == "running" || task != StateReady || attempts != 0 {
+				t.Errorf("attempt %s, task %s after %d counted attempts: want the attempt ended, the task ready after none", state, task, attempts)
 			}
 		})
 	}
