@@ -159,6 +159,7 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		// A task that ends at once still finds its waiter, which gets
 		// the status its completion reads.
 		woken, forget = s.ends.addWatching(nw.ID)
+		defer forget() // done already unless the submission panicked
 	}
 	id, err := s.submit(r.Context(), owner.ID, nw)
 	if err != nil {
@@ -179,6 +180,10 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		writeJSON(w, http.StatusCreated, api.Submitted{ID: id, Name: spec.Name, Tasks: len(spec.Tasks)})
 		return
 	}
+	// Only these are kept for the wait, which may last a minute: the
+	// workflow's file, parsed and converted, may hold megabytes.
+	name, tasks, priority := spec.Name, len(spec.Tasks), nw.Priority
+	body, spec, nw, blobs = nil, nil, nil, nil
 	read, err := s.waitAdded(r.Context(), owner.ID, id, wait, woken, forget, false)
 	var st *store.WorkflowStatus
 	if err == nil {
@@ -188,7 +193,7 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		// Written all the same: say so, with what is known, rather than
 		// an error that would have the owner submit it again.
 		s.log.Warn("wait for a workflow submitted", "workflow", id, "err", err)
-		st = &store.WorkflowStatus{ID: id, Name: spec.Name, Priority: nw.Priority, State: store.StateRunning, TaskCount: len(spec.Tasks),
+		st = &store.WorkflowStatus{ID: id, Name: name, Priority: priority, State: store.StateRunning, TaskCount: tasks,
 			Notice: "the workflow was submitted, but the server could not read its status just now: ask again with GET /api/v1/workflows/" + id + "?wait="}
 	}
 	writeJSON(w, http.StatusCreated, apiStatus(st))

@@ -295,3 +295,49 @@ func TestUncommittedSubmissionTakesItsAttemptBack(t *testing.T) {
 		t.Errorf("next workflow %v (%v), want done", st, err)
 	}
 }
+
+// A panic while a submission sends its attempts, after its COMMIT went out
+// in the same write: the panic is caught, the store reads the COMMIT's
+// answer, and the committed attempt is ended without counting against its
+// task or worker and taken back (cancel, its result refused). The workflow
+// is submitted all the same, and its task, ready again, runs to the end.
+func TestPanicWhileSendingEndsTheCommittedAttempt(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	admin := checkAtCommit(t, f)
+	s, url := runServer(t, f)
+	w := dialGateWorker(t, s, url)
+	attempt, done := submitEarly(t, s, f, w, "panic-in-send", func() { panic("a bug in sending") })
+	sub := <-done
+	if sub.err != nil || sub.id == "" {
+		t.Fatalf("submission: id %q, err %v; want it submitted", sub.id, sub.err)
+	}
+	if c := w.next(protocol.TypeCancel).Cancel; len(c.Attempts) != 1 || c.Attempts[0] != attempt {
+		t.Errorf("cancel %+v, want attempt %d", c, attempt)
+	}
+	w.result(attempt)
+	if ack := w.next(protocol.TypeAck).Acks[0]; ack.Attempt != attempt || ack.OK {
+		t.Errorf("ack %+v, want attempt %d refused", ack, attempt)
+	}
+	var state string
+	if err := admin.QueryRow(ctx, `SELECT state FROM attempts WHERE id = $1`, attempt).Scan(&state); err != nil {
+		t.Fatal(err)
+	}
+	if state == "running" {
+		t.Errorf("attempt %d still running in the database", attempt)
+	}
+	// The task goes to the worker again, and counts one attempt: this one.
+	b := w.next(protocol.TypeAssign).Assign[0]
+	w.result(b.Attempt)
+	if ack := w.next(protocol.TypeAck).Acks[0]; ack.Attempt != b.Attempt || !ack.OK {
+		t.Errorf("ack %+v of the task's next attempt, want it accepted", ack)
+	}
+	var attempts int
+	if err := admin.QueryRow(ctx, `SELECT attempts FROM tasks WHERE workflow_id = $1`, sub.id).Scan(&attempts); err != nil || attempts != 1 {
+		t.Errorf("the task counts %d attempts (%v), want 1: the one taken back does not count", attempts, err)
+	}
+	if st, err := f.st.Summary(ctx, f.owner.ID, sub.id); err != nil || st.State != "done" {
+		t.Errorf("workflow %v (%v), want done", st, err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -213,6 +214,7 @@ func (d *dispatcher) submit(ctx context.Context, ownerID int64, nw *store.NewWor
 		sent          []store.Claimed
 		undeliverable []store.Completion
 		release       func()
+		sendPanic     any // what a panic in send carried
 	)
 	takeBack := func() {
 		ids := make([]int64, len(sent))
@@ -228,6 +230,15 @@ func (d *dispatcher) submit(ctx context.Context, ownerID int64, nw *store.NewWor
 		}
 		release = d.hub.gates.hold(workers) // before any attempt can reach its worker
 		sent = claimed
+		defer func() {
+			// The COMMIT is on its way already: a panic let through
+			// would leave it to commit attempts taken back from their
+			// workers. Caught, the store reads its answer.
+			if r := recover(); r != nil {
+				sendPanic = r
+				d.log.Error("sending a submission's attempts", "panic", r, "stack", string(debug.Stack()))
+			}
+		}()
 		undeliverable = d.send(cctx, claimed, nil, reserved)
 		if d.afterSend != nil {
 			d.afterSend()
@@ -242,6 +253,18 @@ func (d *dispatcher) submit(ctx context.Context, ownerID int64, nw *store.NewWor
 	}()
 	id, claimed, err := d.store.CreateWorkflowClaiming(cctx, ownerID, nw, sp, d.cfg.Lease, send)
 	settled = true
+	if release != nil && err == nil && claimed != nil && sendPanic != nil {
+		// Committed, but some attempts may not have reached their
+		// workers: all are ended without counting against anyone, and
+		// taken back. Their tasks are ready again.
+		ends := make([]store.Completion, len(claimed))
+		for i, c := range claimed {
+			ends[i] = store.Completion{Attempt: c.Attempt, Worker: c.Worker, Reason: protocol.ReasonWorker, End: store.EndUnstarted,
+				Message: "the server failed while sending it: taken back"}
+		}
+		d.endUndeliverable(cctx, ends)
+		claimed = nil
+	}
 	if release != nil {
 		if err != nil || claimed == nil {
 			// Not committed, or committed and its attempts ended since

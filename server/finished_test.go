@@ -1,8 +1,20 @@
 package server
 
 import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/cyclepool/cyclepool/internal/store"
 )
@@ -133,5 +145,89 @@ func TestFinishWaitersHeardWhileReading(t *testing.T) {
 		}
 	default:
 		t.Error("a not woken once the batches were done")
+	}
+}
+
+// xReader reads n bytes of 'x', held nowhere: a large request body whose
+// only copies are the server's.
+type xReader struct{ n int }
+
+func (r *xReader) Read(p []byte) (int, error) {
+	if r.n == 0 {
+		return 0, io.EOF
+	}
+	k := min(len(p), r.n)
+	for i := range k {
+		p[i] = 'x'
+	}
+	r.n -= k
+	return k, nil
+}
+
+// A submission that waits for its workflow's end keeps, while it waits,
+// nothing of the workflow's file: four of 7 MiB of stdin each, waiting at
+// once, hold less than one such file more than once they have answered
+// (each held three times its size before: the body, the parsed file and
+// the converted workflow). What the database connections keep of the
+// largest arguments they sent stays either way.
+func TestSubmitAndWaitHoldsNotItsWorkflow(t *testing.T) {
+	f := newFixture(t)
+	s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	h := s.Handler()
+	const n, size = 4, 7 << 20
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	db, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(context.Background())
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := io.MultiReader(
+				strings.NewReader(fmt.Sprintf(`{"name": "big-%d", "tasks": [{"name": "a", "module": %q, "stdin": {"data": "`, i, f.module)),
+				&xReader{size}, strings.NewReader(`"}}]}`))
+			req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/api/v1/workflows?wait=60s", body)
+			req.Header.Set("Authorization", "Bearer "+f.token)
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != http.StatusCreated {
+				t.Errorf("HTTP %d: %.200s", rec.Code, rec.Body.String())
+			}
+		}()
+	}
+	for try := 0; ; try++ {
+		var written int
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM workflows WHERE name LIKE 'big-%'`).Scan(&written); err != nil {
+			t.Fatal(err)
+		}
+		if written == n && s.ends.waiting() == n {
+			break
+		}
+		if try == 2000 {
+			t.Fatalf("%d of %d workflows written, %d waiting", written, n, s.ends.waiting())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// A handler may be just past its commit: the least of a few looks.
+	waiting := heap()
+	for range 5 {
+		time.Sleep(20 * time.Millisecond)
+		waiting = min(waiting, heap())
+	}
+	cancel()
+	wg.Wait()
+	if after := heap(); waiting > after+size {
+		t.Errorf("%d waiting submissions held %d MiB more than once they answered, want under %d MiB", n, (waiting-after)>>20, size>>20)
 	}
 }
