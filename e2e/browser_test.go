@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -398,6 +399,31 @@ func TestBrowserMemoryLimit(t *testing.T) {
 	st := wait(t, p.client, id, 60*time.Second)
 	if st.State != "failed" || !strings.Contains(st.Tasks[0].Error, "memory limit") {
 		t.Fatalf("workflow %s, task %+v: want a memory limit failure", st.State, st.Tasks[0])
+	}
+}
+
+// A task's files in the browser are held to its limits as it writes, as
+// in the headless runner: one writing 64 MiB to /out with an output limit
+// of 1 MiB is stopped at the write that would pass it (the message says
+// "would"; measured only once the task ended, the page had held all 64),
+// and one making 2,000 files is stopped at the 1,001st.
+func TestBrowserFilesHeldToTheirLimits(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	fill := push(t, p.client, "outfill")
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, p.srv.url)
+	id := submit(t, p.client, workflow("fill",
+		task{"name": "bytes", "module": fill, "args": []string{"bytes", strconv.Itoa(64 << 20)}, "max_attempts": 1,
+			"limits": map[string]any{"output_mib": 1}},
+		task{"name": "files", "module": fill, "args": []string{"files", "2000"}, "max_attempts": 1}))
+	for name, want := range map[string]string{
+		"bytes": "limit_output: output limit of 1048576 bytes exceeded: files under /out would add up to more",
+		"files": "limit_output: output limit of 1000 files and directories under /out exceeded",
+	} {
+		if a := attemptEnded(t, p.client, id, name); !strings.HasPrefix(a.Reason, want) {
+			t.Errorf("%s: the browser's attempt ended %q, want %q", name, a.Reason, want)
+		}
 	}
 }
 

@@ -76,6 +76,10 @@ const HOST_FUNCTIONS = new Set(["progress", "checkpoint_due", "checkpoint", "res
 // CHECKPOINT_ANSWER_MS bounds a task's wait for its checkpoint's answer
 // (the Go worker answers within a minute; see checkpoint below).
 const CHECKPOINT_ANSWER_MS = 75000;
+// The files, directories and links a task may make under /out and in a
+// tree of its own: the headless runner's MaxOutEntries and
+// MaxScratchEntries (wasmworker/headless).
+const MAX_OUT_ENTRIES = 1000, MAX_SCRATCH_ENTRIES = 100000;
 // ckptSeq numbers this Web Worker's checkpoints, from a random start so
 // that an answer meant for another task Web Worker's ctl (an attempt moved
 // from one to another) matches none here; below 2^29, so seq × 4 + code
@@ -357,6 +361,55 @@ function runAttempt(p) {
   const str = (ptr, len) => dec.decode(bytesAt(ptr, len).slice());
   const iovecs = (iovs, n) => { view(); const out = []; for (let i = 0; i < n; i++) { const b = (iovs >>> 0) + 8 * i; out.push([dv.getUint32(b, true), dv.getUint32(b + 4, true)]); } return out; };
 
+  // What the task's files may hold, counted as they grow, as the headless
+  // runner's outCount does: their bytes within the output limit (and the
+  // scratch limit of a tree of its own), and the files, directories and
+  // links it makes within as many as the headless runner allows. The count
+  // is taken at the first growth, never counts less than the files hold
+  // (nothing is taken off when they shrink or go) and is made exact by a
+  // recount before it stops the task: the tab's memory stays near what the
+  // task may keep, not what it writes (a module with a 1 MiB limit wrote
+  // 1.5 GiB before its outputs were measured).
+  const roomBytes = limits.outputBytes + (tree ? tree.scratchLimit : 0);
+  let held = null, roomNodes = 0; // {bytes, nodes}
+  const recount = () => {
+    const seen = new Set();
+    let bytes = 0, nodes = 0;
+    const visit = (n) => {
+      if (seen.has(n) || n === inDir) return;
+      seen.add(n); nodes++;
+      if (n.dir) { for (const c of n.entries.values()) visit(c); } else if (!n.link && n.writable) bytes += n.size;
+    };
+    visit(outDir);
+    if (tree) visit(tree.root);
+    for (const d of fds) if (d && d.kind === "node") visit(d.node); // open, perhaps removed
+    return { bytes, nodes };
+  };
+  const counted = () => {
+    if (!held) { held = recount(); roomNodes = held.nodes + MAX_OUT_ENTRIES + (tree ? MAX_SCRATCH_ENTRIES : 0); }
+    return held;
+  };
+  const overBytes = () => new StopSignal("limit_output", tree ?
+    `output and scratch limits of ${limits.outputBytes} and ${tree.scratchLimit - tree.baseBytes} bytes exceeded: the task's files would add up to more` :
+    `output limit of ${limits.outputBytes} bytes exceeded: files under /out would add up to more`);
+  // grow accounts for file f growing to end bytes, before it does.
+  const grow = (f, end) => {
+    const add = end - f.size;
+    if (add <= 0) return;
+    if (counted().bytes + add > roomBytes) { held = recount(); if (held.bytes + add > roomBytes) throw overBytes(); }
+    held.bytes += add;
+  };
+  // made accounts for a file, directory or link the task makes, before it does.
+  const made = () => {
+    if (counted().nodes + 1 > roomNodes) {
+      held = recount();
+      if (held.nodes + 1 > roomNodes) throw new StopSignal("limit_output", tree ?
+        `limits of ${MAX_OUT_ENTRIES} files and directories under /out and ${MAX_SCRATCH_ENTRIES} outside it exceeded` :
+        `output limit of ${MAX_OUT_ENTRIES} files and directories under /out exceeded`);
+    }
+    held.nodes++;
+  };
+
   const writeStdout = (b) => {
     if (stdoutSize + b.length > limits.outputBytes) {
       throw new StopSignal("limit_output", `output limit of ${limits.outputBytes} bytes exceeded by stdout`);
@@ -569,7 +622,7 @@ function runAttempt(p) {
         else if (d.kind === "stderr") writeLog(b);
         else if (d.kind === "node" && !d.node.dir && d.write) {
           const f = d.node, at = d.flags & 1 ? f.size : d.pos;
-          ensure(f, at + b.length); f.data.set(b, at); f.size = Math.max(f.size, at + b.length); d.pos = at + b.length; f.mtime = taskNow();
+          grow(f, at + b.length); ensure(f, at + b.length); f.data.set(b, at); f.size = Math.max(f.size, at + b.length); d.pos = at + b.length; f.mtime = taskNow();
         } else return d.kind === "node" && d.node.dir ? E.ISDIR : E.BADF;
         total += len;
       }
@@ -585,7 +638,7 @@ function runAttempt(p) {
       let at = Number(offset), total = 0;
       for (const [ptr, len] of iovecs(iovs, n)) {
         const b = bytesAt(ptr, len), f = d.node;
-        ensure(f, at + len); f.data.set(b, at); f.size = Math.max(f.size, at + len); at += len; total += len; f.mtime = taskNow();
+        grow(f, at + len); ensure(f, at + len); f.data.set(b, at); f.size = Math.max(f.size, at + len); at += len; total += len; f.mtime = taskNow();
       }
       view(); dv.setUint32(nwritten >>> 0, total, true);
       return 0;
@@ -644,7 +697,7 @@ function runAttempt(p) {
       if (d.kind === "node") ino(d.node);
       if (d.kind !== "node" || d.node.dir || !d.write) return E.BADF;
       const end = Number(offset + len);
-      if (end > d.node.size) { ensure(d.node, end); d.node.size = end; d.node.mtime = taskNow(); }
+      if (end > d.node.size) { grow(d.node, end); ensure(d.node, end); d.node.size = end; d.node.mtime = taskNow(); }
       return 0;
     },
     fd_fdstat_get(fd, buf) {
@@ -678,7 +731,7 @@ function runAttempt(p) {
       if (!d) return E.BADF;
       if (d.kind !== "node" || d.node.dir) return E.BADF;
       if (!d.node.writable) return E.ROFS;
-      const n = Number(size); ensure(d.node, n);
+      const n = Number(size); grow(d.node, n); ensure(d.node, n);
       if (n < d.node.size) d.node.data.fill(0, n, d.node.size);
       d.node.size = n; d.node.mtime = taskNow();
       return 0;
@@ -767,6 +820,7 @@ function runAttempt(p) {
         if (!(oflags & CREAT)) return E.NOENT;
         if (!r.parent.writable) return E.ROFS;
         if (r.name === "." ) return E.ISDIR;
+        made();
         n = newFile(new Uint8Array(0), true, taskNow());
         r.parent.entries.set(r.name, n); r.parent.mtime = taskNow();
       }
@@ -800,6 +854,7 @@ function runAttempt(p) {
       if (typeof r === "number") return r;
       if (r.node) return E.EXIST;
       if (!r.parent.writable) return E.ROFS;
+      made();
       r.parent.entries.set(r.name, newDir(true, taskNow()));
       return 0;
     },
@@ -850,6 +905,7 @@ function runAttempt(p) {
       if (!r.parent.writable) return E.ROFS;
       if (!safeTarget(target)) return E.PERM;
       if (r.node) return E.EXIST;
+      made();
       r.parent.entries.set(r.name, newLink(target, taskNow()));
       return 0;
     },
@@ -864,6 +920,7 @@ function runAttempt(p) {
       if (a.node.dir || a.node.pinned) return E.PERM;
       if (b.node) return E.EXIST;
       if (!b.parent.writable) return E.ROFS;
+      made();
       b.parent.entries.set(b.name, a.node);
       a.node.nlink = (a.node.nlink || 1) + 1;
       return 0;
