@@ -175,19 +175,17 @@ func (b *browser) eval(expr string, out any) {
 
 // pageStatus is window.cyclepool.status, what the worker last reported.
 type pageStatus struct {
-	Connected     bool   `json:"connected"`
-	Done          int    `json:"done"`
-	Failed        int    `json:"failed"`
-	Cancelled     int    `json:"cancelled"`
-	Paused        bool   `json:"paused"`
-	PausedBecause string `json:"pausedBecause"`
-	CPUMs         int64  `json:"cpuMs"`
-	Running       []struct {
-		Task     string  `json:"task"`
-		Progress float64 `json:"progress"`
-	} `json:"running"`
-	Refused     int `json:"refused"`
-	TaskWorkers struct {
+	Connected     bool          `json:"connected"`
+	Done          int           `json:"done"`
+	Failed        int           `json:"failed"`
+	Cancelled     int           `json:"cancelled"`
+	Paused        bool          `json:"paused"`
+	PausedBecause string        `json:"pausedBecause"`
+	CPUMs         int64         `json:"cpuMs"`
+	Running       []runningTask `json:"running"`
+	Refused       int           `json:"refused"`
+	Threads       int           `json:"threads"` // attempts the page runs at once
+	TaskWorkers   struct {
 		Started    int `json:"started"`
 		Terminated int `json:"terminated"`
 		Busy       int `json:"busy"`
@@ -208,6 +206,12 @@ type pageStatus struct {
 	Identity struct {
 		ID string `json:"id"` // the worker's id, once the server gave it
 	} `json:"identity"`
+}
+
+// runningTask is an attempt the page has given a task Web Worker.
+type runningTask struct {
+	Task     string  `json:"task"`
+	Progress float64 `json:"progress"`
 }
 
 func (b *browser) status() pageStatus {

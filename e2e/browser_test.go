@@ -562,6 +562,92 @@ func TestBrowserShortTasksInBatches(t *testing.T) {
 	}
 }
 
+// argLoop is a WASI command that counts to a billion once for each of its
+// arguments: without any it ends at once (its module known to be short,
+// so its attempts go in batches), with one it runs for a second or so.
+// Each at (4 to 63) makes a module of its own: where it has the size of
+// the arguments written.
+func argLoop(at byte) []byte {
+	code := []byte{
+		0x41, 0x00, 0x41, at, 0x10, 0x00, 0x1a, // args_sizes_get(0, at); drop the errno
+		0x41, 0x00, 0x28, 0x02, 0x00, 0x41, 0x01, 0x6b, 0xad, // (argc - 1) as i64
+		0x42, 0x80, 0x94, 0xeb, 0xdc, 0x03, 0x7e, 0x21, 0x00, // times 10^9: local 0
+		0x02, 0x40, 0x03, 0x40, // block, loop
+		0x20, 0x01, 0x20, 0x00, 0x5a, 0x0d, 0x01, // local 1 >= local 0: out
+		0x20, 0x01, 0x42, 0x01, 0x7c, 0x21, 0x01, 0x0c, 0x00, // local 1 += 1, again
+		0x0b, 0x0b, // end loop, end block
+	}
+	body := append([]byte{0x01, 0x02, 0x7e}, append(code, 0x0b)...) // two i64 locals
+	return wasmtest.Module(
+		wasmtest.Section(1, wasmtest.Vec([]byte{0x60, 0, 0}, []byte{0x60, 2, 0x7f, 0x7f, 1, 0x7f})),
+		wasmtest.Section(2, wasmtest.Vec(append(append(wasmtest.Name("wasi_snapshot_preview1"), wasmtest.Name("args_sizes_get")...), 0x00, 0x01))),
+		wasmtest.Section(3, wasmtest.Vec([]byte{0})),
+		wasmtest.Section(5, wasmtest.Vec([]byte{0, 1})),
+		wasmtest.Section(7, wasmtest.Vec(append(wasmtest.Name("memory"), 2, 0), append(wasmtest.Name("_start"), 0, 1))),
+		wasmtest.Section(10, wasmtest.Vec(append(wasmtest.ULEB(len(body)), body...))),
+	)
+}
+
+// Cancelling attempts that wait in a batch behind a running one skips
+// them: the task Web Worker is not terminated, and the running attempt,
+// another workflow's, goes on to its end rather than starting again.
+func TestBrowserCancelInABatchSparesTheRunningAttempt(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	ctx := context.Background()
+	var mods [2]string
+	for i, at := range []byte{4, 8} {
+		m, err := p.client.PushModule(ctx, argLoop(at))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mods[i] = m.ID
+	}
+	loop, busy := mods[0], mods[1]
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, p.srv.url)
+	// The loop module's attempts are known to be short.
+	warm := make([]task, 20)
+	for i := range warm {
+		warm[i] = task{"name": fmt.Sprintf("w%d", i), "module": loop}
+	}
+	if st := wait(t, p.client, submit(t, p.client, workflow("warm", warm...)), 60*time.Second); st.State != "done" {
+		t.Fatalf("warm-up ended %s", st.State)
+	}
+	// While the page's task Web Workers are busy (one for each of its
+	// threads), a long attempt of the loop module and short ones of
+	// another workflow queue up: they go together, the long one first, in
+	// one batch.
+	threads := b.status().Threads
+	busyTasks := make([]task, threads)
+	for i := range busyTasks {
+		busyTasks[i] = task{"name": fmt.Sprintf("busy%d", i), "module": busy, "args": []string{"x"}}
+	}
+	submit(t, p.client, workflow("busy", busyTasks...))
+	eventually(t, 30*time.Second, "the task Web Workers to be busy", func() bool { return b.status().TaskWorkers.Busy >= threads })
+	long := submit(t, p.client, workflow("long", task{"name": "long", "module": loop, "args": []string{"x"}}))
+	shorts := make([]task, 7)
+	for i := range shorts {
+		shorts[i] = task{"name": fmt.Sprintf("s%d", i), "module": loop}
+	}
+	short := submit(t, p.client, workflow("shorts", shorts...))
+	eventually(t, 60*time.Second, "the long attempt to be given to a task Web Worker with others", func() bool {
+		s := b.status() // tasks named workflow/task
+		return slices.ContainsFunc(s.Running, func(r runningTask) bool { return strings.HasPrefix(r.Task, long+"/") }) &&
+			slices.ContainsFunc(s.Running, func(r runningTask) bool { return strings.HasPrefix(r.Task, short+"/") })
+	})
+	before := b.status().TaskWorkers.Terminated
+	if _, err := p.client.Cancel(ctx, short); err != nil {
+		t.Fatal(err)
+	}
+	if st := wait(t, p.client, long, 60*time.Second); st.State != "done" {
+		t.Fatalf("the long workflow ended %s", st.State)
+	}
+	if after := b.status().TaskWorkers.Terminated; after != before {
+		t.Errorf("%d task Web Workers terminated by the cancel of attempts that had not started, want none", after-before)
+	}
+}
+
 // withStart is a WASI command with a start function (an empty one), which
 // runs when the module is instantiated.
 var withStart = wasmtest.Module(

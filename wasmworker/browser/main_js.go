@@ -224,7 +224,7 @@ func main() {
 		self.Call("postMessage", map[string]any{
 			"type": "status", "since": since, "connected": st.Connected, "server": st.Server,
 			"done": st.Done, "failed": st.Failed, "cancelled": st.Cancelled, "refused": st.Refused, "running": list,
-			"cpuMs": cpu.Milliseconds(), "paused": why != "", "pausedBecause": why,
+			"cpuMs": cpu.Milliseconds(), "paused": why != "", "pausedBecause": why, "threads": threads,
 			"identity": map[string]any{"id": id, "token": token},
 			"taskWorkers": map[string]any{"started": counts.Get("started"), "terminated": counts.Get("terminated"),
 				"busy": counts.Get("busy"), "ahead": counts.Get("ahead"), "batches": counts.Get("batches"),

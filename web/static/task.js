@@ -24,7 +24,10 @@
 // 1 and 2 say which attempt
 // runs now (0: none) and since when (performance.timeOrigin-based ms), so
 // that the worker enforces wall times and knows where a batch got to
-// without a message per attempt.
+// without a message per attempt; Int32 6 on, one per place in the batch,
+// says whether its attempt started (1, set here) or was cancelled before
+// it did (2, set by the worker, which then need not terminate this Web
+// Worker: the attempt is skipped, the others go on).
 "use strict";
 
 const E = { SUCCESS: 0, ACCES: 2, BADF: 8, BUSY: 10, EXIST: 20, FAULT: 21, INVAL: 28, IO: 29, ISDIR: 31, LOOP: 32, NOENT: 44, NOSYS: 52,
@@ -54,7 +57,7 @@ class OutOfRange extends Error {}
 const now = () => performance.timeOrigin + performance.now();
 
 const modules = new Map(); // key -> {module, imports, ahead: false when it cannot be instantiated ahead}
-let ctlBuf = null, ctlNow = null;
+let ctlBuf = null, ctlNow = null, ctlSkip = null;
 
 // host is the host functions of the attempt that runs now ({wasi,
 // cyclepool}), null between attempts. Every instance imports forwarders to
@@ -130,14 +133,17 @@ self.onmessage = (e) => {
   if (m.type !== "run") return;
   const dones = [], moved = [];
   let last = null;
-  for (const p of m.list) {
-    const recv = now();
+  for (let i = 0; i < m.list.length; i++) {
+    const p = m.list[i], recv = now();
     if (p.reset) { modules.clear(); ahead = null; }
     if (p.module) modules.set(p.key, { module: p.module, imports: forwarders(p.module), ahead: p.ahead === true });
     const mod = modules.get(p.key);
     p.module = mod.module; p.imports = mod.imports;
-    if (p.ctl) { ctlBuf = p.ctl; ctlNow = new Float64Array(ctlBuf); } else p.ctl = ctlBuf;
+    if (p.ctl) { ctlBuf = p.ctl; ctlNow = new Float64Array(ctlBuf, 0, 3); ctlSkip = new Int32Array(ctlBuf, 24); } else p.ctl = ctlBuf;
     ctlNow[2] = recv; ctlNow[1] = p.attempt;
+    // Claimed as started, unless the worker cancelled it first (2): then
+    // skipped, with nothing to report.
+    if (Atomics.compareExchange(ctlSkip, i, 0, 1) !== 0) continue;
     const done = runAttempt(p);
     host = null;
     last = p.key;

@@ -543,16 +543,17 @@ function makeTasks(taskJs, server) {
   function start(batch) {
     const w = idle.pop() || spawnFor();
     w.batch = batch;
+    if (w.ctl) new Int32Array(w.ctl, 24).fill(0); // none started (task.js)
     counts.busy++;
     active++;
     busy.add(w);
     const list = [];
-    for (const q of batch) {
+    for (const [i, q] of batch.entries()) {
       const p = q.p;
-      q.r.w = w;
+      q.r.w = w; q.r.pos = i;
       p.module = null; p.ahead = false; p.reset = false; p.ctl = null;
       if (!w.ctl) {
-        w.ctl = new SharedArrayBuffer(24); w.mods = new Set(); p.ctl = w.ctl;
+        w.ctl = new SharedArrayBuffer(24 + 4 * maxBatch); w.mods = new Set(); p.ctl = w.ctl;
         const at = new Float64Array(w.ctl);
         w.nowRunning = () => at[1]; w.startedAt = () => at[2];
       }
@@ -584,6 +585,11 @@ function makeTasks(taskJs, server) {
     r.over = true;
     runs.delete(attempt);
     if (r.w) {
+      // Not started yet in its batch, or over already: its task Web
+      // Worker goes on with the others (task.js skips a cancelled one).
+      // Only the attempt that runs now is stopped, by terminating it.
+      const started = Atomics.compareExchange(new Int32Array(r.w.ctl, 24), r.pos, 0, 2);
+      if (started === 0 || r.w.nowRunning() !== attempt) return true;
       stopBatch(r.w, attempt);
       // Not at once: Go terminates every attempt a cancel frame or a pause
       // names in one go, and the rest of this batch may be among them.
