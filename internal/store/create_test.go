@@ -583,11 +583,14 @@ BEGIN
 	IF NEW.name = 'held-at-commit' THEN PERFORM pg_advisory_xact_lock(4242); END IF;
 	IF NEW.name = 'refused-at-commit' THEN RAISE EXCEPTION 'refused at commit'; END IF;
 	IF NEW.name = 'stuck-at-commit' THEN
-		BEGIN
-			PERFORM pg_advisory_xact_lock(4242);
-		EXCEPTION WHEN query_canceled THEN
-			PERFORM pg_advisory_xact_lock(4242);
-		END;
+		LOOP
+			BEGIN
+				PERFORM pg_advisory_xact_lock(4242);
+				EXIT;
+			EXCEPTION WHEN query_canceled THEN
+				-- waits on, however many cancel requests come
+			END;
+		END LOOP;
 	END IF;
 	RETURN NULL;
 END $$;
@@ -695,17 +698,15 @@ func TestLostAnswerOfACommitInFlight(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer lock.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
+			// Once the COMMIT waits (for the lock), the client gives up on
+			// it; the lock is let go a while after that, or never.
 			cctx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			gaveUp := make(chan struct{})
+			sentC := make(chan struct{})
 			released := make(chan error, 1)
 			go func() {
-				if !tt.release {
-					released <- nil
-					return
-				}
-				<-gaveUp
-				for {
+				<-sentC
+				for try := 0; ; try++ {
 					var n int
 					if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 						WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND datname = current_database()`).Scan(&n); err != nil {
@@ -715,7 +716,16 @@ func TestLostAnswerOfACommitInFlight(t *testing.T) {
 					if n > 0 {
 						break
 					}
+					if try == 3000 {
+						released <- errors.New("the COMMIT never waited for the lock")
+						return
+					}
 					time.Sleep(10 * time.Millisecond)
+				}
+				cancel()
+				if !tt.release {
+					released <- nil
+					return
 				}
 				time.Sleep(500 * time.Millisecond) // a look made at once would have found nothing
 				_, err := lock.Exec(ctx, `SELECT pg_advisory_unlock(4242)`)
@@ -726,14 +736,13 @@ func TestLostAnswerOfACommitInFlight(t *testing.T) {
 			id, claimed, err := f.s.CreateWorkflowClaiming(cctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute,
 				func(cl []Claimed) {
 					sent = cl
-					cancel() // the COMMIT is on its way: the client gives up on it
-					close(gaveUp)
+					close(sentC)
 				})
+			if len(sent) != 1 {
+				t.Fatalf("send got %d attempts (err %v), want 1", len(sent), err)
+			}
 			if rerr := <-released; rerr != nil {
 				t.Fatal(rerr)
-			}
-			if len(sent) != 1 {
-				t.Fatalf("send got %d attempts, want 1", len(sent))
 			}
 			var state, task string
 			var attempts int
