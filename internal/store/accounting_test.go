@@ -300,28 +300,85 @@ func TestServerFault(t *testing.T) {
 // When a worker's leases lapse (it went silent: its socket did not close),
 // only its slots oldest attempts may have run: they are lost, charged to
 // the worker and one loss to their tasks; the others waited in its queue
-// and go back charged to nobody.
+// and go back charged to nobody. An attempt keeps the rank it had when the
+// worker went silent however the reaper's passes split the worker's
+// attempts; a worker that came back and listed an attempt in its hello may
+// have run it since.
 func TestLapsedQueuedAttemptsChargeNobody(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	f := newFixture(t)
-	id := f.submit(t, "batch", f.task("a"), f.task("b"), f.task("c"))
-	f.useWorker(t, 1)
-	f.claim(t, 3, time.Minute)
-	if _, err := f.s.pool.Exec(ctx, `UPDATE attempts SET lease_until = now() - interval '1 second'`); err != nil {
-		t.Fatal(err)
+	// A step: the worker says hello listing the attempts of hello (if
+	// any), the leases of lapse lapse, and the reaper sweeps them in
+	// passes of at most limit attempts.
+	type step struct {
+		hello, lapse []string
+		limit        int
 	}
-	if n, err := f.s.ExpireLeases(ctx, 100); err != nil || n != 3 {
-		t.Fatalf("expired %d: %v", n, err)
-	}
-	for name, lost := range map[string]int{"a": 1, "b": 0, "c": 0} {
-		state, attempts, l, errText := f.taskCounts(t, id, name)
-		if state != "ready" || attempts != 0 || l != lost {
-			t.Errorf("task %s is %s with %d attempts and %d losses (%q), want ready, 0 and %d", name, state, attempts, l, errText, lost)
-		}
-	}
-	if n := f.tasksLost(t, f.worker); n != 1 {
-		t.Errorf("worker charged %d losses, want 1", n)
+	abc := []string{"a", "b", "c"}
+	for _, tc := range []struct {
+		name    string
+		steps   []step // on a 1-slot worker running a, with b and c queued
+		lost    map[string]int
+		charged int
+	}{
+		{"at once", []step{{lapse: abc, limit: 100}}, map[string]int{"a": 1, "b": 0, "c": 0}, 1},
+		// Many workers vanished at once (a dead replica's, after their
+		// grace): a pass ends fewer attempts than one worker holds.
+		{"split by the pass limit", []step{{lapse: abc, limit: 1}}, map[string]int{"a": 1, "b": 0, "c": 0}, 1},
+		// b and c were assigned after the worker's last heartbeat: their
+		// leases lapse a moment after a's, and a pass ends a alone first.
+		{"queued leases lapse later", []step{{lapse: abc[:1], limit: 100}, {lapse: abc[1:], limit: 100}},
+			map[string]int{"a": 1, "b": 0, "c": 0}, 1},
+		// The worker came back after a was lost, listed b and c (and a,
+		// which it learns is lost), and started b in a's place before it
+		// went silent again.
+		{"the worker came back between", []step{{lapse: abc[:1], limit: 100}, {hello: abc, lapse: abc[1:], limit: 100}},
+			map[string]int{"a": 1, "b": 1, "c": 0}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			id := f.submit(t, "batch", f.task("a"), f.task("b"), f.task("c"))
+			reg := f.useWorker(t, 1)
+			cs := claimedByName(f.claim(t, 3, time.Minute))
+			attempts := func(names []string) []int64 {
+				var ids []int64
+				for _, n := range names {
+					ids = append(ids, cs[n].Attempt)
+				}
+				return ids
+			}
+			for _, st := range tc.steps {
+				if st.hello != nil {
+					if _, err := f.s.RegisterWorker(ctx, WorkerHello{ID: f.worker, Token: reg.Token, Kind: "headless", Slots: 1,
+						Running: attempts(st.hello)}, time.Minute); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if _, err := f.s.pool.Exec(ctx, `UPDATE attempts SET lease_until = now() - interval '1 second' WHERE id = ANY($1)`,
+					attempts(st.lapse)); err != nil {
+					t.Fatal(err)
+				}
+				for {
+					n, err := f.s.ExpireLeases(ctx, st.limit)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if n == 0 {
+						break
+					}
+				}
+			}
+			for name, lost := range tc.lost {
+				state, attempts, l, errText := f.taskCounts(t, id, name)
+				if state != "ready" || attempts != 0 || l != lost {
+					t.Errorf("task %s is %s with %d attempts and %d losses (%q), want ready, 0 and %d", name, state, attempts, l, errText, lost)
+				}
+			}
+			if n := f.tasksLost(t, f.worker); n != tc.charged {
+				t.Errorf("worker charged %d losses, want %d", n, tc.charged)
+			}
+		})
 	}
 }
 

@@ -271,15 +271,21 @@ const sweepEndedSQL = `DELETE FROM running_attempts r
 // each one's task, reason, worker, and whether it may have run. A worker
 // runs at most its slots attempts at once, the oldest it holds (attempt
 // ids grow in the order of assignment, and a worker starts its queued
-// attempts in that order): its attempts beyond its slots oldest running
-// ones waited in its queue and never started (EndUnstarted), the others
-// may have run (EndVanished). A worker whose record is gone may have run
-// any of them. The last column says whether the attempt saved a checkpoint.
+// attempts in that order): its attempts beyond its slots oldest ones
+// waited in its queue and never started (EndUnstarted), the others may
+// have run (EndVanished). The attempts it held are those still running
+// and those that an earlier pass ended as it fell silent (lapsed_attempts,
+// which keeps them for a day: those ended since the worker connected and
+// after the attempt judged was assigned): an attempt keeps the rank it had
+// when the worker went silent, however the passes split its attempts
+// (leases that lapse a moment apart, a pass limit). A worker whose record
+// is gone may have run any of them. The last column says whether the
+// attempt saved a checkpoint.
 // The attempts of a worker whose replica has been silent for $2 ms, or
 // has started again since the worker connected to it, wait until their
 // lease lapsed $3 ms ago (Sweep.ReplicaGrace).
 const expireSQL = `WITH exp AS (
-	SELECT x.id, x.worker_id FROM running_attempts r JOIN attempts x ON x.id = r.attempt_id
+	SELECT x.id, x.worker_id, x.started_at FROM running_attempts r JOIN attempts x ON x.id = r.attempt_id
 	WHERE x.state = 'running' AND x.lease_until < now()
 		AND NOT ($3::bigint > 0 AND x.lease_until > now() - $3::bigint * interval '1 millisecond' AND EXISTS (
 			SELECT 1 FROM workers w JOIN replicas rp ON rp.name = w.replica
@@ -290,8 +296,15 @@ const expireSQL = `WITH exp AS (
 	FROM running_attempts r JOIN attempts a ON a.id = r.attempt_id
 	WHERE a.state = 'running' AND a.worker_id IN (SELECT DISTINCT worker_id FROM exp)
 ), judged AS (
-	SELECT exp.id, coalesce(held.k <= w.slots, true) AS may_have_run
+	SELECT exp.id, exp.worker_id, coalesce(held.k + (SELECT count(*) FROM lapsed_attempts l
+			WHERE l.worker_id = exp.worker_id AND l.attempt_id < exp.id
+				AND l.ended_at >= greatest(exp.started_at, w.connected_at)) <= w.slots,
+		true) AS may_have_run
 	FROM exp LEFT JOIN held ON held.id = exp.id LEFT JOIN workers w ON w.id = exp.worker_id
+), kept AS (
+	INSERT INTO lapsed_attempts (worker_id, attempt_id, ended_at) SELECT worker_id, id, now() FROM judged
+), pruned AS (
+	DELETE FROM lapsed_attempts WHERE ended_at < now() - interval '1 day'
 )
 UPDATE attempts a SET state = 'lost', ended_at = now(),
 	reason = CASE WHEN j.may_have_run
