@@ -399,9 +399,17 @@ func (s *Store) UpdateDevice(ctx context.Context, id string, device any) error {
 	return nil
 }
 
+// workerGoneLockSQL locks worker $1's row for workerGoneSQL: a hello of
+// the worker that holds the row (RegisterWorkers) commits its new
+// connection first.
+const workerGoneLockSQL = `SELECT 1 FROM workers WHERE id = $1 FOR UPDATE`
+
 // workerGoneSQL closes connection $2 of worker $1 and marks the worker
 // disconnected unless another connection of it is open; it reports
-// whether it did.
+// whether it did. It must run after workerGoneLockSQL, as a statement of
+// its own: a statement sees the connections committed before it started,
+// and after a wait for the worker's row PostgreSQL re-reads that row
+// alone, not the connections a hello holding it opened meanwhile.
 const workerGoneSQL = `WITH ended AS (
 	UPDATE worker_sessions SET disconnected_at = now() WHERE id = $2 AND disconnected_at IS NULL),
 upd AS (UPDATE workers SET connected = false, last_seen = now() WHERE id = $1
@@ -418,8 +426,14 @@ SELECT EXISTS (SELECT 1 FROM upd)`
 // once unless it is still connected (EndUnstarted: charged to nobody). It
 // returns how many of those ended.
 func (s *Store) WorkerGone(ctx context.Context, id string, session int64, unstarted []int64) (int, error) {
+	// One round trip, one (implicit) transaction: the lock, then the
+	// statement that looks for the worker's other connections, with a
+	// snapshot taken once the lock is held (READ COMMITTED).
 	var gone bool
-	if err := s.pool.QueryRow(ctx, workerGoneSQL, id, session).Scan(&gone); err != nil {
+	b := &pgx.Batch{}
+	b.Queue(workerGoneLockSQL, id)
+	b.Queue(workerGoneSQL, id, session).QueryRow(func(r pgx.Row) error { return r.Scan(&gone) })
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
 		return 0, fmt.Errorf("disconnect worker %s: %w", id, err)
 	}
 	if !gone || len(unstarted) == 0 {

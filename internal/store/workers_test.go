@@ -457,3 +457,93 @@ func TestRegisterWorkersEachAnswersEachTransaction(t *testing.T) {
 		t.Errorf("answered in the order %v, want 0 and 2 (the first transaction), then 1, then 3", order)
 	}
 }
+
+// waitForLockWaits waits until n of the database's backends wait for a
+// lock.
+func (f *fixture) waitForLockWaits(t *testing.T, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var k int
+		if err := f.s.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		if k >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d backends wait for a lock, want %d", k, n)
+		}
+	}
+}
+
+// The end of a worker's old connection (on replica A), recorded while its
+// new connection's hello (on B) holds the worker's row, sees the new
+// connection: the worker stays connected, and the queued attempt the
+// hello listed and kept is not ended as never started.
+func TestWorkerGoneWaitsForARacingRegistration(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	f.submit(t, "batch", f.task("x"), f.task("q"))
+	reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1, Replica: "A"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.worker = reg.ID
+	cs := f.claim(t, 2, time.Minute)
+	x, q := cs[0].Attempt, cs[1].Attempt
+	// Hold the hello after it locked the worker's row: it waits for x's.
+	lock, err := f.s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(ctx)
+	if _, err := lock.Exec(ctx, `SELECT 1 FROM attempts WHERE id = $1 FOR UPDATE`, x); err != nil {
+		t.Fatal(err)
+	}
+	type registered struct {
+		reg Registration
+		err error
+	}
+	hello := make(chan registered, 1)
+	go func() {
+		r, err := f.s.RegisterWorker(ctx, WorkerHello{ID: reg.ID, Token: reg.Token, Kind: "headless", Slots: 1, Replica: "B",
+			Running: []int64{x, q}}, time.Minute)
+		hello <- registered{r, err}
+	}()
+	f.waitForLockWaits(t, 1)
+	type ended struct {
+		n   int
+		err error
+	}
+	gone := make(chan ended, 1)
+	go func() {
+		n, err := f.s.WorkerGone(ctx, reg.ID, reg.Session, []int64{q})
+		gone <- ended{n, err}
+	}()
+	f.waitForLockWaits(t, 2)
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h, g := <-hello, <-gone
+	if h.err != nil || g.err != nil {
+		t.Fatalf("hello: %v; old connection's end: %v", h.err, g.err)
+	}
+	if len(h.reg.Lost) != 0 {
+		t.Fatalf("the hello lost %v", h.reg.Lost)
+	}
+	if g.n != 0 {
+		t.Errorf("the old connection's end ended %d queued attempts, want 0", g.n)
+	}
+	recs, err := f.s.Workers(ctx, []string{reg.ID})
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("worker records %v: %v", recs, err)
+	}
+	if !recs[0].Connected {
+		t.Error("the worker is disconnected while its new connection is open")
+	}
+	if st := f.attemptStates(t); st[x] != "running" || st[q] != "running" {
+		t.Errorf("attempts x and q are %s and %s, want running", st[x], st[q])
+	}
+}
