@@ -406,7 +406,8 @@ func TestBrowserMemoryLimit(t *testing.T) {
 // in the headless runner: one writing 64 MiB to /out with an output limit
 // of 1 MiB is stopped at the write that would pass it (the message says
 // "would"; measured only once the task ended, the page had held all 64),
-// and one making 2,000 files is stopped at the 1,001st.
+// and one making 2,000 files is stopped at the 1,001st; one opening a file
+// 10,000 times is refused past 4,096 descriptors.
 func TestBrowserFilesHeldToTheirLimits(t *testing.T) {
 	t.Parallel()
 	p := newPlatform(t)
@@ -424,6 +425,16 @@ func TestBrowserFilesHeldToTheirLimits(t *testing.T) {
 		if a := attemptEnded(t, p.client, id, name); !strings.HasPrefix(a.Reason, want) {
 			t.Errorf("%s: the browser's attempt ended %q, want %q", name, a.Reason, want)
 		}
+	}
+	// Open descriptors are bounded too: past 4,096 an open fails with
+	// EMFILE, which the task sees and goes on from.
+	probe := push(t, p.client, "fsprobe")
+	id = submit(t, p.client, workflow("fds", task{"name": "open", "module": probe, "args": []string{"write", "/out/f", "x", "open", "/out/f", "10000"}}))
+	if st := wait(t, p.client, id, 60*time.Second); st.State != "done" {
+		t.Fatalf("the workflow ended %s", st.State)
+	}
+	if got := output(t, p.client, id, "open", "stdout"); !strings.Contains(got, "ok\nopened 4091: open /out/f: Too many open files") {
+		t.Errorf("the task printed %q, want its 4,092nd open refused with EMFILE (3 standard streams, 2 preopens)", got)
 	}
 }
 

@@ -26,6 +26,8 @@
 //	link OLD NEW    makes a hard link
 //	symlink OLD NEW makes a symbolic link
 //	seek PATH       the size by seeking to the end, then reading from 1 byte before it
+//	open PATH N     opens the file N times without closing it: "opened N",
+//	                or how many opened before the first error, and the error
 package main
 
 import (
@@ -45,7 +47,7 @@ func main() {
 	args := os.Args[1:]
 	for len(args) > 0 {
 		cmd := args[0]
-		need := map[string]int{"env": 0, "pwd": 0, "cat": 1, "ls": 1, "write": 2, "append": 2, "rm": 1, "mv": 2, "fill": 2, "stat": 1, "sha": 1, "crc": 1, "sock": 0, "mkdir": 1, "rmdir": 1, "trunc": 2, "readat": 3, "writeat": 3, "lsl": 1, "utime": 2, "link": 2, "symlink": 2, "seek": 1}[cmd]
+		need := map[string]int{"env": 0, "pwd": 0, "cat": 1, "ls": 1, "write": 2, "append": 2, "rm": 1, "mv": 2, "fill": 2, "stat": 1, "sha": 1, "crc": 1, "sock": 0, "mkdir": 1, "rmdir": 1, "trunc": 2, "readat": 3, "writeat": 3, "lsl": 1, "utime": 2, "link": 2, "symlink": 2, "seek": 1, "open": 2}[cmd]
 		if len(args) < 1+need {
 			fmt.Fprintf(os.Stderr, "fsprobe: %s wants %d arguments\n", cmd, need)
 			os.Exit(2)
@@ -89,6 +91,25 @@ func run(cmd string, a []string) string {
 		return result("ok", os.Remove(a[0]))
 	case "mv":
 		return result("ok", os.Rename(a[0], a[1]))
+	case "open":
+		n, err := strconv.Atoi(a[1])
+		if err != nil {
+			return result("", err)
+		}
+		var open []*os.File
+		defer func() {
+			for _, f := range open {
+				f.Close()
+			}
+		}()
+		for len(open) < n {
+			f, err := os.Open(a[0])
+			if err != nil {
+				return fmt.Sprintf("opened %d: %v", len(open), err)
+			}
+			open = append(open, f)
+		}
+		return fmt.Sprintf("opened %d", n)
 	case "fill":
 		n, err := strconv.Atoi(a[1])
 		if err != nil {

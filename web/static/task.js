@@ -30,7 +30,7 @@
 // Worker: the attempt is skipped, the others go on).
 "use strict";
 
-const E = { SUCCESS: 0, ACCES: 2, BADF: 8, BUSY: 10, EXIST: 20, FAULT: 21, INVAL: 28, IO: 29, ISDIR: 31, LOOP: 32, NOENT: 44, NOSYS: 52,
+const E = { SUCCESS: 0, ACCES: 2, BADF: 8, BUSY: 10, EXIST: 20, FAULT: 21, INVAL: 28, IO: 29, ISDIR: 31, LOOP: 32, MFILE: 33, NOENT: 44, NOSYS: 52,
   NAMETOOLONG: 37, NOTDIR: 54, NOTEMPTY: 55, NOTSUP: 58, PERM: 63, ROFS: 69, SPIPE: 70, NOTCAPABLE: 76 };
 // wazero reports the standard streams of a task as block devices (they
 // are not terminals): so does the shim.
@@ -83,6 +83,10 @@ const CHECKPOINT_ANSWER_MS = 75000;
 // tree of its own: the headless runner's MaxOutEntries and
 // MaxScratchEntries (wasmworker/headless).
 const MAX_OUT_ENTRIES = 1000, MAX_SCRATCH_ENTRIES = 100000;
+// MAX_FDS bounds a task's open descriptors (the standard streams and
+// preopens included): one more open fails with EMFILE, as a process past
+// its limit of open files does in the headless runner.
+const MAX_FDS = 4096;
 // ckptSeq numbers this Web Worker's checkpoints, from a random start so
 // that an answer meant for another task Web Worker's ctl (an attempt moved
 // from one to another) matches none here; below 2^29, so seq × 4 + code
@@ -517,7 +521,8 @@ function runAttempt(p) {
     if (fl & MTIM) n.mtime = U64(mtim); else if (fl & MTIM_NOW) n.mtime = now;
     return E.SUCCESS;
   };
-  const newFd = (d) => { let i = 3; while (fds[i]) i++; fds[i] = d; return i; };
+  // newFd gives d the lowest free descriptor, or -1 when MAX_FDS are open.
+  const newFd = (d) => { let i = 3; while (fds[i]) i++; if (i >= MAX_FDS) return -1; fds[i] = d; return i; };
 
   const wasi = {
     args_sizes_get(argc, bufSize) {
@@ -835,6 +840,7 @@ function runAttempt(p) {
       if (!n.dir && write && !n.writable) return E.ROFS;
       if (oflags & TRUNC && !n.dir) { n.size = 0; n.mtime = taskNow(); }
       const fd = newFd({ kind: "node", node: n, pos: 0, flags: fdflags, read, write });
+      if (fd < 0) return E.MFILE;
       view(); dv.setUint32(fdOut >>> 0, fd, true);
       return 0;
     },
