@@ -83,17 +83,27 @@ const (
 // workflow id. Tasks without upstream tasks are ready at once; the commit
 // wakes the dispatchers of every replica.
 func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflow) (string, error) {
+	uid, err := idOf(w)
+	if err != nil {
+		return "", fmt.Errorf("create workflow %q: %w", w.Name, err)
+	}
 	var id string
-	var err error
 	if w.Claimable() {
-		var uid pgtype.UUID
-		if uid, err = idOf(w); err == nil {
-			id, _, err = s.createSmall(ctx, ownerID, w, uid, nil, 0, nil)
-		}
+		id, _, err = s.createSmall(ctx, ownerID, w, uid, nil, 0, nil)
 	} else {
-		id, err = s.createLarge(ctx, ownerID, w)
+		named := *w // the id made here, so that a lost answer can be looked up
+		named.ID = uuid.UUID(uid.Bytes).String()
+		id, err = s.createLarge(ctx, ownerID, &named)
 	}
 	if err != nil {
+		var mc *maybeCommitted
+		if errors.As(err, &mc) {
+			// The transaction may have committed, its answer lost: once
+			// its backend has ended, the workflow is there or not.
+			if id, ferr := s.committedAfterAll(ctx, uid, mc.pid); ferr == nil && id != "" {
+				return id, nil
+			}
+		}
 		return "", fmt.Errorf("create workflow %q: %w", w.Name, err)
 	}
 	// The planner's statistics are refreshed in the background, after the
@@ -107,7 +117,7 @@ func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflo
 // COPY, and the notification.
 func (s *Store) createLarge(ctx context.Context, ownerID int64, w *NewWorkflow) (string, error) {
 	var id string
-	err := s.tx(ctx, func(tx pgx.Tx) error {
+	err := s.txCommitting(ctx, func(tx pgx.Tx) error {
 		var now time.Time
 		var ids []int64
 		uid, err := idOf(w) // for COPY a pgtype.UUID: a string would be parsed anew for every row
@@ -323,6 +333,59 @@ func (s *Store) awaitBackend(ctx context.Context, pid uint32) error {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+}
+
+// committedAfterAll reports the id of workflow uid once backend pid, whose
+// transaction wrote it and lost its COMMIT's answer, has ended: "" when it
+// was not written.
+func (s *Store) committedAfterAll(ctx context.Context, uid pgtype.UUID, pid uint32) (string, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backendGrace+15*time.Second)
+	defer cancel()
+	if err := s.awaitBackend(ctx, pid); err != nil {
+		return "", fmt.Errorf("look for a workflow: %w", err)
+	}
+	var id string
+	err := s.pool.QueryRow(ctx, `SELECT id::text FROM workflows WHERE id = $1`, uid).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("look for a workflow: %w", err)
+	}
+	return id, nil
+}
+
+// txCommitting is tx for a transaction whose COMMIT's answer may be lost:
+// an error of the COMMIT comes back uncertain (maybeCommitted, with the
+// backend's pid).
+func (s *Store) txCommitting(ctx context.Context, fn func(pgx.Tx) error) error {
+	for attempt := 0; ; attempt++ {
+		err := s.txCommittingOnce(ctx, fn)
+		if err != nil && attempt < 5 && retryable(err) {
+			continue
+		}
+		return err
+	}
+}
+
+func (s *Store) txCommittingOnce(ctx context.Context, fn func(pgx.Tx) error) error {
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer pc.Release()
+	tx, err := pc.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback(ctx) // a connection left in its transaction is closed on release
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return uncertain(pc.Conn().PgConn().PID(), err)
+	}
+	return nil
 }
 
 // backendGrace is how long awaitBackend lets a backend finish its COMMIT

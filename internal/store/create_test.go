@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // submissionCases are the workflow settings the submission tests try.
@@ -703,34 +704,7 @@ func TestLostAnswerOfACommitInFlight(t *testing.T) {
 			cctx, cancel := context.WithCancel(ctx)
 			defer cancel()
 			sentC := make(chan struct{})
-			released := make(chan error, 1)
-			go func() {
-				<-sentC
-				for try := 0; ; try++ {
-					var n int
-					if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-						WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND datname = current_database()`).Scan(&n); err != nil {
-						released <- err
-						return
-					}
-					if n > 0 {
-						break
-					}
-					if try == 3000 {
-						released <- errors.New("the COMMIT never waited for the lock")
-						return
-					}
-					time.Sleep(10 * time.Millisecond)
-				}
-				cancel()
-				if !tt.release {
-					released <- nil
-					return
-				}
-				time.Sleep(500 * time.Millisecond) // a look made at once would have found nothing
-				_, err := lock.Exec(ctx, `SELECT pg_advisory_unlock(4242)`)
-				released <- err
-			}()
+			released := giveUpAtCommit(f, lock, sentC, cancel, tt.release)
 			w := NewWorkflow{Name: "stuck-at-commit", Priority: "interactive", Tasks: []NewTask{f.task("a")}}
 			var sent []Claimed
 			id, claimed, err := f.s.CreateWorkflowClaiming(cctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute,
@@ -765,6 +739,90 @@ func TestLostAnswerOfACommitInFlight(t *testing.T) {
 			}
 			if state == "running" || task != StateReady || attempts != 0 {
 				t.Errorf("attempt %s, task %s after %d counted attempts: want the attempt ended, the task ready after none", state, task, attempts)
+			}
+		})
+	}
+}
+
+// giveUpAtCommit waits for start, then until a COMMIT waits for advisory
+// lock 4242 (atCommitSQL's stuck-at-commit), then gives up on it (cancel),
+// and when release, lets go of the lock that lock holds half a second
+// later (a look for the workflow made at once would find nothing). Its
+// channel says when it is done, or what went wrong.
+func giveUpAtCommit(f *fixture, lock *pgxpool.Conn, start <-chan struct{}, cancel func(), release bool) <-chan error {
+	ctx := context.Background()
+	released := make(chan error, 1)
+	go func() {
+		<-start
+		for try := 0; ; try++ {
+			var n int
+			if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND datname = current_database()`).Scan(&n); err != nil {
+				released <- err
+				return
+			}
+			if n > 0 {
+				break
+			}
+			if try == 3000 {
+				released <- errors.New("the COMMIT never waited for the lock")
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+		if !release {
+			released <- nil
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+		_, err := lock.Exec(ctx, `SELECT pg_advisory_unlock(4242)`)
+		released <- err
+	}()
+	return released
+}
+
+// A submission without claims (small, or large: its own transaction)
+// whose COMMIT's answer is lost while the COMMIT is in flight is looked up
+// once its backend has ended: its id comes back, not an error that would
+// have its owner submit it again.
+func TestLostAnswerOfAWorkflowsCommit(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	if _, err := f.s.pool.Exec(ctx, atCommitSQL); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{1, smallWorkflow + 1} {
+		t.Run(fmt.Sprintf("%d tasks", n), func(t *testing.T) {
+			lock, err := f.s.pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lock.Release()
+			if _, err := lock.Exec(ctx, `SELECT pg_advisory_lock(4242)`); err != nil {
+				t.Fatal(err)
+			}
+			defer lock.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
+			cctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			start := make(chan struct{})
+			close(start)
+			released := giveUpAtCommit(f, lock, start, cancel, true)
+			w := NewWorkflow{Name: "stuck-at-commit", Priority: "batch"}
+			for i := range n {
+				w.Tasks = append(w.Tasks, f.task(fmt.Sprintf("t%d", i)))
+			}
+			id, err := f.s.CreateWorkflow(cctx, f.owner, &w)
+			if rerr := <-released; rerr != nil {
+				t.Fatal(rerr)
+			}
+			if err != nil || id == "" {
+				t.Fatalf("got id %q, err %v: want the workflow's id", id, err)
+			}
+			var tasks int
+			if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE workflow_id = $1`, id).Scan(&tasks); err != nil || tasks != n {
+				t.Errorf("%d tasks written (err %v), want %d", tasks, err, n)
 			}
 		})
 	}
