@@ -358,3 +358,51 @@ func TestPanicWhileSendingEndsTheCommittedAttempt(t *testing.T) {
 		t.Errorf("workflow %v (%v), want done", st, err)
 	}
 }
+
+// A panic in the middle of sending a submission's attempts, before they
+// are recorded as started, gives their slots back: the task, ended
+// uncounted, reaches the worker again through its freed slot, and runs to
+// the end.
+func TestPanicMidSendFreesTheSlots(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	admin := checkAtCommit(t, f)
+	s, url := runServer(t, f)
+	w := dialGateWorker(t, s, url)
+	var panicked atomic.Bool
+	s.disp.beforeStart = func(ctx context.Context) {
+		// Only in a submission's sending (its context has a deadline, a
+		// dispatcher round's has none), and once.
+		if _, ok := ctx.Deadline(); ok && panicked.CompareAndSwap(false, true) {
+			panic("a bug in sending")
+		}
+	}
+	for try := 0; ; try++ {
+		s.disp.readyLeft.Store(false)
+		s.disp.tasksWake.Store(false)
+		id, err := s.submit(ctx, f.owner.ID, f.oneTask())
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := w.next(protocol.TypeAssign).Assign[0]
+		w.result(a.Attempt)
+		if ack := w.next(protocol.TypeAck).Acks[0]; ack.Attempt != a.Attempt || !ack.OK {
+			t.Errorf("ack %+v, want attempt %d accepted", ack, a.Attempt)
+		}
+		if !panicked.Load() {
+			if try == 20 {
+				t.Fatal("no submission of 20 sent its attempt itself")
+			}
+			continue // a dispatcher round sent it
+		}
+		if st, err := f.st.Summary(ctx, f.owner.ID, id); err != nil || st.State != "done" {
+			t.Errorf("workflow %+v (%v), want done", st, err)
+		}
+		var attempts int
+		if err := admin.QueryRow(ctx, `SELECT attempts FROM tasks WHERE workflow_id = $1`, id).Scan(&attempts); err != nil || attempts != 1 {
+			t.Errorf("the task counts %d attempts (%v), want 1: the one ended mid-send does not count", attempts, err)
+		}
+		return
+	}
+}

@@ -55,8 +55,11 @@ type dispatcher struct {
 	// with files of their own (a candidate says that; it cannot say this).
 	needsSetup taskSet
 	// afterSend, set by tests, runs in submit between sending a
-	// submission's attempts and its COMMIT.
-	afterSend func()
+	// submission's attempts and its COMMIT; beforeStart in send, once the
+	// slots are taken for attempts and before they are recorded as
+	// started, with send's context.
+	afterSend   func()
+	beforeStart func(context.Context)
 }
 
 // taskSet is a set of task ids, safe for concurrent use, that forgets
@@ -475,6 +478,26 @@ func (d *dispatcher) deliver(ctx context.Context, claimed []store.Claimed, err e
 // them, for endUndeliverable once their claim has committed.
 func (d *dispatcher) send(ctx context.Context, claimed []store.Claimed, err error, reserved map[string][]*conn) (undeliverable []store.Completion) {
 	byConn := map[*conn][]protocol.Assign{}
+	settled := map[*conn]bool{} // of byConn: its attempts started, or its worker gone
+	defer func() {
+		// A panic part of the way keeps no slot reserved for good: those
+		// not taken and those taken for attempts not started go back
+		// (the caller takes the attempts back).
+		if r := recover(); r != nil {
+			for w, cs := range reserved {
+				d.hub.release(cs)
+				reserved[w] = nil
+			}
+			for c, as := range byConn {
+				for range as {
+					if !settled[c] {
+						d.hub.release([]*conn{c})
+					}
+				}
+			}
+			panic(r)
+		}
+	}()
 	end := func(cl *store.Claimed, c *conn, comp store.Completion) {
 		comp.Attempt, comp.Worker = cl.Attempt, cl.Worker
 		undeliverable = append(undeliverable, comp)
@@ -515,11 +538,17 @@ func (d *dispatcher) send(ctx context.Context, claimed []store.Claimed, err erro
 			}
 		}
 	}
-	for _, cs := range reserved {
+	for w, cs := range reserved {
 		d.hub.release(cs)
+		reserved[w] = nil
+	}
+	if d.beforeStart != nil && len(byConn) > 0 {
+		d.beforeStart(ctx)
 	}
 	for c, as := range byConn {
-		if !d.hub.started(c, as) {
+		started := d.hub.started(c, as)
+		settled[c] = true
+		if !started {
 			// The worker left (or reconnected) meanwhile: put its tasks back
 			// at once, without using up an attempt.
 			for i := range as {
