@@ -284,7 +284,7 @@ func (s *Store) CreateWorkflowClaiming(ctx context.Context, ownerID int64, w *Ne
 // connection failed, the context ended) or was a fatal error (a backend
 // terminated while it waited for a synchronous standby has committed
 // locally). pid is the transaction's backend, which may still be
-// committing.
+// committing (0: none, the connection read its pipeline to the end).
 type maybeCommitted struct {
 	pid uint32
 	err error
@@ -293,14 +293,24 @@ type maybeCommitted struct {
 func (e *maybeCommitted) Error() string { return e.err.Error() }
 func (e *maybeCommitted) Unwrap() error { return e.err }
 
-// uncertain returns err, which came after the COMMIT of backend pid's
-// transaction was sent, as a maybeCommitted, unless it says that the
-// transaction did not commit: an error PostgreSQL reported (not a fatal
-// one) aborts the transaction, and its COMMIT then rolls back.
-func uncertain(pid uint32, err error) error {
+// uncertain returns err, an error of a transaction on conn whose COMMIT
+// was sent, as a maybeCommitted, unless it says that the transaction did
+// not commit: an error PostgreSQL reported (not a fatal one) aborts the
+// transaction, and its COMMIT then rolls back; an error before anything
+// was sent (pgconn.SafeToRetry) leaves no transaction. Only a closed
+// connection's backend may still be committing (its pid is kept, for
+// awaitBackend); one still open has read its pipeline to the end.
+func uncertain(conn *pgconn.PgConn, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.SeverityUnlocalized == "ERROR" || pgErr.SeverityUnlocalized == "" && pgErr.Severity == "ERROR") {
 		return err
+	}
+	if pgconn.SafeToRetry(err) {
+		return err
+	}
+	var pid uint32
+	if conn.IsClosed() {
+		pid = conn.PID()
 	}
 	return &maybeCommitted{pid: pid, err: err}
 }
@@ -336,13 +346,15 @@ func (s *Store) awaitBackend(ctx context.Context, pid uint32) error {
 }
 
 // committedAfterAll reports the id of workflow uid once backend pid, whose
-// transaction wrote it and lost its COMMIT's answer, has ended: "" when it
-// was not written.
+// transaction wrote it and lost its COMMIT's answer, has ended (0: not
+// waited for): "" when it was not written.
 func (s *Store) committedAfterAll(ctx context.Context, uid pgtype.UUID, pid uint32) (string, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backendGrace+15*time.Second)
 	defer cancel()
-	if err := s.awaitBackend(ctx, pid); err != nil {
-		return "", fmt.Errorf("look for a workflow: %w", err)
+	if pid != 0 {
+		if err := s.awaitBackend(ctx, pid); err != nil {
+			return "", fmt.Errorf("look for a workflow: %w", err)
+		}
 	}
 	var id string
 	err := s.pool.QueryRow(ctx, `SELECT id::text FROM workflows WHERE id = $1`, uid).Scan(&id)
@@ -383,7 +395,7 @@ func (s *Store) txCommittingOnce(ctx context.Context, fn func(pgx.Tx) error) err
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return uncertain(pc.Conn().PgConn().PID(), err)
+		return uncertain(pc.Conn().PgConn(), err)
 	}
 	return nil
 }
@@ -576,7 +588,7 @@ func (s *Store) createBatch(ctx context.Context, b *pgx.Batch, n int) (id string
 			err = cerr
 		}
 		if err != nil {
-			err = uncertain(pc.Conn().PgConn().PID(), err)
+			err = uncertain(pc.Conn().PgConn(), err)
 		}
 	}()
 	if n > 0 {
@@ -643,13 +655,12 @@ func (s *Store) createSending(ctx context.Context, b *pgx.Batch, n int, send fun
 	p.SendPipelineSync()
 	// From here the COMMIT may be on its way: an error may have come after
 	// it committed (uncertain).
-	pid := conn.PgConn().PID()
 	if err := p.Flush(); err != nil {
-		return "", nil, uncertain(pid, err)
+		return "", nil, uncertain(conn.PgConn(), err)
 	}
 	fail := func(err error) (string, []Claimed, error) {
 		p.Close()
-		return "", nil, uncertain(pid, err)
+		return "", nil, uncertain(conn.PgConn(), err)
 	}
 	next := func() (pgx.Rows, error) {
 		r, err := p.GetResults()
@@ -696,7 +707,7 @@ func (s *Store) createSending(ctx context.Context, b *pgx.Batch, n int, send fun
 	}
 	if err != nil {
 		p.Close()
-		return "", nil, uncertain(pid, fmt.Errorf("%w: %w", errSent, err))
+		return "", nil, uncertain(conn.PgConn(), fmt.Errorf("%w: %w", errSent, err))
 	}
 	// Committed: what the pipeline's end says changes nothing (a broken
 	// connection is closed by the pool).

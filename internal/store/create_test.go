@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -823,6 +824,59 @@ func TestLostAnswerOfAWorkflowsCommit(t *testing.T) {
 			var tasks int
 			if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE workflow_id = $1`, id).Scan(&tasks); err != nil || tasks != n {
 				t.Errorf("%d tasks written (err %v), want %d", tasks, err, n)
+			}
+		})
+	}
+}
+
+// notSent is an error before anything was sent (pgconn.SafeToRetry).
+type notSent struct{}
+
+func (notSent) Error() string     { return "not sent" }
+func (notSent) SafeToRetry() bool { return true }
+
+// uncertain takes an error after a COMMIT was sent as maybe committed,
+// with the backend to wait for only when the connection is closed (its
+// backend may still be committing); an error PostgreSQL reported, or one
+// before anything was sent, says the transaction did not commit.
+func TestUncertain(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	pc, err := f.s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Release()
+	open := pc.Conn().PgConn()
+	closed, err := pgconn.Connect(ctx, f.s.pool.Config().ConnConfig.ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := closed.PID()
+	closed.Close(ctx)
+	lost := errors.New("connection lost")
+	for _, tt := range []struct {
+		name  string
+		conn  *pgconn.PgConn
+		err   error
+		maybe bool
+		pid   uint32
+	}{
+		{"reported error", closed, &pgconn.PgError{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "23505"}, false, 0},
+		{"fatal error", closed, &pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "57P01"}, true, pid},
+		{"nothing sent", closed, notSent{}, false, 0},
+		{"lost, connection closed", closed, lost, true, pid},
+		{"lost, connection open", open, lost, true, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var mc *maybeCommitted
+			got := uncertain(tt.conn, tt.err)
+			if errors.As(got, &mc) != tt.maybe || !errors.Is(got, tt.err) {
+				t.Fatalf("uncertain = %v, want maybe committed %v", got, tt.maybe)
+			}
+			if tt.maybe && mc.pid != tt.pid {
+				t.Errorf("pid %d, want %d", mc.pid, tt.pid)
 			}
 		})
 	}
