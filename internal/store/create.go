@@ -414,35 +414,28 @@ const backendGrace = 5 * time.Second
 // which queues the tasks again and wakes the dispatchers, and it returns
 // the workflow's id. It returns "" when the workflow was not written.
 func (s *Store) recoverSubmission(ctx context.Context, uid pgtype.UUID, pid uint32) (string, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backendGrace+15*time.Second)
+	id, err := s.committedAfterAll(ctx, uid, pid)
+	if err != nil || id == "" {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer cancel()
-	if pid != 0 {
-		if err := s.awaitBackend(ctx, pid); err != nil {
-			return "", fmt.Errorf("look for a submission: %w", err)
-		}
-	}
-	rows, err := s.pool.Query(ctx, `SELECT w.id::text, a.id, a.worker_id::text FROM workflows w
-		LEFT JOIN tasks t ON t.workflow_id = w.id LEFT JOIN attempts a ON a.task_id = t.id AND a.state = 'running'
-		WHERE w.id = $1`, uid)
+	rows, err := s.pool.Query(ctx, `SELECT a.id, a.worker_id::text FROM tasks t JOIN attempts a ON a.task_id = t.id
+		WHERE t.workflow_id = $1 AND a.state = 'running'`, uid)
 	if err != nil {
-		return "", fmt.Errorf("look for a submission: %w", err)
+		return "", fmt.Errorf("look for a submission's attempts: %w", err)
 	}
-	var id string
 	var ends []Completion
 	for rows.Next() {
-		var attempt *int64
-		var worker *string
-		if err := rows.Scan(&id, &attempt, &worker); err != nil {
+		c := Completion{Reason: "worker", End: EndUnstarted, Message: "the server lost the answer of the submission that claimed it: taken back"}
+		if err := rows.Scan(&c.Attempt, &c.Worker); err != nil {
 			rows.Close()
-			return "", fmt.Errorf("look for a submission: %w", err)
+			return "", fmt.Errorf("look for a submission's attempts: %w", err)
 		}
-		if attempt != nil {
-			ends = append(ends, Completion{Attempt: *attempt, Worker: *worker, Reason: "worker", End: EndUnstarted,
-				Message: "the server lost the answer of the submission that claimed it: taken back"})
-		}
+		ends = append(ends, c)
 	}
 	if err := rows.Err(); err != nil {
-		return "", fmt.Errorf("look for a submission: %w", err)
+		return "", fmt.Errorf("look for a submission's attempts: %w", err)
 	}
 	if _, err := s.Complete(ctx, ends); err != nil {
 		return "", err // the leases lapse instead

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // submissionCases are the workflow settings the submission tests try.
@@ -691,21 +690,12 @@ func TestLostAnswerOfACommitInFlight(t *testing.T) {
 		release bool // the COMMIT goes on, some time after the client gave up
 	}{{"committed", true}, {"terminated", false}} {
 		t.Run(tt.name, func(t *testing.T) {
-			lock, err := f.s.pool.Acquire(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lock.Release()
-			if _, err := lock.Exec(ctx, `SELECT pg_advisory_lock(4242)`); err != nil {
-				t.Fatal(err)
-			}
-			defer lock.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
 			// Once the COMMIT waits (for the lock), the client gives up on
 			// it; the lock is let go a while after that, or never.
 			cctx, cancel := context.WithCancel(ctx)
 			defer cancel()
 			sentC := make(chan struct{})
-			released := giveUpAtCommit(f, lock, sentC, cancel, tt.release)
+			released := giveUpAtCommit(t, f, sentC, cancel, tt.release)
 			w := NewWorkflow{Name: "stuck-at-commit", Priority: "interactive", Tasks: []NewTask{f.task("a")}}
 			var sent []Claimed
 			id, claimed, err := f.s.CreateWorkflowClaiming(cctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute,
@@ -745,16 +735,37 @@ func TestLostAnswerOfACommitInFlight(t *testing.T) {
 	}
 }
 
-// giveUpAtCommit waits for start, then until a COMMIT waits for advisory
-// lock 4242 (atCommitSQL's stuck-at-commit), then gives up on it (cancel),
-// and when release, lets go of the lock that lock holds half a second
-// later (a look for the workflow made at once would find nothing). Its
-// channel says when it is done, or what went wrong.
-func giveUpAtCommit(f *fixture, lock *pgxpool.Conn, start <-chan struct{}, cancel func(), release bool) <-chan error {
+// giveUpAtCommit takes advisory lock 4242 (let go when the test ends),
+// waits for start, then until a COMMIT waits for the lock (atCommitSQL's
+// stuck-at-commit), then gives up on it (cancel), and when release, lets go
+// of the lock half a second later (a look for the workflow made at once
+// would find nothing). Its channel says when it is done, or what went
+// wrong.
+func giveUpAtCommit(t *testing.T, f *fixture, start <-chan struct{}, cancel func(), release bool) <-chan error {
+	t.Helper()
 	ctx := context.Background()
-	released := make(chan error, 1)
+	lock, err := f.s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lock.Exec(ctx, `SELECT pg_advisory_lock(4242)`); err != nil {
+		lock.Release()
+		t.Fatal(err)
+	}
+	released, stop, finished := make(chan error, 1), make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() {
+		close(stop)
+		<-finished
+		lock.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
+		lock.Release()
+	})
 	go func() {
-		<-start
+		defer close(finished)
+		select {
+		case <-start:
+		case <-stop: // the test ended first
+			return
+		}
 		for try := 0; ; try++ {
 			var n int
 			if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
@@ -764,6 +775,11 @@ func giveUpAtCommit(f *fixture, lock *pgxpool.Conn, start <-chan struct{}, cance
 			}
 			if n > 0 {
 				break
+			}
+			select {
+			case <-stop:
+				return
+			default:
 			}
 			if try == 3000 {
 				released <- errors.New("the COMMIT never waited for the lock")
@@ -796,20 +812,11 @@ func TestLostAnswerOfAWorkflowsCommit(t *testing.T) {
 	}
 	for _, n := range []int{1, smallWorkflow + 1} {
 		t.Run(fmt.Sprintf("%d tasks", n), func(t *testing.T) {
-			lock, err := f.s.pool.Acquire(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lock.Release()
-			if _, err := lock.Exec(ctx, `SELECT pg_advisory_lock(4242)`); err != nil {
-				t.Fatal(err)
-			}
-			defer lock.Exec(ctx, `SELECT pg_advisory_unlock_all()`)
 			cctx, cancel := context.WithCancel(ctx)
 			defer cancel()
 			start := make(chan struct{})
 			close(start)
-			released := giveUpAtCommit(f, lock, start, cancel, true)
+			released := giveUpAtCommit(t, f, start, cancel, true)
 			w := NewWorkflow{Name: "stuck-at-commit", Priority: "batch"}
 			for i := range n {
 				w.Tasks = append(w.Tasks, f.task(fmt.Sprintf("t%d", i)))
