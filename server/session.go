@@ -302,7 +302,8 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 	}
 	wh := store.WorkerHello{
 		ID: h.WorkerID, Token: h.ReconnectToken, Kind: h.Kind, Slots: h.Slots, Volunteer: storable(truncate(h.Volunteer, 100)),
-		Device: h.Device, Replica: s.cfg.Replica, Running: h.Running, Operator: operator, Build: storable(truncate(h.Build, 100)),
+		Device: h.Device, Replica: s.cfg.Replica, Running: h.Running, RunningComplete: h.RunningComplete, Operator: operator,
+		Build: storable(truncate(h.Build, 100)),
 	}
 	if !operator {
 		addr := remoteHost(r)

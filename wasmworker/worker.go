@@ -111,6 +111,11 @@ type Worker struct {
 	// uploadKey is the capability for uploading outputs (the welcome's
 	// upload_key), the same on every replica; "" until welcomed.
 	uploadKey string
+	// welcomed says this process was welcomed under w.id: a hello then
+	// lists every attempt the identity was assigned and still holds
+	// (hello.running_complete), which one resuming an identity kept from
+	// an earlier run (Config.ID) cannot.
+	welcomed bool
 }
 
 // Stats counts what a worker did since it started.
@@ -337,7 +342,7 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	for id := range w.running {
 		hello.Running = append(hello.Running, id)
 	}
-	held := len(hello.Running)
+	held, welcomed := len(hello.Running), w.welcomed
 	// Running attempts first: if the list must be cut, outcomes waiting for
 	// their ack are sent again anyway and judged by the server on arrival.
 	for id := range w.pending {
@@ -353,6 +358,7 @@ func (w *Worker) session(ctx context.Context, server string) error {
 	if more := held - w.cfg.Slots; more > hello.Queue {
 		hello.Queue = min(more, max(w.cfg.Queue, w.cfg.MaxQueue))
 	}
+	hello.RunningComplete = welcomed && len(hello.Running) <= w.cfg.Slots+hello.Queue
 	if len(hello.Running) > w.cfg.Slots+hello.Queue {
 		hello.Running = hello.Running[:w.cfg.Slots+hello.Queue]
 	}
@@ -400,7 +406,7 @@ func (w *Worker) session(ctx context.Context, server string) error {
 		}
 	}
 	w.mu.Lock()
-	w.id, w.token, w.uploadKey = wel.WorkerID, wel.ReconnectToken, wel.UploadKey
+	w.id, w.token, w.uploadKey, w.welcomed = wel.WorkerID, wel.ReconnectToken, wel.UploadKey, true
 	w.maxFrame = protocol.DefaultMaxFrameBytes
 	if wel.MaxFrameBytes > 0 {
 		w.maxFrame = wel.MaxFrameBytes

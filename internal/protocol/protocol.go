@@ -95,9 +95,17 @@ type Hello struct {
 	ReconnectToken string `json:"reconnect_token,omitempty"`
 	// Running lists attempts the worker is still running from an earlier
 	// connection; the server keeps their leases if they are still held.
-	Running   []int64 `json:"running,omitempty"`
-	Volunteer string  `json:"volunteer,omitempty"` // browser volunteer id, kept in the browser
-	Device    Device  `json:"device"`
+	Running []int64 `json:"running,omitempty"`
+	// RunningComplete says Running lists every attempt this process was
+	// assigned under WorkerID and has not had acknowledged: it was
+	// connected before, and cut nothing from the list. An attempt
+	// assigned before this hello that it does not list never reached it
+	// (its frame was lost with the old socket or server), and ends
+	// charged to nobody. A process that resumes an identity kept from an
+	// earlier run cannot know what that run held, and says false.
+	RunningComplete bool   `json:"running_complete,omitempty"`
+	Volunteer       string `json:"volunteer,omitempty"` // browser volunteer id, kept in the browser
+	Device          Device `json:"device"`
 	// Features lists what this worker can do beyond the protocol's
 	// version: FeatureSetup. The server gives a worker only the tasks it
 	// can run as they are meant to run.

@@ -382,6 +382,145 @@ func TestLapsedQueuedAttemptsChargeNobody(t *testing.T) {
 	}
 }
 
+// An attempt assigned before a worker's hello that said it listed every
+// attempt it held (hello.running_complete), and that the hello did not
+// list, never reached the worker (its frame died with the old socket, or
+// with the replica that claimed it): when its lease lapses it ends charged
+// to nobody, and does not take a rank among the attempts the worker held.
+// Without that word, or once the worker renewed it, the attempt is judged
+// by rank as before.
+func TestUnreachedAttemptsChargeNobody(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// A step: claim attempts of the named tasks for the 1-slot worker,
+	// or say hello listing hello (complete: running_complete), or renew
+	// renew with a lease of a millisecond (an old connection's heartbeat
+	// that arrives late), or let every lease lapse and sweep in passes of
+	// at most lapse attempts.
+	type step struct {
+		claim, hello, renew []string
+		complete            bool
+		lapse               int
+	}
+	for _, tc := range []struct {
+		name    string
+		steps   []step
+		lost    map[string]int // the tasks' losses
+		charged int            // the worker's
+		reason  map[string]string
+	}{
+		{"unlisted in a complete list", []step{{claim: []string{"a"}}, {hello: []string{}, complete: true}, {lapse: 100}},
+			map[string]int{"a": 0}, 0, map[string]string{"a": "never reached"}},
+		{"unlisted in a list that may be cut", []step{{claim: []string{"a"}}, {hello: []string{}}, {lapse: 100}},
+			map[string]int{"a": 1}, 1, map[string]string{"a": "vanished while running"}},
+		{"listed", []step{{claim: []string{"a"}}, {hello: []string{"a"}, complete: true}, {lapse: 100}},
+			map[string]int{"a": 1}, 1, map[string]string{"a": "vanished while running"}},
+		// A late renewal of the old connection does not shorten the lease
+		// the hello gave.
+		{"listed, then renewed late", []step{{claim: []string{"a"}}, {hello: []string{"a"}, complete: true}, {renew: []string{"a"}}, {lapse: 100}},
+			map[string]int{"a": 1}, 1, map[string]string{"a": "vanished while running"}},
+		// b was assigned after the hello and ran in the worker's one slot:
+		// a, which never reached it, does not push b into the queue.
+		{"unreached ahead of a running attempt", []step{{claim: []string{"a"}}, {hello: []string{}, complete: true}, {claim: []string{"b"}}, {lapse: 100}},
+			map[string]int{"a": 0, "b": 1}, 1, map[string]string{"a": "never reached", "b": "vanished while running"}},
+		{"the same, one attempt a pass", []step{{claim: []string{"a"}}, {hello: []string{}, complete: true}, {claim: []string{"b"}}, {lapse: 1}},
+			map[string]int{"a": 0, "b": 1}, 1, map[string]string{"a": "never reached", "b": "vanished while running"}},
+		// Assigned after the hello: judged by rank (here queued behind b).
+		{"assigned after the hello", []step{{hello: []string{}, complete: true}, {claim: []string{"b", "c"}}, {lapse: 100}},
+			map[string]int{"b": 1, "c": 0}, 1, map[string]string{"b": "vanished while running", "c": "before it started"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			id := f.submit(t, "batch", f.task("a"), f.task("b"), f.task("c"))
+			reg := f.useWorker(t, 1)
+			cs := map[string]Claimed{}
+			names := func(ns []string) []int64 {
+				ids := []int64{}
+				for _, n := range ns {
+					ids = append(ids, cs[n].Attempt)
+				}
+				return ids
+			}
+			for _, st := range tc.steps {
+				switch {
+				case st.claim != nil:
+					cands, err := f.s.Candidates(ctx, 10)
+					if err != nil {
+						t.Fatal(err)
+					}
+					var picks []Pick
+					for _, c := range cands {
+						for _, n := range st.claim {
+							if c.Name == n {
+								picks = append(picks, Pick{TaskID: c.TaskID, Worker: f.worker})
+							}
+						}
+					}
+					got, err := f.s.ClaimPicks(ctx, picks, time.Minute)
+					if err != nil || len(got) != len(st.claim) {
+						t.Fatalf("claimed %d of %v: %v", len(got), st.claim, err)
+					}
+					for n, c := range claimedByName(got) {
+						cs[n] = c
+					}
+				case st.hello != nil:
+					if _, err := f.s.RegisterWorker(ctx, WorkerHello{ID: f.worker, Token: reg.Token, Kind: "headless", Slots: 1,
+						Running: names(st.hello), RunningComplete: st.complete}, time.Minute); err != nil {
+						t.Fatal(err)
+					}
+				case st.renew != nil:
+					var rs []Renewal
+					for _, a := range names(st.renew) {
+						rs = append(rs, Renewal{Attempt: a, Worker: f.worker})
+					}
+					if lost, err := f.s.Renew(ctx, rs, time.Millisecond); err != nil || len(lost) != 0 {
+						t.Fatalf("renew: lost %v: %v", lost, err)
+					}
+				default:
+					// An hour passes for every time the worker and its
+					// attempts hold: every lease lapses, in its order.
+					for _, sql := range []string{
+						`UPDATE attempts SET started_at = started_at - interval '1 hour', lease_until = lease_until - interval '1 hour'`,
+						`UPDATE workers SET connected_at = connected_at - interval '1 hour', listed_until = listed_until - interval '1 hour'`,
+					} {
+						if _, err := f.s.pool.Exec(ctx, sql); err != nil {
+							t.Fatal(err)
+						}
+					}
+					for {
+						n, err := f.s.ExpireLeases(ctx, st.lapse)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if n == 0 {
+							break
+						}
+					}
+				}
+			}
+			for name, lost := range tc.lost {
+				state, attempts, l, _ := f.taskCounts(t, id, name)
+				if state != "ready" || attempts != 0 || l != lost {
+					t.Errorf("task %s is %s with %d attempts and %d losses, want ready, 0 and %d", name, state, attempts, l, lost)
+				}
+			}
+			if n := f.tasksLost(t, f.worker); n != tc.charged {
+				t.Errorf("worker charged %d losses, want %d", n, tc.charged)
+			}
+			for name, want := range tc.reason {
+				var reason string
+				if err := f.s.pool.QueryRow(ctx, `SELECT reason FROM attempts WHERE id = $1`, cs[name].Attempt).Scan(&reason); err != nil {
+					t.Fatal(err)
+				}
+				if !strings.Contains(reason, want) {
+					t.Errorf("attempt of %s ended %q, want %q in it", name, reason, want)
+				}
+			}
+		})
+	}
+}
+
 // FaultSummary says what went wrong in plain words, never the database's
 // own message.
 func TestFaultSummary(t *testing.T) {

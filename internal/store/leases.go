@@ -17,8 +17,10 @@ type Renewal struct {
 }
 
 // Renew extends the leases of a batch of attempts to now+lease and records
-// their progress. It returns the attempts of the batch that are no longer
-// running on the worker that reported them: the worker must stop those.
+// their progress. A lease is never shortened: a late renewal from an old
+// connection must not undo a newer one (see unreachedSQL). It returns the
+// attempts of the batch that are no longer running on the worker that
+// reported them: the worker must stop those.
 func (s *Store) Renew(ctx context.Context, rs []Renewal, lease time.Duration) (lost []int64, err error) {
 	if len(rs) == 0 {
 		return nil, nil
@@ -37,7 +39,7 @@ func (s *Store) Renew(ctx context.Context, rs []Renewal, lease time.Duration) (l
 		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, `UPDATE attempts a SET lease_until = now() + $4 * interval '1 millisecond', progress = u.p
+		rows, err := tx.Query(ctx, `UPDATE attempts a SET lease_until = greatest(a.lease_until, now() + $4 * interval '1 millisecond'), progress = u.p
 			FROM unnest($1::bigint[], $2::uuid[], $3::real[]) AS u(id, w, p)
 			WHERE a.id = u.id AND a.worker_id = u.w AND a.state = 'running' RETURNING a.id`, ids, uuidParams(workers), progress, lease.Milliseconds())
 		if err != nil {
@@ -267,25 +269,36 @@ const renewAllSQL = `UPDATE attempts a SET lease_until = greatest(a.lease_until,
 const sweepEndedSQL = `DELETE FROM running_attempts r
 	WHERE (SELECT a.state FROM attempts a WHERE a.id = r.attempt_id) IS DISTINCT FROM 'running'`
 
+// unreachedSQL is true of an attempt (alias a) of worker (alias w) that never
+// reached it: assigned before the worker's latest hello, which said it
+// listed every attempt it held (workers.listed_until, migrations/00025),
+// and not renewed by that hello or since. Renew never shortens a lease,
+// so a listed attempt keeps at least the lease the hello gave it.
+func unreachedSQL(a string) string {
+	return fmt.Sprintf(`coalesce(w.listed_until IS NOT NULL AND %[1]s.started_at < w.connected_at AND %[1]s.lease_until < w.listed_until, false)`, a)
+}
+
 // expireSQL ends up to $1 running attempts whose lease lapsed, and returns
-// each one's task, reason, worker, and whether it may have run. A worker
-// runs at most its slots attempts at once, the oldest it holds (attempt
-// ids grow in the order of assignment, and a worker starts its queued
-// attempts in that order): its attempts beyond its slots oldest ones
-// waited in its queue and never started (EndUnstarted), the others may
-// have run (EndVanished). The attempts it held are those still running
-// and those that an earlier pass ended as it fell silent (lapsed_attempts,
-// which keeps them for a day: those ended since the worker connected and
-// after the attempt judged was assigned): an attempt keeps the rank it had
-// when the worker went silent, however the passes split its attempts
+// each one's task, reason, worker, and whether it may have run. An
+// attempt that never reached its worker (unreachedSQL) did not run
+// (EndUnstarted). Otherwise a worker runs at most its slots attempts at
+// once, the oldest it holds (attempt ids grow in the order of assignment,
+// and a worker starts its queued attempts in that order): its attempts
+// beyond its slots oldest ones waited in its queue and never started
+// (EndUnstarted), the others may have run (EndVanished). The attempts it
+// held are those still running and those that an earlier pass ended as it
+// fell silent (lapsed_attempts, which keeps them for a day: those ended
+// since the worker connected and after the attempt judged was assigned),
+// not counting those that never reached it: an attempt keeps the rank it
+// had when the worker went silent, however the passes split its attempts
 // (leases that lapse a moment apart, a pass limit). A worker whose record
 // is gone may have run any of them. The last column says whether the
 // attempt saved a checkpoint.
 // The attempts of a worker whose replica has been silent for $2 ms, or
 // has started again since the worker connected to it, wait until their
 // lease lapsed $3 ms ago (Sweep.ReplicaGrace).
-const expireSQL = `WITH exp AS (
-	SELECT x.id, x.worker_id, x.started_at FROM running_attempts r JOIN attempts x ON x.id = r.attempt_id
+var expireSQL = `WITH exp AS (
+	SELECT x.id, x.worker_id, x.started_at, x.lease_until FROM running_attempts r JOIN attempts x ON x.id = r.attempt_id
 	WHERE x.state = 'running' AND x.lease_until < now()
 		AND NOT ($3::bigint > 0 AND x.lease_until > now() - $3::bigint * interval '1 millisecond' AND EXISTS (
 			SELECT 1 FROM workers w JOIN replicas rp ON rp.name = w.replica
@@ -293,21 +306,24 @@ const expireSQL = `WITH exp AS (
 	ORDER BY x.id LIMIT $1 FOR UPDATE OF x SKIP LOCKED
 ), held AS (
 	SELECT a.id, row_number() OVER (PARTITION BY a.worker_id ORDER BY a.id) AS k
-	FROM running_attempts r JOIN attempts a ON a.id = r.attempt_id
-	WHERE a.state = 'running' AND a.worker_id IN (SELECT DISTINCT worker_id FROM exp)
+	FROM running_attempts r JOIN attempts a ON a.id = r.attempt_id LEFT JOIN workers w ON w.id = a.worker_id
+	WHERE a.state = 'running' AND a.worker_id IN (SELECT DISTINCT worker_id FROM exp) AND NOT ` + unreachedSQL("a") + `
 ), judged AS (
-	SELECT exp.id, exp.worker_id, coalesce(held.k + (SELECT count(*) FROM lapsed_attempts l
+	SELECT exp.id, exp.worker_id, u.unreached, NOT u.unreached AND coalesce(held.k + (SELECT count(*) FROM lapsed_attempts l
 			WHERE l.worker_id = exp.worker_id AND l.attempt_id < exp.id
 				AND l.ended_at >= greatest(exp.started_at, w.connected_at)) <= w.slots,
 		true) AS may_have_run
 	FROM exp LEFT JOIN held ON held.id = exp.id LEFT JOIN workers w ON w.id = exp.worker_id
+		CROSS JOIN LATERAL (SELECT ` + unreachedSQL("exp") + ` AS unreached) u
 ), kept AS (
-	INSERT INTO lapsed_attempts (worker_id, attempt_id, ended_at) SELECT worker_id, id, now() FROM judged
+	INSERT INTO lapsed_attempts (worker_id, attempt_id, ended_at) SELECT worker_id, id, now() FROM judged WHERE NOT unreached
 ), pruned AS (
 	DELETE FROM lapsed_attempts WHERE ended_at < now() - interval '1 day'
 )
 UPDATE attempts a SET state = 'lost', ended_at = now(),
-	reason = CASE WHEN j.may_have_run
+	reason = CASE WHEN j.unreached
+		THEN 'worker ' || left(a.worker_id::text, 8) || ' reconnected without it: the assignment never reached it; queued again'
+		WHEN j.may_have_run
 		THEN 'lost: worker ' || left(a.worker_id::text, 8) || ' vanished while running it (no heartbeat before its lease expired); '
 			|| 'retried, not counted as a failed attempt'
 		ELSE 'worker ' || left(a.worker_id::text, 8) || ' vanished before it started the task; queued again' END

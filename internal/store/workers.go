@@ -27,6 +27,11 @@ type WorkerHello struct {
 	Device    any // stored as JSON
 	Replica   string
 	Running   []int64 // attempts it still runs from an earlier connection
+	// RunningComplete says Running lists every attempt this worker's
+	// process was assigned and has not had acknowledged
+	// (hello.running_complete): an earlier attempt it does not list never
+	// reached it, and ends charged to nobody when its lease lapses.
+	RunningComplete bool
 	// Build is the worker's build (hello.build), cut to 100 bytes.
 	Build string
 	// Operator says the connection presented an operator key
@@ -159,11 +164,14 @@ func unstorable(h *WorkerHello, dev []byte) string {
 // rows, 17 ms for one hello).
 const (
 	// registerProvedSQL updates the rows of the workers whose tokens
-	// prove them, and returns their ids.
+	// prove them, and returns their ids. listed_until is the lease
+	// renewHeldSQL gives the attempts a worker lists ($11 ms), when it
+	// says ($10) the list is complete (migrations/00025).
 	registerProvedSQL = `UPDATE workers w SET kind = u.kind, slots = u.slots, volunteer = u.volunteer, device = u.device,
-		replica = u.replica, connected = true, connected_at = now(), last_seen = now(), operator = u.operator, build = u.build
-	FROM unnest($1::uuid[], $2::bytea[], $3::text[], $4::int[], $5::text[], $6::jsonb[], $7::text[], $8::bool[], $9::text[])
-		AS u(id, token_hash, kind, slots, volunteer, device, replica, operator, build)
+		replica = u.replica, connected = true, connected_at = now(), last_seen = now(), operator = u.operator, build = u.build,
+		listed_until = CASE WHEN u.complete THEN now() + $11 * interval '1 millisecond' END
+	FROM unnest($1::uuid[], $2::bytea[], $3::text[], $4::int[], $5::text[], $6::jsonb[], $7::text[], $8::bool[], $9::text[], $10::bool[])
+		AS u(id, token_hash, kind, slots, volunteer, device, replica, operator, build, complete)
 	WHERE w.id = ANY($1::uuid[]) AND w.id = u.id AND w.token_hash = u.token_hash
 	RETURNING w.id::text`
 	// registerNewSQL writes new workers.
@@ -247,7 +255,13 @@ func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int
 	b := &pgx.Batch{}
 	b.Queue(hotPathSettingsSQL)
 	if len(old.ids) > 0 {
-		b.Queue(registerProvedSQL, old.args()...)
+		complete := make([]bool, 0, len(old.ids))
+		for _, i := range round {
+			if h := &hs[i]; errs[i] == nil && claimedID(h) != "" {
+				complete = append(complete, h.RunningComplete)
+			}
+		}
+		b.Queue(registerProvedSQL, append(old.args(), complete, lease.Milliseconds())...)
 	}
 	br := tx.SendBatch(ctx, b)
 	_, err := br.Exec()

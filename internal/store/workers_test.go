@@ -385,7 +385,7 @@ func TestRegistrationReadsByKeyWithStaleStatistics(t *testing.T) {
 		cold bool
 	}{
 		{"reconnection", registerProvedSQL, []any{[]string{one.ID}, [][]byte{HashToken(one.Token)}, []string{"browser"}, []int32{1},
-			[]string{""}, []string{dev}, []string{"r"}, []bool{false}, []string{""}}, true, false},
+			[]string{""}, []string{dev}, []string{"r"}, []bool{false}, []string{""}, []bool{true}, int64(60000)}, true, false},
 		{"history", registerSessionsSQL, []any{[]string{one.ID}}, true, false},
 		{"record", workerRecordsSQL + ` WHERE w.id = ANY($1::uuid[])`, []any{[]string{one.ID}}, true, false},
 		{"held attempts", renewHeldSQL, []any{[]int64{cs[0].Attempt}, []string{one.ID}, int64(60000)}, false, false},
