@@ -627,6 +627,17 @@ func (h *hub) all() []*conn {
 	return cs
 }
 
+// held lists the connected workers and the session of each.
+func (h *hub) held() (ids []string, sessions []int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ids, sessions = make([]string, 0, len(h.conns)), make([]int64, 0, len(h.conns))
+	for id, c := range h.conns {
+		ids, sessions = append(ids, id), append(sessions, c.session)
+	}
+	return ids, sessions
+}
+
 // ids lists the connected workers.
 func (h *hub) ids() []string {
 	h.mu.Lock()

@@ -427,10 +427,12 @@ func (s *Server) touchWorkers(ctx context.Context) {
 	}
 	// Every minute (and at start, which finds those of a previous run
 	// under the same name), workers recorded as connected here that the
-	// hub does not hold are marked gone.
+	// hub does not hold are marked gone, and those it holds that were
+	// marked gone (the replica could not touch for a minute) connected.
 	ghosts := func(ctx context.Context) {
-		if err := s.store.ForgetGhosts(ctx, s.cfg.Replica, s.hub.ids()); err != nil && ctx.Err() == nil {
-			s.log.Warn("forget ghost workers", "err", err)
+		ids, sessions := s.hub.held()
+		if err := s.store.ReconcileWorkers(ctx, s.cfg.Replica, ids, sessions); err != nil && ctx.Err() == nil {
+			s.log.Warn("reconcile the workers' records", "err", err)
 		}
 	}
 	// At once: a replica restarted under its name is alive again, and

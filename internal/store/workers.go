@@ -518,18 +518,35 @@ func (s *Store) PruneActivity(ctx context.Context) error {
 	return nil
 }
 
-// ForgetGhosts marks disconnected the workers that the database says are
-// connected to replica but that it does not hold (connected, the ids it
-// holds): their end was not recorded (WorkerGone failed, or the replica
-// restarted under its name). Workers that connected within the last
-// minute are left alone: they may have arrived after the list was made.
-func (s *Store) ForgetGhosts(ctx context.Context, replica string, connected []string) error {
-	if _, err := s.pool.Exec(ctx, `WITH gone AS (UPDATE workers SET connected = false, last_seen = now()
+// ReconcileWorkers makes the record of which workers are connected to
+// replica agree with the connections it holds (ids, and the session of
+// each, from RegisterWorker). Those recorded as connected to it that it
+// does not hold are marked disconnected: their end was not recorded
+// (WorkerGone failed, or the replica restarted under its name). Workers
+// that connected within the last minute are left alone: they may have
+// arrived after the list was made. Those it holds that are recorded as
+// disconnected, and still as connected to it last, are marked connected
+// again, their connection's row reopened: ForgetReplicaWorkers took them
+// for gone while the replica could not say it was alive (a database
+// failover of over a minute).
+func (s *Store) ReconcileWorkers(ctx context.Context, replica string, ids []string, sessions []int64) error {
+	if len(ids) != len(sessions) {
+		return fmt.Errorf("reconcile the workers of %s: %d ids for %d sessions", replica, len(ids), len(sessions))
+	}
+	b := &pgx.Batch{}
+	b.Queue(`WITH gone AS (UPDATE workers SET connected = false, last_seen = now()
 			WHERE replica = $1 AND connected AND connected_at < now() - interval '1 minute' AND NOT (id = ANY($2::uuid[]))
 			RETURNING id)
 		UPDATE worker_sessions ws SET disconnected_at = now() FROM gone
-		WHERE ws.worker_id = gone.id AND ws.disconnected_at IS NULL`, replica, connected); err != nil {
-		return fmt.Errorf("forget the ghost workers of %s: %w", replica, err)
+		WHERE ws.worker_id = gone.id AND ws.disconnected_at IS NULL`, replica, ids)
+	b.Queue(`WITH back AS (UPDATE workers w SET connected = true, last_seen = now()
+			FROM unnest($2::uuid[], $3::bigint[]) AS h(id, session)
+			WHERE w.id = h.id AND w.replica = $1 AND NOT w.connected
+			RETURNING h.id, h.session)
+		UPDATE worker_sessions ws SET disconnected_at = NULL FROM back
+		WHERE ws.id = back.session AND ws.worker_id = back.id`, replica, ids, sessions)
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("reconcile the workers of %s: %w", replica, err)
 	}
 	return nil
 }

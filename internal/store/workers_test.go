@@ -170,29 +170,94 @@ func TestDeadReplicasWorkersGetTimeToComeBack(t *testing.T) {
 
 // A replica marks gone the workers recorded as connected to it that it does
 // not hold (their end went unrecorded), but not one that connected a
-// moment ago, nor those of other replicas.
-func TestReplicaForgetsItsGhosts(t *testing.T) {
+// moment ago, nor those of other replicas. It marks connected again, with
+// their connection's history row open, the workers it holds that the
+// leader took for gone while it could not say it was alive
+// (ForgetReplicaWorkers), but not one that has since connected elsewhere.
+func TestReplicaReconcilesItsWorkers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := newFixture(t)
-	register := func(replica string) string { return f.registerOn(t, replica) }
-	held, ghost, other := register("r"), register("r"), register("elsewhere")
-	if _, err := f.s.pool.Exec(ctx, `UPDATE workers SET connected_at = now() - interval '2 minutes'`); err != nil {
+	register := func(replica string) Registration {
+		reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1, Replica: replica}, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reg
+	}
+	held, ghost, other, forgotten, moved := register("r"), register("r"), register("elsewhere"), register("r"), register("r")
+	// The replica r could not touch for two minutes: the leader marks its
+	// workers gone (forgotten and moved; held and ghost are connected
+	// again below, as the test's starting point).
+	for _, sql := range []string{
+		`UPDATE workers SET connected_at = now() - interval '2 minutes', last_seen = now() - interval '2 minutes'`,
+		`INSERT INTO replicas (name, seen) VALUES ('r', now() - interval '2 minutes'), ('elsewhere', now())`,
+	} {
+		if _, err := f.s.pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.s.ForgetReplicaWorkers(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.s.pool.Exec(ctx, `UPDATE workers SET connected = true WHERE id = ANY($1::uuid[])`, []string{held.ID, ghost.ID}); err != nil {
+		t.Fatal(err)
+	}
+	// moved connected to another replica meanwhile (its hello there).
+	if _, err := f.s.RegisterWorker(ctx, WorkerHello{ID: moved.ID, Token: moved.Token, Kind: "headless", Slots: 1, Replica: "elsewhere"}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	fresh := register("r")
-	if err := f.s.ForgetGhosts(ctx, "r", []string{held}); err != nil {
+	hold := []Registration{held, forgotten, moved}
+	var ids []string
+	var sessions []int64
+	for _, r := range hold {
+		ids, sessions = append(ids, r.ID), append(sessions, r.Session)
+	}
+	if err := f.s.ReconcileWorkers(ctx, "r", ids, sessions); err != nil {
 		t.Fatal(err)
 	}
-	recs, err := f.s.Workers(ctx, []string{held, ghost, other, fresh})
+	all := []Registration{held, ghost, other, forgotten, moved, fresh}
+	ids = nil
+	for _, r := range all {
+		ids = append(ids, r.ID)
+	}
+	recs, err := f.s.Workers(ctx, ids)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]bool{held: true, ghost: false, other: true, fresh: true}
+	want := map[string]bool{held.ID: true, ghost.ID: false, other.ID: true, forgotten.ID: true, moved.ID: true, fresh.ID: true}
 	for _, r := range recs {
 		if r.Connected != want[r.ID] {
 			t.Errorf("worker %s of %q: connected = %v, want %v", r.ID[:8], r.Replica, r.Connected, want[r.ID])
 		}
+	}
+	// Open connections in the history: one per connected worker, the
+	// forgotten one's reopened, moved's only at its new replica.
+	open := map[string]int64{}
+	rows, err := f.s.pool.Query(ctx, `SELECT worker_id::text, id FROM worker_sessions WHERE disconnected_at IS NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w string
+	var sess int64
+	if _, err := pgx.ForEachRow(rows, []any{&w, &sess}, func() error {
+		if _, dup := open[w]; dup {
+			t.Errorf("worker %s has two open connections", w[:8])
+		}
+		open[w] = sess
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if open[forgotten.ID] != forgotten.Session {
+		t.Errorf("the forgotten worker's open connection is %d, want its own %d reopened", open[forgotten.ID], forgotten.Session)
+	}
+	if s, ok := open[moved.ID]; !ok || s == moved.Session {
+		t.Errorf("the moved worker's open connection is %d (%v), want its new one", s, ok)
+	}
+	if _, ok := open[ghost.ID]; ok {
+		t.Error("the ghost has an open connection")
 	}
 }
 
