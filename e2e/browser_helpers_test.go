@@ -192,6 +192,9 @@ type pageStatus struct {
 		Ahead      int `json:"ahead"`   // attempts run on an instance made ahead of time
 		Batches    int `json:"batches"` // messages that sent attempts to a task Web Worker
 		Sent       int `json:"sent"`    // attempts those messages sent
+		// GivenBack counts attempts taken back from a batch whose
+		// running attempt ran long, for another task Web Worker.
+		GivenBack int `json:"givenBack"`
 	} `json:"taskWorkers"`
 	Modules struct {
 		Fetched int `json:"fetched"` // from the server (or the HTTP cache)

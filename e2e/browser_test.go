@@ -46,6 +46,22 @@ func setShare(t *testing.T, b *browser, pct int) {
 	}
 }
 
+// setThreads sets how many tasks the page runs at once, as a volunteer
+// would in its settings, and waits until its worker runs with them.
+func setThreads(t *testing.T, b *browser, n int) {
+	t.Helper()
+	var threads int
+	b.eval(fmt.Sprintf(`(() => { const s = document.getElementById("threads"); s.value = "%d"; s.dispatchEvent(new Event("change"));
+		return window.cyclepool.settings.threads; })()`, n), &threads)
+	if threads != n {
+		t.Fatalf("the page's threads are %d after setting %d", threads, n)
+	}
+	eventually(t, 30*time.Second, "the page's worker to run with its new threads", func() bool {
+		s := b.status()
+		return s.Connected && s.Threads == n
+	})
+}
+
 // The volunteer page computes a workflow in Chromium, and every output is
 // byte-identical to a headless worker's (wazero) for the same tasks: stdin,
 // /in, /out, argv, progress and checkpoints, and the deterministic clock
@@ -656,6 +672,103 @@ func TestBrowserCancelInABatchSparesTheRunningAttempt(t *testing.T) {
 	}
 	if after := b.status().TaskWorkers.Terminated; after != before {
 		t.Errorf("%d task Web Workers terminated by the cancel of attempts that had not started, want none", after-before)
+	}
+}
+
+// A volunteer who changes how many tasks the page runs at once keeps
+// computing: the page's worker restarts with the new number, again and
+// again. The Web Worker it stopped, whose Go program had exited, could
+// still raise an error the page took for its successor's, and the page
+// then stopped computing for good.
+func TestBrowserChangingThreadsKeepsComputing(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	noop := push(t, p.client, "noop")
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, p.srv.url)
+	for i, n := range []int{2, 1, 2, 1} {
+		setThreads(t, b, n)
+		id := submit(t, p.client, workflow(fmt.Sprintf("after%d", i), task{"name": "n", "module": noop}))
+		if st := wait(t, p.client, id, 60*time.Second); st.State != "done" {
+			t.Fatalf("the workflow after setting %d threads ended %s", n, st.State)
+		}
+		var running bool
+		b.eval(`window.cyclepool.running`, &running)
+		if s := b.status(); !running || !s.Connected || s.Threads != n {
+			t.Fatalf("after setting %d threads: computing %v, status %+v", n, running, s)
+		}
+	}
+}
+
+// An attempt of a module known to be short that runs long gives back the
+// attempts waiting behind it in its batch: they run on another task Web
+// Worker and end long before it does, once each, and no task Web Worker is
+// terminated for it.
+func TestBrowserLongAttemptGivesBackItsBatch(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	ctx := context.Background()
+	var mods [2]string
+	for i, at := range []byte{12, 16} {
+		m, err := p.client.PushModule(ctx, argLoop(at))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mods[i] = m.ID
+	}
+	loop, busy := mods[0], mods[1]
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, p.srv.url)
+	setThreads(t, b, 2) // one for the long attempt, one to take what it gives back
+	warm := make([]task, 20)
+	for i := range warm {
+		warm[i] = task{"name": fmt.Sprintf("w%d", i), "module": loop}
+	}
+	if st := wait(t, p.client, submit(t, p.client, workflow("warm", warm...)), 60*time.Second); st.State != "done" {
+		t.Fatalf("warm-up ended %s", st.State)
+	}
+	// As in TestBrowserCancelInABatchSparesTheRunningAttempt: the long
+	// attempt and short ones of another workflow queue up while every
+	// task Web Worker is busy, and go in one batch, the long one first.
+	threads := b.status().Threads
+	busyTasks := make([]task, threads)
+	for i := range busyTasks {
+		busyTasks[i] = task{"name": fmt.Sprintf("busy%d", i), "module": busy, "args": []string{"x"}}
+	}
+	submit(t, p.client, workflow("busy", busyTasks...))
+	eventually(t, 30*time.Second, "the task Web Workers to be busy", func() bool { return b.status().TaskWorkers.Busy >= threads })
+	before := b.status().TaskWorkers
+	long := submit(t, p.client, workflow("long", task{"name": "long", "module": loop, "args": []string{"x"}}))
+	shorts := make([]task, 7)
+	for i := range shorts {
+		shorts[i] = task{"name": fmt.Sprintf("s%d", i), "module": loop}
+	}
+	short := submit(t, p.client, workflow("shorts", shorts...))
+	for _, id := range []string{long, short} {
+		if st := wait(t, p.client, id, 60*time.Second); st.State != "done" {
+			t.Fatalf("workflow %s ended %s", id, st.State)
+		}
+	}
+	after := b.status().TaskWorkers
+	if after.GivenBack <= before.GivenBack {
+		t.Fatalf("no attempt was given back from the long attempt's batch (%d before, %d after)", before.GivenBack, after.GivenBack)
+	}
+	if after.Terminated != before.Terminated {
+		t.Errorf("%d task Web Workers terminated, want none", after.Terminated-before.Terminated)
+	}
+	la := attempts(t, p.client, long, "long")
+	if len(la) != 1 || la[0].EndedAt == nil {
+		t.Fatalf("the long task's attempts: %+v", la)
+	}
+	for i := range shorts {
+		as := attempts(t, p.client, short, fmt.Sprintf("s%d", i))
+		if len(as) != 1 || as[0].State != "succeeded" || as[0].EndedAt == nil {
+			t.Errorf("short task s%d: attempts %+v, want one that succeeded", i, as)
+			continue
+		}
+		if !as[0].EndedAt.Before(*la[0].EndedAt) {
+			t.Errorf("short task s%d ended at %v, not before the long one (%v): it waited behind it", i, as[0].EndedAt, la[0].EndedAt)
+		}
 	}
 }
 

@@ -228,7 +228,7 @@ func main() {
 			"identity": map[string]any{"id": id, "token": token},
 			"taskWorkers": map[string]any{"started": counts.Get("started"), "terminated": counts.Get("terminated"),
 				"busy": counts.Get("busy"), "ahead": counts.Get("ahead"), "batches": counts.Get("batches"),
-				"sent": counts.Get("sent")},
+				"sent": counts.Get("sent"), "givenBack": counts.Get("givenBack")},
 			"modules": map[string]any{"fetched": counts.Get("fetched"), "cached": counts.Get("cached")},
 			"data": map[string]any{"fetched": counts.Get("dataFetched"), "cached": counts.Get("dataCached"),
 				"evicted": counts.Get("dataEvicted"), "unkept": counts.Get("dataUnkept")},

@@ -89,9 +89,13 @@
     keepIdentity = await identityHeld;
     if (worker) return; // started meanwhile
     const saved = keepIdentity ? store.get("worker", null) : null;
-    worker = new Worker(body.workerJs, { name: "cyclepool-worker" });
-    worker.onmessage = (e) => onWorkerMessage(e.data);
-    worker.onerror = (e) => { setState("The worker failed: " + (e.message || "error")); stopNow(); };
+    // The handlers act only while this Web Worker is the page's: one that
+    // was stopped may still have events queued, and they must not stop
+    // its successor (a change of threads restarts the worker).
+    const w = new Worker(body.workerJs, { name: "cyclepool-worker" });
+    worker = w;
+    w.onmessage = (e) => { if (worker === w) onWorkerMessage(e.data); };
+    w.onerror = (e) => { if (worker === w) { setState("The worker failed: " + (e.message || "error")); stopNow(); } };
     worker.postMessage({
       type: "init", wasmExec: body.wasmExec, wasm: body.workerWasm, taskJs: body.taskJs,
       server: location.origin, volunteer, settings: { ...settings }, device: { ...device },

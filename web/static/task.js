@@ -25,9 +25,10 @@
 // runs now (0: none) and since when (performance.timeOrigin-based ms), so
 // that the worker enforces wall times and knows where a batch got to
 // without a message per attempt; Int32 6 on, one per place in the batch,
-// says whether its attempt started (1, set here) or was cancelled before
-// it did (2, set by the worker, which then need not terminate this Web
-// Worker: the attempt is skipped, the others go on).
+// says whether its attempt started (1, set here) or was cancelled or
+// taken back for another thread before it did (2, set by the worker,
+// which then need not terminate this Web Worker: the attempt is skipped,
+// the others go on).
 "use strict";
 
 const E = { SUCCESS: 0, ACCES: 2, BADF: 8, BUSY: 10, EXIST: 20, FAULT: 21, INVAL: 28, IO: 29, ISDIR: 31, LOOP: 32, MFILE: 33, NOENT: 44, NOSYS: 52,

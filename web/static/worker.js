@@ -55,6 +55,11 @@ async function boot(init) {
     ]);
     self.cyclepoolTasks = makeTasks(taskJs, init.server);
     await go.run(instance);
+    // Go has exited: a call into it now throws, and the page's messages
+    // (device state every few seconds) and the task Web Workers' events
+    // have nobody to go to.
+    deliver = () => {};
+    self.cyclepoolTasks.listen(() => false, 1);
   } catch (err) {
     postMessage({ type: "log", level: "error", text: "worker failed: " + (err && err.stack || err) });
   }
@@ -109,7 +114,7 @@ function makeTasks(taskJs, server) {
   // terminated and busy; attempts whose instance was made ahead of time
   // (task.js); modules fetched from the server and found in the IndexedDB
   // cache.
-  const counts = { started: 0, terminated: 0, busy: 0, ahead: 0, fetched: 0, cached: 0, batches: 0, sent: 0, dataFetched: 0, dataCached: 0, dataEvicted: 0, dataUnkept: 0 };
+  const counts = { started: 0, terminated: 0, busy: 0, ahead: 0, fetched: 0, cached: 0, batches: 0, sent: 0, givenBack: 0, dataFetched: 0, dataCached: 0, dataEvicted: 0, dataUnkept: 0 };
   const hex = (buf) => Array.from(new Uint8Array(buf), (b) => b.toString(16).padStart(2, "0")).join("");
   const cache = moduleCache();
 
@@ -303,10 +308,13 @@ function makeTasks(taskJs, server) {
   // short attempt itself. Attempts of a module whose recent attempts ran
   // shorter than batchShortMs go in batches of up to maxBatch (no more than
   // their fair share of what waits); other attempts go one at a time. An
-  // attempt of a short module that runs long holds back the rest of its
-  // batch (up to its wall time) until it ends: nothing takes a batch's
-  // waiting attempts back yet, as the headless runner does after 5 ms.
-  const maxBatch = 8, batchShortMs = 2;
+  // attempt of a short module that runs longer than takeBackMs gives back
+  // the attempts of its batch that wait behind it once another thread is
+  // idle (checkWall: they go to the front of the queue, for that thread),
+  // as the headless runner does after 5 ms: a module that is short most of
+  // the time cannot hold other owners' attempts for its wall time. Those
+  // of its batch that ran before it still report with it, when it ends.
+  const maxBatch = 8, batchShortMs = 2, takeBackMs = 5;
   const runMs = new Map(); // module key -> recent run time (ms, moving average)
   let pending = [], active = 0, threads = 1;
   function pump() {
@@ -511,7 +519,7 @@ function makeTasks(taskJs, server) {
     w.batch = null; counts.busy--; active--; busy.delete(w); kill(w);
     const again = [];
     for (const q of batch) {
-      if (q.attempt === but || q.r.over) continue;
+      if (q.attempt === but || q.r.over || q.r.w !== w) continue; // r.w: taken back (giveBack)
       q.r.w = null;
       again.push(q);
     }
@@ -534,10 +542,29 @@ function makeTasks(taskJs, server) {
         stopBatch(w, id);
         r.over = true; runs.delete(id);
         end(id, "limit_wall_time", null, pack([], EMPTY), t - w.startedAt());
+      } else if (active < threads && r && !r.over && r.w === w && w.batch.length > 1 && t >= w.startedAt() + takeBackMs) {
+        giveBack(w);
       }
     }
     pump();
     if (active === 0) { clearInterval(wallTimer); wallTimer = 0; }
+  }
+
+  // giveBack takes the attempts of w's batch that have not started back
+  // to the front of the queue: each place's word in the ctl buffer is
+  // claimed here (2, as a cancel does) unless task.js claimed it first (1),
+  // and task.js skips the places claimed here.
+  function giveBack(w) {
+    const skip = new Int32Array(w.ctl, 24), back = [];
+    for (const q of w.batch) {
+      if (q.r.over || q.r.w !== w) continue;
+      if (Atomics.compareExchange(skip, q.r.pos, 0, 2) !== 0) continue;
+      q.r.w = null;
+      back.push(q);
+    }
+    if (back.length === 0) return;
+    counts.givenBack += back.length;
+    pending.unshift(...back);
   }
 
   function start(batch) {
