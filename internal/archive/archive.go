@@ -2,8 +2,8 @@
 // (docs/DATA.md, "Archives"): POSIX tar streams (ustar, pax or GNU) of
 // regular files, directories and relative symbolic links that stay inside
 // the tree. Anything else (absolute or escaping names, hard links,
-// devices, the same name twice) is refused whole, so that a refused
-// archive is never stored or unpacked.
+// devices, sparse files, the same name twice) is refused whole, so that a
+// refused archive is never stored or unpacked.
 package archive
 
 import (
@@ -111,6 +111,11 @@ func check(h *tar.Header, types map[string]byte) (*Entry, error) {
 		}
 		return nil, &Error{Entry: raw, Msg: "empty name"}
 	}
+	if sparse(h) {
+		// tar reads a sparse file's holes as zeros: a few KiB would unpack
+		// into a file as large as the header declares.
+		return nil, &Error{Entry: raw, Msg: "sparse files are not supported: archive the file whole"}
+	}
 	e := &Entry{Name: name, Mode: fs.FileMode(h.Mode).Perm(), Size: h.Size}
 	switch h.Typeflag {
 	case tar.TypeReg, tar.TypeRegA:
@@ -143,6 +148,18 @@ func check(h *tar.Header, types map[string]byte) (*Entry, error) {
 	}
 	types[name] = e.Type
 	return e, nil
+}
+
+// sparse reports whether h is a sparse file in one of GNU's PAX formats
+// (tar.Reader gives them type '0', and their logical size). The old GNU
+// format's type 'S' is refused with every other type.
+func sparse(h *tar.Header) bool {
+	for k := range h.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
 }
 
 // checkLink accepts a symbolic link at name whose target is relative,
