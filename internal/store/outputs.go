@@ -19,17 +19,31 @@ var ErrNotHeld = errors.New("the attempt is not running on this worker")
 // result frame.
 var ErrReplicated = errors.New("the outputs of a replicated task travel in its result frame, not over HTTP")
 
+// MaxAttemptUploads bounds the names one attempt may upload outputs under.
+// A result lists each in its header (protocol.MaxHeaderBytes, 1 MiB), in
+// at least 100 bytes (its name, blob id and size), so no result could name
+// more; without the bound a worker holding one attempt could add rows
+// without end, each an empty output under a new name.
+const MaxAttemptUploads = (1 << 20) / 100
+
 // OutputLimitError refuses an output upload that would take the outputs
-// of its attempt past the task's limit.
+// of its attempt past the task's limit, or past MaxAttemptUploads names.
 type OutputLimitError struct {
 	Limit int64 // the task's output_bytes (its memory for a checkpoint)
 	Used  int64 // bytes the attempt uploaded under other names
 	Size  int64 // bytes of this upload, or what arrived before it passed the limit
 	// Checkpoint: the upload is a checkpoint, at most the task's memory.
 	Checkpoint bool
+	// Names, when not 0, is how many other names the attempt uploaded
+	// outputs under: this upload, under a new one, would pass
+	// MaxAttemptUploads.
+	Names int
 }
 
 func (e *OutputLimitError) Error() string {
+	if e.Names > 0 {
+		return fmt.Sprintf("the attempt uploaded %d outputs already, the most one attempt may", e.Names)
+	}
 	if e.Checkpoint {
 		return fmt.Sprintf("a checkpoint of %d bytes is larger than the task's memory limit of %d bytes", e.Size, e.Limit)
 	}
@@ -41,10 +55,22 @@ func (e *OutputLimitError) Error() string {
 // task t: the task's outputs together, or its memory for a checkpoint
 // (the empty name). uploadedSQL is what counts towards it: the attempt's
 // other outputs, nothing for a checkpoint (the latest replaces the last).
+// otherNamesSQL is how many other names the attempt uploaded outputs
+// under (MaxAttemptUploads), 0 for a checkpoint.
 const (
 	uploadLimitSQL = `CASE WHEN $3 = '' THEN t.memory_pages::bigint * 65536 ELSE t.output_bytes END`
 	uploadedSQL    = `CASE WHEN $3 = '' THEN 0 ELSE coalesce((SELECT sum(size) FROM output_uploads WHERE attempt_id = a.id AND name <> $3 AND name <> ''), 0) END`
+	otherNamesSQL  = `CASE WHEN $3 = '' THEN 0 ELSE (SELECT count(*) FROM output_uploads WHERE attempt_id = a.id AND name <> $3 AND name <> '') END`
 )
+
+// tooManyNames refuses an upload under a name that would take its attempt
+// past MaxAttemptUploads, given the other names it uploaded (otherNamesSQL).
+func tooManyNames(others int, name string) error {
+	if name != "" && others >= MaxAttemptUploads {
+		return &OutputLimitError{Names: others}
+	}
+	return nil
+}
 
 // OutputUpload streams one output of a running attempt into a blob
 // (docs/PROTOCOL.md, "Outputs over HTTP"). Nothing of it is visible until
@@ -59,15 +85,16 @@ type OutputUpload struct {
 // must be running on worker; the empty name is a checkpoint of the attempt
 // (SaveCheckpoint). It fails with ErrNotHeld, ErrReplicated, or
 // an *OutputLimitError when expect (the size if known, else -1) would
-// take the attempt's uploads past its task's output limit.
+// take the attempt's uploads past its task's output limit, or a new name
+// past MaxAttemptUploads.
 func (s *Store) BeginOutputUpload(ctx context.Context, attempt int64, worker, name string, expect int64) (*OutputUpload, error) {
 	u := &OutputUpload{BlobUpload: &BlobUpload{s: s, h: sha256.New()}, attempt: attempt, name: name}
 	err := s.tx(ctx, func(tx pgx.Tx) error {
-		var replicas int
-		err := tx.QueryRow(ctx, `SELECT w.owner_id, `+uploadLimitSQL+`, t.max_replicas, `+uploadedSQL+`
+		var replicas, others int
+		err := tx.QueryRow(ctx, `SELECT w.owner_id, `+uploadLimitSQL+`, t.max_replicas, `+uploadedSQL+`, `+otherNamesSQL+`
 			FROM attempts a JOIN tasks t ON t.id = a.task_id JOIN workflows w ON w.id = t.workflow_id
 			WHERE a.id = $1 AND a.worker_id = $2::uuid AND a.state = 'running'`,
-			attempt, worker, name).Scan(&u.owner, &u.quota, &replicas, &u.used)
+			attempt, worker, name).Scan(&u.owner, &u.quota, &replicas, &u.used, &others)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotHeld
 		}
@@ -76,6 +103,9 @@ func (s *Store) BeginOutputUpload(ctx context.Context, attempt int64, worker, na
 		}
 		if replicas > 1 {
 			return ErrReplicated
+		}
+		if err := tooManyNames(others, name); err != nil {
+			return err
 		}
 		if u.used+max(expect, 0) > u.quota {
 			return &OutputLimitError{Limit: u.quota, Used: u.used, Size: expect, Checkpoint: name == ""}
@@ -95,7 +125,7 @@ func (s *Store) BeginOutputUpload(ctx context.Context, attempt int64, worker, na
 // Commit stores the output's blob and records it as output name of the
 // attempt (replacing an earlier upload under that name), after checking
 // again that the attempt is running on its worker and that its uploads
-// fit the task's limit. It returns the blob id.
+// fit the task's limit and MaxAttemptUploads. It returns the blob id.
 func (u *OutputUpload) Commit(ctx context.Context, worker string) (string, error) {
 	if err := u.finish(ctx); err != nil {
 		u.Abort(ctx)
@@ -105,14 +135,18 @@ func (u *OutputUpload) Commit(ctx context.Context, worker string) (string, error
 	err := u.s.tx(ctx, func(tx pgx.Tx) error {
 		// The attempt's row orders concurrent uploads of one attempt.
 		var used, limit int64
-		err := tx.QueryRow(ctx, `SELECT `+uploadLimitSQL+`, `+uploadedSQL+`
+		var others int
+		err := tx.QueryRow(ctx, `SELECT `+uploadLimitSQL+`, `+uploadedSQL+`, `+otherNamesSQL+`
 			FROM attempts a JOIN tasks t ON t.id = a.task_id
 			WHERE a.id = $1 AND a.worker_id = $2::uuid AND a.state = 'running' FOR UPDATE OF a`,
-			u.attempt, worker, u.name).Scan(&limit, &used)
+			u.attempt, worker, u.name).Scan(&limit, &used, &others)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotHeld
 		}
 		if err != nil {
+			return err
+		}
+		if err := tooManyNames(others, u.name); err != nil {
 			return err
 		}
 		if used+u.size > limit {
