@@ -82,6 +82,15 @@ type BlobUpload struct {
 	err     error // the first chunk write that failed
 }
 
+// lockOwnerSQL takes the row of owner $1 for the rest of the transaction,
+// ordering the beginnings and commits of its uploads. It is a statement
+// of its own: in READ COMMITTED, a statement that waited for the lock
+// reads the other tables as they were when it began, so what the owner's
+// other uploads did while it waited is read by the statements after it.
+// NO KEY UPDATE leaves the row's key to the foreign keys of other rows
+// written meanwhile (workflows, blob_uploads).
+const lockOwnerSQL = `SELECT 1 FROM owners WHERE id = $1 FOR NO KEY UPDATE`
+
 // BeginBlobUpload starts an upload for owner, who may keep quota bytes in
 // blobs. It fails with a *QuotaError when the owner is at its quota
 // already, or when expect (the upload's size if known, else -1) would pass
@@ -89,6 +98,10 @@ type BlobUpload struct {
 func (s *Store) BeginBlobUpload(ctx context.Context, ownerID, quota, expect int64) (*BlobUpload, error) {
 	u := &BlobUpload{s: s, owner: ownerID, quota: quota, h: sha256.New()}
 	err := s.tx(ctx, func(tx pgx.Tx) error {
+		// Uploads beginning at once would each count the others out.
+		if _, err := tx.Exec(ctx, lockOwnerSQL, ownerID); err != nil {
+			return err
+		}
 		var open int
 		if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM blob_uploads WHERE owner_id = $1 AND attempt_id IS NULL AND touched_at > now() - $2::interval),
 			(SELECT coalesce(sum(b.size), 0) FROM owner_blobs ob JOIN blobs b ON b.id = ob.blob_id WHERE ob.owner_id = $1)`,
@@ -263,9 +276,12 @@ func (u *BlobUpload) Commit(ctx context.Context, name string, archive bool) (b B
 	err = u.s.tx(ctx, func(tx pgx.Tx) error {
 		// The owner's row orders concurrent commits of one owner, so that
 		// two uploads cannot both fit the same room.
+		if _, err := tx.Exec(ctx, lockOwnerSQL, u.owner); err != nil {
+			return err
+		}
 		var used int64
-		if err := tx.QueryRow(ctx, `SELECT coalesce((SELECT sum(b.size) FROM owner_blobs ob JOIN blobs b ON b.id = ob.blob_id
-			WHERE ob.owner_id = o.id AND ob.blob_id <> $2), 0) FROM owners o WHERE o.id = $1 FOR UPDATE`, u.owner, id).Scan(&used); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT coalesce(sum(b.size), 0) FROM owner_blobs ob JOIN blobs b ON b.id = ob.blob_id
+			WHERE ob.owner_id = $1 AND ob.blob_id <> $2`, u.owner, id).Scan(&used); err != nil {
 			return err
 		}
 		if used+u.size > u.quota {

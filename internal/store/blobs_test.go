@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"io"
 	"sync"
 	"testing"
@@ -123,4 +124,108 @@ func TestOrphanChunksCollected(t *testing.T) {
 		t.Errorf("after the collection: %d chunks of the upload in progress (want 1), %d orphans (want 0)", live, orphans)
 	}
 	u.Abort(ctx)
+}
+
+// An owner's uploads that begin or commit at once keep their bounds
+// together: at most MaxBlobUploads begin, and the second of two uploads
+// that commit at once counts the first's bytes against the quota, though
+// both began and read the owner's use before either committed.
+func TestConcurrentBlobUploadsKeepTheirBounds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t.Run("begin", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		// Every upload reads how many are open, then waits here to
+		// record its own.
+		tx, err := f.s.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `LOCK TABLE blob_uploads IN SHARE MODE`); err != nil {
+			t.Fatal(err)
+		}
+		const n = MaxBlobUploads + 2
+		errs := make(chan error, n)
+		for range n {
+			go func() {
+				_, err := f.s.BeginBlobUpload(ctx, f.owner, 1<<30, -1)
+				errs <- err
+			}()
+		}
+		f.waitForLockWaits(t, n)
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		began := 0
+		for range n {
+			err := <-errs
+			switch {
+			case err == nil:
+				began++
+			case !errors.Is(err, ErrTooManyUploads):
+				t.Fatal(err)
+			}
+		}
+		if began != MaxBlobUploads {
+			t.Errorf("%d uploads began at once, want %d", began, MaxBlobUploads)
+		}
+	})
+	t.Run("commit", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t)
+		const quota = 1000
+		var us []*BlobUpload
+		for _, b := range []string{"a", "b"} {
+			u, err := f.s.BeginBlobUpload(ctx, f.owner, quota, 600)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := u.ReadFrom(ctx, bytes.NewReader(bytes.Repeat([]byte(b), 600))); err != nil {
+				t.Fatal(err)
+			}
+			us = append(us, u)
+		}
+		// Both commits wait for the owner's row, held here.
+		tx, err := f.s.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM owners WHERE id = $1 FOR UPDATE`, f.owner); err != nil {
+			t.Fatal(err)
+		}
+		errs := make(chan error, 2)
+		for _, u := range us {
+			go func() {
+				_, _, err := u.Commit(ctx, "b", false)
+				errs <- err
+			}()
+		}
+		f.waitForLockWaits(t, 2)
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		refused := 0
+		for range 2 {
+			err := <-errs
+			var qe *QuotaError
+			switch {
+			case errors.As(err, &qe):
+				refused++
+			case err != nil:
+				t.Fatal(err)
+			}
+		}
+		bs, err := f.s.Blobs(ctx, f.owner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var used int64
+		for _, b := range bs {
+			used += b.Size
+		}
+		if refused != 1 || used > quota {
+			t.Errorf("%d of the two uploads refused, and the owner keeps %d bytes; want 1 refused, at most its quota of %d", refused, used, quota)
+		}
+	})
 }

@@ -133,12 +133,22 @@ func (u *OutputUpload) Commit(ctx context.Context, worker string) (string, error
 	}
 	id := u.ID()
 	err := u.s.tx(ctx, func(tx pgx.Tx) error {
-		// The attempt's row orders concurrent uploads of one attempt.
+		// The attempt's row orders concurrent uploads of one attempt. It is
+		// locked first, in a statement of its own: one that waited for the
+		// lock would count the attempt's uploads as they were before the
+		// upload it waited for committed (READ COMMITTED).
+		tag, err := tx.Exec(ctx, `SELECT 1 FROM attempts WHERE id = $1 AND worker_id = $2::uuid AND state = 'running' FOR UPDATE`,
+			u.attempt, worker)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrNotHeld
+		}
 		var used, limit int64
 		var others int
-		err := tx.QueryRow(ctx, `SELECT `+uploadLimitSQL+`, `+uploadedSQL+`, `+otherNamesSQL+`
-			FROM attempts a JOIN tasks t ON t.id = a.task_id
-			WHERE a.id = $1 AND a.worker_id = $2::uuid AND a.state = 'running' FOR UPDATE OF a`,
+		err = tx.QueryRow(ctx, `SELECT `+uploadLimitSQL+`, `+uploadedSQL+`, `+otherNamesSQL+`
+			FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.id = $1 AND a.worker_id = $2::uuid AND a.state = 'running'`,
 			u.attempt, worker, u.name).Scan(&limit, &used, &others)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrNotHeld

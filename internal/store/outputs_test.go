@@ -68,3 +68,61 @@ func TestOutputUploadNamesBounded(t *testing.T) {
 		t.Errorf("the attempt has %d uploaded outputs, want %d", n, MaxAttemptUploads)
 	}
 }
+
+// Uploads of one attempt that commit at once fit its output limit
+// together: the second to commit counts the first's bytes, though it began
+// before the first committed.
+func TestConcurrentOutputUploadsKeepTheLimit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	task := f.task("t")
+	task.OutputBytes = 1000
+	f.submit(t, "batch", task)
+	c := f.claim(t, 1, time.Minute)[0]
+	// Both uploads wait for the attempt's row, held here, and then commit
+	// one after the other.
+	tx, err := f.s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM attempts WHERE id = $1 FOR UPDATE`, c.Attempt); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	for _, name := range []string{"a", "b"} {
+		u, err := f.s.BeginOutputUpload(ctx, c.Attempt, c.Worker, name, 600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := u.ReadFrom(ctx, bytes.NewReader(bytes.Repeat([]byte(name), 600))); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			_, err := u.Commit(ctx, c.Worker)
+			errs <- err
+		}()
+	}
+	f.waitForLockWaits(t, 2)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var refused int
+	for range 2 {
+		err := <-errs
+		var le *OutputLimitError
+		switch {
+		case errors.As(err, &le):
+			refused++
+		case err != nil:
+			t.Fatal(err)
+		}
+	}
+	var used int64
+	if err := f.s.pool.QueryRow(ctx, `SELECT coalesce(sum(size), 0) FROM output_uploads WHERE attempt_id = $1`, c.Attempt).Scan(&used); err != nil {
+		t.Fatal(err)
+	}
+	if refused != 1 || used > 1000 {
+		t.Errorf("%d of the two uploads refused, and the attempt keeps %d bytes of uploads; want 1 refused, at most its limit of 1000", refused, used)
+	}
+}
