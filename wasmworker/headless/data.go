@@ -32,7 +32,9 @@ const DefaultDataCacheBytes = 20 << 30
 // for archives, the tree HEX.d unpacked from it. A download that breaks
 // off leaves HEX.part, which the next one resumes with a range request.
 // Blobs in use by an attempt are never evicted; the others go, least
-// recently used first, when the cache passes its bound.
+// recently used first, when the cache passes its bound, after the parts
+// no download is writing (those of downloads that gave up or of an
+// earlier run), which count against the bound too.
 type dataCache struct {
 	dir string
 	max int64
@@ -437,6 +439,27 @@ func linkTarget(links []archive.Entry, name string) (string, bool) {
 	return "", false
 }
 
+// idleParts returns the partial downloads (HEX.part) of blobs that have no
+// entry, so that no fetch is writing them, oldest first. c.mu is held.
+func (c *dataCache) idleParts() []fs.FileInfo {
+	names, err := os.ReadDir(c.dir)
+	if err != nil {
+		return nil
+	}
+	var parts []fs.FileInfo
+	for _, n := range names {
+		h, ok := strings.CutSuffix(n.Name(), ".part")
+		if !ok || !isHexID("sha256:"+h) || !n.Type().IsRegular() || c.entries[h] != nil {
+			continue
+		}
+		if info, err := n.Info(); err == nil {
+			parts = append(parts, info)
+		}
+	}
+	sort.Slice(parts, func(i, j int) bool { return parts[i].ModTime().Before(parts[j].ModTime()) })
+	return parts
+}
+
 // holding returns the ids of the blobs in the cache, at most
 // protocol.MaxHelloData, most recently used first.
 func (c *dataCache) holding() []string {
@@ -454,8 +477,9 @@ func (c *dataCache) holding() []string {
 	return hexes
 }
 
-// evict removes blobs no attempt holds, least recently used first, until
-// the cache is within its bound.
+// evict removes partial downloads no fetch is writing, oldest first, then
+// blobs no attempt holds, least recently used first, until the cache is
+// within its bound.
 func (c *dataCache) evict() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -465,6 +489,18 @@ func (c *dataCache) evict() {
 		total += e.size
 		if e.users == 0 {
 			idle = append(idle, h)
+		}
+	}
+	parts := c.idleParts()
+	for _, p := range parts {
+		total += p.Size()
+	}
+	for _, p := range parts {
+		if total <= c.max {
+			return
+		}
+		if err := os.Remove(filepath.Join(c.dir, p.Name())); err == nil {
+			total -= p.Size()
 		}
 	}
 	sort.Slice(idle, func(i, j int) bool { return c.entries[idle[i]].used.Before(c.entries[idle[j]].used) })

@@ -243,3 +243,82 @@ func TestDataCacheOneWorkerPerDirectory(t *testing.T) {
 		t.Errorf("after the first closed, a new cache is at %s, want %s", c.dir, dir)
 	}
 }
+
+// A partial download (HEX.part) that no fetch is writing counts against
+// the data cache's bound and goes first when the cache passes it, whether
+// an earlier run left it or a download that gave up: otherwise each blob
+// whose download was cut off or cancelled for good (a worker stopped, an
+// attempt cancelled mid-way) kept its part on disk for ever, outside the
+// bound.
+func TestDataCacheEvictsPartialDownloads(t *testing.T) {
+	host := &blobHost{blobs: map[string][]byte{}}
+	good := host.add(bytes.Repeat([]byte("g"), 1000))
+	cut := host.add(bytes.Repeat([]byte("c"), 2000))
+	mux := http.NewServeMux()
+	mux.Handle("/", host)
+	mux.HandleFunc("/cut/", func(w http.ResponseWriter, r *http.Request) {
+		// Every download of it dies half-way.
+		w.Header().Set("Content-Length", "2000")
+		w.Write(bytes.Repeat([]byte("c"), 1000))
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	tests := []struct {
+		name    string
+		setup   func(t *testing.T, c *dataCache) // leaves a part of 1000 bytes
+		earlier bool                             // setup runs before the cache opens
+	}{
+		{"left by an earlier run", func(t *testing.T, c *dataCache) {
+			if err := os.WriteFile(filepath.Join(c.dir, strings.TrimPrefix(cut, "sha256:")+".part"), bytes.Repeat([]byte("c"), 1000), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"left by a download that gave up", func(t *testing.T, c *dataCache) {
+			f := blobFile("/d", cut, 2000, false, false)
+			f.URL = "/cut/" + cut
+			if _, o := c.prepare(context.Background(), srv.URL, &protocol.Setup{Files: []protocol.File{f}}); o == nil {
+				t.Fatal("a download cut off every time succeeded")
+			}
+		}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if tc.earlier {
+				tc.setup(t, &dataCache{dir: dir})
+			}
+			c, err := newDataCache(dir, 1500, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.close()
+			if !tc.earlier {
+				tc.setup(t, c)
+			}
+			parts, _ := filepath.Glob(filepath.Join(dir, "*.part"))
+			if len(parts) != 1 {
+				t.Fatalf("partial downloads %v, want the one the setup left", parts)
+			}
+			if info, err := os.Stat(parts[0]); err != nil || info.Size() != 1000 {
+				t.Fatalf("the partial download: %v %v, want 1000 bytes", info, err)
+			}
+			release, o := c.prepare(context.Background(), srv.URL, &protocol.Setup{Files: []protocol.File{blobFile("/g", good, 1000, false, false)}})
+			if o != nil {
+				t.Fatalf("prepare: %s: %s", o.Reason, o.Message)
+			}
+			release()
+			var total int64
+			entries, _ := os.ReadDir(dir)
+			for _, e := range entries {
+				if info, err := e.Info(); err == nil && info.Mode().IsRegular() {
+					total += info.Size()
+				}
+			}
+			if total > c.max {
+				t.Errorf("the cache holds %d bytes (%v), more than its bound of %d", total, entries, c.max)
+			}
+		})
+	}
+}
