@@ -435,30 +435,15 @@ func (c *outCount) room(growth int64) bool {
 
 // grow accounts for a write of n bytes to f at off (-1: f's position) or,
 // when trunc, for truncating f to n bytes, before it happens; it stops the
-// attempt when that would cross the limit.
+// attempt when that would cross the limit. What counts is how far the
+// write takes the file's size, holes included, not how many bytes it
+// writes: a file never stores more than its size, but one byte written a
+// page past the end stores a page (counting the bytes written let a task
+// fill 4,096 times its limit of /dev/shm or disk, one byte a page).
 func (c *outCount) grow(f experimentalsys.File, name string, n, off int64, trunc bool) {
-	if !trunc && c.room(n) {
-		c.bytes += n // at most what the write adds
-		return
-	}
-	// Near the limit (or a truncation): what this one adds, exactly.
-	growth := n
-	if st, errno := f.Stat(); errno == 0 {
-		end := off + n
-		switch {
-		case trunc:
-			end = n
-		case off >= 0:
-		case f.IsAppend():
-			end = st.Size + n
-		default:
-			if pos, errno := f.Seek(0, io.SeekCurrent); errno == 0 {
-				end = pos + n
-			} else {
-				end = st.Size + n
-			}
-		}
-		growth = max(end-st.Size, 0)
+	growth := n // appending adds n bytes
+	if trunc || !f.IsAppend() {
+		growth = c.growth(f, n, off, trunc)
 	}
 	if !c.room(growth) {
 		c.recount()
@@ -467,6 +452,32 @@ func (c *outCount) grow(f experimentalsys.File, name string, n, off int64, trunc
 		}
 	}
 	c.bytes += growth
+}
+
+// growth returns how much a write or truncation (as grow's arguments say)
+// that does not append adds to f's size. When f's size cannot be read it
+// returns the end of the write, or the size it truncates to: at least what
+// it adds.
+func (c *outCount) growth(f experimentalsys.File, n, off int64, trunc bool) int64 {
+	end := off + n
+	if trunc {
+		end = n
+	}
+	st, errno := f.Stat()
+	if off < 0 && !trunc {
+		pos, serr := f.Seek(0, io.SeekCurrent)
+		if serr != 0 {
+			if errno != 0 {
+				return max(n, 0)
+			}
+			pos = st.Size
+		}
+		end = pos + n
+	}
+	if errno != 0 {
+		return max(end, 0)
+	}
+	return max(end-st.Size, 0)
 }
 
 // create accounts for a new entry at name before it is made (exists

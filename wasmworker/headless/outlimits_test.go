@@ -173,3 +173,49 @@ func testOutputsSpill(t *testing.T, r *Runner) {
 			inline, protocol.InlineOutputBudget, len(o.Outputs), len(o.Files), n+2)
 	}
 }
+
+// A task that writes one byte every 4 KiB (leaving holes, which take no
+// room, between bytes that each take a page of the host's file system) is
+// stopped at the write that takes its file past the limit, in /out as in
+// its own tree: it counts for the size it gives the file, not for the
+// byte it writes. (Counted for its bytes, each write took 4,096 times
+// what it counted: a task with a scratch limit of 1 GiB could fill 4 TiB
+// of the worker's /dev/shm or disk, and one with an output limit of 1 MiB
+// 4 GiB before it exited.)
+func TestSparseWritesStopAtTheLimit(t *testing.T) {
+	const limit, stride, writes = 64 << 10, 4096, 64 // the 17th write passes the limit
+	for _, tc := range []struct {
+		name, path string
+		assign     protocol.Assign
+		want       string // in the message
+	}{
+		{"out", "/out/s", protocol.Assign{Limits: protocol.Limits{OutputBytes: limit}},
+			"output limit of 65536 bytes exceeded: stdout and files under /out would add up to more (writing /out/s)"},
+		{"scratch", "/s", protocol.Assign{Setup: &protocol.Setup{ScratchBytes: limit}},
+			"scratch limit of 65536 bytes exceeded: the task's files outside /out would add up to more (writing /s)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eachMode(t, func(t *testing.T, r *Runner) {
+				a := tc.assign
+				for i := range writes {
+					a.Args = append(a.Args, "writeat", tc.path, strconv.Itoa(i*stride), "x")
+				}
+				j, _ := job(t, "fsprobe", a)
+				var held int64 = -1
+				testAttemptEnded = func(a *attempt) {
+					if a.job == j {
+						held, _ = dirSize(a.dir)
+					}
+				}
+				t.Cleanup(func() { testAttemptEnded = nil })
+				o := r.Run(context.Background(), j)
+				if o.Reason != protocol.ReasonOutput || !strings.Contains(o.Message, tc.want) {
+					t.Fatalf("%s: %s, want %s: %q", o.Reason, o.Message, protocol.ReasonOutput, tc.want)
+				}
+				if held > limit { // (-1: in a slot process, not seen)
+					t.Errorf("the attempt's files took %d bytes when it ended, over the limit of %d", held, limit)
+				}
+			})
+		})
+	}
+}
