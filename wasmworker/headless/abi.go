@@ -112,7 +112,9 @@ func hostCheckpointDue(ctx context.Context, _ api.Module, stack []uint64) {
 
 // hostCheckpoint is checkpoint(ptr i32, len i32) -> i32: 0 when the state was
 // saved (the host acknowledged it), 1 when it was refused or failed. A range
-// outside memory traps.
+// outside memory traps. In a slot process a state over maxSlotCheckpoint
+// is refused at once, uncopied: no message to the worker could carry it
+// (sent, it ended the slot process, and the attempt with reason worker).
 func hostCheckpoint(ctx context.Context, mod api.Module, stack []uint64) {
 	ptr, n := api.DecodeU32(stack[0]), api.DecodeU32(stack[1])
 	b, ok := mod.Memory().Read(ptr, n)
@@ -122,6 +124,11 @@ func hostCheckpoint(ctx context.Context, mod api.Module, stack []uint64) {
 	stack[0] = 1
 	a := attemptOf(ctx)
 	if a == nil || a.job.Host == nil {
+		return
+	}
+	if a.e.slot != nil && n > maxSlotCheckpoint {
+		a.e.log.Debug("checkpoint refused: larger than a slot process can hand to its worker",
+			"task", a.job.Assign.Task, "attempt", a.job.Assign.Attempt, "bytes", n, "max", maxSlotCheckpoint)
 		return
 	}
 	state := append([]byte(nil), b...)

@@ -450,3 +450,42 @@ func TestCPUShareIsValidated(t *testing.T) {
 		}
 	}
 }
+
+// A checkpoint larger than a slot process can hand to its worker is
+// refused (checkpoint returns 1, the attempt goes on), without a copy of
+// the state. (A task with 1 GiB of memory or more that checkpointed it all
+// made its slot process exit, its state too large for a message: the
+// attempt failed with reason worker, which charges no one, so the task
+// came back for ever, on every worker.)
+func TestSlotRefusesCheckpointLargerThanAMessage(t *testing.T) {
+	r := sharedRunner(t, false)
+	const state = maxWireMessage // (over maxSlotCheckpoint: a message of it and its fields is too long)
+	pages := state/65536 + 1
+	// (module (import "cyclepool" "checkpoint" (func (param i32 i32) (result i32)))
+	//   (import "wasi_snapshot_preview1" "proc_exit" (func (param i32)))
+	//   (memory (export "memory") pages)
+	//   (func (export "_start") (call 1 (call 0 (i32.const 0) (i32.const state)))))
+	code := append([]byte{0x41, 0, 0x41}, wasmtest.ULEB(state)...)
+	code = append(code, 0x10, 0, 0x10, 1)
+	mod := wasmtest.Module(
+		wasmtest.Section(1, wasmtest.Vec([]byte{0x60, 2, 0x7f, 0x7f, 1, 0x7f}, []byte{0x60, 1, 0x7f, 0}, []byte{0x60, 0, 0})),
+		wasmtest.Section(2, wasmtest.Vec(
+			append(append(wasmtest.Name("cyclepool"), wasmtest.Name("checkpoint")...), 0, 0),
+			append(append(wasmtest.Name("wasi_snapshot_preview1"), wasmtest.Name("proc_exit")...), 0, 1))),
+		wasmtest.Section(3, wasmtest.Vec([]byte{2})),
+		wasmtest.Section(5, wasmtest.Vec(append([]byte{0}, wasmtest.ULEB(pages)...))),
+		wasmtest.Section(7, wasmtest.Vec(append(wasmtest.Name("memory"), 2, 0), append(wasmtest.Name("_start"), 0, 2))),
+		wasmtest.Section(10, wasmtest.Vec(wasmtest.Body(code))),
+	)
+	j := rawJob(mod)
+	j.Assign.Limits.MemoryPages = uint32(pages)
+	h := &fakeHost{refuse: true}
+	j.Host = h
+	o := r.Run(context.Background(), j)
+	if o.Reason != protocol.ReasonExit || !strings.HasPrefix(o.Message, "exit code 1") {
+		t.Fatalf("%s: %s, want exit code 1 (the checkpoint refused, the attempt going on)", o.Reason, o.Message)
+	}
+	if len(h.checkpoints) != 0 {
+		t.Errorf("the worker was handed %d checkpoints", len(h.checkpoints))
+	}
+}

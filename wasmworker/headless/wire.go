@@ -145,3 +145,8 @@ type slotReply struct {
 	Reason  string
 	Took    time.Duration // how long the attempt ran in the child
 }
+
+// maxSlotCheckpoint bounds the state of a checkpoint a slot process hands
+// to its worker: what a checkpoint message carries, less room for its
+// other fields.
+const maxSlotCheckpoint = maxWireMessage - 1<<10
