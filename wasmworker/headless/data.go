@@ -405,10 +405,18 @@ func unpackTree(r io.Reader, dir string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	// Where each link leads, by name (an archive names each entry once):
+	// following a link to a link is a lookup, not a walk of all the links,
+	// which took minutes for an archive of 100,000 links in a chain, the
+	// data cache locked meanwhile.
+	leads := make(map[string]string, len(links))
 	for _, l := range links {
-		target := path.Join(path.Dir(l.Name), l.Linkname)
+		leads[l.Name] = path.Join(path.Dir(l.Name), l.Linkname)
+	}
+	for _, l := range links {
+		target := leads[l.Name]
 		for range 40 { // a link to a link: follow it, as the kernel would
-			next, ok := linkTarget(links, target)
+			next, ok := leads[target]
 			if !ok {
 				break
 			}
@@ -427,16 +435,6 @@ func unpackTree(r io.Reader, dir string) (int64, error) {
 		return os.Chtimes(p, inputTime, inputTime)
 	})
 	return size, err
-}
-
-// linkTarget returns where the link named name leads, if name is a link.
-func linkTarget(links []archive.Entry, name string) (string, bool) {
-	for _, l := range links {
-		if l.Name == name {
-			return path.Join(path.Dir(l.Name), l.Linkname), true
-		}
-	}
-	return "", false
 }
 
 // idleParts returns the partial downloads (HEX.part) of blobs that have no
