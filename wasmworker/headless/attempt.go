@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/tetratelabs/wazero"
@@ -357,6 +358,13 @@ func (a *attempt) exitOutcome(ctx, parent context.Context, ee *sys.ExitError) *w
 		var le *limitError
 		if errors.As(err, &le) {
 			return a.fail(le.reason, "%s", le.msg)
+		}
+		if errors.Is(err, syscall.ENAMETOOLONG) {
+			// The task's doing, on any worker: it can make a tree deeper
+			// than a host path reaches (it moves a deep tree to the end
+			// of another). As the worker's, the attempt would be handed
+			// back, charged to no one, for ever.
+			return a.fail(protocol.ReasonOutput, "output path too long: the task left a file or directory among its outputs deeper than the worker's file system can reach (a path of the host holds at most 4,096 bytes)")
 		}
 		return a.fail(protocol.ReasonWorker, "collecting outputs: %v", err)
 	}

@@ -219,3 +219,45 @@ func TestSparseWritesStopAtTheLimit(t *testing.T) {
 		})
 	}
 }
+
+// A task that leaves an output deeper than a host path can reach (it
+// makes two chains of directories close to the bound, then moves one to
+// the end of the other) fails with limit_output, its fault, not with reason
+// worker: that charged no one and put the task back in the queue, to do
+// the same on every worker, for ever.
+func TestOutputPathsTooDeepForTheHost(t *testing.T) {
+	long := strings.Repeat("d", 250)
+	for _, tc := range []struct {
+		name, dir string
+		setup     *protocol.Setup
+	}{
+		{"out", "/out", nil},
+		{"setup output", "/work", &protocol.Setup{Outputs: []string{"/work"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eachMode(t, func(t *testing.T, r *Runner) {
+				var args []string
+				if tc.dir != "/out" {
+					args = append(args, "mkdir", tc.dir)
+				}
+				// Two chains of 3,765 bytes each, one then moved to the
+				// end of the other.
+				chain := func(top string) string {
+					args = append(args, "mkdir", top)
+					for range 15 {
+						top += "/" + long
+						args = append(args, "mkdir", top)
+					}
+					return top
+				}
+				x, y := chain(tc.dir+"/x"), chain(tc.dir+"/y")
+				args = append(args, "write", y+"/f", "deep", "mv", tc.dir+"/y", x+"/y")
+				j, _ := job(t, "fsprobe", protocol.Assign{Args: args, Setup: tc.setup})
+				o := r.Run(context.Background(), j)
+				if o.Reason != protocol.ReasonOutput || !strings.Contains(o.Message, "too long") {
+					t.Fatalf("%s: %s, want %s for a path too long", o.Reason, o.Message, protocol.ReasonOutput)
+				}
+			})
+		})
+	}
+}
