@@ -590,6 +590,55 @@ func TestResultsRefusesEscapingNames(t *testing.T) {
 	}
 }
 
+// An output outside /out is written where it was in the task's tree, so
+// it may name the same file as another output (stdout and /stdout, the
+// file /out/work/a.txt and /work/a.txt), or a file where another needs a
+// directory: refused before anything is written, rather than one output
+// silently replacing the other.
+func TestResultsRefusesOutputsThatCollide(t *testing.T) {
+	for _, outs := range [][]string{
+		{"/stdout", "stdout"},
+		{"/work/a.txt", "stdout", "work/a.txt"},
+		{"/work", "stdout", "work/a.txt"},
+		{"/a/b", "a/b/c"},
+	} {
+		t.Run(strings.Join(outs, ","), func(t *testing.T) {
+			f, c := newFakeServer(t)
+			st := &Status{ID: "wf1", State: "done", Tasks: []Task{{Name: "t", State: "done"}}}
+			for _, o := range outs {
+				st.Tasks[0].Outputs = append(st.Tasks[0].Outputs, Output{Name: o})
+				f.outputs["t\x00"+o] = []byte(o)
+			}
+			f.setStatus(st)
+			dir := t.TempDir()
+			err := c.Results(t.Context(), "wf1", dir)
+			if err == nil || !strings.Contains(err.Error(), "refusing") {
+				t.Fatalf("err = %v, want a refusal", err)
+			}
+			if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+				t.Errorf("files were written before the refusal: %v", ents)
+			}
+		})
+	}
+	// Outputs "x" and "/x.part": the temporary file of the one is not the
+	// other.
+	f, c := newFakeServer(t)
+	f.setStatus(&Status{ID: "wf1", State: "done", Tasks: []Task{{Name: "t", State: "done",
+		Outputs: []Output{{Name: "/x.part"}, {Name: "stdout"}, {Name: "x"}}}}})
+	f.outputs["t\x00/x.part"] = []byte("P")
+	f.outputs["t\x00stdout"] = []byte("S")
+	f.outputs["t\x00x"] = []byte("X")
+	dir := t.TempDir()
+	if err := c.Results(t.Context(), "wf1", dir); err != nil {
+		t.Fatal(err)
+	}
+	for rel, want := range map[string]string{"t/x.part": "P", "t/stdout": "S", "t/x": "X"} {
+		if got, err := os.ReadFile(filepath.Join(dir, rel)); err != nil || string(got) != want {
+			t.Errorf("%s = %q, %v; want %q", rel, got, err, want)
+		}
+	}
+}
+
 func TestListQuery(t *testing.T) {
 	var got string
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -41,6 +41,29 @@ func (c *Client) Results(ctx context.Context, id, dir string) error {
 			files = append(files, file{t.Name, o.Name, t.Name + "/" + strings.TrimPrefix(o.Name, "/")})
 		}
 	}
+	// Two outputs of a task may name the same file once the leading / of
+	// an output outside /out is dropped: the file /out/work/a.txt (output
+	// "work/a.txt") and the path /work/a.txt of "outputs", or stdout and
+	// the path /stdout. Written one after the other, the second would
+	// silently replace the first; one may also need as a directory what
+	// another writes as a file. Both are refused before anything is
+	// written.
+	dests := make(map[string]file, len(files))
+	for _, f := range files {
+		if g, ok := dests[f.rel]; ok {
+			return fmt.Errorf("results of workflow %s: task %q: refusing outputs %q and %q: both would be written to %s",
+				id, f.task, g.output, f.output, filepath.Join(dir, filepath.FromSlash(f.rel)))
+		}
+		dests[f.rel] = f
+	}
+	for _, f := range files {
+		for d := path.Dir(f.rel); strings.Contains(d, "/"); d = path.Dir(d) {
+			if g, ok := dests[d]; ok {
+				return fmt.Errorf("results of workflow %s: task %q: refusing outputs %q and %q: %s would have to be both a file and a directory",
+					id, f.task, g.output, f.output, filepath.Join(dir, filepath.FromSlash(d)))
+			}
+		}
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("results of workflow %s: %w", id, err)
 	}
@@ -50,16 +73,22 @@ func (c *Client) Results(ctx context.Context, id, dir string) error {
 	}
 	defer root.Close()
 	for _, f := range files {
-		if err := c.download(ctx, root, id, f.task, f.output, filepath.FromSlash(f.rel)); err != nil {
+		// The temporary file is named after the output, and must be
+		// no other output's name (outputs "x" and "x.part").
+		tmp := f.rel + ".part"
+		for _, taken := dests[tmp]; taken; _, taken = dests[tmp] {
+			tmp += "~"
+		}
+		if err := c.download(ctx, root, id, f.task, f.output, filepath.FromSlash(f.rel), filepath.FromSlash(tmp)); err != nil {
 			return fmt.Errorf("results of workflow %s: %w", id, err)
 		}
 	}
 	return nil
 }
 
-// download writes one output to rel under root, through a temporary file
-// renamed into place once complete.
-func (c *Client) download(ctx context.Context, root *os.Root, id, task, output, rel string) error {
+// download writes one output to rel under root, through the temporary
+// file tmp renamed into place once complete.
+func (c *Client) download(ctx context.Context, root *os.Root, id, task, output, rel, tmp string) error {
 	if d := filepath.Dir(rel); d != "." {
 		if err := root.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("task %q output %q: %w", task, output, err)
@@ -70,7 +99,6 @@ func (c *Client) download(ctx context.Context, root *os.Root, id, task, output, 
 		return err
 	}
 	defer body.Close()
-	tmp := rel + ".part"
 	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return fmt.Errorf("task %q output %q: %w", task, output, err)
