@@ -346,6 +346,15 @@ func (s *Server) handleList(w http.ResponseWriter, r *http.Request, owner store.
 	q := r.URL.Query()
 	limit, _ := strconv.Atoi(q.Get("limit"))
 	offset, _ := strconv.Atoi(q.Get("offset"))
+	// A state no workflow can be in is refused, not answered with an
+	// empty list that reads as "none" (a typo, or a task's state such
+	// as "ready").
+	switch state := q.Get("state"); state {
+	case "", store.StateRunning, store.StateDone, store.StateFailed, store.StateCancelled:
+	default:
+		writeError(w, http.StatusBadRequest, "state must be running, done, failed or cancelled, got %q", state)
+		return
+	}
 	prefix := q.Get("id_prefix")
 	if prefix != "" && !store.ValidIDPrefix(prefix) {
 		writeError(w, http.StatusBadRequest, "id_prefix must be 1 to 36 lower-case hex digits and dashes, got %q", prefix)

@@ -231,3 +231,23 @@ func TestSubmitAndWaitHoldsNotItsWorkflow(t *testing.T) {
 		t.Errorf("%d waiting submissions held %d MiB more than once they answered, want under %d MiB", n, (waiting-after)>>20, size>>20)
 	}
 }
+
+// A state no workflow is ever in is refused with 400, not answered with
+// an empty list, which would read as "none of yours".
+func TestListRefusesUnknownState(t *testing.T) {
+	f := newFixture(t)
+	h := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)}).Handler()
+	for state, want := range map[string]int{"": 200, "running": 200, "done": 200, "failed": 200, "cancelled": 200,
+		"finished": 400, "Done": 400, "ready": 400} {
+		req := httptest.NewRequest(http.MethodGet, "/api/v1/workflows?state="+state, nil)
+		req.Header.Set("Authorization", "Bearer "+f.token)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != want {
+			t.Errorf("state %q: HTTP %d (%s), want %d", state, rec.Code, rec.Body.String(), want)
+		}
+		if want == 400 && !strings.Contains(rec.Body.String(), "state must be") {
+			t.Errorf("state %q: answer %s does not say what states there are", state, rec.Body.String())
+		}
+	}
+}
