@@ -121,6 +121,31 @@ func TestRenderStatusTable(t *testing.T) {
 	}
 }
 
+// A task that used up its attempts has an error that starts with "failed
+// after N attempts; last: " (the server's words): the table leaves that out,
+// as ATT says it, so that the reason shows in the room the table has at
+// the default width of 100 columns.
+func TestRenderStatusShowsTheReasonOfAFailedTask(t *testing.T) {
+	st := exampleStatus()
+	st.Tasks[2].Error = "failed after 3 attempts; last: limit_memory: memory limit exceeded: the module tried to grow its memory to 264 pages"
+	var row string
+	for _, l := range renderStatus(st, 100, 0, now) {
+		if strings.HasPrefix(l, "count-2 ") {
+			row = l
+		}
+	}
+	if !strings.Contains(row, "limit_memory: memory") || strings.Contains(row, "failed after") {
+		t.Errorf("row of the failed task %q, want its reason without \"failed after 3 attempts\"", row)
+	}
+	st.Tasks[2].Error = "failed after 1 attempt; last: exit: exit code 3: boom"
+	if got := tableError(st.Tasks[2].Error); got != "exit: exit code 3: boom" {
+		t.Errorf("tableError = %q", got)
+	}
+	if got := tableError("an upstream task failed"); got != "an upstream task failed" {
+		t.Errorf("tableError = %q", got)
+	}
+}
+
 // The server's notice (its database cannot store results) comes under the
 // counts, cut to the width like every line.
 func TestRenderStatusShowsTheServersNotice(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -244,7 +245,7 @@ func renderStatus(st *client.Status, width, height int, now time.Time) []string 
 		if t.State == client.TaskDone {
 			p = 1
 		}
-		lines = append(lines, strings.TrimRight(row(t.Name, t.State, attempts(t), bar(p, barW), strconv.Itoa(t.Checkpoints), oneLine(t.Error)), " "))
+		lines = append(lines, strings.TrimRight(row(t.Name, t.State, attempts(t), bar(p, barW), strconv.Itoa(t.Checkpoints), tableError(t.Error)), " "))
 	}
 	if nHidden > 0 {
 		var parts []string
@@ -272,6 +273,18 @@ func attempts(t client.Task) string {
 		return fmt.Sprintf("%d/%d", t.Attempts, t.MaxAttempts)
 	}
 	return strconv.Itoa(t.Attempts)
+}
+
+// failedAfter is how the server begins the error of a task that used up
+// its attempts: "failed after 3 attempts; last: exit: exit code 1: …".
+var failedAfter = regexp.MustCompile(`^failed after [0-9]+ attempts?; last: `)
+
+// tableError is the error of a task as the table's ERROR column shows it:
+// its first line, without the "failed after N attempts; last: " the ATT
+// column says already, so that the reason itself fits in the few columns
+// the table has left for it.
+func tableError(s string) string {
+	return failedAfter.ReplaceAllLiteralString(oneLine(s), "")
 }
 
 // oneLine keeps the first line of an error message.
