@@ -10,74 +10,181 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/internal/wasmcheck"
 )
 
-// moduleCache keeps recently served module bytes in memory, up to max bytes.
-type moduleCache struct {
-	mu    sync.Mutex
-	max   int
-	size  int
-	order *list.List // of string ids, most recent first
-	items map[string]*list.Element
-	data  map[string][]byte
+// moduleBodies holds the module bodies the server has in memory: those
+// being read or served, and the recently served ones, max bytes in all (a
+// body larger than max is held alone). A body is read from the database
+// once however many requests want it at once, and stays held while any of
+// them is still writing it; a request that needs room waits until
+// enough is freed. Module ids are known to every volunteer and GET
+// /modules/{id} needs no token, so without this, clients asking at once or
+// reading slowly held a copy of a body each (TestModuleMemoryIsBounded).
+type moduleBodies struct {
+	mu      sync.Mutex
+	max     int64
+	size    int64      // bytes of every body held: read, being read or served
+	lru     *list.List // of *moduleBody served by nobody, most recent first
+	entries map[string]*moduleBody
+	room    chan struct{} // closed (and replaced) when bodies are freed
+	loads   int           // reads from the database, for tests
 }
 
-func newModuleCache(max int) *moduleCache {
-	return &moduleCache{max: max, order: list.New(), items: map[string]*list.Element{}, data: map[string][]byte{}}
+// moduleBody is one module's body in moduleBodies.
+type moduleBody struct {
+	id    string
+	size  int64
+	body  []byte
+	err   error
+	ready chan struct{} // closed once the body was read (or failed)
+	refs  int           // requests holding it
+	elem  *list.Element // in lru while refs is 0
 }
 
-func (c *moduleCache) get(id string) ([]byte, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.items[id]
-	if !ok {
-		return nil, false
-	}
-	c.order.MoveToFront(e)
-	return c.data[id], true
+func newModuleBodies(max int64) *moduleBodies {
+	return &moduleBodies{max: max, lru: list.New(), entries: map[string]*moduleBody{}, room: make(chan struct{})}
 }
 
-func (c *moduleCache) put(id string, b []byte) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if _, ok := c.items[id]; ok || len(b) > c.max {
-		return
+// moduleLoadTimeout bounds the read of one module's body, which the
+// requests that want it share (none of them may cancel it for the others).
+const moduleLoadTimeout = time.Minute
+
+// acquire returns the body of module id and a function to call once done
+// with it. A body not held is read with load, after size (its length) has
+// been found to fit.
+func (m *moduleBodies) acquire(ctx context.Context, id string, size func(context.Context) (int64, error),
+	load func(context.Context) ([]byte, error)) ([]byte, func(), error) {
+	m.mu.Lock()
+	if e := m.entries[id]; e != nil {
+		return m.wait(ctx, e)
 	}
-	c.items[id] = c.order.PushFront(id)
-	c.data[id] = b
-	c.size += len(b)
-	for c.size > c.max {
-		e := c.order.Back()
-		old := e.Value.(string)
-		c.order.Remove(e)
-		c.size -= len(c.data[old])
-		delete(c.items, old)
-		delete(c.data, old)
+	m.mu.Unlock()
+	n, err := size(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	m.mu.Lock()
+	for {
+		if e := m.entries[id]; e != nil {
+			return m.wait(ctx, e)
+		}
+		m.evict(n)
+		if m.size+n <= m.max || m.size == 0 {
+			break
+		}
+		room := m.room
+		m.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		m.mu.Lock()
+	}
+	e := &moduleBody{id: id, size: n, ready: make(chan struct{}), refs: 1}
+	m.entries[id] = e
+	m.size += n
+	m.loads++
+	m.mu.Unlock()
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), moduleLoadTimeout)
+	body, err := load(lctx)
+	cancel()
+	m.mu.Lock()
+	e.body, e.err = body, err
+	if err == nil {
+		m.size += int64(len(body)) - e.size
+		e.size = int64(len(body))
+	} else {
+		// Not held: the next request reads it again.
+		delete(m.entries, id)
+		m.size -= e.size
+		e.size = 0
+	}
+	close(e.ready)
+	m.mu.Unlock()
+	if err != nil {
+		m.release(e)
+		return nil, nil, err
+	}
+	return body, func() { m.release(e) }, nil
+}
+
+// wait holds e for the caller and waits until it was read; m.mu is held,
+// and released.
+func (m *moduleBodies) wait(ctx context.Context, e *moduleBody) ([]byte, func(), error) {
+	e.refs++
+	if e.elem != nil {
+		m.lru.Remove(e.elem)
+		e.elem = nil
+	}
+	m.mu.Unlock()
+	select {
+	case <-e.ready:
+	case <-ctx.Done():
+		m.release(e)
+		return nil, nil, ctx.Err()
+	}
+	if e.err != nil {
+		m.release(e)
+		return nil, nil, e.err
+	}
+	return e.body, func() { m.release(e) }, nil
+}
+
+// release gives back a hold of e: a body nobody holds stays, as the most
+// recently used, while there is room.
+func (m *moduleBodies) release(e *moduleBody) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e.refs--
+	if e.refs == 0 && m.entries[e.id] == e {
+		e.elem = m.lru.PushFront(e)
+		m.evict(0)
+	}
+	close(m.room)
+	m.room = make(chan struct{})
+}
+
+// evict drops the least recently used bodies that nobody holds until n
+// more bytes fit, or none is left; m.mu is held.
+func (m *moduleBodies) evict(n int64) {
+	for m.size+n > m.max && m.lru.Len() > 0 {
+		e := m.lru.Remove(m.lru.Back()).(*moduleBody)
+		e.elem = nil
+		delete(m.entries, e.id)
+		m.size -= e.size
 	}
 }
+
+// moduleWriteTimeout bounds the writing of one module's body to a client,
+// which holds the body in memory meanwhile: 64 MiB at 1 Mbit/s takes nine
+// minutes.
+const moduleWriteTimeout = 10 * time.Minute
 
 // handleModule serves module bytes to workers. Modules are immutable, so
 // they are cached forever.
 func (s *Server) handleModule(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	body, ok := s.modules.get(id)
-	if !ok {
-		var err error
-		body, err = s.store.ModuleBody(r.Context(), id)
-		if errors.Is(err, store.ErrNotFound) {
-			http.Error(w, "no module "+id, http.StatusNotFound)
-			return
-		}
-		if err != nil {
+	body, release, err := s.modules.acquire(r.Context(), id,
+		func(ctx context.Context) (int64, error) { return s.store.ModuleSize(ctx, id) },
+		func(ctx context.Context) ([]byte, error) { return s.store.ModuleBody(ctx, id) })
+	if errors.Is(err, store.ErrNotFound) {
+		http.Error(w, "no module "+id, http.StatusNotFound)
+		return
+	}
+	if err != nil {
+		if r.Context().Err() == nil {
 			s.log.Error("read module", "id", id, "err", err)
 			http.Error(w, "server error", http.StatusInternalServerError)
-			return
 		}
-		s.modules.put(id, body)
+		return
 	}
+	defer release()
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(moduleWriteTimeout))
 	w.Header().Set("Content-Type", "application/wasm")
 	w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
 	w.Header().Set("ETag", `"`+id+`"`)

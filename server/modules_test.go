@@ -1,16 +1,22 @@
 package server
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -234,5 +240,168 @@ func TestByteSize(t *testing.T) {
 		if got := byteSize(tc.n); got != tc.want {
 			t.Errorf("byteSize(%d) = %q, want %q", tc.n, got, tc.want)
 		}
+	}
+}
+
+// moduleBodies reads a body once for every request that wants it at once,
+// holds no more than its bound (a request that needs room waits for a body
+// to be freed, or for its own end), and keeps no body whose read failed.
+func TestModuleBodies(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	sizeOf := func(n int64) func(context.Context) (int64, error) {
+		return func(context.Context) (int64, error) { return n, nil }
+	}
+	t.Run("one read for many at once", func(t *testing.T) {
+		m := newModuleBodies(100)
+		gate := make(chan struct{})
+		var wg sync.WaitGroup
+		got := make([][]byte, 20)
+		for i := range got {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				b, release, err := m.acquire(ctx, "a", sizeOf(60), func(context.Context) ([]byte, error) {
+					<-gate
+					return make([]byte, 60), nil
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				got[i] = b
+				release()
+			}()
+		}
+		close(gate)
+		wg.Wait()
+		for i := range got {
+			if &got[i][0] != &got[0][0] {
+				t.Fatalf("request %d got a copy of its own", i)
+			}
+		}
+		if m.loads != 1 || m.size != 60 {
+			t.Errorf("%d reads, %d bytes held; want 1 and 60", m.loads, m.size)
+		}
+	})
+	t.Run("room", func(t *testing.T) {
+		m := newModuleBodies(100)
+		load := func(context.Context) ([]byte, error) { return make([]byte, 60), nil }
+		_, releaseA, err := m.acquire(ctx, "a", sizeOf(60), load)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// b does not fit while a is served: it waits, and gives up with
+		// its request.
+		cctx, cancel := context.WithCancel(ctx)
+		waiting, asked := make(chan error), make(chan struct{})
+		go func() {
+			_, _, err := m.acquire(cctx, "b", func(context.Context) (int64, error) {
+				close(asked)
+				return 60, nil
+			}, load)
+			waiting <- err
+		}()
+		<-asked
+		cancel()
+		if err := <-waiting; !errors.Is(err, context.Canceled) {
+			t.Fatalf("b's wait for room ended with %v", err)
+		}
+		// Once a is no longer served, b takes its room.
+		done := make(chan error)
+		go func() {
+			_, release, err := m.acquire(ctx, "b", sizeOf(60), load)
+			if err == nil {
+				release()
+			}
+			done <- err
+		}()
+		releaseA()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if m.loads != 2 || m.size != 60 || m.entries["a"] != nil {
+			t.Errorf("%d reads, %d bytes held, a held %v; want 2, 60 and a dropped for b", m.loads, m.size, m.entries["a"] != nil)
+		}
+	})
+	t.Run("a failed read is not kept", func(t *testing.T) {
+		m := newModuleBodies(100)
+		fail := errors.New("database gone")
+		if _, _, err := m.acquire(ctx, "a", sizeOf(10), func(context.Context) ([]byte, error) { return nil, fail }); !errors.Is(err, fail) {
+			t.Fatalf("first read: %v", err)
+		}
+		b, release, err := m.acquire(ctx, "a", sizeOf(10), func(context.Context) ([]byte, error) { return []byte("0123456789"), nil })
+		if err != nil || string(b) != "0123456789" {
+			t.Fatalf("second read: %q, %v", b, err)
+		}
+		release()
+		if m.loads != 2 || m.size != 10 {
+			t.Errorf("%d reads, %d bytes held; want 2 and 10", m.loads, m.size)
+		}
+	})
+}
+
+// Clients that ask for modules and read them slowly (here not at all) hold
+// no copy of a body each: every body is read from the database once and
+// served from there to all of them, so that the server's memory stays
+// within its bound for module bodies. Two modules larger than half of that
+// bound, asked for in turn, made the server read each anew for every
+// request while the earlier copies were still being written: 12 requests
+// held 480 MiB. (Not parallel: it measures the heap.)
+func TestModuleMemoryIsBounded(t *testing.T) {
+	ctx := context.Background()
+	st, _, tok := openStore(t)
+	owner, err := st.OwnerByToken(ctx, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size = 40 << 20
+	var ids []string
+	for _, fill := range []byte{'a', 'b'} {
+		body := bytes.Repeat([]byte{fill}, size)
+		id := moduleID(body)
+		if _, _, err := st.PutModule(ctx, owner.ID, id, body, []string{}); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	s := New(st, Config{Logger: slog.New(slog.DiscardHandler)})
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	var base runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&base)
+	for i := range 12 {
+		c, err := net.Dial("tcp", strings.TrimPrefix(ts.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		fmt.Fprintf(c, "GET /modules/%s HTTP/1.1\r\nHost: x\r\n\r\n", ids[i%2])
+		// The headers, then nothing more: the server is left writing
+		// the body.
+		r := bufio.NewReader(c)
+		for n := 0; ; n++ {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				t.Fatalf("request %d: %v", i, err)
+			}
+			if n == 0 && !strings.HasPrefix(line, "HTTP/1.1 200 ") {
+				t.Fatalf("request %d: %q", i, line)
+			}
+			if line == "\r\n" {
+				break
+			}
+		}
+	}
+	var now runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&now)
+	grown := int64(now.HeapAlloc) - int64(base.HeapAlloc)
+	t.Logf("heap grown by %d MiB while 12 requests for 2 modules of %d MiB are being written", grown>>20, size>>20)
+	// The two bodies, and what the database driver keeps of its largest
+	// reads (a buffer on each connection that read one).
+	if limit := int64(4*size + 16<<20); grown > limit {
+		t.Errorf("the heap grew by %d MiB, more than %d MiB", grown>>20, limit>>20)
 	}
 }

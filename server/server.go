@@ -183,7 +183,7 @@ type Server struct {
 	owners       sync.Map // token -> store.Owner, positive cache
 	knownModules sync.Map // ownedModule -> true: modules an owner has pushed
 	operatorKeys sync.Map // key -> true: operator keys, positive cache
-	modules      *moduleCache
+	modules      *moduleBodies
 	blobKeys     blobKeys
 	uploads      workerUploads // output uploads in progress, per worker
 
@@ -215,7 +215,7 @@ func New(st *store.Store, cfg Config) *Server {
 	s := &Server{
 		cfg: cfg, store: st, log: cfg.Logger.With("replica", cfg.Replica),
 		hub:     newHub(2*cfg.Heartbeat+cfg.Heartbeat/2, 2*cfg.IdleHeartbeat+cfg.IdleHeartbeat/2),
-		modules: newModuleCache(64 << 20),
+		modules: newModuleBodies(max(2*int64(cfg.MaxModuleBytes), 64<<20)),
 		rt:      newRuntimes(),
 		ends:    newFinishWaiters(),
 		gate:    newGatekeeper(cfg.NewWorkerEvery, cfg.NewWorkerBurst),

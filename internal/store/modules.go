@@ -66,6 +66,20 @@ func (s *Store) Modules(ctx context.Context, ownerID int64) ([]Module, error) {
 	return ms, nil
 }
 
+// ModuleSize returns the length of module id's body, without reading it,
+// or ErrNotFound.
+func (s *Store) ModuleSize(ctx context.Context, id string) (int64, error) {
+	var n int64
+	err := s.pool.QueryRow(ctx, `SELECT size FROM modules WHERE id = $1`, id).Scan(&n)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, ErrNotFound
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read the size of module %s: %w", id, err)
+	}
+	return n, nil
+}
+
 // ModuleBody returns the bytes of a module, or ErrNotFound.
 func (s *Store) ModuleBody(ctx context.Context, id string) ([]byte, error) {
 	var body []byte
