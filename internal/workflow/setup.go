@@ -27,6 +27,11 @@ func checkPath(p string) string {
 	case path.Clean(p) != p:
 		return fmt.Sprintf("%q must be a clean path (no .., . or // in it, no / at the end): %q", p, path.Clean(p))
 	}
+	for _, name := range strings.Split(p[1:], "/") {
+		if len(name) > MaxPathNameLen {
+			return fmt.Sprintf("has a name of %d bytes (%.20q…), more than %d", len(name), name, MaxPathNameLen)
+		}
+	}
 	for _, r := range reservedDirs {
 		if p == r || strings.HasPrefix(p, r+"/") {
 			return fmt.Sprintf("%q is under %s, which the runner makes itself (use \"inputs\" for /in; write outputs to /out)", p, r)

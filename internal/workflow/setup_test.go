@@ -102,6 +102,11 @@ func TestSetupRefusals(t *testing.T) {
 		{`"outputs": ["/w/x", "/w/x"]`, "t", "outputs[1]", "appears twice"},
 		{`"outputs": ["w"]`, "t", "outputs[0]", "absolute"},
 		{`"limits": {"scratch_mib": 0}`, "t", "limits.scratch_mib", "out of range"},
+		// Paths a host could not make: every attempt would fail on every
+		// worker, as the worker's fault.
+		{`"files": {"/` + strings.Repeat("n", 256) + `": {"data": "x"}}`, "t", "files./" + strings.Repeat("n", 256), "name of 256 bytes"},
+		{`"outputs": ["/w/` + strings.Repeat("n", 256) + `"]`, "t", "outputs[0]", "more than 255"},
+		{`"cwd": "` + strings.Repeat("/d", 1537) + `"`, "t", "cwd", "3074 bytes long, more than 3072"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

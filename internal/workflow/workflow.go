@@ -38,9 +38,15 @@ const (
 	MaxEnvBytes            = 64 << 10 // names and values of one task together
 	MaxFiles               = 1000     // entries of one task's files
 	MaxDataBytes           = 1 << 20  // inline data of one task's files together
-	MaxPathLen             = 4096
-	MaxOutputPaths         = 100
-	MaxScratchMiB          = 64 << 10
+	// MaxPathLen and MaxPathNameLen bound a path of a task's file system
+	// and each name in it: a worker lays the path out under a directory of
+	// its own, and a host refuses a path over 4,096 bytes or a name over
+	// 255 (PATH_MAX, NAME_MAX), which would fail every attempt on every
+	// worker as the worker's fault, charged to nobody, for ever.
+	MaxPathLen     = 3072
+	MaxPathNameLen = 255
+	MaxOutputPaths = 100
+	MaxScratchMiB  = 64 << 10
 )
 
 // Defaults applied to fields left out of a task.
