@@ -166,10 +166,10 @@ func TestSubmitFileRewritesPathsAndKeepsEverythingElse(t *testing.T) {
 	known := moduleIDOf([]byte("\x00asm known"))
 	f.modules[known] = []byte("\x00asm known")
 
-	// Odd spacing, key order, unknown fields and a module id that must stay.
-	src := `{"x-owner-note": {"keep": [1, 2.50, "me"]},
+	// Odd spacing, key order, and a module id that must stay.
+	src := `{
   "tasks": [
-    {"module" :   "./tasks/a.wasm", "name": "a", "args": ["0"], "future_field": true},
+    {"module" :   "./tasks/a.wasm", "name": "a", "args": ["0"], "env": {"KEEP" :   "1, 2.50, me"}},
     {"name": "b", "module":"tasks/b.wasm", "inputs": {"in": {"from": "a"}}},
     {"name": "c", "module": "` + known + `"},
     {"name": "d", "module": "./tasks/a.wasm", "timeout": "10m", "max_attempts": 5}
@@ -206,11 +206,14 @@ func TestSubmitFileErrors(t *testing.T) {
 	tests := []struct {
 		name, file, want string
 	}{
-		{"missing module", `{"tasks":[{"name":"sum","module":"./nope.wasm"}]}`, `task "sum": module "./nope.wasm" is neither a module id`},
-		{"name after module", `{"tasks":[{"module":"nope.wasm","name":"late"}]}`, `task "late": module`},
-		{"short id is a path", `{"tasks":[{"name":"x","module":"sha256:abc"}]}`, `module "sha256:abc" is neither`},
-		{"not json", "{\n  \"tasks\": [,]\n}", "not valid JSON: line 2, column 13"},
-		{"server refuses", `{"tasks":[{"name":"t","module":"` + moduleIDOf([]byte("x")) + `"}]}`, `unknown module`},
+		{"missing module", `{"name":"w","tasks":[{"name":"sum","module":"./nope.wasm"}]}`, `task "sum": module "./nope.wasm" is neither a module id`},
+		{"name after module", `{"name":"w","tasks":[{"module":"nope.wasm","name":"late"}]}`, `task "late": module`},
+		// Checked by the server's parser before anything is pushed.
+		{"short id", `{"name":"w","tasks":[{"name":"x","module":"sha256:abc"}]}`, `task "x": field "module": "sha256:abc" is not a module id`},
+		{"not json", "{\n  \"tasks\": [,]\n}", "invalid JSON at line 2, column 13"},
+		{"unknown field", `{"name":"w","tasks":[{"name":"x","module":"./a.wasm","bogus":1}]}`, `task "x": field "bogus": unknown field`},
+		{"cycle", `{"name":"w","tasks":[{"name":"x","module":"./a.wasm","inputs":{"i":{"from":"x"}}}]}`, `task "x"`},
+		{"server refuses", `{"name":"w","tasks":[{"name":"t","module":"` + moduleIDOf([]byte("x")) + `"}]}`, `unknown module`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -218,12 +221,16 @@ func TestSubmitFileErrors(t *testing.T) {
 			dir := t.TempDir()
 			t.Chdir(dir)
 			must(t, os.WriteFile("w.json", []byte(tt.file), 0o644))
+			must(t, os.WriteFile("a.wasm", []byte("\x00asm a"), 0o644))
 			_, err := c.SubmitFile(t.Context(), "w.json")
 			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.HasPrefix(err.Error(), "submit w.json: ") {
 				t.Fatalf("err = %v, want it to start with %q and contain %q", err, "submit w.json: ", tt.want)
 			}
 			if tt.name != "server refuses" && len(f.submitted) != 0 {
 				t.Errorf("something was submitted")
+			}
+			if tt.name != "server refuses" && f.pushes != 0 {
+				t.Errorf("%d modules were pushed for a file that is refused", f.pushes)
 			}
 		})
 	}

@@ -11,6 +11,8 @@ import (
 	"regexp"
 	"strconv"
 	"time"
+
+	"github.com/cyclepool/cyclepool/internal/workflow"
 )
 
 // moduleID matches a module id: "sha256:" and 64 lowercase hex digits.
@@ -26,7 +28,9 @@ func IsModuleID(s string) bool { return moduleID.MatchString(s) }
 // (an absolute path is used as it is), pushed, and replaced by the id the
 // server gives it. Nothing else in the file changes: the other bytes, the
 // order of fields and fields this client does not know reach the server as
-// they were written, for the server to judge. Submitted.Modules lists the
+// they were written. The file is checked first with the server's own
+// parser (workflow.Parse), so that a mistake in it is told before anything
+// is pushed. Submitted.Modules lists the
 // paths that were pushed. Data paths in the tasks' "files" are pushed the
 // same way (a directory as an archive) and listed in Submitted.Data.
 func (c *Client) SubmitFile(ctx context.Context, path string) (Submitted, error) {
@@ -49,6 +53,11 @@ func (c *Client) SubmitFileAndWait(ctx context.Context, path string, wait time.D
 func (c *Client) submitFile(ctx context.Context, path string, wait time.Duration) (Submitted, *Status, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
+		return Submitted{}, nil, fmt.Errorf("submit %s: %w", path, err)
+	}
+	// The server's own parser, before anything is pushed: a mistake in
+	// the file is told at once, not after gigabytes of data went up.
+	if _, err := workflow.Parse(data); err != nil {
 		return Submitted{}, nil, fmt.Errorf("submit %s: %w", path, err)
 	}
 	out, pushed, err := c.rewriteModules(ctx, data, filepath.Dir(path))
