@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -228,5 +229,29 @@ func TestReplicasOutvoteLyingWorker(t *testing.T) {
 	// Verification shows in the status object the client reads.
 	if st, err := p.client.Status(context.Background(), id); err != nil || st.Replicas != 2 || st.Quorum != 2 || st.Efficiency == nil {
 		t.Errorf("status through the client: %+v, %v; want replicas 2, quorum 2 and an efficiency", st, err)
+	}
+}
+
+// A replicated workflow with fewer workers connected than each task needs
+// says so in its status, rather than leaving its tasks ready with no word;
+// once enough workers are there it runs, and the notice goes.
+func TestReplicatedWorkflowSaysItWaitsForWorkers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newPlatform(t)
+	startWorker(t, "one", 1, p.srv.url)
+	echo := push(t, p.client, "echo")
+	wf := workflow("replicated", task{"name": "e", "module": echo, "stdin": map[string]any{"data": "x\n"}})
+	wf["replicas"] = 2
+	id := submit(t, p.client, wf)
+	eventually(t, 30*time.Second, "the status to say the tasks wait for workers", func() bool {
+		st, err := p.client.Status(ctx, id)
+		return err == nil && strings.Contains(st.Notice, "each task runs on 2 distinct workers") &&
+			strings.Contains(st.Notice, "1 worker is connected")
+	})
+	startWorker(t, "two", 1, p.srv.url)
+	st := wait(t, p.client, id, 60*time.Second)
+	if st.State != client.WorkflowDone || st.Notice != "" {
+		t.Fatalf("with two workers: %s, notice %q", st.State, st.Notice)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cyclepool/cyclepool/api"
@@ -414,7 +415,61 @@ func (s *Server) statusOf(ctx context.Context, owner store.Owner, id string, rea
 	}
 	st.Efficiency, st.SuggestedParallelism = efficiency(spans)
 	st.Notice = s.notice()
+	if st.Notice == "" {
+		st.Notice = s.replicaNotice(ctx, st)
+	}
 	return st, nil
+}
+
+// replicaNotice says why a replicated workflow's ready tasks wait, when
+// fewer workers are connected than each task needs distinct workers
+// (replicas or quorum): nothing else would tell its owner, who sees the
+// tasks ready and the one worker idle.
+func (s *Server) replicaNotice(ctx context.Context, st *store.WorkflowStatus) string {
+	need := max(st.Replicas, st.Quorum)
+	if need < 2 || st.State != store.StateRunning || st.Counts.Ready == 0 {
+		return ""
+	}
+	n, err := s.fleet.count(ctx, s.store.ConnectedWorkers)
+	if err != nil || n >= need {
+		return ""
+	}
+	return fmt.Sprintf("each task runs on %d distinct workers (replicas %d, quorum %d), and %d %s connected: "+
+		"its ready tasks wait for more workers", need, st.Replicas, st.Quorum, n, plural(n, "worker is", "workers are"))
+}
+
+// plural is one when n is 1, else many.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// fleetCount keeps the number of workers connected to any replica for a
+// few seconds: status reads of replicated workflows ask for it.
+type fleetCount struct {
+	mu   sync.Mutex
+	n    int
+	read time.Time
+}
+
+// fleetCountFor is how long a count of connected workers is used.
+const fleetCountFor = 5 * time.Second
+
+// count returns the count read within fleetCountFor, or reads it anew.
+func (f *fleetCount) count(ctx context.Context, read func(context.Context) (int, error)) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.read.IsZero() && time.Since(f.read) < fleetCountFor {
+		return f.n, nil
+	}
+	n, err := read(ctx)
+	if err != nil {
+		return 0, err
+	}
+	f.n, f.read = n, time.Now()
+	return n, nil
 }
 
 // parseWait reads the wait query parameter of a long poll: 0 when absent;

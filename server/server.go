@@ -184,6 +184,7 @@ type Server struct {
 	knownModules sync.Map // ownedModule -> true: modules an owner has pushed
 	operatorKeys sync.Map // key -> true: operator keys, positive cache
 	modules      *moduleBodies
+	fleet        fleetCount // workers connected to any replica, for replicaNotice
 	blobKeys     blobKeys
 	uploads      workerUploads // output uploads in progress, per worker
 

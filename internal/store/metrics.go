@@ -61,3 +61,12 @@ func (s *Store) ActiveCounts(ctx context.Context) (tasks map[string]int64, worke
 	}
 	return tasks, workers, rows.Err()
 }
+
+// ConnectedWorkers counts the workers connected to any replica.
+func (s *Store) ConnectedWorkers(ctx context.Context) (int, error) {
+	var n int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM workers WHERE connected`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count connected workers: %w", err)
+	}
+	return n, nil
+}
