@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -404,4 +405,84 @@ func TestModuleMemoryIsBounded(t *testing.T) {
 	if limit := int64(4*size + 16<<20); grown > limit {
 		t.Errorf("the heap grew by %d MiB, more than %d MiB", grown>>20, limit>>20)
 	}
+}
+
+// Module uploads are read a few at a time, each owner's two at a time: an
+// upload waiting for its turn has not been read, so that uploads at once
+// hold at most a few module bodies in memory (each is held whole while it
+// is checked). Before, every upload was read at once, and then waited for
+// one of the two checks. (Not parallel: it measures the heap.)
+func TestModuleUploadsAreBounded(t *testing.T) {
+	ctx := context.Background()
+	st, _, tok := openStore(t)
+	s := New(st, Config{Logger: slog.New(slog.DiscardHandler)})
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	// Every turn taken (by other owners).
+	u := s.moduleUploads
+	var releases []func()
+	for i := range u.n {
+		release, err := u.acquire(ctx, -1-int64(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, release)
+	}
+	const n, size = 8, 32 << 20
+	body := bytes.Repeat([]byte{'m'}, size) // not a module: refused once read
+	var base runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&base)
+	statuses := make(chan int, n)
+	for range n {
+		go func() {
+			req, _ := http.NewRequest("POST", ts.URL+"/api/v1/modules", bytes.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+tok)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				statuses <- 0
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			statuses <- resp.StatusCode
+		}()
+	}
+	for deadline := time.Now().Add(time.Minute); u.waiting.Load() < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d uploads wait for a turn, the others did not", u.waiting.Load(), n)
+		}
+	}
+	var now runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&now)
+	grown := int64(now.HeapAlloc) - int64(base.HeapAlloc)
+	t.Logf("heap grown by %d MiB while %d uploads of %d MiB wait", grown>>20, n, size>>20)
+	if grown > 2*size {
+		t.Errorf("the heap grew by %d MiB while the uploads waited for their turn", grown>>20)
+	}
+	for _, release := range releases {
+		release()
+	}
+	for range n {
+		if code := <-statuses; code != http.StatusBadRequest {
+			t.Errorf("an upload ended %d, want 400 (read, then refused as no module)", code)
+		}
+	}
+	// One owner's third upload waits while another owner's goes ahead.
+	a1, _ := u.acquire(ctx, 1)
+	a2, _ := u.acquire(ctx, 1)
+	short, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := u.acquire(short, 1); !errors.Is(err, errUploadsBusy) {
+		t.Errorf("an owner's third upload at once: %v, want to wait", err)
+	}
+	b1, err := u.acquire(short, 2)
+	if err != nil {
+		t.Errorf("another owner's upload waited: %v", err)
+	} else {
+		b1()
+	}
+	a1()
+	a2()
 }

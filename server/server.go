@@ -24,6 +24,7 @@ import (
 	"github.com/cyclepool/cyclepool/internal/sched"
 	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/internal/version"
+	"github.com/cyclepool/cyclepool/internal/wasmcheck"
 	"github.com/cyclepool/cyclepool/web"
 
 	"github.com/gorilla/websocket"
@@ -180,13 +181,14 @@ type Server struct {
 	completions *batcher[completion]
 	hellos      *batcher[hello]
 
-	owners       sync.Map // token -> store.Owner, positive cache
-	knownModules sync.Map // ownedModule -> true: modules an owner has pushed
-	operatorKeys sync.Map // key -> true: operator keys, positive cache
-	modules      *moduleBodies
-	fleet        fleetCount // workers connected to any replica, for replicaNotice
-	blobKeys     blobKeys
-	uploads      workerUploads // output uploads in progress, per worker
+	owners        sync.Map // token -> store.Owner, positive cache
+	knownModules  sync.Map // ownedModule -> true: modules an owner has pushed
+	operatorKeys  sync.Map // key -> true: operator keys, positive cache
+	modules       *moduleBodies
+	moduleUploads *moduleUploads
+	fleet         fleetCount // workers connected to any replica, for replicaNotice
+	blobKeys      blobKeys
+	uploads       workerUploads // output uploads in progress, per worker
 
 	rt   *runtimes
 	ends *finishWaiters // requests waiting for workflows to end
@@ -215,11 +217,12 @@ func New(st *store.Store, cfg Config) *Server {
 	cfg.setDefaults()
 	s := &Server{
 		cfg: cfg, store: st, log: cfg.Logger.With("replica", cfg.Replica),
-		hub:     newHub(2*cfg.Heartbeat+cfg.Heartbeat/2, 2*cfg.IdleHeartbeat+cfg.IdleHeartbeat/2),
-		modules: newModuleBodies(max(2*int64(cfg.MaxModuleBytes), 64<<20)),
-		rt:      newRuntimes(),
-		ends:    newFinishWaiters(),
-		gate:    newGatekeeper(cfg.NewWorkerEvery, cfg.NewWorkerBurst),
+		hub:           newHub(2*cfg.Heartbeat+cfg.Heartbeat/2, 2*cfg.IdleHeartbeat+cfg.IdleHeartbeat/2),
+		modules:       newModuleBodies(max(2*int64(cfg.MaxModuleBytes), 64<<20)),
+		moduleUploads: newModuleUploads(wasmcheck.MaxConcurrent+2, 2),
+		rt:            newRuntimes(),
+		ends:          newFinishWaiters(),
+		gate:          newGatekeeper(cfg.NewWorkerEvery, cfg.NewWorkerBurst),
 	}
 	s.upgrader = websocket.Upgrader{
 		// Workers need no origin: volunteers' pages may be served from
