@@ -5,16 +5,20 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/cyclepool/cyclepool/client"
 	"github.com/cyclepool/cyclepool/wasmworker/headless"
@@ -101,7 +105,12 @@ func dispatch(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "cyclepool: interrupted")
 		return 130
 	default:
-		fmt.Fprintln(stderr, "cyclepool: "+err.Error())
+		msg := err.Error()
+		if ae := (*client.APIError)(nil); errors.As(err, &ae) && ae.Status == http.StatusUnauthorized {
+			msg += "\n  an owner command needs an owner token: --token TOKEN or CYCLEPOOL_TOKEN " +
+				"(cyclepool serve prints one at its first start; cyclepool token create NAME makes more)"
+		}
+		fmt.Fprintln(stderr, "cyclepool: "+msg)
 		return 1
 	}
 }
@@ -155,8 +164,8 @@ func usageError(name, format string, a ...any) error {
 	return fmt.Errorf("%s: %s (usage: cyclepool %s)", name, fmt.Sprintf(format, a...), c.usage)
 }
 
-// newFlagSet returns a FlagSet whose -h output shows the command's synopsis,
-// its flags, and the list of all commands.
+// newFlagSet returns a FlagSet whose -h output shows the command's synopsis
+// and its flags.
 func newFlagSet(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
@@ -170,24 +179,43 @@ func newFlagSet(name string) *flag.FlagSet {
 			fmt.Fprintln(w, "\nflags:")
 			fs.PrintDefaults()
 		}
-		fmt.Fprintln(w)
-		printCommands(w)
+		fmt.Fprintln(w, "\nEvery command: cyclepool help.")
 	}
 	return fs
 }
 
+// flagInError finds the flag a flag package error names.
+var flagInError = regexp.MustCompile(`flag:? -(\S+?):? `)
+
 // parseFlags parses args with flags allowed before and after positional
-// arguments and returns the positional ones. The flag package has already
-// printed a parse error and the usage when it returns an error other than
-// flag.ErrHelp, so such an error exits silently with status 1.
+// arguments and returns the positional ones. A mistake is an error of the
+// command's, with "cyclepool: " in front as every error, not the usage
+// the flag package prints; -h prints the usage (flag.ErrHelp).
 func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
-	if err := fs.Parse(reorderArgs(fs, args)); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, &exitError{code: 1}
+	var buf bytes.Buffer
+	out := fs.Output()
+	fs.SetOutput(&buf)
+	err := fs.Parse(reorderArgs(fs, args))
+	fs.SetOutput(out)
+	if err == nil {
+		return fs.Args(), nil
 	}
-	return fs.Args(), nil
+	if errors.Is(err, flag.ErrHelp) {
+		out.Write(buf.Bytes())
+		return nil, err
+	}
+	msg := err.Error()
+	if m := flagInError.FindStringSubmatch(msg + " "); m != nil {
+		if f := fs.Lookup(m[1]); f != nil {
+			if g, ok := f.Value.(flag.Getter); ok {
+				if _, ok := g.Get().(time.Duration); ok {
+					msg += ": a duration takes its unit, as in 30s, 5m or 1h"
+				}
+			}
+		}
+	}
+	cmd, _, _ := strings.Cut(fs.Name(), " ")
+	return nil, &exitError{code: 1, msg: fmt.Sprintf("%s: %s (its flags: cyclepool help %s)", fs.Name(), msg, cmd)}
 }
 
 // reorderArgs moves flags (and the values of non-boolean flags given as a

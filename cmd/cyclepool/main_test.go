@@ -245,6 +245,44 @@ func TestDispatchHelpAndUnknown(t *testing.T) {
 	}
 }
 
+// A mistake in a command's flags is an error of that command's, with
+// "cyclepool: " in front and a hint for a duration without its unit, not
+// the whole list of commands; a 401 says how to give the owner token.
+func TestDispatchErrors(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusUnauthorized)
+		io.WriteString(w, `{"error":"missing owner token: send Authorization: Bearer <token> (cyclepool token create NAME)"}`)
+	}))
+	defer srv.Close()
+	t.Setenv("CYCLEPOOL_TOKEN", "")
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"submit", "--wait", "30", "w.json"}, []string{`cyclepool: submit: invalid value "30" for flag -wait`, "a duration takes its unit", "cyclepool help submit"}},
+		{[]string{"wait", "6b0c", "--timeout", "5"}, []string{"cyclepool: wait: ", "a duration takes its unit"}},
+		{[]string{"status", "--bogus", "6b0c"}, []string{"cyclepool: status: flag provided but not defined: -bogus"}},
+		{[]string{"token", "create", "--nope", "n"}, []string{"cyclepool: token create: ", "cyclepool help token)"}},
+		{[]string{"list", "--server", srv.URL}, []string{"HTTP 401", "--token TOKEN or CYCLEPOOL_TOKEN"}},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var buf bytes.Buffer
+			if code := dispatch(t.Context(), tc.args, &buf); code != 1 {
+				t.Errorf("exit %d, want 1", code)
+			}
+			out := buf.String()
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("output %q lacks %q", out, w)
+				}
+			}
+			if strings.Contains(out, "commands:") || strings.Count(out, "\n") > 2 {
+				t.Errorf("output %q holds more than the error", out)
+			}
+		})
+	}
+}
+
 // wait's exit code says how the workflow ended. A workflow that ended is
 // waited for with a timeout no busy machine reaches; one that runs on with
 // a short one (exit 3).

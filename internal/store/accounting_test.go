@@ -802,7 +802,7 @@ func TestFailuresAreEvidence(t *testing.T) {
 		{"a failure another worker's result disproves is a strike",
 			[]step{{"v1", "fail", true}, {"v2", "ok", true}}, "done", "", 1},
 		{"an operator's worker's failure is a verdict",
-			[]step{{"op", "fail", true}}, "failed", "failed after 1 attempts", 0},
+			[]step{{"op", "fail", true}}, "failed", "failed after 1 attempt; last:", 0},
 		{"the operator's worker may take a task again",
 			[]step{{"op", "vanish", true}, {"op", "ok", true}}, "done", "", 0},
 		{"a volunteer that lost the task does not get it again while it alone is avoided",

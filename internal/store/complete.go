@@ -845,7 +845,7 @@ var requeueSQL = strings.NewReplacer(
 		failed_by = CASE WHEN u.corroborate AND u.counts AND u.worker IS NOT NULL
 			AND NOT coalesce(u.worker = ANY(t.failed_by), false) THEN array_append(t.failed_by, u.worker) ELSE t.failed_by END,
 		error = CASE
-			WHEN u.final OR {exhausted} THEN format('failed after %s attempts; last: %s', t.attempts, u.reason)
+			WHEN u.final OR {exhausted} THEN format('failed after %s attempt%s; last: %s', t.attempts, CASE WHEN t.attempts = 1 THEN '' ELSE 's' END, u.reason)
 			WHEN {lostall} THEN format('stopped: the workers running it vanished %s times (max_lost); last: %s', t.lost + 1, u.reason)
 			WHEN {unconfirmed} THEN format('%s (one worker''s failure: waiting for another worker to confirm it)', u.reason)
 			ELSE u.reason END
