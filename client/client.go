@@ -421,6 +421,19 @@ func (c *Client) Cancel(ctx context.Context, id string) (*Status, error) {
 	return &st, nil
 }
 
+// Delete deletes a workflow that has ended, with its tasks, attempts,
+// outputs and logs, and its hold on the data it read (which counts against
+// the owner's data quota while it is held). A workflow still running is
+// refused (an *APIError with status 409): cancel it first.
+func (c *Client) Delete(ctx context.Context, id string) error {
+	resp, err := c.do(ctx, http.MethodDelete, pathOf("workflows", id), nil, "", "")
+	if err != nil {
+		return fmt.Errorf("delete workflow %s: %w", id, err)
+	}
+	resp.Body.Close()
+	return nil
+}
+
 // CancelTask cancels one unfinished task of a workflow and returns the
 // workflow's status: a running attempt is stopped on its worker, the task
 // ends cancelled and the tasks that need its outputs end upstream_failed;

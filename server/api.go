@@ -39,6 +39,7 @@ func (s *Server) routeAPI(mux *http.ServeMux, owned func(ownerHandler) http.Hand
 	mux.HandleFunc("GET /api/v1/workflows", owned(s.handleList))
 	mux.HandleFunc("GET /api/v1/workflows/{id}", owned(s.handleStatus))
 	mux.HandleFunc("POST /api/v1/workflows/{id}/cancel", owned(s.handleCancel))
+	mux.HandleFunc("DELETE /api/v1/workflows/{id}", owned(s.handleDelete))
 	mux.HandleFunc("GET /api/v1/workflows/{id}/events", owned(s.handleEvents))
 	mux.HandleFunc("POST /api/v1/workflows/{id}/tasks/{task}/cancel", owned(s.handleCancelTask))
 	mux.HandleFunc("GET /api/v1/workflows/{id}/tasks/{task}/attempts", owned(s.handleAttempts))
@@ -501,6 +502,24 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request, owner stor
 		return
 	}
 	writeJSON(w, http.StatusOK, apiStatus(st))
+}
+
+// handleDelete deletes a workflow that has ended, with everything it holds
+// (store.DeleteWorkflow): 204; 409 while it runs, 404 when the owner has
+// no such workflow.
+func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	id := r.PathValue("id")
+	err := s.store.DeleteWorkflow(r.Context(), owner.ID, id)
+	if errors.Is(err, store.ErrWorkflowRunning) {
+		writeError(w, http.StatusConflict, "workflow %s: %v", id, err)
+		return
+	}
+	if err != nil {
+		s.notFoundOr(w, "workflow", err)
+		return
+	}
+	s.log.Info("workflow deleted", "workflow", id, "owner", owner.Name)
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // handleCancelTask cancels one unfinished task (store.CancelTask): its

@@ -35,3 +35,29 @@ func runCancel(ctx context.Context, args []string) error {
 	fmt.Printf("workflow %s: %s (%s)\n", st.ID, st.State, countsText(st))
 	return nil
 }
+
+// runDelete is "cyclepool delete ID...": it deletes workflows that have
+// ended, with their outputs, and prints each id deleted.
+func runDelete(ctx context.Context, args []string) error {
+	fs := newFlagSet("delete")
+	own := addOwnerFlags(fs)
+	rest, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) == 0 {
+		return usageError("delete", "expected at least one workflow ID")
+	}
+	c := own.client()
+	for _, arg := range rest {
+		id, err := c.ResolveID(ctx, arg)
+		if err != nil {
+			return err
+		}
+		if err := c.Delete(ctx, id); err != nil {
+			return err
+		}
+		fmt.Printf("workflow %s deleted\n", id)
+	}
+	return nil
+}

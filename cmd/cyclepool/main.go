@@ -48,6 +48,7 @@ func commands() []command {
 		{"logs", "logs ID TASK", "print a task's log (its stderr)", runLogs},
 		{"attempts", "attempts ID TASK [--json]", "list a task's attempts: worker, times, reason", runAttempts},
 		{"cancel", "cancel ID [--task NAME]", "cancel a workflow's unfinished tasks, or one task", runCancel},
+		{"delete", "delete ID...", "delete workflows that have ended, with their outputs (cancel a running one first)", runDelete},
 		{"list", "list [--state S] [--limit N] [--offset N] [-q TEXT] [--json]", "list recent workflows, newest first", runList},
 		{"workers", "workers [--json]", "list the connected workers: stability class, reasons, reputation, tasks done", runWorkers},
 		{"version", "version", "print this build's version", runVersion},

@@ -91,6 +91,17 @@ type BlobUpload struct {
 // written meanwhile (workflows, blob_uploads).
 const lockOwnerSQL = `SELECT 1 FROM owners WHERE id = $1 FOR NO KEY UPDATE`
 
+// ownerBytesSQL sums the bytes of the blobs that the owner (the parameter
+// owner names) keeps stored, other than the blob except names: those on
+// its list, and those its workflows read (a blob the owner removed from
+// its list stays while one of its workflows reads it, until the workflow
+// is deleted: DeleteWorkflow).
+func ownerBytesSQL(owner, except string) string {
+	return `SELECT coalesce(sum(b.size), 0) FROM blobs b WHERE b.id <> ` + except + ` AND b.id IN (
+	SELECT ob.blob_id FROM owner_blobs ob WHERE ob.owner_id = ` + owner + `
+	UNION SELECT wb.blob_id FROM workflows w JOIN workflow_blobs wb ON wb.workflow_id = w.id WHERE w.owner_id = ` + owner + `)`
+}
+
 // BeginBlobUpload starts an upload for owner, who may keep quota bytes in
 // blobs. It fails with a *QuotaError when the owner is at its quota
 // already, or when expect (the upload's size if known, else -1) would pass
@@ -104,8 +115,7 @@ func (s *Store) BeginBlobUpload(ctx context.Context, ownerID, quota, expect int6
 		}
 		var open int
 		if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM blob_uploads WHERE owner_id = $1 AND attempt_id IS NULL AND touched_at > now() - $2::interval),
-			(SELECT coalesce(sum(b.size), 0) FROM owner_blobs ob JOIN blobs b ON b.id = ob.blob_id WHERE ob.owner_id = $1)`,
-			ownerID, StaleBlobUpload).Scan(&open, &u.used); err != nil {
+			(`+ownerBytesSQL("$1", "''")+`)`, ownerID, StaleBlobUpload).Scan(&open, &u.used); err != nil {
 			return err
 		}
 		if open >= MaxBlobUploads {
@@ -280,8 +290,7 @@ func (u *BlobUpload) Commit(ctx context.Context, name string, archive bool) (b B
 			return err
 		}
 		var used int64
-		if err := tx.QueryRow(ctx, `SELECT coalesce(sum(b.size), 0) FROM owner_blobs ob JOIN blobs b ON b.id = ob.blob_id
-			WHERE ob.owner_id = $1 AND ob.blob_id <> $2`, u.owner, id).Scan(&used); err != nil {
+		if err := tx.QueryRow(ctx, ownerBytesSQL("$1", "$2"), u.owner, id).Scan(&used); err != nil {
 			return err
 		}
 		if used+u.size > u.quota {

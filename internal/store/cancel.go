@@ -174,3 +174,60 @@ func notifyCancel(ctx context.Context, tx querier, attempts []int64) error {
 	}
 	return flush()
 }
+
+// ErrWorkflowRunning refuses to delete a workflow that has not ended.
+var ErrWorkflowRunning = errors.New("the workflow is still running: cancel it first")
+
+// workflowBlobsSQL deletes the uploads of the attempts of workflow $1's
+// tasks and returns every blob the workflow holds: the data it reads, its
+// tasks' outputs and checkpoints uploaded over HTTP, and those uploads.
+const workflowBlobsSQL = `WITH t AS (SELECT id, checkpoint_blob FROM tasks WHERE workflow_id = $1),
+up AS (DELETE FROM output_uploads u USING attempts a, t WHERE a.task_id = t.id AND u.attempt_id = a.id RETURNING u.blob_id)
+SELECT blob_id FROM workflow_blobs WHERE workflow_id = $1
+UNION SELECT o.blob_id FROM task_outputs o JOIN t ON o.task_id = t.id WHERE o.blob_id IS NOT NULL
+UNION SELECT checkpoint_blob FROM t WHERE checkpoint_blob IS NOT NULL
+UNION SELECT blob_id FROM up`
+
+// DeleteWorkflow deletes the owner's workflow id, which must have ended
+// (done, failed or cancelled: else ErrWorkflowRunning), with everything it
+// holds: its tasks, their attempts, edges, outputs and checkpoints, and its
+// hold on the data it read (which counts against the owner's data quota
+// while it is held). The blobs nothing else holds then are deleted with
+// it: the outputs and checkpoints its tasks uploaded, and data the owner
+// removed from its list. ErrNotFound when the owner has no such workflow.
+func (s *Store) DeleteWorkflow(ctx context.Context, ownerID int64, id string) error {
+	err := s.tx(ctx, func(tx pgx.Tx) error {
+		if !looksLikeUUID(id) {
+			return ErrNotFound
+		}
+		var state string
+		err := tx.QueryRow(ctx, `SELECT state FROM workflows WHERE id = $1 AND owner_id = $2 FOR UPDATE`, id, ownerID).Scan(&state)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		if state == StateRunning {
+			return ErrWorkflowRunning
+		}
+		rows, err := tx.Query(ctx, workflowBlobsSQL, id)
+		if err != nil {
+			return err
+		}
+		blobs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		// The tasks go with it, and their attempts, outputs and edges
+		// with them (the triggers of migration 00013).
+		if _, err := tx.Exec(ctx, `DELETE FROM workflows WHERE id = $1`, id); err != nil {
+			return err
+		}
+		return dropUnusedBlobs(ctx, tx, blobs)
+	})
+	if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrWorkflowRunning) {
+		return fmt.Errorf("delete workflow %s: %w", id, err)
+	}
+	return err
+}

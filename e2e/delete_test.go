@@ -1,0 +1,81 @@
+//go:build unix
+
+package e2e
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cyclepool/cyclepool/client"
+)
+
+// An owner deletes, with the CLI, a workflow that has ended: its status
+// and outputs are gone, and data it read that the owner removed no longer
+// counts against the quota. A running workflow is refused until
+// cancelled.
+func TestDeleteWorkflows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newPlatform(t, "--data-quota", "2") // MiB
+	startWorker(t, "worker", 1, p.srv.url)
+	echo := push(t, p.client, "echo")
+	spin := push(t, p.client, "spin")
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data.txt")
+	if err := os.WriteFile(data, []byte(strings.Repeat("d", 1200<<10)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	blob, err := p.client.PushData(ctx, data, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := submit(t, p.client, workflow("done", task{"name": "e", "module": echo, "stdin": map[string]any{"data": "x\n"},
+		"files": map[string]any{"/data.txt": map[string]any{"blob": blob.ID}}}))
+	if st := wait(t, p.client, done, time.Minute); st.State != client.WorkflowDone {
+		t.Fatalf("workflow ended %s", st.State)
+	}
+	running := submit(t, p.client, workflow("running", task{"name": "s", "module": spin}))
+	if err := p.client.RemoveData(ctx, blob.ID); err != nil {
+		t.Fatal(err)
+	}
+	// The workflow still reads the data: 1.2 MiB more do not fit in 2.
+	if _, err := p.client.PushData(ctx, writeFile(t, dir, "more.txt", strings.Repeat("m", 1200<<10)), false); err == nil {
+		t.Fatal("data over the quota was accepted while a workflow holds the removed data")
+	}
+	env := []string{"CYCLEPOOL_SERVER=" + p.srv.url, "CYCLEPOOL_TOKEN=" + p.srv.token}
+	out, err := runIn("", env, time.Minute, "delete", running)
+	if err == nil || !strings.Contains(out, "still running: cancel it first") {
+		t.Fatalf("delete of a running workflow: %v\n%s", err, out)
+	}
+	if out, err := runIn("", env, time.Minute, "delete", done[:8]); err != nil || !strings.Contains(out, "workflow "+done+" deleted") {
+		t.Fatalf("delete: %v\n%s", err, out)
+	}
+	var ae *client.APIError
+	if _, err := p.client.Status(ctx, done); !errors.As(err, &ae) || ae.Status != 404 {
+		t.Errorf("status of a deleted workflow: %v, want 404", err)
+	}
+	if _, err := p.client.PushData(ctx, writeFile(t, dir, "more.txt", strings.Repeat("m", 1200<<10)), false); err != nil {
+		t.Errorf("data within the quota after the delete: %v", err)
+	}
+	if _, err := p.client.Cancel(ctx, running); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runIn("", env, time.Minute, "delete", running); err != nil {
+		t.Fatalf("delete once cancelled: %v\n%s", err, out)
+	}
+}
+
+// writeFile writes content to name in dir and returns its path.
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
