@@ -738,7 +738,13 @@ func TestBrowserLongAttemptGivesBackItsBatch(t *testing.T) {
 	submit(t, p.client, workflow("busy", busyTasks...))
 	eventually(t, 30*time.Second, "the task Web Workers to be busy", func() bool { return b.status().TaskWorkers.Busy >= threads })
 	before := b.status().TaskWorkers
-	long := submit(t, p.client, workflow("long", task{"name": "long", "module": loop, "args": []string{"x"}}))
+	// The long attempt is assigned first, then the short ones: they wait
+	// behind it in its batch.
+	long := submit(t, p.client, workflow("long", task{"name": "long", "module": loop, "args": []string{"x", "x"}}))
+	eventually(t, 30*time.Second, "the long attempt to be assigned", func() bool {
+		as, err := p.client.Attempts(ctx, long, "long")
+		return err == nil && len(as) == 1
+	})
 	shorts := make([]task, 7)
 	for i := range shorts {
 		shorts[i] = task{"name": fmt.Sprintf("s%d", i), "module": loop}
