@@ -44,6 +44,9 @@ type dataCache struct {
 	entries map[string]*dataEntry // by hex
 	client  *http.Client
 	release func() // gives the cache up (close)
+	// unpackHook, when set (by tests), is called as an archive's tree
+	// starts to be unpacked.
+	unpackHook func(hexID string)
 }
 
 // close gives the cache up: the lock on a shared one, the whole of a
@@ -62,6 +65,10 @@ type dataEntry struct {
 	tree  bool  // the tree HEX.d is unpacked
 	users int
 	used  time.Time
+	// unpacking is held while the tree is unpacked: by one attempt at a
+	// time, the others that need it waiting, and no attempt of another
+	// blob (c.mu is not held meanwhile).
+	unpacking sync.Mutex
 }
 
 func newDataCache(dir string, max int64, log *slog.Logger) (*dataCache, error) {
@@ -333,12 +340,20 @@ func hashFile(p string) (string, int64, error) {
 	return hex.EncodeToString(h.Sum(nil)), n, nil
 }
 
-// unpack unpacks the archive HEX into the tree HEX.d, once.
+// unpack unpacks the archive HEX into the tree HEX.d, once. Only the
+// attempts that need this tree wait for it: an archive that takes long to
+// unpack (a large one, one owner's) holds no other attempt back.
 func (c *dataCache) unpack(hexID string, e *dataEntry) error {
+	e.unpacking.Lock()
+	defer e.unpacking.Unlock()
 	c.mu.Lock()
-	defer c.mu.Unlock() // one at a time: rare, and the tree is then shared
-	if e.tree {
+	done := e.tree
+	c.mu.Unlock()
+	if done {
 		return nil
+	}
+	if c.unpackHook != nil {
+		c.unpackHook(hexID)
 	}
 	dir := filepath.Join(c.dir, hexID+".d")
 	tmp := dir + ".tmp"
@@ -360,7 +375,9 @@ func (c *dataCache) unpack(hexID string, e *dataEntry) error {
 	if err := os.Rename(tmp, dir); err != nil {
 		return err
 	}
+	c.mu.Lock()
 	e.tree, e.size = true, e.size+size
+	c.mu.Unlock()
 	return nil
 }
 

@@ -15,9 +15,11 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cyclepool/cyclepool/internal/archive"
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/wasmworker"
 )
 
 // blobHost serves blobs by id as the server does, counting downloads and
@@ -375,5 +377,59 @@ func TestUnpackLongLinkChains(t *testing.T) {
 	l, err2 := os.Stat(filepath.Join(dir, name(n-41)))
 	if err1 != nil || err2 != nil || !os.SameFile(f, l) {
 		t.Errorf("%s is not a second name of f (%v, %v)", name(n-41), err1, err2)
+	}
+}
+
+// An archive being unpacked holds back only the attempts that need it:
+// another attempt's archive is unpacked and its setup ready meanwhile.
+// Unpacking held the whole data cache, so that one owner's large archive
+// kept every attempt with a setup on the worker waiting, whoever its owner.
+func TestUnpackHoldsOnlyItsOwnArchive(t *testing.T) {
+	host := &blobHost{blobs: map[string][]byte{}}
+	slow := host.add(tarOf(t, map[string]string{"lib/a.txt": "slow", "lib/b.txt": "s"}))
+	other := host.add(tarOf(t, map[string]string{"lib/a.txt": "other", "lib/b.txt": "o"}))
+	srv := httptest.NewServer(host)
+	defer srv.Close()
+	c, err := newDataCache(t.TempDir(), 1<<30, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	started, unblock := make(chan struct{}), make(chan struct{})
+	c.unpackHook = func(hexID string) {
+		if "sha256:"+hexID == slow {
+			close(started)
+			<-unblock
+		}
+	}
+	ctx := context.Background()
+	slowDone := make(chan *wasmworker.Outcome, 1)
+	go func() {
+		release, o := c.prepare(ctx, srv.URL, &protocol.Setup{Files: []protocol.File{blobFile("/d", slow, len(host.blobs[slow]), true, false)}})
+		if release != nil {
+			release()
+		}
+		slowDone <- o
+	}()
+	<-started
+	otherDone := make(chan *wasmworker.Outcome, 1)
+	go func() {
+		release, o := c.prepare(ctx, srv.URL, &protocol.Setup{Files: []protocol.File{blobFile("/d", other, len(host.blobs[other]), true, false)}})
+		if release != nil {
+			release()
+		}
+		otherDone <- o
+	}()
+	select {
+	case o := <-otherDone:
+		if o != nil {
+			t.Fatalf("the other archive: %+v", o)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the other archive waited for the first one's unpacking")
+	}
+	close(unblock)
+	if o := <-slowDone; o != nil {
+		t.Fatalf("the slow archive: %+v", o)
 	}
 }
