@@ -395,12 +395,13 @@ func TestUnreachedAttemptsChargeNobody(t *testing.T) {
 	// A step: claim attempts of the named tasks for the 1-slot worker,
 	// or say hello listing hello (complete: running_complete), or renew
 	// renew with a lease of a millisecond (an old connection's heartbeat
-	// that arrives late), or let every lease lapse and sweep in passes of
-	// at most lapse attempts.
+	// that arrives late), or save a checkpoint with such a lease (an old
+	// connection's checkpoint that arrives late), or let every lease
+	// lapse and sweep in passes of at most lapse attempts.
 	type step struct {
-		claim, hello, renew []string
-		complete            bool
-		lapse               int
+		claim, hello, renew, checkpoint []string
+		complete                        bool
+		lapse                           int
 	}
 	for _, tc := range []struct {
 		name    string
@@ -419,6 +420,11 @@ func TestUnreachedAttemptsChargeNobody(t *testing.T) {
 		// the hello gave.
 		{"listed, then renewed late", []step{{claim: []string{"a"}}, {hello: []string{"a"}, complete: true}, {renew: []string{"a"}}, {lapse: 100}},
 			map[string]int{"a": 1}, 1, map[string]string{"a": "vanished while running"}},
+		// Nor does a late checkpoint of the old connection (or one saved
+		// by a replica with a shorter lease); the checkpoint moved the
+		// task on, so the loss is the worker's alone.
+		{"listed, then checkpointed late", []step{{claim: []string{"a"}}, {hello: []string{"a"}, complete: true}, {checkpoint: []string{"a"}}, {lapse: 100}},
+			map[string]int{"a": 0}, 1, map[string]string{"a": "vanished while running"}},
 		// b was assigned after the hello and ran in the worker's one slot:
 		// a, which never reached it, does not push b into the queue.
 		{"unreached ahead of a running attempt", []step{{claim: []string{"a"}}, {hello: []string{}, complete: true}, {claim: []string{"b"}}, {lapse: 100}},
@@ -476,6 +482,12 @@ func TestUnreachedAttemptsChargeNobody(t *testing.T) {
 					}
 					if lost, err := f.s.Renew(ctx, rs, time.Millisecond); err != nil || len(lost) != 0 {
 						t.Fatalf("renew: lost %v: %v", lost, err)
+					}
+				case st.checkpoint != nil:
+					for _, a := range names(st.checkpoint) {
+						if ok, err := f.s.SaveCheckpoint(ctx, a, f.worker, []byte("state"), time.Millisecond); err != nil || !ok {
+							t.Fatalf("checkpoint of attempt %d: saved %v: %v", a, ok, err)
+						}
 					}
 				default:
 					// An hour passes for every time the worker and its

@@ -61,7 +61,8 @@ func (s *Store) Renew(ctx context.Context, rs []Renewal, lease time.Duration) (l
 }
 
 // SaveCheckpoint stores state as the latest checkpoint of the task of
-// attempt, if the attempt still runs on worker, and renews its lease. It
+// attempt, if the attempt still runs on worker, and renews its lease (never
+// shortening it, as Renew). It
 // returns false when the attempt no longer holds its lease. A checkpoint
 // larger than the task's memory limit (its state is what the task held in
 // memory) is refused with a *RefusedError that says so, and not stored.
@@ -83,7 +84,9 @@ func (s *Store) saveCheckpoint(ctx context.Context, attempt int64, worker string
 		saved, unknown, limit = false, false, 0
 		var task int64
 		var old string
-		err := tx.QueryRow(ctx, `UPDATE attempts a SET lease_until = now() + $3 * interval '1 millisecond' FROM tasks t
+		// Never shortened, as by Renew: a late checkpoint of an old
+		// connection must not undo the lease a hello gave (unreachedSQL).
+		err := tx.QueryRow(ctx, `UPDATE attempts a SET lease_until = greatest(a.lease_until, now() + $3 * interval '1 millisecond') FROM tasks t
 			WHERE a.id = $1 AND a.worker_id = $2 AND a.state = 'running' AND t.id = a.task_id
 			RETURNING a.task_id, t.memory_pages::bigint * 65536, coalesce(t.checkpoint_blob, '')`,
 			attempt, worker, lease.Milliseconds()).Scan(&task, &limit, &old)
