@@ -458,18 +458,22 @@ type fleetCount struct {
 // fleetCountFor is how long a count of connected workers is used.
 const fleetCountFor = 5 * time.Second
 
-// count returns the count read within fleetCountFor, or reads it anew.
+// count returns the count read within fleetCountFor, or reads it anew (not
+// under the lock: a slow read holds no other request past its deadline).
 func (f *fleetCount) count(ctx context.Context, read func(context.Context) (int, error)) (int, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !f.read.IsZero() && time.Since(f.read) < fleetCountFor {
-		return f.n, nil
+	n, at := f.n, f.read
+	f.mu.Unlock()
+	if !at.IsZero() && time.Since(at) < fleetCountFor {
+		return n, nil
 	}
 	n, err := read(ctx)
 	if err != nil {
 		return 0, err
 	}
+	f.mu.Lock()
 	f.n, f.read = n, time.Now()
+	f.mu.Unlock()
 	return n, nil
 }
 

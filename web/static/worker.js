@@ -487,8 +487,10 @@ function makeTasks(taskJs, server) {
       e.preventDefault();
       if (!w.batch) return;
       // The attempt that runs now fails; if none has started, the first.
+      // (Its place may have been given back to another thread, whose
+      // attempt this is not.)
       let id = w.nowRunning();
-      if (!runs.has(id)) { const q = w.batch.find((x) => !x.r.over); id = q ? q.attempt : 0; }
+      if (!runs.has(id) || runs.get(id).w !== w) { const q = w.batch.find((x) => !x.r.over && x.r.w === w); id = q ? q.attempt : 0; }
       const r = runs.get(id);
       stopBatch(w, id);
       if (r && !r.over) {
