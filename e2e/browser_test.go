@@ -983,3 +983,35 @@ func TestBrowserKeepsItsWorkerIdentity(t *testing.T) {
 		t.Errorf("the identity kept for later visits is %q, want the first page's %s", saved.ID, first)
 	}
 }
+
+// The page, too, hands back an attempt whose module it cannot fetch for
+// the server's trouble (a 503), charging its task nothing; a module the
+// server does not have would be the task's.
+func TestBrowserModuleUnavailableChargesNobody(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newPlatform(t)
+	echo := push(t, p.client, "echo")
+	proxy := newCountingProxy(t, p.srv.url)
+	proxy.refuse("/modules/")
+	b := newBrowser(t, 1280, 900, charging)
+	openVolunteerPage(t, b, proxy.url)
+	id := submit(t, p.client, workflow("unavailable", task{"name": "e", "module": echo, "max_attempts": 1,
+		"stdin": map[string]any{"data": "x\n"}}))
+	eventually(t, 60*time.Second, "an attempt handed back for want of its module", func() bool {
+		as, err := p.client.Attempts(ctx, id, "e")
+		return err == nil && len(as) >= 1 && as[0].State != "running"
+	})
+	as := attempts(t, p.client, id, "e")
+	if !strings.HasPrefix(as[0].Reason, "worker: ") || !strings.Contains(as[0].Reason, "503") {
+		t.Errorf("first attempt ended %s: %q, want handed back (worker) for the module's 503", as[0].State, as[0].Reason)
+	}
+	if n := proxy.count("/modules/"); n < 3 {
+		t.Errorf("the module was asked for %d times before the attempt was handed back, want 3", n)
+	}
+	proxy.refuse("")
+	st := wait(t, p.client, id, 60*time.Second)
+	if st.State != client.WorkflowDone || st.Task("e").Attempts != 1 {
+		t.Fatalf("workflow %s, task %+v: want done, with its one attempt", st.State, st.Task("e"))
+	}
+}

@@ -138,3 +138,36 @@ func TestAssignmentLostInTransitChargesNobody(t *testing.T) {
 		t.Errorf("workers = %+v, want the one worker, with 2 attempts and no loss charged", wl.Workers)
 	}
 }
+
+// A module the worker cannot fetch because of the server's trouble (here a
+// proxy answering 503) charges its task nothing: the worker hands the
+// attempt back, and the task runs once the module can be had, though it
+// may be attempted only once. The worker tries a few times first. Before,
+// such a failure was the module's, and used up the task's attempts.
+func TestModuleUnavailableChargesNobody(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newPlatform(t)
+	echo := push(t, p.client, "echo")
+	proxy := newCountingProxy(t, p.srv.url)
+	proxy.refuse("/modules/")
+	startWorker(t, "worker", 1, proxy.url)
+	id := submit(t, p.client, workflow("unavailable", task{"name": "e", "module": echo, "max_attempts": 1,
+		"stdin": map[string]any{"data": "x\n"}}))
+	eventually(t, 60*time.Second, "an attempt handed back for want of its module", func() bool {
+		as, err := p.client.Attempts(ctx, id, "e")
+		return err == nil && len(as) >= 1 && as[0].State != "running" && as[0].State != ""
+	})
+	as := attempts(t, p.client, id, "e")
+	if !strings.HasPrefix(as[0].Reason, "worker: ") || !strings.Contains(as[0].Reason, "503") {
+		t.Errorf("first attempt ended %s: %q, want handed back (worker) for the module's 503", as[0].State, as[0].Reason)
+	}
+	if n := proxy.count("/modules/"); n < 3 {
+		t.Errorf("the module was asked for %d times before the attempt was handed back, want 3", n)
+	}
+	proxy.refuse("")
+	st := wait(t, p.client, id, 60*time.Second)
+	if st.State != client.WorkflowDone || st.Task("e").Attempts != 1 {
+		t.Fatalf("workflow %s, task %+v: want done, with its one attempt", st.State, st.Task("e"))
+	}
+}

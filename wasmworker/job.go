@@ -8,10 +8,17 @@ package wasmworker
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 )
+
+// ErrNoSuchModule is what a Job's Fetch returns, wrapped, when the server
+// says it has no such module (404): the task's fault. Any other failure to
+// fetch (the network, the server's trouble) is the worker's, and charges
+// the task nothing.
+var ErrNoSuchModule = errors.New("the server has no such module")
 
 // Runner runs task attempts. Run must return when ctx is cancelled, with an
 // Outcome whose Reason is protocol.ReasonCancelled.
@@ -52,7 +59,8 @@ type Job struct {
 	ModuleID string           // "sha256:<hex>"
 	// Fetch returns the module bytes. A runner that already holds a compiled
 	// module for ModuleID need not call it. It is nil in the browser, where
-	// the page fetches and caches modules itself.
+	// the page fetches and caches modules itself. A module the server
+	// does not have is an error wrapping ErrNoSuchModule.
 	Fetch func(ctx context.Context) ([]byte, error)
 	Host  Host
 	// Server is the address of the server that assigned the attempt, to

@@ -120,7 +120,9 @@ func (w *Worker) moduleFetcher(server, id string) func(context.Context) ([]byte,
 	return func(ctx context.Context) ([]byte, error) { return w.fetchModule(ctx, server, id) }
 }
 
-// fetchModule returns module bytes, from memory or from the server.
+// fetchModule returns module bytes, from memory or from the server. A
+// failure of the network or of the server (5xx, 429) is tried again twice
+// (after 0.5 s and 2 s) before it is given up; a 404 is ErrNoSuchModule.
 func (w *Worker) fetchModule(ctx context.Context, server, id string) ([]byte, error) {
 	w.mu.Lock()
 	b, ok := w.modules[id]
@@ -128,21 +130,21 @@ func (w *Worker) fetchModule(ctx context.Context, server, id string) ([]byte, er
 	if ok {
 		return b, nil
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(server, "/")+"/modules/"+id, nil)
+	var err error
+	for try, wait := 0, 500*time.Millisecond; ; try, wait = try+1, 4*wait {
+		var again bool
+		b, again, err = getModule(ctx, server, id)
+		if err == nil || !again || try == 2 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+	}
 	if err != nil {
 		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("fetch module %s: %w", id, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("fetch module %s: %s", id, resp.Status)
-	}
-	b, err = io.ReadAll(io.LimitReader(resp.Body, 256<<20))
-	if err != nil {
-		return nil, fmt.Errorf("fetch module %s: %w", id, err)
 	}
 	w.mu.Lock()
 	if len(w.modules) > 64 {
@@ -151,6 +153,31 @@ func (w *Worker) fetchModule(ctx context.Context, server, id string) ([]byte, er
 	w.modules[id] = b
 	w.mu.Unlock()
 	return b, nil
+}
+
+// getModule downloads module id once, and says whether a failure may pass.
+func getModule(ctx context.Context, server, id string) (b []byte, again bool, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(server, "/")+"/modules/"+id, nil)
+	if err != nil {
+		return nil, false, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, ctx.Err() == nil, fmt.Errorf("fetch module %s: %w", id, err)
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		return nil, false, fmt.Errorf("fetch module %s: %w", id, ErrNoSuchModule)
+	case resp.StatusCode != http.StatusOK:
+		again := resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests
+		return nil, again, fmt.Errorf("fetch module %s: %s", id, resp.Status)
+	}
+	b, err = io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return nil, ctx.Err() == nil, fmt.Errorf("fetch module %s: %w", id, err)
+	}
+	return b, false, nil
 }
 
 // putOutput sends one upload and reports whether a failure may pass.

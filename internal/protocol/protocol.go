@@ -305,7 +305,7 @@ const (
 	ReasonLog       = "limit_log"       // log size limit exceeded
 	ReasonExit      = "exit"            // non-zero exit code
 	ReasonTrap      = "trap"            // the module trapped (panic, unreachable, ...)
-	ReasonModule    = "module"          // the module could not be fetched, compiled or instantiated
+	ReasonModule    = "module"          // the module does not compile or instantiate, or the server has none such
 	ReasonCancelled = "cancelled"       // stopped because the server said cancel
 	ReasonWorker    = "worker"          // the worker stopped it (volunteer paused, shutting down)
 )

@@ -280,26 +280,34 @@ func testModuleErrors(t *testing.T, r *Runner) {
 	mismatch.ModuleID = "sha256:" + strings.Repeat("0", 64)
 	invalid := rawJob([]byte("\x00asm\x01\x00\x00\x00garbage"))
 	noStart := rawJob(wasmtest.Module())
-	fetchErr := rawJob(nil)
-	fetchErr.Fetch = func(context.Context) ([]byte, error) { return nil, errors.New("404") }
+	noModule := rawJob(nil)
+	noModule.Fetch = func(context.Context) ([]byte, error) {
+		return nil, fmt.Errorf("fetch module: %w", wasmworker.ErrNoSuchModule)
+	}
+	// The network's or the server's trouble is the worker's: handed back,
+	// charging the task nothing.
+	unavailable := rawJob(nil)
+	unavailable.Fetch = func(context.Context) ([]byte, error) { return nil, errors.New("503 Service Unavailable") }
 	badID := *good
 	badID.ModuleID = "md5:abc"
 
 	for _, tc := range []struct {
-		name string
-		job  *wasmworker.Job
-		msg  string
+		name   string
+		job    *wasmworker.Job
+		reason string
+		msg    string
 	}{
-		{"hash mismatch", &mismatch, "hash to sha256:"},
-		{"invalid bytes", invalid, "compiling"},
-		{"no _start", noStart, "_start"},
-		{"fetch error", fetchErr, "404"},
-		{"bad module id", &badID, "module id"},
+		{"hash mismatch", &mismatch, protocol.ReasonModule, "hash to sha256:"},
+		{"invalid bytes", invalid, protocol.ReasonModule, "compiling"},
+		{"no _start", noStart, protocol.ReasonModule, "_start"},
+		{"no such module", noModule, protocol.ReasonModule, "no such module"},
+		{"module unavailable", unavailable, protocol.ReasonWorker, "503"},
+		{"bad module id", &badID, protocol.ReasonModule, "module id"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := r.Run(context.Background(), tc.job)
-			if o.Reason != protocol.ReasonModule || !strings.Contains(o.Message, tc.msg) {
-				t.Fatalf("Reason %q Message %q, want module and %q", o.Reason, o.Message, tc.msg)
+			if o.Reason != tc.reason || !strings.Contains(o.Message, tc.msg) {
+				t.Fatalf("Reason %q Message %q, want %s and %q", o.Reason, o.Message, tc.reason, tc.msg)
 			}
 		})
 	}

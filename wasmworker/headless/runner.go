@@ -360,7 +360,10 @@ func (e *engine) compile(ctx context.Context, job *wasmworker.Job) (*compiled, e
 }
 
 // fetchVerified fetches the module bytes of job and checks that they hash to
-// job.ModuleID. Errors other than ctx's are moduleErrors.
+// job.ModuleID. A module the server does not have, or bytes that do not
+// match, are moduleErrors (the task's); a fetch that failed otherwise (the
+// network, the server's trouble) is the worker's, and charges the task
+// nothing.
 func fetchVerified(ctx context.Context, job *wasmworker.Job) ([]byte, error) {
 	want, ok := strings.CutPrefix(job.ModuleID, "sha256:")
 	if !ok || len(want) != 64 {
@@ -374,7 +377,10 @@ func fetchVerified(ctx context.Context, job *wasmworker.Job) ([]byte, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, &moduleError{fmt.Errorf("fetching module %s: %w", job.ModuleID, err)}
+		if errors.Is(err, wasmworker.ErrNoSuchModule) {
+			return nil, &moduleError{fmt.Errorf("fetching module %s: %w", job.ModuleID, err)}
+		}
+		return nil, fmt.Errorf("could not fetch module %s: %w", job.ModuleID, err)
 	}
 	sum := sha256.Sum256(b)
 	if got := hex.EncodeToString(sum[:]); got != strings.ToLower(want) {

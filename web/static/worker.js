@@ -132,9 +132,25 @@ function makeTasks(taskJs, server) {
         };
         const kept = await cache.get(id);
         if (kept && !(await check(kept))) { counts.cached++; return kept; }
-        const resp = await fetch(server + "/modules/" + encodeURIComponent(id));
-        if (!resp.ok) throw new Error(`fetch module ${id}: HTTP ${resp.status}`);
-        const bytes = await resp.arrayBuffer();
+        // A module the server does not have (404) fails its task; a
+        // fetch the network or the server's trouble broke is the
+        // worker's (unavailable: handed back, charging nobody), once it
+        // failed three times (again after 0.5 s and 2 s), as in Go.
+        const unavailable = (msg) => Object.assign(new Error(`fetch module ${id}: ${msg}`), { unavailable: true });
+        const get = async () => {
+          let resp;
+          try { resp = await fetch(server + "/modules/" + encodeURIComponent(id)); } catch (err) { throw unavailable(err && err.message || err); }
+          if (resp.status === 404) throw new Error(`fetch module ${id}: HTTP 404: the server has no such module`);
+          if (!resp.ok) throw unavailable(`HTTP ${resp.status}`);
+          try { return await resp.arrayBuffer(); } catch (err) { throw unavailable(err && err.message || err); }
+        };
+        let bytes;
+        for (let wait = 500; ; wait *= 4) {
+          try { bytes = await get(); break; } catch (err) {
+            if (!err.unavailable || wait > 2000) throw err;
+            await new Promise((resolve) => setTimeout(resolve, wait));
+          }
+        }
         const bad = await check(bytes);
         if (bad) throw new Error(`module ${id}: its bytes hash to sha256:${bad}`);
         counts.fetched++;
@@ -359,7 +375,7 @@ function makeTasks(taskJs, server) {
       (err) => {
         if (r.over) return;
         r.over = true; runs.delete(attempt);
-        if (err && err.dataError) fail(attempt, "worker", err.message); else fail(attempt, "module", String(err));
+        if (err && (err.dataError || err.unavailable)) fail(attempt, "worker", err.message); else fail(attempt, "module", String(err));
       });
   }
 
