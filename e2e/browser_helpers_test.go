@@ -185,18 +185,8 @@ type pageStatus struct {
 	Running       []runningTask `json:"running"`
 	Refused       int           `json:"refused"`
 	Threads       int           `json:"threads"` // attempts the page runs at once
-	TaskWorkers   struct {
-		Started    int `json:"started"`
-		Terminated int `json:"terminated"`
-		Busy       int `json:"busy"`
-		Ahead      int `json:"ahead"`   // attempts run on an instance made ahead of time
-		Batches    int `json:"batches"` // messages that sent attempts to a task Web Worker
-		Sent       int `json:"sent"`    // attempts those messages sent
-		// GivenBack counts attempts taken back from a batch whose
-		// running attempt ran long, for another task Web Worker.
-		GivenBack int `json:"givenBack"`
-	} `json:"taskWorkers"`
-	Modules struct {
+	TaskWorkers   taskWorkers   `json:"taskWorkers"`
+	Modules       struct {
 		Fetched int `json:"fetched"` // from the server (or the HTTP cache)
 		Cached  int `json:"cached"`  // from IndexedDB
 	} `json:"modules"`
@@ -209,6 +199,19 @@ type pageStatus struct {
 	Identity struct {
 		ID string `json:"id"` // the worker's id, once the server gave it
 	} `json:"identity"`
+}
+
+// taskWorkers is what the page counts of its task Web Workers.
+type taskWorkers struct {
+	Started    int `json:"started"`
+	Terminated int `json:"terminated"`
+	Busy       int `json:"busy"`
+	Ahead      int `json:"ahead"`   // attempts run on an instance made ahead of time
+	Batches    int `json:"batches"` // messages that sent attempts to a task Web Worker
+	Sent       int `json:"sent"`    // attempts those messages sent
+	// GivenBack counts attempts taken back from a batch whose
+	// running attempt ran long, for another task Web Worker.
+	GivenBack int `json:"givenBack"`
 }
 
 // runningTask is an attempt the page has given a task Web Worker.

@@ -615,24 +615,30 @@ func argLoop(at byte) []byte {
 	)
 }
 
-// Cancelling attempts that wait in a batch behind a running one skips
-// them: the task Web Worker is not terminated, and the running attempt,
-// another workflow's, goes on to its end rather than starting again.
-func TestBrowserCancelInABatchSparesTheRunningAttempt(t *testing.T) {
-	t.Parallel()
-	p := newPlatform(t)
+// behindALongAttempt opens a volunteer page running threads tasks at once
+// and keeps all of them busy; then it queues a long attempt (of args
+// billions of steps) of a module known to be short and, once that one is
+// assigned, seven short ones of another workflow: they go to a task Web
+// Worker together, the long one first, in one batch. The two modules are
+// argLoop(at[0]) and argLoop(at[1]). It returns the page, the two
+// workflows' ids, and its task Web Workers' counts before the long one.
+func behindALongAttempt(t *testing.T, p *platform, at [2]byte, threads int, args []string) (b *browser, long, short string, before taskWorkers) {
+	t.Helper()
 	ctx := context.Background()
 	var mods [2]string
-	for i, at := range []byte{4, 8} {
-		m, err := p.client.PushModule(ctx, argLoop(at))
+	for i := range at {
+		m, err := p.client.PushModule(ctx, argLoop(at[i]))
 		if err != nil {
 			t.Fatal(err)
 		}
 		mods[i] = m.ID
 	}
 	loop, busy := mods[0], mods[1]
-	b := newBrowser(t, 1280, 900, charging)
+	b = newBrowser(t, 1280, 900, charging)
 	openVolunteerPage(t, b, p.srv.url)
+	if threads != b.status().Threads {
+		setThreads(t, b, threads)
+	}
 	// The loop module's attempts are known to be short.
 	warm := make([]task, 20)
 	for i := range warm {
@@ -641,23 +647,36 @@ func TestBrowserCancelInABatchSparesTheRunningAttempt(t *testing.T) {
 	if st := wait(t, p.client, submit(t, p.client, workflow("warm", warm...)), 60*time.Second); st.State != "done" {
 		t.Fatalf("warm-up ended %s", st.State)
 	}
-	// While the page's task Web Workers are busy (one for each of its
-	// threads), a long attempt of the loop module and short ones of
-	// another workflow queue up: they go together, the long one first, in
-	// one batch.
-	threads := b.status().Threads
 	busyTasks := make([]task, threads)
 	for i := range busyTasks {
 		busyTasks[i] = task{"name": fmt.Sprintf("busy%d", i), "module": busy, "args": []string{"x"}}
 	}
 	submit(t, p.client, workflow("busy", busyTasks...))
 	eventually(t, 30*time.Second, "the task Web Workers to be busy", func() bool { return b.status().TaskWorkers.Busy >= threads })
-	long := submit(t, p.client, workflow("long", task{"name": "long", "module": loop, "args": []string{"x"}}))
+	before = b.status().TaskWorkers
+	long = submit(t, p.client, workflow("long", task{"name": "long", "module": loop, "args": args}))
+	eventually(t, 30*time.Second, "the long attempt to be assigned", func() bool {
+		as, err := p.client.Attempts(ctx, long, "long")
+		return err == nil && len(as) == 1
+	})
 	shorts := make([]task, 7)
 	for i := range shorts {
 		shorts[i] = task{"name": fmt.Sprintf("s%d", i), "module": loop}
 	}
-	short := submit(t, p.client, workflow("shorts", shorts...))
+	short = submit(t, p.client, workflow("shorts", shorts...))
+	return b, long, short, before
+}
+
+// Cancelling attempts that wait in a batch behind a running one skips
+// them: the task Web Worker is not terminated, and the running attempt,
+// another workflow's, goes on to its end rather than starting again.
+func TestBrowserCancelInABatchSparesTheRunningAttempt(t *testing.T) {
+	t.Parallel()
+	p := newPlatform(t)
+	ctx := context.Background()
+	// One thread: nothing is given back from the batch (no thread is
+	// idle to take it), so the short attempts wait in it until cancelled.
+	b, long, short, _ := behindALongAttempt(t, p, [2]byte{4, 8}, 1, []string{"x"})
 	eventually(t, 60*time.Second, "the long attempt to be given to a task Web Worker with others", func() bool {
 		s := b.status() // tasks named workflow/task
 		return slices.ContainsFunc(s.Running, func(r runningTask) bool { return strings.HasPrefix(r.Task, long+"/") }) &&
@@ -675,31 +694,6 @@ func TestBrowserCancelInABatchSparesTheRunningAttempt(t *testing.T) {
 	}
 }
 
-// A volunteer who changes how many tasks the page runs at once keeps
-// computing: the page's worker restarts with the new number, again and
-// again. The Web Worker it stopped, whose Go program had exited, could
-// still raise an error the page took for its successor's, and the page
-// then stopped computing for good.
-func TestBrowserChangingThreadsKeepsComputing(t *testing.T) {
-	t.Parallel()
-	p := newPlatform(t)
-	noop := push(t, p.client, "noop")
-	b := newBrowser(t, 1280, 900, charging)
-	openVolunteerPage(t, b, p.srv.url)
-	for i, n := range []int{2, 1, 2, 1} {
-		setThreads(t, b, n)
-		id := submit(t, p.client, workflow(fmt.Sprintf("after%d", i), task{"name": "n", "module": noop}))
-		if st := wait(t, p.client, id, 60*time.Second); st.State != "done" {
-			t.Fatalf("the workflow after setting %d threads ended %s", n, st.State)
-		}
-		var running bool
-		b.eval(`window.cyclepool.running`, &running)
-		if s := b.status(); !running || !s.Connected || s.Threads != n {
-			t.Fatalf("after setting %d threads: computing %v, status %+v", n, running, s)
-		}
-	}
-}
-
 // An attempt of a module known to be short that runs long gives back the
 // attempts waiting behind it in its batch: they run on another task Web
 // Worker and end long before it does, once each, and no task Web Worker is
@@ -707,49 +701,9 @@ func TestBrowserChangingThreadsKeepsComputing(t *testing.T) {
 func TestBrowserLongAttemptGivesBackItsBatch(t *testing.T) {
 	t.Parallel()
 	p := newPlatform(t)
-	ctx := context.Background()
-	var mods [2]string
-	for i, at := range []byte{12, 16} {
-		m, err := p.client.PushModule(ctx, argLoop(at))
-		if err != nil {
-			t.Fatal(err)
-		}
-		mods[i] = m.ID
-	}
-	loop, busy := mods[0], mods[1]
-	b := newBrowser(t, 1280, 900, charging)
-	openVolunteerPage(t, b, p.srv.url)
-	setThreads(t, b, 2) // one for the long attempt, one to take what it gives back
-	warm := make([]task, 20)
-	for i := range warm {
-		warm[i] = task{"name": fmt.Sprintf("w%d", i), "module": loop}
-	}
-	if st := wait(t, p.client, submit(t, p.client, workflow("warm", warm...)), 60*time.Second); st.State != "done" {
-		t.Fatalf("warm-up ended %s", st.State)
-	}
-	// As in TestBrowserCancelInABatchSparesTheRunningAttempt: the long
-	// attempt and short ones of another workflow queue up while every
-	// task Web Worker is busy, and go in one batch, the long one first.
-	threads := b.status().Threads
-	busyTasks := make([]task, threads)
-	for i := range busyTasks {
-		busyTasks[i] = task{"name": fmt.Sprintf("busy%d", i), "module": busy, "args": []string{"x"}}
-	}
-	submit(t, p.client, workflow("busy", busyTasks...))
-	eventually(t, 30*time.Second, "the task Web Workers to be busy", func() bool { return b.status().TaskWorkers.Busy >= threads })
-	before := b.status().TaskWorkers
-	// The long attempt is assigned first, then the short ones: they wait
-	// behind it in its batch.
-	long := submit(t, p.client, workflow("long", task{"name": "long", "module": loop, "args": []string{"x", "x"}}))
-	eventually(t, 30*time.Second, "the long attempt to be assigned", func() bool {
-		as, err := p.client.Attempts(ctx, long, "long")
-		return err == nil && len(as) == 1
-	})
-	shorts := make([]task, 7)
-	for i := range shorts {
-		shorts[i] = task{"name": fmt.Sprintf("s%d", i), "module": loop}
-	}
-	short := submit(t, p.client, workflow("shorts", shorts...))
+	// Two threads: one for the long attempt, one to take what it gives
+	// back; the long attempt runs two billion steps.
+	b, long, short, before := behindALongAttempt(t, p, [2]byte{12, 16}, 2, []string{"x", "x"})
 	for _, id := range []string{long, short} {
 		if st := wait(t, p.client, id, 60*time.Second); st.State != "done" {
 			t.Fatalf("workflow %s ended %s", id, st.State)
@@ -766,7 +720,7 @@ func TestBrowserLongAttemptGivesBackItsBatch(t *testing.T) {
 	if len(la) != 1 || la[0].EndedAt == nil {
 		t.Fatalf("the long task's attempts: %+v", la)
 	}
-	for i := range shorts {
+	for i := range 7 {
 		as := attempts(t, p.client, short, fmt.Sprintf("s%d", i))
 		if len(as) != 1 || as[0].State != "succeeded" || as[0].EndedAt == nil {
 			t.Errorf("short task s%d: attempts %+v, want one that succeeded", i, as)
@@ -989,7 +943,6 @@ func TestBrowserKeepsItsWorkerIdentity(t *testing.T) {
 // server does not have would be the task's.
 func TestBrowserModuleUnavailableChargesNobody(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	p := newPlatform(t)
 	echo := push(t, p.client, "echo")
 	proxy := newCountingProxy(t, p.srv.url)
@@ -998,20 +951,5 @@ func TestBrowserModuleUnavailableChargesNobody(t *testing.T) {
 	openVolunteerPage(t, b, proxy.url)
 	id := submit(t, p.client, workflow("unavailable", task{"name": "e", "module": echo, "max_attempts": 1,
 		"stdin": map[string]any{"data": "x\n"}}))
-	eventually(t, 60*time.Second, "an attempt handed back for want of its module", func() bool {
-		as, err := p.client.Attempts(ctx, id, "e")
-		return err == nil && len(as) >= 1 && as[0].State != "running"
-	})
-	as := attempts(t, p.client, id, "e")
-	if !strings.HasPrefix(as[0].Reason, "worker: ") || !strings.Contains(as[0].Reason, "503") {
-		t.Errorf("first attempt ended %s: %q, want handed back (worker) for the module's 503", as[0].State, as[0].Reason)
-	}
-	if n := proxy.count("/modules/"); n < 3 {
-		t.Errorf("the module was asked for %d times before the attempt was handed back, want 3", n)
-	}
-	proxy.refuse("")
-	st := wait(t, p.client, id, 60*time.Second)
-	if st.State != client.WorkflowDone || st.Task("e").Attempts != 1 {
-		t.Fatalf("workflow %s, task %+v: want done, with its one attempt", st.State, st.Task("e"))
-	}
+	handedBackForItsModule(t, p, proxy, id)
 }

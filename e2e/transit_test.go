@@ -146,7 +146,6 @@ func TestAssignmentLostInTransitChargesNobody(t *testing.T) {
 // such a failure was the module's, and used up the task's attempts.
 func TestModuleUnavailableChargesNobody(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	p := newPlatform(t)
 	echo := push(t, p.client, "echo")
 	proxy := newCountingProxy(t, p.srv.url)
@@ -154,6 +153,16 @@ func TestModuleUnavailableChargesNobody(t *testing.T) {
 	startWorker(t, "worker", 1, proxy.url)
 	id := submit(t, p.client, workflow("unavailable", task{"name": "e", "module": echo, "max_attempts": 1,
 		"stdin": map[string]any{"data": "x\n"}}))
+	handedBackForItsModule(t, p, proxy, id)
+}
+
+// handedBackForItsModule waits until the first attempt of task "e" of
+// workflow id was handed back (reason worker) for its module's 503, after
+// three tries, then lets the module through the proxy and checks that the
+// task ends done with its one attempt.
+func handedBackForItsModule(t *testing.T, p *platform, proxy *countingProxy, id string) {
+	t.Helper()
+	ctx := context.Background()
 	eventually(t, 60*time.Second, "an attempt handed back for want of its module", func() bool {
 		as, err := p.client.Attempts(ctx, id, "e")
 		return err == nil && len(as) >= 1 && as[0].State != "running" && as[0].State != ""

@@ -17,16 +17,9 @@ func (s *Store) Cancel(ctx context.Context, ownerID int64, id string) ([]int64, 
 	var attempts []int64
 	err := s.tx(ctx, func(tx pgx.Tx) error {
 		attempts = nil
-		if !looksLikeUUID(id) {
-			return ErrNotFound
-		}
 		// Lock the workflow first and decide on its state under the lock, so
 		// that a workflow finishing meanwhile is not overwritten.
-		var state string
-		err := tx.QueryRow(ctx, `SELECT state FROM workflows WHERE id = $1 AND owner_id = $2 FOR UPDATE`, id, ownerID).Scan(&state)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrNotFound
-		}
+		state, err := lockWorkflow(ctx, tx, ownerID, id)
 		if err != nil {
 			return err
 		}
@@ -197,14 +190,7 @@ UNION SELECT blob_id FROM up`
 // removed from its list. ErrNotFound when the owner has no such workflow.
 func (s *Store) DeleteWorkflow(ctx context.Context, ownerID int64, id string) error {
 	err := s.tx(ctx, func(tx pgx.Tx) error {
-		if !looksLikeUUID(id) {
-			return ErrNotFound
-		}
-		var state string
-		err := tx.QueryRow(ctx, `SELECT state FROM workflows WHERE id = $1 AND owner_id = $2 FOR UPDATE`, id, ownerID).Scan(&state)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return ErrNotFound
-		}
+		state, err := lockWorkflow(ctx, tx, ownerID, id)
 		if err != nil {
 			return err
 		}
@@ -230,4 +216,18 @@ func (s *Store) DeleteWorkflow(ctx context.Context, ownerID int64, id string) er
 		return fmt.Errorf("delete workflow %s: %w", id, err)
 	}
 	return err
+}
+
+// lockWorkflow locks the owner's workflow id in tx and returns its state,
+// or ErrNotFound.
+func lockWorkflow(ctx context.Context, tx pgx.Tx, ownerID int64, id string) (string, error) {
+	if !looksLikeUUID(id) {
+		return "", ErrNotFound
+	}
+	var state string
+	err := tx.QueryRow(ctx, `SELECT state FROM workflows WHERE id = $1 AND owner_id = $2 FOR UPDATE`, id, ownerID).Scan(&state)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrNotFound
+	}
+	return state, err
 }
