@@ -117,6 +117,14 @@ func TestDashboard(t *testing.T) {
 	b.viewShot("dash-big", 1280, 900)
 	b.do(chromedp.Click(chromedp.ID("cancel")))
 	b.waitJS(15*time.Second, "the big workflow cancelled", `document.querySelector("#wf-state .badge").textContent === "cancelled"`)
+	// Once ended, it can be deleted from its page (the page asks first).
+	b.waitJS(15*time.Second, "the delete button shown", `!document.getElementById("delete-form").classList.contains("hidden")`)
+	b.eval(`window.confirm = () => true`, nil)
+	b.do(chromedp.Click(chromedp.ID("delete")))
+	b.waitJS(30*time.Second, "the list of workflows after the delete", `location.pathname === "/app/"`)
+	if _, err := p.client.Status(context.Background(), bigID); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("the deleted workflow's status: %v, want 404", err)
+	}
 
 	// Check and submit a workflow through the page.
 	wf, _ := json.MarshalIndent(workflow("dash-primes",

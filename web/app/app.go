@@ -148,6 +148,7 @@ func New(b Backend, opt Options) http.Handler {
 	m.HandleFunc("GET /app/{$}", h.page(h.home))
 	m.HandleFunc("GET /app/workflows/{id}", h.page(h.workflowPage))
 	m.HandleFunc("POST /app/workflows/{id}/cancel", h.page(h.cancel))
+	m.HandleFunc("POST /app/workflows/{id}/delete", h.page(h.delete))
 	m.HandleFunc("POST /app/workflows/{id}/tasks/{task}/cancel", h.page(h.cancelTask))
 	m.HandleFunc("GET /app/submit", h.page(h.submitPage))
 	m.HandleFunc("POST /app/submit", h.formPage(h.submit))

@@ -260,6 +260,21 @@ func (h *handler) cancel(p *pageCtx) {
 	http.Redirect(p.w, p.r, "/app/workflows/"+url.PathEscape(id), http.StatusSeeOther)
 }
 
+// delete deletes a workflow that has ended through the API and goes to the
+// list of workflows; a running one gets the API's refusal.
+func (h *handler) delete(p *pageCtx) {
+	id := p.r.PathValue("id")
+	res := h.callAPI(p, http.MethodDelete, "/api/v1/workflows/"+url.PathEscape(id), nil)
+	switch {
+	case res.status == http.StatusNotFound:
+		h.notFound(p, "workflow", store.ErrNotFound)
+	case res.status >= 400:
+		h.render(p, res.status, MessagePage(h.layout(p, "home"), "Not deleted", res.err.Error, "/app/workflows/"+url.PathEscape(id)))
+	default:
+		http.Redirect(p.w, p.r, "/app/", http.StatusSeeOther)
+	}
+}
+
 // cancelTask cancels one task through the API and goes back to the
 // workflow's page; a task that already finished gets the API's refusal.
 func (h *handler) cancelTask(p *pageCtx) {

@@ -208,6 +208,11 @@
       }
     }
 
+    // Deleting takes the outputs and logs with it: asked once more.
+    document.getElementById("delete-form").addEventListener("submit", (e) => {
+      if (!confirm("Delete this workflow with its outputs and logs?")) e.preventDefault();
+    });
+
     function setWorkflow(state) {
       wfState = state;
       app.state = state;
@@ -217,6 +222,7 @@
       b.textContent = state;
       if (state !== "running") {
         document.getElementById("cancel-form").classList.add("hidden");
+        document.getElementById("delete-form").classList.remove("hidden");
         if (!finishedAt) finishedAt = Date.now();
       }
     }
