@@ -60,7 +60,7 @@ func TestDeleteWorkflows(t *testing.T) {
 		t.Errorf("status of a deleted workflow: %v, want 404", err)
 	}
 	if _, err := p.client.PushData(ctx, writeFile(t, dir, "more.txt", strings.Repeat("m", 1200<<10)), false); err != nil {
-		t.Errorf("data within the quota after the delete: %v", err)
+		t.Errorf("data under the quota after the delete: %v", err)
 	}
 	if _, err := p.client.Cancel(ctx, running); err != nil {
 		t.Fatal(err)

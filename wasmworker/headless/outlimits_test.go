@@ -213,7 +213,7 @@ func TestSparseWritesStopAtTheLimit(t *testing.T) {
 					t.Fatalf("%s: %s, want %s: %q", o.Reason, o.Message, protocol.ReasonOutput, tc.want)
 				}
 				if held > limit { // (-1: in a slot process, not seen)
-					t.Errorf("the attempt's files took %d bytes when it ended, over the limit of %d", held, limit)
+					t.Errorf("the attempt's files held %d bytes when it ended, over the limit of %d", held, limit)
 				}
 			})
 		})
