@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"flag"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -491,5 +492,25 @@ func TestCPUShareFlagsAreValidated(t *testing.T) {
 				t.Fatalf("%v, want an error saying %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// serve on an address in use says so at once: before it starts the
+// embedded PostgreSQL (which took some ten seconds, and made a data
+// directory, before the error).
+func TestServeOnAnAddressInUse(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dir := t.TempDir()
+	var buf bytes.Buffer
+	code := dispatch(t.Context(), []string{"serve", "--addr", l.Addr().String(), "--data-dir", dir}, &buf)
+	if code != 1 || !strings.Contains(buf.String(), "cyclepool: listen on "+l.Addr().String()) {
+		t.Fatalf("exit %d: %q", code, buf.String())
+	}
+	if _, err := os.Stat(filepath.Join(dir, "postgres")); !os.IsNotExist(err) {
+		t.Errorf("the embedded PostgreSQL was started (its directory: %v)", err)
 	}
 }

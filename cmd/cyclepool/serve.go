@@ -82,6 +82,13 @@ func runServe(ctx context.Context, args []string) error {
 		return fmt.Errorf("CYCLEPOOL_SESSION_KEY: %w", err)
 	}
 	log := newLogger(*logLevel)
+	// The address first: a port in use is told at once, not after the
+	// embedded PostgreSQL's start.
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", *addr, err)
+	}
+	defer ln.Close()
 	servePprof(*pprofAddr, log)
 	if *dbURL == "" {
 		c, err := pgembed.Start(ctx, pgembed.Config{Dir: filepath.Join(*dataDir, "postgres"), Logger: log})
@@ -103,10 +110,6 @@ func runServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer st.Close()
-	ln, err := net.Listen("tcp", *addr)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", *addr, err)
-	}
 	if *replica == "" {
 		host, _ := os.Hostname()
 		*replica = fmt.Sprintf("%s:%d", host, ln.Addr().(*net.TCPAddr).Port)
