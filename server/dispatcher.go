@@ -323,14 +323,21 @@ func (d *dispatcher) assign(ctx context.Context, slots []*conn) (claimedN, plann
 	for _, c := range cands {
 		pending += c.Pending
 	}
-	picks := d.plan(time.Now(), cands, d.planWorkers(reserved))
+	workers := d.planWorkers(reserved)
+	picks := d.plan(time.Now(), cands, workers)
 	claimed, err := d.store.ClaimPicks(ctx, picks, d.cfg.Lease)
 	d.metrics.observeBatch("claim", len(claimed), start)
 	undelivered := d.deliver(ctx, claimed, err, reserved)
 	more = len(cands) == limit || len(claimed) < pending || undelivered > 0
-	excluding := false // a worker ran a replica of a candidate: the plan could not give it that one
+	// excluding: the plan could not give some worker some candidate for
+	// the candidate's sake (the worker ran a replica of it, or the task
+	// has a setup the worker's build cannot lay out); tasks behind the
+	// window may fit that worker.
+	noSetup := slices.ContainsFunc(workers, func(w planWorker) bool { return !w.setup })
+	excluding := false
 	for i := range cands {
-		excluding = excluding || len(cands[i].Exclude) > 0
+		excluding = excluding || len(cands[i].Exclude) > 0 ||
+			noSetup && (cands[i].Setup || d.needsSetup.has(cands[i].TaskID))
 	}
 	d.widen = nextWiden(d.widen, limit, len(cands), len(picks), len(slots), excluding)
 	d.cands.claimed(claimed, len(picks), len(slots), err, time.Now())
@@ -435,11 +442,12 @@ func candidateWindow(n, widen int) int {
 
 // nextWiden is the widening of the next round's window after a round read
 // got candidates of a window of limit and planned picks for its slots,
-// excluding some workers from some candidates (replicas they ran). A full
-// window that could not fill the slots for that reason may hide ready
-// tasks that could (the oldest ready tasks may all be replicas that these
-// workers ran already): the next round, at once, reads twice as many, up
-// to maxCandidates. A round that filled its slots, saw the whole queue,
+// excluding some workers from some candidates (replicas they ran, tasks
+// with a setup that their build cannot lay out). A full window that could
+// not fill the slots for that reason may hide ready tasks that could (the
+// oldest ready tasks may all be replicas that these workers ran already,
+// or another owner's tasks with files): the next round, at once, reads
+// twice as many, up to maxCandidates. A round that filled its slots, saw the whole queue,
 // or left slots idle for another reason (fairness, stability: a wider
 // window would not change that) goes back to the usual window.
 func nextWiden(widen, limit, got, picks, slots int, excluding bool) int {

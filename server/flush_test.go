@@ -256,6 +256,61 @@ func TestDispatcherReusesItsCandidates(t *testing.T) {
 	}
 }
 
+// Ready tasks that none of the idle workers may take (tasks with a setup,
+// for workers of a build without the setup feature) fill the head of the
+// queue: the candidate window widens past them, as it does past replicas
+// those workers ran, so that another owner's task behind them, which these
+// workers may take, is claimed rather than held back for as long as they
+// wait.
+func TestWindowWidensPastTasksTheWorkersMayNotTake(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	var tasks []store.NewTask
+	for i := range 200 {
+		tasks = append(tasks, store.NewTask{Name: fmt.Sprintf("t%d", i), Module: f.module, MaxAttempts: 1, TimeoutMS: 1000,
+			MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10, Setup: []byte(`{"env":["A=1"]}`)})
+	}
+	if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, &store.NewWorkflow{Name: "setups", Priority: "batch", Tasks: tasks}); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := f.st.CreateOwner(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := f.st.OwnerByToken(ctx, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.st.PutModule(ctx, other.ID, f.module, []byte("\x00asm"), []string{}); err != nil {
+		t.Fatal(err)
+	}
+	plain := store.NewTask{Name: "plain", Module: f.module, MaxAttempts: 1, TimeoutMS: 1000, MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10}
+	id, err := f.st.CreateWorkflow(ctx, other.ID, &store.NewWorkflow{Name: "plain", Priority: "batch", Tasks: []store.NewTask{plain}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(f.st, Config{Replica: "r", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	c := socketless(s, f.worker.ID, 1) // without the setup feature
+	claimed := 0
+	for range 10 {
+		s.hub.setFree(c, 1)
+		n, _, _, err := s.disp.assign(ctx, s.hub.reserve(1000))
+		if err != nil {
+			t.Fatal(err)
+		}
+		claimed += n
+	}
+	st, err := f.st.Status(ctx, other.ID, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claimed != 1 || st.Tasks[0].State != store.StateRunning {
+		t.Errorf("10 rounds claimed %d tasks, and the other owner's task behind 200 with a setup is %s; want it claimed, alone",
+			claimed, st.Tasks[0].State)
+	}
+}
+
 // A checkpoint saved for an attempt this replica delivered is timed for
 // its module (the cost that sets checkpoint intervals); one for an attempt
 // the connection does not hold is neither saved nor timed.
