@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/sched"
 	"github.com/cyclepool/cyclepool/internal/store"
 )
 
@@ -330,14 +331,18 @@ func (d *dispatcher) assign(ctx context.Context, slots []*conn) (claimedN, plann
 	undelivered := d.deliver(ctx, claimed, err, reserved)
 	more = len(cands) == limit || len(claimed) < pending || undelivered > 0
 	// excluding: the plan could not give some worker some candidate for
-	// the candidate's sake (the worker ran a replica of it, or the task
-	// has a setup the worker's build cannot lay out); tasks behind the
-	// window may fit that worker.
+	// the candidate's sake (the worker ran a replica of it, the task has a
+	// setup the worker's build cannot lay out, or the worker takes only
+	// tasks short enough for its stability); tasks behind the window may
+	// fit that worker.
 	noSetup := slices.ContainsFunc(workers, func(w planWorker) bool { return !w.setup })
 	excluding := false
 	for i := range cands {
 		excluding = excluding || len(cands[i].Exclude) > 0 ||
 			noSetup && (cands[i].Setup || d.needsSetup.has(cands[i].TaskID))
+	}
+	if !excluding && len(cands) == limit && len(picks) < len(slots) {
+		excluding = d.choosy(time.Now(), workers)
 	}
 	d.widen = nextWiden(d.widen, limit, len(cands), len(picks), len(slots), excluding)
 	d.cands.claimed(claimed, len(picks), len(slots), err, time.Now())
@@ -448,8 +453,9 @@ func candidateWindow(n, widen int) int {
 // oldest ready tasks may all be replicas that these workers ran already,
 // or another owner's tasks with files): the next round, at once, reads
 // twice as many, up to maxCandidates. A round that filled its slots, saw the whole queue,
-// or left slots idle for another reason (fairness, stability: a wider
-// window would not change that) goes back to the usual window.
+// or left slots idle for another reason (fairness, a worker too unstable
+// for any task: a wider window would not change that) goes back to the
+// usual window.
 func nextWiden(widen, limit, got, picks, slots int, excluding bool) int {
 	switch {
 	case got < limit || picks >= slots || !excluding:
@@ -458,6 +464,24 @@ func nextWiden(widen, limit, got, picks, slots int, excluding bool) int {
 		return widen + 1
 	}
 	return widen
+}
+
+// choosy reports whether some of workers takes a task or not by its run
+// time (sched.Stability.Fits): an unstable worker only short tasks, one on
+// a battery only tasks it outlasts. A window of tasks too long for them
+// may hide tasks short enough.
+func (d *dispatcher) choosy(now time.Time, workers []planWorker) bool {
+	cfg := d.schedConfig()
+	if !cfg.DeviceAware {
+		return false
+	}
+	for _, w := range workers {
+		st := sched.Classify(now, w.w.Samples, w.w.History, cfg.Stability)
+		if st.Class == sched.Unstable || (st.Class != sched.TooUnstable && st.TimeToEmpty >= 0) {
+			return true
+		}
+	}
+	return false
 }
 
 // byWorker groups reserved slots by worker id.
