@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cyclepool/cyclepool/client"
+	"github.com/cyclepool/cyclepool/internal/protocol"
 )
 
 // tcpProxy forwards TCP connections to a server. swallow makes the
@@ -178,5 +179,46 @@ func handedBackForItsModule(t *testing.T, p *platform, proxy *countingProxy, id 
 	st := wait(t, p.client, id, 60*time.Second)
 	if st.State != client.WorkflowDone || st.Task("e").Attempts != 1 {
 		t.Fatalf("workflow %s, task %+v: want done, with its one attempt", st.State, st.Task("e"))
+	}
+}
+
+// A worker that says the process running an attempt crashed (reason
+// crashed) costs the task one of its losses (max_lost), not an attempt, and
+// itself nothing; the task runs again.
+func TestCrashedAttemptCountsALoss(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newPlatform(t)
+	fake := dialFake(t, p.srv.url)
+	echo := push(t, p.client, "echo")
+	id := submit(t, p.client, workflow("crashed", task{"name": "e", "module": echo, "max_attempts": 1,
+		"stdin": map[string]any{"data": "x\n"}}))
+	a := fake.next(t, protocol.TypeAssign, 15*time.Second).Assign[0].Attempt
+	fake.send(t, &protocol.Frame{Type: protocol.TypeFail, Fails: []protocol.Fail{{Attempt: a, Reason: protocol.ReasonCrashed,
+		Message: "the slot process running the attempt died: signal: killed"}}})
+	if ack := fake.ack(t, a, protocol.AckFail, 10*time.Second); !ack.OK {
+		t.Fatalf("the crash report was not accepted: %+v", ack)
+	}
+	st, err := p.client.Status(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its one attempt was not used up (or an operator's worker's failure
+	// would have failed it): it is queued again, or running again.
+	if tk := st.Task("e"); tk.State != client.TaskReady && tk.State != client.TaskRunning {
+		t.Errorf("task after the crash: %+v, want queued again", tk)
+	}
+	as := attempts(t, p.client, id, "e")
+	if len(as) < 1 || !strings.HasPrefix(as[0].Reason, "crashed: ") {
+		t.Errorf("attempts %+v, want the first ended crashed", as)
+	}
+	wl, err := p.client.Workers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range wl.Workers {
+		if w.ID == fake.welcome.WorkerID && w.TasksLost != 0 {
+			t.Errorf("the worker that said so was charged %d losses", w.TasksLost)
+		}
 	}
 }

@@ -236,7 +236,8 @@ func cleanDevice(d protocol.Device) protocol.Device {
 func knownReason(r string) bool {
 	switch r {
 	case protocol.ReasonMemory, protocol.ReasonWallTime, protocol.ReasonOutput, protocol.ReasonLog,
-		protocol.ReasonExit, protocol.ReasonTrap, protocol.ReasonModule, protocol.ReasonCancelled, protocol.ReasonWorker:
+		protocol.ReasonExit, protocol.ReasonTrap, protocol.ReasonModule, protocol.ReasonCancelled, protocol.ReasonWorker,
+		protocol.ReasonCrashed:
 		return true
 	}
 	return false
@@ -250,6 +251,8 @@ func failEnding(reason string) store.Ending {
 		return store.EndHandedBack
 	case protocol.ReasonCancelled:
 		return store.EndCancelled
+	case protocol.ReasonCrashed:
+		return store.EndCrashed
 	}
 	return store.EndTaskError
 }

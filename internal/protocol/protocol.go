@@ -308,6 +308,11 @@ const (
 	ReasonModule    = "module"          // the module does not compile or instantiate, or the server has none such
 	ReasonCancelled = "cancelled"       // stopped because the server said cancel
 	ReasonWorker    = "worker"          // the worker stopped it (volunteer paused, shutting down)
+	// ReasonCrashed: the process (or browser thread) running the attempt
+	// died with no limit the worker knows of passed (killed by the
+	// kernel's out-of-memory killer, say): as far as the worker can tell,
+	// the task brought it down.
+	ReasonCrashed = "crashed"
 )
 
 // Fail ends an attempt unsuccessfully.

@@ -57,6 +57,13 @@ const (
 	// workflow could not name), which an honest worker never sends. The
 	// worker's: it counts as an invalid result against its reputation.
 	EndRefused
+	// EndCrashed: the process running the attempt died, and its worker
+	// says so (reason crashed): as far as it can tell the task brought it
+	// down (the kernel's out-of-memory killer, a browser thread that
+	// failed). A loss of the task's, towards max_lost, as when a worker
+	// vanishes, so that a task that brings down every worker stops; not the
+	// worker's, which survived to say so. Never again to that volunteer.
+	EndCrashed
 )
 
 // Charge is what an end costs, and whom.
@@ -97,6 +104,8 @@ func (e Ending) Charges() Charge {
 		return Charge{Attempt: true, Final: true}
 	case EndVanished:
 		return Charge{Lost: true, Worker: true, KeepsPlace: true, Avoid: true}
+	case EndCrashed:
+		return Charge{Lost: true, KeepsPlace: true, Avoid: true}
 	case EndHandedBack, EndUnstarted, EndServerFault:
 		return Charge{KeepsPlace: true}
 	case EndRefused:
@@ -165,6 +174,8 @@ func (e Ending) String() string {
 		return "never started"
 	case EndVanished:
 		return "worker vanished"
+	case EndCrashed:
+		return "crashed"
 	case EndServerFault:
 		return "server fault"
 	case EndSuperseded:

@@ -87,6 +87,7 @@ func TestEachEndingChargesWhomItSays(t *testing.T) {
 		{"never started", fail(EndUnstarted), want{"ready", 0, 0, 0, true}},
 		{"server fault", fail(EndServerFault), want{"ready", 0, 0, 0, true}},
 		{"worker vanished", func(f *fixture, t *testing.T, c Claimed) { f.expire(t, c) }, want{"ready", 0, 1, 1, true}},
+		{"crashed", fail(EndCrashed), want{"ready", 0, 1, 0, true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
@@ -116,38 +117,58 @@ func TestEachEndingChargesWhomItSays(t *testing.T) {
 	}
 }
 
-// A task whose workers keep vanishing is never failed by max_attempts (1
-// here), only by the separate bound max_lost, with a message that says so.
+// A task whose workers keep vanishing, or whose runs keep crashing them
+// (reason crashed: the worker survives to say so), is never failed by
+// max_attempts (1 here), only by the separate bound max_lost, with a
+// message that says so. Only a worker that vanished is charged a loss.
 func TestLostWorkersUseMaxLostNotMaxAttempts(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
-	one := f.task("a")
-	one.MaxAttempts = 1
-	id := f.submit(t, "batch", one)
-	var workers []string
-	for i := 1; i <= DefaultMaxLost; i++ {
-		// A new volunteer each time: the task avoids those that lost it.
-		workers = append(workers, f.useWorker(t, 1).ID)
-		c := f.claim(t, 1, time.Minute)
-		if len(c) != 1 {
-			t.Fatalf("loss %d: the task was not queued again", i)
-		}
-		f.expire(t, c[0])
-		state, attempts, lost, errText := f.taskCounts(t, id, "a")
-		if lost != i || attempts != 0 {
-			t.Fatalf("after %d losses: %d attempts and %d losses counted", i, attempts, lost)
-		}
-		if i < DefaultMaxLost && state != "ready" {
-			t.Fatalf("after %d losses the task is %s (%s)", i, state, errText)
-		}
-		if i == DefaultMaxLost && (state != "failed" || !strings.Contains(errText, "vanished 10 times (max_lost)")) {
-			t.Fatalf("after %d losses the task is %s: %q", i, state, errText)
-		}
-	}
-	for _, w := range workers {
-		if n := f.tasksLost(t, w); n != 1 {
-			t.Errorf("worker %s charged %d losses, want 1", w, n)
-		}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		lose    func(f *fixture, t *testing.T, c Claimed)
+		charged int
+	}{
+		{"vanished", func(f *fixture, t *testing.T, c Claimed) { f.expire(t, c) }, 1},
+		{"crashed", func(f *fixture, t *testing.T, c Claimed) {
+			if acc, err := f.s.Complete(ctx, []Completion{{Attempt: c.Attempt, Worker: c.Worker, Reason: "crashed",
+				Message: "the slot process running the attempt died: killed", End: EndCrashed}}); err != nil || !acc[0] {
+				t.Fatalf("complete: %v %v", acc, err)
+			}
+		}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			one := f.task("a")
+			one.MaxAttempts = 1
+			id := f.submit(t, "batch", one)
+			var workers []string
+			for i := 1; i <= DefaultMaxLost; i++ {
+				// A new volunteer each time: the task avoids those that lost it.
+				workers = append(workers, f.useWorker(t, 1).ID)
+				c := f.claim(t, 1, time.Minute)
+				if len(c) != 1 {
+					t.Fatalf("loss %d: the task was not queued again", i)
+				}
+				tc.lose(f, t, c[0])
+				state, attempts, lost, errText := f.taskCounts(t, id, "a")
+				if lost != i || attempts != 0 {
+					t.Fatalf("after %d losses: %d attempts and %d losses counted", i, attempts, lost)
+				}
+				if i < DefaultMaxLost && state != "ready" {
+					t.Fatalf("after %d losses the task is %s (%s)", i, state, errText)
+				}
+				if i == DefaultMaxLost && (state != "failed" || !strings.Contains(errText, "vanished or crashed 10 times (max_lost)")) {
+					t.Fatalf("after %d losses the task is %s: %q", i, state, errText)
+				}
+			}
+			for _, w := range workers {
+				if n := f.tasksLost(t, w); n != tc.charged {
+					t.Errorf("worker %s charged %d losses, want %d", w, n, tc.charged)
+				}
+			}
+		})
 	}
 }
 

@@ -846,7 +846,7 @@ var requeueSQL = strings.NewReplacer(
 			AND NOT coalesce(u.worker = ANY(t.failed_by), false) THEN array_append(t.failed_by, u.worker) ELSE t.failed_by END,
 		error = CASE
 			WHEN u.final OR {exhausted} THEN format('failed after %s attempt%s; last: %s', t.attempts, CASE WHEN t.attempts = 1 THEN '' ELSE 's' END, u.reason)
-			WHEN {lostall} THEN format('stopped: the workers running it vanished %s times (max_lost); last: %s', t.lost + 1, u.reason)
+			WHEN {lostall} THEN format('stopped: the workers running it vanished or crashed %s times (max_lost); last: %s', t.lost + 1, u.reason)
 			WHEN {unconfirmed} THEN format('%s (one worker''s failure: waiting for another worker to confirm it)', u.reason)
 			ELSE u.reason END
 	FROM unnest($1::bigint[], $2::text[], $3::bool[], $4::bool[], $5::bool[], $6::bool[], $8::uuid[], $9::bool[], $10::bool[])

@@ -312,7 +312,10 @@ func (p *slotPool) attempt(ctx context.Context, c *slotProc, t *ticket, job *was
 			msg := c.describeExit(killedByUs)
 			p.log.Warn("slot process died during an attempt", "task", job.Assign.Task, "attempt", job.Assign.Attempt,
 				"slot", c.id, "exit", msg, "stderr", string(c.stderr.bytes()))
-			o = failOutcome(protocol.ReasonWorker, "the slot process running the attempt died: %s", msg)
+			// No limit of ours: as far as the worker can tell the task
+			// brought its process down (the kernel's out-of-memory
+			// killer, say). A loss of the task's, not the worker's.
+			o = failOutcome(protocol.ReasonCrashed, "the slot process running the attempt died: %s", msg)
 		}
 		o.Log = log
 		return o, againNo

@@ -207,8 +207,8 @@ func TestIsolatedSlotKilledFromOutside(t *testing.T) {
 	}
 	select {
 	case o := <-done:
-		if o.Reason != protocol.ReasonWorker || !strings.Contains(o.Message, "slot process") || !strings.Contains(o.Message, "killed") {
-			t.Fatalf("Reason %q Message %q, want worker and a message saying the slot process was killed", o.Reason, o.Message)
+		if o.Reason != protocol.ReasonCrashed || !strings.Contains(o.Message, "slot process") || !strings.Contains(o.Message, "killed") {
+			t.Fatalf("Reason %q Message %q, want crashed and a message saying the slot process was killed", o.Reason, o.Message)
 		}
 		t.Logf("Message: %s", o.Message)
 	case <-time.After(30 * time.Second):

@@ -514,7 +514,7 @@ function makeTasks(taskJs, server) {
         // No start time: it failed before running anything (its script
         // did not load, say), so it ran for nothing.
         const ran = w.startedAt() > 0 ? now() - w.startedAt() : 0;
-        end(id, "worker", "the task Web Worker failed: " + (e.message || "error"), pack([], EMPTY), ran);
+        end(id, "crashed", "the task Web Worker failed: " + (e.message || "error"), pack([], EMPTY), ran);
       }
       pump();
     };
