@@ -512,9 +512,12 @@ function makeTasks(taskJs, server) {
       if (r && !r.over) {
         r.over = true; runs.delete(id);
         // No start time: it failed before running anything (its script
-        // did not load, say), so it ran for nothing.
-        const ran = w.startedAt() > 0 ? now() - w.startedAt() : 0;
-        end(id, "crashed", "the task Web Worker failed: " + (e.message || "error"), pack([], EMPTY), ran);
+        // did not load, say), so it ran for nothing, and the worker hands
+        // it back; once it ran, the task brought its thread down
+        // (crashed: one of the task's losses).
+        const started = w.startedAt() > 0 && w.nowRunning() === id;
+        const ran = started ? now() - w.startedAt() : 0;
+        end(id, started ? "crashed" : "worker", "the task Web Worker failed: " + (e.message || "error"), pack([], EMPTY), ran);
       }
       pump();
     };
