@@ -502,30 +502,15 @@ func (h *handler) modulesPage(p *pageCtx) {
 	h.render(p, http.StatusOK, ModulesPage(h.layout(p, "modules"), ms, "", ""))
 }
 
-// upload pushes a module through the API.
+// upload pushes a module through the API. The form's fields come first
+// (csrf), then the file, which streams into POST /api/v1/modules and is
+// read there only once the upload has its turn (at most a few module
+// bodies are held at once): it is never held whole here.
 func (h *handler) upload(p *pageCtx) {
-	f, csrfOK, err := h.readForm(p, 64<<20)
-	msg, okMsg, status := "", "", http.StatusOK
-	switch {
-	case err != nil:
-		msg, status = "Could not read the upload: "+err.Error(), http.StatusBadRequest
-	case !csrfOK:
-		http.Error(p.w, "the form has expired or did not come from this site: reload the page and try again", http.StatusForbidden)
+	msg, okMsg, status := h.streamModule(p)
+	if status == http.StatusForbidden && msg == "" {
+		http.Error(p.w, "the form has expired or did not come from this site: reload the page and try again", status)
 		return
-	case len(f["module"]) == 0:
-		msg, status = "Choose a .wasm file first.", http.StatusBadRequest
-	default:
-		res := h.callAPI(p, http.MethodPost, "/api/v1/modules?name="+url.QueryEscape(string(f["module:filename"])), f["module"])
-		if res.status >= 400 {
-			msg, status = res.err.Error, res.status
-		} else {
-			var m api.Module
-			_ = json.Unmarshal(res.body, &m)
-			okMsg = "Uploaded " + m.ID + "."
-			if res.status == http.StatusOK {
-				okMsg = "You had already uploaded this module: " + m.ID + "."
-			}
-		}
 	}
 	ms, err := h.moduleRows(p)
 	if err != nil {
@@ -533,6 +518,48 @@ func (h *handler) upload(p *pageCtx) {
 		return
 	}
 	h.render(p, status, ModulesPage(h.layout(p, "modules"), ms, msg, okMsg))
+}
+
+// streamModule reads the module form and uploads its file; it returns the
+// error or success message and the status to answer with (403 without a
+// message: the CSRF token is wrong).
+func (h *handler) streamModule(p *pageCtx) (msg, okMsg string, status int) {
+	mr, err := p.r.MultipartReader()
+	if err != nil {
+		return "Could not read the upload: " + err.Error(), "", http.StatusBadRequest
+	}
+	csrfOK := false
+	for {
+		part, err := mr.NextPart()
+		if errors.Is(err, io.EOF) {
+			return "Choose a .wasm file first.", "", http.StatusBadRequest
+		}
+		if err != nil {
+			return "Could not read the upload: " + err.Error(), "", http.StatusBadRequest
+		}
+		switch part.FormName() {
+		case "csrf":
+			b, _ := io.ReadAll(io.LimitReader(part, 1024))
+			csrfOK = h.csrfOK(p.sess, string(b))
+		case "module":
+			if !csrfOK {
+				return "", "", http.StatusForbidden
+			}
+			if part.FileName() == "" {
+				return "Choose a .wasm file first.", "", http.StatusBadRequest
+			}
+			res := h.callAPIStream(p, http.MethodPost, "/api/v1/modules?name="+url.QueryEscape(part.FileName()), part)
+			if res.status >= 400 {
+				return res.err.Error, "", res.status
+			}
+			var m api.Module
+			_ = json.Unmarshal(res.body, &m)
+			if res.status == http.StatusOK {
+				return "", "You had already uploaded this module: " + m.ID + ".", http.StatusOK
+			}
+			return "", "Uploaded " + m.ID + ".", http.StatusOK
+		}
+	}
 }
 
 // HistoryData is the history page.
