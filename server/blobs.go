@@ -115,6 +115,10 @@ func (s *Server) handlePushBlob(w http.ResponseWriter, r *http.Request, owner st
 		writeError(w, http.StatusBadRequest, "data name is longer than %d bytes", MaxBlobNameBytes)
 		return
 	}
+	if !store.ValidText(name) {
+		writeError(w, http.StatusBadRequest, "data name %q is not UTF-8 text without NUL", name)
+		return
+	}
 	isArchive := q.Get("archive") == "1" || q.Get("archive") == "true"
 	quota := s.cfg.DataQuota
 	if r.ContentLength > quota {

@@ -180,3 +180,92 @@ func TestDashboardModuleUploadsAreBounded(t *testing.T) {
 		t.Errorf("a module uploaded with a forged CSRF token: %s, want 403", resp.Status)
 	}
 }
+
+// Text PostgreSQL cannot hold (a NUL byte, invalid UTF-8) in a path or a
+// query answers as what it is, in the API and on the dashboard: a task,
+// output or data of such a name does not exist (404), no workflow's name
+// holds such a search (none found), and such a name is refused before an
+// upload is read (400). Before, each reached the database, which refused
+// the statement, and the answer was a 500 (after a whole upload, for a
+// name).
+func TestMalformedTextIsNoServerError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	id, err := f.st.CreateWorkflow(ctx, f.owner.ID, f.oneTask())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	cookie, csrf := dashSignIn(t, ts.URL, f.token, "/app/")
+	do := func(method, path string, body io.Reader, dash bool) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, ts.URL+path, body)
+		if dash {
+			req.AddCookie(cookie)
+			req.Header.Set("X-CSRF-Token", csrf)
+		} else {
+			req.Header.Set("Authorization", "Bearer "+f.token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	wf := "/api/v1/workflows/" + id
+	for _, bad := range []string{"%00", "%ff", "a%00b", "%c3%28"} {
+		for _, c := range []struct {
+			method, path string
+			want         int
+		}{
+			{"GET", wf + "/tasks/" + bad + "/attempts", 404},
+			{"GET", wf + "/tasks/" + bad + "/log", 404},
+			{"GET", wf + "/tasks/" + bad + "/outputs/stdout", 404},
+			{"GET", wf + "/tasks/t/outputs/" + bad, 404},
+			{"POST", wf + "/tasks/" + bad + "/cancel", 404},
+			{"POST", "/api/v1/workflows/00000000-0000-0000-0000-000000000000/tasks/" + bad + "/cancel", 404},
+			{"GET", "/api/v1/blobs/" + bad, 404},
+			{"HEAD", "/api/v1/blobs/" + bad, 404},
+			{"DELETE", "/api/v1/blobs/" + bad, 404},
+			{"GET", "/api/v1/workflows?q=" + bad, 200},
+			{"POST", "/api/v1/blobs?name=" + bad, 400},
+			{"PUT", "/api/v1/blobs/" + moduleID([]byte("data")) + "?name=" + bad, 400},
+			{"POST", "/api/v1/modules?name=" + bad, 400},
+		} {
+			for _, dash := range []bool{false, true} {
+				path := c.path
+				if dash {
+					path = "/app" + path
+				}
+				var body io.Reader
+				if c.method == "POST" || c.method == "PUT" {
+					body = bytes.NewReader([]byte("data"))
+					if strings.Contains(path, "modules") {
+						body = bytes.NewReader(minimalModule)
+					}
+				}
+				if code, answer := do(c.method, path, body, dash); code != c.want {
+					t.Errorf("%s %s: %d %s, want %d", c.method, path, code, answer, c.want)
+				}
+			}
+		}
+		for _, page := range []string{"/app/history?q=" + bad, "/app/workflows/" + id + "/tasks/" + bad + "/preview/stdout",
+			"/app/workflows/" + id + "/tasks/t/preview/" + bad} {
+			if code, answer := do("GET", page, nil, true); code >= 500 {
+				t.Errorf("GET %s: %d %s", page, code, answer)
+			}
+		}
+	}
+	// Nothing was stored.
+	if bs, err := f.st.Blobs(ctx, f.owner.ID); err != nil || len(bs) != 0 {
+		t.Errorf("data after the refused uploads: %v, %v", bs, err)
+	}
+	if ms, err := f.st.Modules(ctx, f.owner.ID); err != nil || len(ms) != 1 {
+		t.Errorf("modules after the refused uploads: %v, %v (want the fixture's only)", ms, err)
+	}
+}

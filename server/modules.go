@@ -251,6 +251,10 @@ func (u *moduleUploads) release(owner int64) {
 
 // handlePushModule validates and stores an uploaded module.
 func (s *Server) handlePushModule(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	if name := r.URL.Query().Get("name"); !store.ValidText(name) {
+		writeError(w, http.StatusBadRequest, "module name %q is not UTF-8 text without NUL", name)
+		return
+	}
 	wctx, cancel := context.WithTimeout(r.Context(), moduleCheckTimeout)
 	release, err := s.moduleUploads.acquire(wctx, owner.ID)
 	cancel()

@@ -28,6 +28,9 @@ type Attempt struct {
 
 // Attempts lists the attempts of a task, oldest first.
 func (s *Store) Attempts(ctx context.Context, ownerID int64, id, task string) ([]Attempt, error) {
+	if !ValidText(task) {
+		return nil, ErrNotFound
+	}
 	if _, err := s.ownedWorkflow(ctx, nil, ownerID, id); err != nil {
 		return nil, err
 	}
@@ -59,6 +62,9 @@ func (s *Store) Attempts(ctx context.Context, ownerID int64, id, task string) ([
 // Output returns one output of a task: its bytes, or the id of the blob
 // it was uploaded as (then data is empty; OpenBlob reads it).
 func (s *Store) Output(ctx context.Context, ownerID int64, id, task, output string) (data []byte, blob string, err error) {
+	if !ValidText(task) || !ValidText(output) {
+		return nil, "", ErrNotFound
+	}
 	if _, err := s.ownedWorkflow(ctx, nil, ownerID, id); err != nil {
 		return nil, "", err
 	}
@@ -78,6 +84,9 @@ func (s *Store) Output(ctx context.Context, ownerID int64, id, task, output stri
 
 // Log returns the log of a task's latest finished attempt.
 func (s *Store) Log(ctx context.Context, ownerID int64, id, task string) ([]byte, error) {
+	if !ValidText(task) {
+		return nil, ErrNotFound
+	}
 	if _, err := s.ownedWorkflow(ctx, nil, ownerID, id); err != nil {
 		return nil, err
 	}

@@ -342,6 +342,9 @@ func (u *BlobUpload) dropChunks(ctx context.Context) {
 // not pushed it (whether or not another owner has).
 func (s *Store) OwnerBlob(ctx context.Context, ownerID int64, id string) (Blob, error) {
 	b := Blob{ID: id}
+	if !ValidText(id) {
+		return b, ErrNotFound
+	}
 	err := s.pool.QueryRow(ctx, `SELECT ob.name, b.size, b.archive, ob.created_at FROM owner_blobs ob JOIN blobs b ON b.id = ob.blob_id
 		WHERE ob.owner_id = $1 AND ob.blob_id = $2`, ownerID, id).Scan(&b.Name, &b.Size, &b.Archive, &b.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -396,6 +399,9 @@ func (s *Store) Blobs(ctx context.Context, ownerID int64) ([]Blob, error) {
 // returns ErrNotFound. The bytes stay while a workflow reads them or
 // another owner has the blob; CollectBlobGarbage removes them after.
 func (s *Store) RemoveBlob(ctx context.Context, ownerID int64, id string) error {
+	if !ValidText(id) {
+		return ErrNotFound
+	}
 	tag, err := s.pool.Exec(ctx, `DELETE FROM owner_blobs WHERE owner_id = $1 AND blob_id = $2`, ownerID, id)
 	if err != nil {
 		return fmt.Errorf("remove data %s: %w", id, err)

@@ -83,7 +83,7 @@ func (s *Store) CancelTask(ctx context.Context, ownerID int64, id, task string) 
 	var attempts []int64
 	err := s.tx(ctx, func(tx pgx.Tx) error {
 		attempts = nil
-		if !looksLikeUUID(id) {
+		if !looksLikeUUID(id) || !ValidText(task) {
 			return ErrNotFound
 		}
 		// Lock the task row first, as completions and claims do, and decide

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -153,6 +155,14 @@ func (s *Store) Summary(ctx context.Context, ownerID int64, id string) (*Workflo
 // form (the only one ids are written in), before it reaches PostgreSQL.
 func looksLikeUUID(s string) bool {
 	return len(s) == 36 && uuid.Validate(s) == nil
+}
+
+// ValidText reports whether s is text PostgreSQL can hold: valid UTF-8
+// without NUL. A name or search that is not (a path or query from a
+// client) matches nothing stored, and is refused as data to store, before
+// it reaches the database, whose refusal would be a server error.
+func ValidText(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
 // runningAttemptSQL joins a task (t) to its latest running attempt (ra:
@@ -342,6 +352,9 @@ func ValidIDPrefix(p string) bool {
 func (s *Store) List(ctx context.Context, ownerID int64, o ListOptions) ([]WorkflowStatus, int, error) {
 	if o.Limit <= 0 || o.Limit > 500 {
 		o.Limit = 50
+	}
+	if !ValidText(o.Query) {
+		return []WorkflowStatus{}, 0, nil // no name holds it
 	}
 	rows, err := s.pool.Query(ctx, `SELECT id::text, name, priority, state, created_at, finished_at, task_count, replicas, quorum, count(*) OVER ()
 		FROM workflows WHERE owner_id = $1 AND ($2 = '' OR state = $2) AND ($3 = '' OR strpos(lower(name), lower($3)) > 0)
