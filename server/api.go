@@ -591,6 +591,12 @@ func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request, owner stor
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, owner store.Owner) {
 	ctx := r.Context()
 	id := r.PathValue("id")
+	if !s.streams.begin(owner.ID) {
+		w.Header().Set("Retry-After", "5")
+		writeError(w, http.StatusTooManyRequests, "too many event streams open (%d at most for one owner): close one, or poll GET /api/v1/workflows/%s?wait=", MaxOwnerStreams, id)
+		return
+	}
+	defer s.streams.end(owner.ID)
 	// The end of the workflow is told at once, not at the next look: the
 	// stream waits for it from before each look at the workflow's state, so
 	// that an end between the look and the wait is not missed.
@@ -695,6 +701,40 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request, owner stor
 		}
 	}
 	_ = send("workflow", api.WorkflowChange{ID: id, State: state})
+}
+
+// MaxOwnerStreams bounds the event streams one owner holds open at once
+// on one replica: each reads its workflow's changes a few times a second
+// and keeps every task's last state (a megabyte for 10,000 tasks).
+const MaxOwnerStreams = 32
+
+// ownerStreams counts the event streams open, per owner.
+type ownerStreams struct {
+	mu sync.Mutex
+	n  map[int64]int
+}
+
+// begin reserves a stream for owner, or reports false when it has
+// MaxOwnerStreams open.
+func (o *ownerStreams) begin(owner int64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[int64]int{}
+	}
+	if o.n[owner] >= MaxOwnerStreams {
+		return false
+	}
+	o.n[owner]++
+	return true
+}
+
+func (o *ownerStreams) end(owner int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n[owner]--; o.n[owner] <= 0 {
+		delete(o.n, owner)
+	}
 }
 
 // maxStatusWait bounds the long poll of GET /api/v1/workflows/{id}?wait=.

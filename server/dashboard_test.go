@@ -269,3 +269,78 @@ func TestMalformedTextIsNoServerError(t *testing.T) {
 		t.Errorf("modules after the refused uploads: %v, %v (want the fixture's only)", ms, err)
 	}
 }
+
+// An owner holds at most MaxOwnerStreams event streams open at once on a
+// replica (each polls the database and keeps every task's state): the
+// next is refused with 429 and Retry-After, another owner's are not held
+// back, and a stream closed makes room. Before, every request held one,
+// however many.
+func TestEventStreamsPerOwnerAreBounded(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	f := newFixture(t)
+	id, err := f.st.CreateWorkflow(ctx, f.owner.ID, f.oneTask())
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherTok, err := f.st.CreateOwner(ctx, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := f.st.OwnerByToken(ctx, otherTok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherID, err := f.st.CreateWorkflow(ctx, other.ID, f.oneTask())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	open := func(ctx context.Context, token, id string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, ts.URL+"/api/v1/workflows/"+id+"/events", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	stops := make([]context.CancelFunc, MaxOwnerStreams)
+	for i := range MaxOwnerStreams {
+		var sctx context.Context
+		sctx, stops[i] = context.WithCancel(ctx)
+		defer stops[i]()
+		resp := open(sctx, f.token, id)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("stream %d: %s, want 200", i, resp.Status)
+		}
+		defer resp.Body.Close()
+	}
+	for range 3 {
+		resp := open(ctx, f.token, id)
+		resp.Body.Close() // a stream, if it was let open
+		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("a stream past %d of one owner: %s, want 429 with Retry-After", MaxOwnerStreams, resp.Status)
+		}
+	}
+	resp := open(ctx, otherTok, otherID)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("another owner's stream: %s, want 200", resp.Status)
+	}
+	stops[0]()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		resp := open(ctx, f.token, id)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a stream closed did not make room: %s", resp.Status)
+		}
+	}
+}

@@ -189,6 +189,7 @@ type Server struct {
 	fleet         fleetCount // workers connected to any replica, for replicaNotice
 	blobKeys      blobKeys
 	uploads       workerUploads // output uploads in progress, per worker
+	streams       ownerStreams  // event streams open, per owner
 
 	rt   *runtimes
 	ends *finishWaiters // requests waiting for workflows to end
