@@ -344,3 +344,28 @@ func TestEventStreamsPerOwnerAreBounded(t *testing.T) {
 		}
 	}
 }
+
+// A page number past the end answers an empty page, however large: the
+// history's offset is its page times the page size, which overflowed to
+// a negative offset the database refused (a 500).
+func TestHistoryPageOutOfRange(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	cookie, _ := dashSignIn(t, ts.URL, f.token, "/app/")
+	for _, page := range []string{"2", "400000000000000000", "9223372036854775807", "-9223372036854775808"} {
+		req, _ := http.NewRequest(http.MethodGet, ts.URL+"/app/history?page="+page, nil)
+		req.AddCookie(cookie)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("/app/history?page=%s: %s %s", page, resp.Status, body)
+		}
+	}
+}

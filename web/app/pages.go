@@ -77,6 +77,10 @@ type WorkflowData struct {
 
 const taskPageSize = 200
 
+// maxPage bounds a page number from a URL, so that the page times its
+// size (an offset) cannot overflow: past it, every page is empty anyway.
+const maxPage = 1 << 31
+
 // Totals counts tasks by what an owner cares about. Disputed counts the
 // done tasks whose result was accepted alone from a worker that later lost
 // a quorum, once the workflow had finished (docs/WORKFLOW.md).
@@ -140,7 +144,7 @@ func (h *handler) workflowPage(p *pageCtx) {
 		d.Filter = ""
 	}
 	page, _ := strconv.Atoi(q.Get("page"))
-	page = max(page, 1)
+	page = min(max(page, 1), maxPage)
 	all := make([][3]any, len(st.Tasks))
 	matched := 0
 	for i, t := range st.Tasks {
@@ -582,7 +586,7 @@ func (h *handler) history(p *pageCtx) {
 		d.State = ""
 	}
 	d.Page, _ = strconv.Atoi(q.Get("page"))
-	d.Page = max(d.Page, 1)
+	d.Page = min(max(d.Page, 1), maxPage)
 	ws, total, err := h.b.List(p.r.Context(), p.owner, store.ListOptions{State: d.State, Query: d.Q,
 		Limit: historyPageSize, Offset: (d.Page - 1) * historyPageSize})
 	if err != nil {
