@@ -11,7 +11,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -77,22 +76,11 @@ func dashSignIn(t *testing.T, base, token, page string) (*http.Cookie, string) {
 // turn: uploads at once held a module body each. (Not parallel: it
 // measures the heap.)
 func TestDashboardModuleUploadsAreBounded(t *testing.T) {
-	ctx := context.Background()
 	st, _, tok := openStore(t)
 	s := New(st, Config{Logger: slog.New(slog.DiscardHandler)})
 	ts := httptest.NewServer(s.Handler())
 	t.Cleanup(ts.Close)
 	cookie, csrf := dashSignIn(t, ts.URL, tok, "/app/modules")
-	// Every turn taken (by other owners).
-	u := s.moduleUploads
-	var releases []func()
-	for i := range u.n {
-		release, err := u.acquire(ctx, -1-int64(i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		releases = append(releases, release)
-	}
 	const n, size = 8, 32 << 20
 	module := bytes.Repeat([]byte{'m'}, size) // not a module: refused once read
 	var head bytes.Buffer
@@ -102,47 +90,13 @@ func TestDashboardModuleUploadsAreBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	tail := fmt.Sprintf("\r\n--%s--\r\n", mw.Boundary())
-	var base runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&base)
-	statuses := make(chan int, n)
-	for range n {
-		go func() {
-			body := io.MultiReader(bytes.NewReader(head.Bytes()), bytes.NewReader(module), strings.NewReader(tail))
-			req, _ := http.NewRequest(http.MethodPost, ts.URL+"/app/modules", body)
-			req.Header.Set("Content-Type", mw.FormDataContentType())
-			req.AddCookie(cookie)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				statuses <- 0
-				return
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			statuses <- resp.StatusCode
-		}()
-	}
-	for deadline := time.Now().Add(time.Minute); u.waiting.Load() < n; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d uploads wait for a turn, the others did not", u.waiting.Load(), n)
-		}
-	}
-	var now runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&now)
-	grown := int64(now.HeapAlloc) - int64(base.HeapAlloc)
-	t.Logf("heap grown by %d MiB while %d dashboard uploads of %d MiB wait", grown>>20, n, size>>20)
-	if grown > 2*size {
-		t.Errorf("the heap grew by %d MiB while the dashboard's uploads waited for their turn", grown>>20)
-	}
-	for _, release := range releases {
-		release()
-	}
-	for range n {
-		if code := <-statuses; code != http.StatusBadRequest {
-			t.Errorf("an upload ended %d, want 400 (read, then refused as no module)", code)
-		}
-	}
+	uploadsWaitUnread(t, s, n, size, func() *http.Request {
+		body := io.MultiReader(bytes.NewReader(head.Bytes()), bytes.NewReader(module), strings.NewReader(tail))
+		req, _ := http.NewRequest(http.MethodPost, ts.URL+"/app/modules", body)
+		req.Header.Set("Content-Type", mw.FormDataContentType())
+		req.AddCookie(cookie)
+		return req
+	})
 	// A module streams through all the same.
 	var form bytes.Buffer
 	mw = multipart.NewWriter(&form)

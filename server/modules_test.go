@@ -418,57 +418,14 @@ func TestModuleUploadsAreBounded(t *testing.T) {
 	s := New(st, Config{Logger: slog.New(slog.DiscardHandler)})
 	ts := httptest.NewServer(s.Handler())
 	t.Cleanup(ts.Close)
-	// Every turn taken (by other owners).
-	u := s.moduleUploads
-	var releases []func()
-	for i := range u.n {
-		release, err := u.acquire(ctx, -1-int64(i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		releases = append(releases, release)
-	}
 	const n, size = 8, 32 << 20
 	body := bytes.Repeat([]byte{'m'}, size) // not a module: refused once read
-	var base runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&base)
-	statuses := make(chan int, n)
-	for range n {
-		go func() {
-			req, _ := http.NewRequest("POST", ts.URL+"/api/v1/modules", bytes.NewReader(body))
-			req.Header.Set("Authorization", "Bearer "+tok)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				statuses <- 0
-				return
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			statuses <- resp.StatusCode
-		}()
-	}
-	for deadline := time.Now().Add(time.Minute); u.waiting.Load() < n; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d uploads wait for a turn, the others did not", u.waiting.Load(), n)
-		}
-	}
-	var now runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&now)
-	grown := int64(now.HeapAlloc) - int64(base.HeapAlloc)
-	t.Logf("heap grown by %d MiB while %d uploads of %d MiB wait", grown>>20, n, size>>20)
-	if grown > 2*size {
-		t.Errorf("the heap grew by %d MiB while the uploads waited for their turn", grown>>20)
-	}
-	for _, release := range releases {
-		release()
-	}
-	for range n {
-		if code := <-statuses; code != http.StatusBadRequest {
-			t.Errorf("an upload ended %d, want 400 (read, then refused as no module)", code)
-		}
-	}
+	uploadsWaitUnread(t, s, n, size, func() *http.Request {
+		req, _ := http.NewRequest("POST", ts.URL+"/api/v1/modules", bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		return req
+	})
+	u := s.moduleUploads
 	// One owner's third upload waits while another owner's goes ahead.
 	a1, _ := u.acquire(ctx, 1)
 	a2, _ := u.acquire(ctx, 1)
@@ -485,4 +442,59 @@ func TestModuleUploadsAreBounded(t *testing.T) {
 	}
 	a1()
 	a2()
+}
+
+// uploadsWaitUnread takes every module upload turn of s (as other owners),
+// sends n uploads that newRequest makes (each of about size bytes, not a
+// module), and checks that while they wait for a turn the heap holds none
+// of them. Then it gives the turns back and checks that each upload was
+// read and refused as no module (400).
+func uploadsWaitUnread(t *testing.T, s *Server, n, size int, newRequest func() *http.Request) {
+	t.Helper()
+	u := s.moduleUploads
+	var releases []func()
+	for i := range u.n {
+		release, err := u.acquire(context.Background(), -1-int64(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, release)
+	}
+	var base runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&base)
+	statuses := make(chan int, n)
+	for range n {
+		go func() {
+			resp, err := http.DefaultClient.Do(newRequest())
+			if err != nil {
+				statuses <- 0
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			statuses <- resp.StatusCode
+		}()
+	}
+	for deadline := time.Now().Add(time.Minute); u.waiting.Load() < int64(n); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d uploads wait for a turn, the others did not", u.waiting.Load(), n)
+		}
+	}
+	var now runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&now)
+	grown := int64(now.HeapAlloc) - int64(base.HeapAlloc)
+	t.Logf("heap grown by %d MiB while %d uploads of %d MiB wait", grown>>20, n, size>>20)
+	if grown > 2*int64(size) {
+		t.Errorf("the heap grew by %d MiB while the uploads waited for their turn", grown>>20)
+	}
+	for _, release := range releases {
+		release()
+	}
+	for range n {
+		if code := <-statuses; code != http.StatusBadRequest {
+			t.Errorf("an upload ended %d, want 400 (read, then refused as no module)", code)
+		}
+	}
 }
