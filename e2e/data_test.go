@@ -190,7 +190,9 @@ func TestBrowserDataFullQuota(t *testing.T) {
 			t.Errorf("blob %d read %q, want %q", i, got, sums[i])
 		}
 	}
-	// The quota was met, and the page went on.
+	// The quota was met, and the page went on. (The page hears of its
+	// worker's counts a moment after the results went to the server.)
+	eventually(t, 30*time.Second, "the page's data counts to show both blobs fetched", func() bool { return b.status().Data.Fetched >= 2 })
 	if d := b.status().Data; d.Fetched != 2 || d.Evicted == 0 || d.Unkept == 0 {
 		t.Errorf("the page's data counts %+v: want 2 fetched, and the full quota met (evicted, unkept)", d)
 	}

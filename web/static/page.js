@@ -98,6 +98,9 @@
     w.onerror = (e) => { if (worker === w) { setState("The worker failed: " + (e.message || "error")); stopNow(); } };
     worker.postMessage({
       type: "init", wasmExec: body.wasmExec, wasm: body.workerWasm, taskJs: body.taskJs,
+      // For tests: how short a module's recent runs must be for its
+      // attempts to go in batches (?batch_short_ms=; worker.js).
+      batchShortMs: Number(new URLSearchParams(location.search).get("batch_short_ms")) || 0,
       server: location.origin, volunteer, settings: { ...settings }, device: { ...device },
       identity: saved && typeof saved.id === "string" && typeof saved.token === "string" ? saved : null,
     });
