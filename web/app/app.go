@@ -215,7 +215,7 @@ func (h *handler) pageFor(fn func(*pageCtx), streamsMultipart bool) http.Handler
 				r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
 			}
 			if !h.csrfOK(sess, r.PostFormValue("csrf")) {
-				http.Error(w, "the form has expired or did not come from this site: reload the page and try again", http.StatusForbidden)
+				http.Error(w, formExpired, http.StatusForbidden)
 				return
 			}
 		}

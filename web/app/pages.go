@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime/multipart"
 	"net/http"
 	"net/url"
 	"path"
@@ -383,7 +384,7 @@ func (h *handler) submit(p *pageCtx) {
 		return
 	}
 	if !csrfOK {
-		http.Error(p.w, "the form has expired or did not come from this site: reload the page and try again", http.StatusForbidden)
+		http.Error(p.w, formExpired, http.StatusForbidden)
 		return
 	}
 	body := f["file"]
@@ -512,8 +513,8 @@ func (h *handler) modulesPage(p *pageCtx) {
 // bodies are held at once): it is never held whole here.
 func (h *handler) upload(p *pageCtx) {
 	msg, okMsg, status := h.streamModule(p)
-	if status == http.StatusForbidden && msg == "" {
-		http.Error(p.w, "the form has expired or did not come from this site: reload the page and try again", status)
+	if status == http.StatusForbidden && msg == formExpired {
+		http.Error(p.w, msg, status)
 		return
 	}
 	ms, err := h.moduleRows(p)
@@ -525,9 +526,29 @@ func (h *handler) upload(p *pageCtx) {
 }
 
 // streamModule reads the module form and uploads its file; it returns the
-// error or success message and the status to answer with (403 without a
-// message: the CSRF token is wrong).
+// error or success message and the status to answer with.
 func (h *handler) streamModule(p *pageCtx) (msg, okMsg string, status int) {
+	return h.streamFile(p, "module", "Choose a .wasm file first.", nil, func(part *multipart.Part) (string, string, int) {
+		res := h.callAPIStream(p, http.MethodPost, "/api/v1/modules?name="+url.QueryEscape(part.FileName()), part)
+		if res.status >= 400 {
+			return res.err.Error, "", res.status
+		}
+		var m api.Module
+		_ = json.Unmarshal(res.body, &m)
+		if res.status == http.StatusOK {
+			return "", "You had already uploaded this module: " + m.ID + ".", http.StatusOK
+		}
+		return "", "Uploaded " + m.ID + ".", http.StatusOK
+	})
+}
+
+// streamFile walks an upload form whose fields come before its file: the
+// CSRF token first, then flags (a part named by one of them sets it), then
+// the file part named field, which send takes as it streams (it is never
+// held whole here). choose is the message of a form without a file; a
+// wrong CSRF token answers formExpired with 403.
+func (h *handler) streamFile(p *pageCtx, field, choose string, flags map[string]*bool,
+	send func(*multipart.Part) (msg, okMsg string, status int)) (msg, okMsg string, status int) {
 	mr, err := p.r.MultipartReader()
 	if err != nil {
 		return "Could not read the upload: " + err.Error(), "", http.StatusBadRequest
@@ -536,35 +557,31 @@ func (h *handler) streamModule(p *pageCtx) (msg, okMsg string, status int) {
 	for {
 		part, err := mr.NextPart()
 		if errors.Is(err, io.EOF) {
-			return "Choose a .wasm file first.", "", http.StatusBadRequest
+			return choose, "", http.StatusBadRequest
 		}
 		if err != nil {
 			return "Could not read the upload: " + err.Error(), "", http.StatusBadRequest
 		}
-		switch part.FormName() {
-		case "csrf":
+		switch name := part.FormName(); {
+		case name == "csrf":
 			b, _ := io.ReadAll(io.LimitReader(part, 1024))
 			csrfOK = h.csrfOK(p.sess, string(b))
-		case "module":
+		case flags[name] != nil:
+			*flags[name] = true
+		case name == field:
 			if !csrfOK {
-				return "", "", http.StatusForbidden
+				return formExpired, "", http.StatusForbidden
 			}
 			if part.FileName() == "" {
-				return "Choose a .wasm file first.", "", http.StatusBadRequest
+				return choose, "", http.StatusBadRequest
 			}
-			res := h.callAPIStream(p, http.MethodPost, "/api/v1/modules?name="+url.QueryEscape(part.FileName()), part)
-			if res.status >= 400 {
-				return res.err.Error, "", res.status
-			}
-			var m api.Module
-			_ = json.Unmarshal(res.body, &m)
-			if res.status == http.StatusOK {
-				return "", "You had already uploaded this module: " + m.ID + ".", http.StatusOK
-			}
-			return "", "Uploaded " + m.ID + ".", http.StatusOK
+			return send(part)
 		}
 	}
 }
+
+// formExpired answers a form whose CSRF token is wrong.
+const formExpired = "the form has expired or did not come from this site: reload the page and try again"
 
 // HistoryData is the history page.
 type HistoryData struct {
@@ -827,48 +844,23 @@ func (h *handler) dataUpload(p *pageCtx) {
 // streamData reads the data form and uploads its file; it returns the
 // error or success message and the status to answer with.
 func (h *handler) streamData(p *pageCtx) (msg, okMsg string, status int) {
-	mr, err := p.r.MultipartReader()
-	if err != nil {
-		return "Could not read the upload: " + err.Error(), "", http.StatusBadRequest
-	}
-	csrfOK, archive := false, false
-	for {
-		part, err := mr.NextPart()
-		if errors.Is(err, io.EOF) {
-			return "Choose a file first.", "", http.StatusBadRequest
+	archive := false
+	return h.streamFile(p, "data", "Choose a file first.", map[string]*bool{"archive": &archive}, func(part *multipart.Part) (string, string, int) {
+		q := url.Values{"name": {part.FileName()}}
+		if archive {
+			q.Set("archive", "1")
 		}
-		if err != nil {
-			return "Could not read the upload: " + err.Error(), "", http.StatusBadRequest
+		res := h.callAPIStream(p, http.MethodPost, "/api/v1/blobs?"+q.Encode(), part)
+		if res.status >= 400 {
+			return res.err.Error, "", res.status
 		}
-		switch part.FormName() {
-		case "csrf":
-			b, _ := io.ReadAll(io.LimitReader(part, 1024))
-			csrfOK = h.csrfOK(p.sess, string(b))
-		case "archive":
-			archive = true
-		case "data":
-			if !csrfOK {
-				return "the form has expired or did not come from this site: reload the page and try again", "", http.StatusForbidden
-			}
-			if part.FileName() == "" {
-				return "Choose a file first.", "", http.StatusBadRequest
-			}
-			q := url.Values{"name": {part.FileName()}}
-			if archive {
-				q.Set("archive", "1")
-			}
-			res := h.callAPIStream(p, http.MethodPost, "/api/v1/blobs?"+q.Encode(), part)
-			if res.status >= 400 {
-				return res.err.Error, "", res.status
-			}
-			var b api.Blob
-			_ = json.Unmarshal(res.body, &b)
-			if res.status == http.StatusOK {
-				return "", "You had already uploaded this data: " + b.ID + ".", http.StatusOK
-			}
-			return "", "Uploaded " + b.Name + " as " + b.ID + ".", http.StatusOK
+		var b api.Blob
+		_ = json.Unmarshal(res.body, &b)
+		if res.status == http.StatusOK {
+			return "", "You had already uploaded this data: " + b.ID + ".", http.StatusOK
 		}
-	}
+		return "", "Uploaded " + b.Name + " as " + b.ID + ".", http.StatusOK
+	})
 }
 
 // previewLines and previewBytes bound a text output's preview.
