@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -257,118 +258,84 @@ func TestDispatcherReusesItsCandidates(t *testing.T) {
 	}
 }
 
-// Ready tasks that none of the idle workers may take (tasks with a setup,
-// for workers of a build without the setup feature) fill the head of the
+// Ready tasks that none of the idle workers may take fill the head of the
 // queue: the candidate window widens past them, as it does past replicas
 // those workers ran, so that another owner's task behind them, which these
 // workers may take, is claimed rather than held back for as long as they
-// wait.
+// wait. The tasks ahead: with a setup, for a worker of a build without the
+// setup feature; or of a module that never ran (run time unknown), for an
+// unstable worker (on battery, its trend not known yet), which takes only
+// tasks known to be short.
 func TestWindowWidensPastTasksTheWorkersMayNotTake(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	f := newFixture(t)
-	var tasks []store.NewTask
-	for i := range 200 {
-		tasks = append(tasks, store.NewTask{Name: fmt.Sprintf("t%d", i), Module: f.module, MaxAttempts: 1, TimeoutMS: 1000,
-			MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10, Setup: []byte(`{"env":["A=1"]}`)})
-	}
-	if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, &store.NewWorkflow{Name: "setups", Priority: "batch", Tasks: tasks}); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := f.st.CreateOwner(ctx, "other")
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := f.st.OwnerByToken(ctx, tok)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := f.st.PutModule(ctx, other.ID, f.module, []byte("\x00asm"), []string{}); err != nil {
-		t.Fatal(err)
-	}
-	plain := store.NewTask{Name: "plain", Module: f.module, MaxAttempts: 1, TimeoutMS: 1000, MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10}
-	id, err := f.st.CreateWorkflow(ctx, other.ID, &store.NewWorkflow{Name: "plain", Priority: "batch", Tasks: []store.NewTask{plain}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := New(f.st, Config{Replica: "r", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
-	c := socketless(s, f.worker.ID, 1) // without the setup feature
-	claimed := 0
-	for range 10 {
-		s.hub.setFree(c, 1)
-		n, _, _, err := s.disp.assign(ctx, s.hub.reserve(1000))
-		if err != nil {
-			t.Fatal(err)
-		}
-		claimed += n
-	}
-	st, err := f.st.Status(ctx, other.ID, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if claimed != 1 || st.Tasks[0].State != store.StateRunning {
-		t.Errorf("10 rounds claimed %d tasks, and the other owner's task behind 200 with a setup is %s; want it claimed, alone",
-			claimed, st.Tasks[0].State)
-	}
-}
-
-// An unstable worker takes only tasks known to be short: a window full of
-// tasks whose run time is unknown (a module that never ran) widens, so
-// that another owner's short task behind them is claimed rather than held
-// back for as long as they wait.
-func TestWindowWidensPastTasksTooLongForTheWorkers(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	f := newFixture(t)
 	fresh := "sha256:" + fmt.Sprintf("%064x", 2) // never ran: run time unknown
-	if _, _, err := f.st.PutModule(ctx, f.owner.ID, fresh, []byte("\x00asm"), []string{}); err != nil {
-		t.Fatal(err)
-	}
-	var tasks []store.NewTask
-	for i := range 200 {
-		tasks = append(tasks, store.NewTask{Name: fmt.Sprintf("t%d", i), Module: fresh, MaxAttempts: 1, TimeoutMS: 1000,
-			MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10})
-	}
-	if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, &store.NewWorkflow{Name: "unknown", Priority: "batch", Tasks: tasks}); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := f.st.CreateOwner(ctx, "other")
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := f.st.OwnerByToken(ctx, tok)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := f.st.PutModule(ctx, other.ID, f.module, []byte("\x00asm"), []string{}); err != nil {
-		t.Fatal(err)
-	}
-	short := store.NewTask{Name: "short", Module: f.module, MaxAttempts: 1, TimeoutMS: 1000, MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10}
-	id, err := f.st.CreateWorkflow(ctx, other.ID, &store.NewWorkflow{Name: "short", Priority: "batch", Tasks: []store.NewTask{short}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := New(f.st, Config{Replica: "r", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
-	s.rt.stats.Set(f.module, "short", 5, 10*time.Second)
-	c := socketless(s, f.worker.ID, 1)
-	// On battery, its trend not known yet: unstable.
-	c.samples = []sched.Sample{{At: time.Now(), Online: true, Battery: 0.5}}
-	claimed := 0
-	for range 10 {
-		s.hub.setFree(c, 1)
-		n, _, _, err := s.disp.assign(ctx, s.hub.reserve(1000))
-		if err != nil {
-			t.Fatal(err)
-		}
-		claimed += n
-	}
-	st, err := f.st.Status(ctx, other.ID, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if claimed != 1 || st.Tasks[0].State != store.StateRunning {
-		t.Errorf("10 rounds claimed %d tasks, and the other owner's short task behind 200 of unknown run time is %s; want it claimed, alone",
-			claimed, st.Tasks[0].State)
+	for _, tc := range []struct {
+		name     string
+		module   string // of the 200 tasks ahead; "" for the fixture's
+		setup    []byte // theirs
+		unstable bool
+	}{
+		{"setups, a worker without the feature", "", []byte(`{"env":["A=1"]}`), false},
+		{"unknown run times, an unstable worker", fresh, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := newFixture(t)
+			module := cmp.Or(tc.module, f.module)
+			if module != f.module {
+				if _, _, err := f.st.PutModule(ctx, f.owner.ID, module, []byte("\x00asm"), []string{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var tasks []store.NewTask
+			for i := range 200 {
+				tasks = append(tasks, store.NewTask{Name: fmt.Sprintf("t%d", i), Module: module, MaxAttempts: 1, TimeoutMS: 1000,
+					MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10, Setup: tc.setup})
+			}
+			if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, &store.NewWorkflow{Name: "ahead", Priority: "batch", Tasks: tasks}); err != nil {
+				t.Fatal(err)
+			}
+			tok, err := f.st.CreateOwner(ctx, "other")
+			if err != nil {
+				t.Fatal(err)
+			}
+			other, err := f.st.OwnerByToken(ctx, tok)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := f.st.PutModule(ctx, other.ID, f.module, []byte("\x00asm"), []string{}); err != nil {
+				t.Fatal(err)
+			}
+			plain := store.NewTask{Name: "plain", Module: f.module, MaxAttempts: 1, TimeoutMS: 1000, MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10}
+			id, err := f.st.CreateWorkflow(ctx, other.ID, &store.NewWorkflow{Name: "plain", Priority: "batch", Tasks: []store.NewTask{plain}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := New(f.st, Config{Replica: "r", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+			c := socketless(s, f.worker.ID, 1) // without the setup feature
+			if tc.unstable {
+				s.rt.stats.Set(f.module, "plain", 5, 10*time.Second) // the other owner's task is known short
+				c.samples = []sched.Sample{{At: time.Now(), Online: true, Battery: 0.5}}
+			}
+			claimed := 0
+			for range 10 {
+				s.hub.setFree(c, 1)
+				n, _, _, err := s.disp.assign(ctx, s.hub.reserve(1000))
+				if err != nil {
+					t.Fatal(err)
+				}
+				claimed += n
+			}
+			st, err := f.st.Status(ctx, other.ID, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if claimed != 1 || st.Tasks[0].State != store.StateRunning {
+				t.Errorf("10 rounds claimed %d tasks, and the other owner's task behind 200 is %s; want it claimed, alone",
+					claimed, st.Tasks[0].State)
+			}
+		})
 	}
 }
 
