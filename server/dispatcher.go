@@ -191,7 +191,7 @@ func (d *dispatcher) submit(ctx context.Context, ownerID int64, nw *store.NewWor
 	// Not while ready tasks may wait: those the last round left, those a
 	// round under way has not claimed yet, those a wake-up announced.
 	if nw.Claimable() && !d.readyLeft.Load() && !d.tasksWake.Load() {
-		if cands = d.store.SubmissionCandidates(nw, now); len(cands) > 0 {
+		if cands = d.store.SubmissionCandidates(ownerID, nw, now); len(cands) > 0 {
 			// Two slots a replica, spread over the workers (reserve): the
 			// plan has a choice, and concurrent submissions find slots too.
 			pending := 0
@@ -205,7 +205,7 @@ func (d *dispatcher) submit(ctx context.Context, ownerID int64, nw *store.NewWor
 		return d.store.CreateWorkflow(ctx, ownerID, nw)
 	}
 	reserved := byWorker(slots)
-	picks := d.plan(now, cands, d.planWorkers(reserved))
+	picks := d.plan(now, cands, d.planWorkers(reserved), d.hub.runningByOwner())
 	sp := make([]store.SubmitPick, len(picks))
 	for i, p := range picks {
 		sp[i] = store.SubmitPick{Task: int(p.TaskID), Worker: p.Worker, CkptMS: p.CkptMS, Solo: p.Solo}
@@ -325,7 +325,7 @@ func (d *dispatcher) assign(ctx context.Context, slots []*conn) (claimedN, plann
 		pending += c.Pending
 	}
 	workers := d.planWorkers(reserved)
-	picks := d.plan(time.Now(), cands, workers)
+	picks := d.plan(time.Now(), cands, workers, d.hub.runningByOwner())
 	claimed, err := d.store.ClaimPicks(ctx, picks, d.cfg.Lease)
 	d.metrics.observeBatch("claim", len(claimed), start)
 	undelivered := d.deliver(ctx, claimed, err, reserved)
@@ -361,11 +361,11 @@ func (d *dispatcher) candidates(ctx context.Context, limit int) ([]store.Candida
 	c := &d.cands
 	if time.Now().Before(c.offUntil) {
 		c.drop()
-		return d.store.Candidates(ctx, limit)
+		return d.store.Candidates(ctx, limit, d.hub.runningByOwner())
 	}
 	if !c.ok || c.gen != gen || (len(c.tasks) < limit && c.full) {
 		read := min(2*limit, maxCandidates)
-		tasks, err := d.store.Candidates(ctx, read)
+		tasks, err := d.store.Candidates(ctx, read, d.hub.runningByOwner())
 		if err != nil {
 			c.drop()
 			return nil, err
@@ -510,7 +510,8 @@ func (d *dispatcher) deliver(ctx context.Context, claimed []store.Claimed, err e
 // them, for endUndeliverable once their claim has committed.
 func (d *dispatcher) send(ctx context.Context, claimed []store.Claimed, err error, reserved map[string][]*conn) (undeliverable []store.Completion) {
 	byConn := map[*conn][]protocol.Assign{}
-	settled := map[*conn]bool{} // of byConn: its attempts started, or its worker gone
+	owners := map[*conn][]int64{} // of byConn's attempts
+	settled := map[*conn]bool{}   // of byConn: its attempts started, or its worker gone
 	defer func() {
 		// A panic part of the way keeps no slot reserved for good: those
 		// not taken and those taken for attempts not started go back
@@ -567,6 +568,7 @@ func (d *dispatcher) send(ctx context.Context, claimed []store.Claimed, err erro
 					byConn[c] = make([]protocol.Assign, 0, 1+len(reserved[cl.Worker]))
 				}
 				byConn[c] = append(byConn[c], a)
+				owners[c] = append(owners[c], cl.Owner)
 			}
 		}
 	}
@@ -578,7 +580,7 @@ func (d *dispatcher) send(ctx context.Context, claimed []store.Claimed, err erro
 		d.beforeStart(ctx)
 	}
 	for c, as := range byConn {
-		started := d.hub.started(c, as)
+		started := d.hub.started(c, as, owners[c])
 		settled[c] = true
 		if !started {
 			// The worker left (or reconnected) meanwhile: put its tasks back

@@ -22,7 +22,7 @@ func TestOutcomesAreFencedByConnection(t *testing.T) {
 	if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, f.oneTask()); err != nil {
 		t.Fatal(err)
 	}
-	cands, err := f.st.Candidates(ctx, 1)
+	cands, err := f.st.Candidates(ctx, 1, nil)
 	if err != nil || len(cands) != 1 {
 		t.Fatalf("candidates %v: %v", cands, err)
 	}
@@ -75,7 +75,7 @@ func TestOutcomesAreFencedByConnection(t *testing.T) {
 	if n := held(); n != 0 {
 		t.Fatalf("%d bytes held after a refused result", n)
 	}
-	if !s.hub.started(c, []protocol.Assign{{Attempt: attempt, Module: f.module}}) {
+	if !s.hub.started(c, []protocol.Assign{{Attempt: attempt, Module: f.module}}, []int64{0}) {
 		t.Fatal("started refused")
 	}
 	s.hub.setFree(c, 0)

@@ -33,7 +33,7 @@ func TestCompletionFlushWakesTheLongPoll(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cands, err := st.Candidates(ctx, 1)
+	cands, err := st.Candidates(ctx, 1, nil)
 	if err != nil || len(cands) != 1 {
 		t.Fatalf("candidates %v: %v", cands, err)
 	}
@@ -260,9 +260,10 @@ func TestDispatcherReusesItsCandidates(t *testing.T) {
 
 // Ready tasks that none of the idle workers may take fill the head of the
 // queue: the candidate window widens past them, as it does past replicas
-// those workers ran, so that another owner's task behind them, which these
-// workers may take, is claimed rather than held back for as long as they
-// wait. The tasks ahead: with a setup, for a worker of a build without the
+// those workers ran, so that a task behind them, which these workers may
+// take, is claimed rather than held back for as long as they wait. (The
+// same owner's task: another owner's would be at the head of the window,
+// by the queue's fair share.) The tasks ahead: with a setup, for a worker of a build without the
 // setup feature; or of a module that never ran (run time unknown), for an
 // unstable worker (on battery, its trend not known yet), which takes only
 // tasks known to be short.
@@ -296,26 +297,15 @@ func TestWindowWidensPastTasksTheWorkersMayNotTake(t *testing.T) {
 			if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, &store.NewWorkflow{Name: "ahead", Priority: "batch", Tasks: tasks}); err != nil {
 				t.Fatal(err)
 			}
-			tok, err := f.st.CreateOwner(ctx, "other")
-			if err != nil {
-				t.Fatal(err)
-			}
-			other, err := f.st.OwnerByToken(ctx, tok)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, _, err := f.st.PutModule(ctx, other.ID, f.module, []byte("\x00asm"), []string{}); err != nil {
-				t.Fatal(err)
-			}
 			plain := store.NewTask{Name: "plain", Module: f.module, MaxAttempts: 1, TimeoutMS: 1000, MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10}
-			id, err := f.st.CreateWorkflow(ctx, other.ID, &store.NewWorkflow{Name: "plain", Priority: "batch", Tasks: []store.NewTask{plain}})
+			id, err := f.st.CreateWorkflow(ctx, f.owner.ID, &store.NewWorkflow{Name: "plain", Priority: "batch", Tasks: []store.NewTask{plain}})
 			if err != nil {
 				t.Fatal(err)
 			}
 			s := New(f.st, Config{Replica: "r", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
 			c := socketless(s, f.worker.ID, 1) // without the setup feature
 			if tc.unstable {
-				s.rt.stats.Set(f.module, "plain", 5, 10*time.Second) // the other owner's task is known short
+				s.rt.stats.Set(f.module, "plain", 5, 10*time.Second) // the task behind them is known short
 				c.samples = []sched.Sample{{At: time.Now(), Online: true, Battery: 0.5}}
 			}
 			claimed := 0
@@ -327,12 +317,12 @@ func TestWindowWidensPastTasksTheWorkersMayNotTake(t *testing.T) {
 				}
 				claimed += n
 			}
-			st, err := f.st.Status(ctx, other.ID, id)
+			st, err := f.st.Status(ctx, f.owner.ID, id)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if claimed != 1 || st.Tasks[0].State != store.StateRunning {
-				t.Errorf("10 rounds claimed %d tasks, and the other owner's task behind 200 is %s; want it claimed, alone",
+				t.Errorf("10 rounds claimed %d tasks, and the task behind 200 is %s; want it claimed, alone",
 					claimed, st.Tasks[0].State)
 			}
 		})
@@ -349,7 +339,7 @@ func TestCheckpointCostIsObservedForItsModule(t *testing.T) {
 	if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, f.oneTask()); err != nil {
 		t.Fatal(err)
 	}
-	cands, err := f.st.Candidates(ctx, 1)
+	cands, err := f.st.Candidates(ctx, 1, nil)
 	if err != nil || len(cands) != 1 {
 		t.Fatalf("candidates %v: %v", cands, err)
 	}
@@ -373,7 +363,7 @@ func TestCheckpointCostIsObservedForItsModule(t *testing.T) {
 	if d, ok := cost(); ok {
 		t.Fatalf("a checkpoint of an attempt not held was timed: %v", d)
 	}
-	if !s.hub.started(c, []protocol.Assign{{Attempt: claimed[0].Attempt, Module: f.module}}) {
+	if !s.hub.started(c, []protocol.Assign{{Attempt: claimed[0].Attempt, Module: f.module}}, []int64{0}) {
 		t.Fatal("started refused")
 	}
 	checkpoint(claimed[0].Attempt)

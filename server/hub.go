@@ -116,6 +116,7 @@ type conn struct {
 type heldAttempt struct {
 	module   string
 	workflow string // "" when not known (an attempt a hello listed)
+	owner    int64  // the workflow's owner; 0 when not known
 }
 
 // workflowOf returns the workflow id of an assignment's task name
@@ -244,6 +245,10 @@ type hub struct {
 	// gates holds back what workers say of attempts sent before their
 	// claim committed (dispatcher.submit).
 	gates claimGates
+	// owners counts the attempts in the connections' running by owner
+	// (those whose owner is known): the dispatch queue's fair share
+	// between owners (store.Candidates).
+	owners map[int64]int
 }
 
 // handBack is a volunteer identity's record of attempts handed back
@@ -256,7 +261,25 @@ type handBack struct {
 
 func newHub(silent, idleSilent time.Duration) *hub {
 	return &hub{conns: map[string]*conn{}, attempts: map[int64]*conn{}, open: map[*conn]struct{}{}, silent: silent,
-		idleSilent: idleSilent, handBacks: map[string]*handBack{}}
+		idleSilent: idleSilent, handBacks: map[string]*handBack{}, owners: map[int64]int{}}
+}
+
+// countLocked adds n attempts running for owner to h.owners; hub.mu held.
+func (h *hub) countLocked(owner int64, n int) {
+	if owner == 0 {
+		return
+	}
+	if h.owners[owner] += n; h.owners[owner] <= 0 {
+		delete(h.owners, owner)
+	}
+}
+
+// runningByOwner returns how many attempts this replica's workers hold for
+// each owner (a copy).
+func (h *hub) runningByOwner() map[int64]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return maps.Clone(h.owners)
 }
 
 // heardFrom records that a frame arrived from c now. It reports whether c
@@ -381,16 +404,21 @@ func (h *hub) release(slots []*conn) {
 }
 
 // started records attempts now running on c, the connection whose slots
-// were reserved for them. It reports false when c is no longer the worker's
-// connection (it left or reconnected meanwhile).
-func (h *hub) started(c *conn, as []protocol.Assign) bool {
+// were reserved for them, of owners (owners[i] owns as[i]). It reports false
+// when c is no longer the worker's connection (it left or reconnected
+// meanwhile).
+func (h *hub) started(c *conn, as []protocol.Assign, owners []int64) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.conns[c.id] != c {
 		return false
 	}
 	for i := range as {
-		c.running[as[i].Attempt] = heldAttempt{module: as[i].Module, workflow: workflowOf(as[i].Task)}
+		if old, ok := c.running[as[i].Attempt]; ok {
+			h.countLocked(old.owner, -1)
+		}
+		c.running[as[i].Attempt] = heldAttempt{module: as[i].Module, workflow: workflowOf(as[i].Task), owner: owners[i]}
+		h.countLocked(owners[i], 1)
 		h.attempts[as[i].Attempt] = c
 		if su := as[i].Setup; su != nil {
 			for _, f := range su.Files {
@@ -451,10 +479,12 @@ func (h *hub) finished(c *conn, attempt int64) bool {
 
 // finishedLocked is finished with h.mu held.
 func (h *hub) finishedLocked(c *conn, attempt int64) bool {
-	if _, ok := c.running[attempt]; !ok {
+	a, ok := c.running[attempt]
+	if !ok {
 		return false
 	}
 	delete(c.running, attempt)
+	h.countLocked(a.owner, -1)
 	delete(h.attempts, attempt)
 	c.free++
 	h.openedLocked(c)
@@ -506,6 +536,7 @@ func (h *hub) takeOutcome(c *conn, attempt int64, hold *payloadHold) (ok, freed 
 	if a, running := c.running[attempt]; running {
 		workflow = a.workflow
 		delete(c.running, attempt)
+		h.countLocked(a.owner, -1)
 		delete(h.attempts, attempt)
 		c.free++
 		h.openedLocked(c)
@@ -573,8 +604,9 @@ func (h *hub) add(c *conn) {
 		h.dropLocked(old)
 	}
 	h.conns[c.id] = c
-	for a := range c.running {
+	for a, held := range c.running {
 		h.attempts[a] = c
+		h.countLocked(held.owner, 1)
 	}
 	if hb := h.handBacks[c.id]; hb != nil {
 		c.heldUntil = hb.until // a reconnection does not end a hold
@@ -609,9 +641,16 @@ func (h *hub) remove(c *conn) (unstarted []int64) {
 func (h *hub) dropLocked(c *conn) {
 	delete(h.conns, c.id)
 	delete(h.open, c)
-	for a := range c.running {
+	for a, held := range c.running {
 		if h.attempts[a] == c {
 			delete(h.attempts, a)
+		}
+		if held.owner != 0 {
+			// Counted no more, and not again when c's read loop ends
+			// the attempt after all.
+			h.countLocked(held.owner, -1)
+			held.owner = 0
+			c.running[a] = held
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -96,7 +97,7 @@ func TestSetQueue(t *testing.T) {
 	if len(slots) != 66 {
 		t.Fatalf("reserved %d, want 66", len(slots))
 	}
-	if !h.started(c, []protocol.Assign{{Attempt: 1}, {Attempt: 2}, {Attempt: 3}}) {
+	if !h.started(c, []protocol.Assign{{Attempt: 1}, {Attempt: 2}, {Attempt: 3}}, []int64{0, 0, 0}) {
 		t.Fatal("started refused")
 	}
 	h.release(slots[3:])
@@ -158,7 +159,7 @@ func TestReserveWalksOnlyWorkersWithRoom(t *testing.T) {
 	if got := ids(h.reserve(10)); !slices.Equal(got, []string{"busy"}) {
 		t.Fatalf("reserved %v, want busy's one slot", got)
 	}
-	if !h.started(busy, []protocol.Assign{{Attempt: 7, Module: "m"}}) {
+	if !h.started(busy, []protocol.Assign{{Attempt: 7, Module: "m"}}, []int64{0}) {
 		t.Fatal("started: busy is no longer connected")
 	}
 	if got := h.reserve(10); len(got) != 0 {
@@ -340,4 +341,48 @@ func TestIdleWorkersAreHeardAgainstTheIdleInterval(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The attempts running by owner (the queue's fair share) follow every way
+// an attempt leaves a connection: it finishes, its outcome arrives, it is
+// cancelled with its slot freed, or its connection goes; a connection
+// gone no longer counts even if its read loop still ends an attempt.
+func TestRunningByOwnerFollowsTheAttempts(t *testing.T) {
+	t.Parallel()
+	h := newHub(time.Minute, time.Minute)
+	newConn := func(id string) *conn {
+		gone := make(chan struct{}) // frames sent to it are dropped
+		close(gone)
+		c := &conn{id: id, threads: 8, slots: 8, free: 8, running: map[int64]heldAttempt{}, operator: true, done: gone}
+		c.heard.Store(time.Now().UnixNano())
+		h.add(c)
+		return c
+	}
+	c, d := newConn("c"), newConn("d")
+	if !h.started(c, []protocol.Assign{{Attempt: 1}, {Attempt: 2}, {Attempt: 3}, {Attempt: 4}, {Attempt: 5}}, []int64{7, 7, 7, 8, 0}) ||
+		!h.started(d, []protocol.Assign{{Attempt: 6}, {Attempt: 7}}, []int64{7, 8}) {
+		t.Fatal("started refused")
+	}
+	check := func(step string, want map[int64]int) {
+		t.Helper()
+		if got := h.runningByOwner(); !maps.Equal(got, want) {
+			t.Errorf("%s: %v, want %v", step, got, want)
+		}
+	}
+	check("started", map[int64]int{7: 4, 8: 2})
+	h.finished(c, 1)
+	h.finished(c, 1) // again: no change
+	check("one finished", map[int64]int{7: 3, 8: 2})
+	if ok, _, _ := h.takeOutcome(c, 4, &payloadHold{}); !ok {
+		t.Fatal("outcome refused")
+	}
+	check("an outcome arrived", map[int64]int{7: 3, 8: 1})
+	h.cancel([]int64{2}, "test", true)
+	check("cancelled", map[int64]int{7: 2, 8: 1})
+	h.remove(d)
+	check("a connection gone", map[int64]int{7: 1})
+	h.finished(d, 6)
+	check("the gone connection's attempt ended", map[int64]int{7: 1})
+	h.finished(c, 3)
+	check("all ended", map[int64]int{})
 }

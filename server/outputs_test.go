@@ -56,7 +56,7 @@ func TestOutputUploads(t *testing.T) {
 		Tasks: []store.NewTask{task("r")}}); err != nil {
 		t.Fatal(err)
 	}
-	cands, err := f.st.Candidates(ctx, 10)
+	cands, err := f.st.Candidates(ctx, 10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +275,7 @@ func TestOutputUploads(t *testing.T) {
 	}
 
 	c := socketless(s, f.worker.ID, 3)
-	if !s.hub.started(c, []protocol.Assign{{Attempt: a, Module: f.module}, {Attempt: b, Module: f.module}}) {
+	if !s.hub.started(c, []protocol.Assign{{Attempt: a, Module: f.module}, {Attempt: b, Module: f.module}}, []int64{0, 0}) {
 		t.Fatal("started refused")
 	}
 	result := func(attempt int64, uploaded ...protocol.Uploaded) {

@@ -203,9 +203,10 @@ type planWorker struct {
 // plan decides which ready task replicas go to which reserved slots, with
 // the policies of internal/sched: stability classes, fairness, longest
 // first, distinct workers for replicas, adaptive replication and the
-// checkpoint optimum. Workers offer one slot per round (sched.ScheduleRounds),
+// checkpoint optimum, and owners' fair share (running: the attempts
+// running by owner). Workers offer one slot per round (sched.ScheduleRounds),
 // so that work spreads over the workers as the slots of each allow.
-func (d *dispatcher) plan(now time.Time, cands []store.Candidate, workers []planWorker) []store.Pick {
+func (d *dispatcher) plan(now time.Time, cands []store.Candidate, workers []planWorker, running map[int64]int) []store.Pick {
 	d.rt.mu.Lock()
 	stats := d.rt.stats
 	for _, c := range cands {
@@ -251,7 +252,7 @@ func (d *dispatcher) plan(now time.Time, cands []store.Candidate, workers []plan
 			if c.Replicas > 1 {
 				r += len(c.Exclude)
 			}
-			tasks = append(tasks, sched.Task{ID: id, Replica: r, Workflow: c.WorkflowID, Module: c.Module, Name: c.Name,
+			tasks = append(tasks, sched.Task{ID: id, Replica: r, Workflow: c.WorkflowID, Owner: c.Owner, Module: c.Module, Name: c.Name,
 				Priority: prio, ReadySince: ready, CheckpointCost: ckptCost[c.Module], Exclude: slices.Clone(exclude),
 				Estimate: est, Data: c.Blobs})
 		}
@@ -268,7 +269,7 @@ func (d *dispatcher) plan(now time.Time, cands []store.Candidate, workers []plan
 	// One slot per worker and round (ScheduleRounds), so that work spreads
 	// over the workers; a fresh replicated task that a trusted worker
 	// starts alone has its other replicas withdrawn.
-	sched.ScheduleRounds(sched.FixedClock(now), sched.Input{Ready: tasks, Workers: ws, Stats: stats, Rand: d.rng()}, d.schedConfig(),
+	sched.ScheduleRounds(sched.FixedClock(now), sched.Input{Ready: tasks, Workers: ws, Stats: stats, Rand: d.rng(), Running: running}, d.schedConfig(),
 		func(a sched.Assignment) bool {
 			c := &cands[byID[a.Task]]
 			pk := store.Pick{TaskID: c.TaskID, Worker: a.Worker}

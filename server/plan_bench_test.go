@@ -29,7 +29,7 @@ func BenchmarkPlan(b *testing.B) {
 	}
 	s := &dispatcher{rt: newRuntimes(), cfg: Config{Heartbeat: 3 * time.Second}}
 	for b.Loop() {
-		if picks := s.plan(now, cands, workers); len(picks) != 80 {
+		if picks := s.plan(now, cands, workers, nil); len(picks) != 80 {
 			b.Fatalf("%d picks", len(picks))
 		}
 	}

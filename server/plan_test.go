@@ -113,7 +113,7 @@ func TestPlan(t *testing.T) {
 			if tc.ckpt > 0 {
 				s.rt.ckpt["m"] = tc.ckpt
 			}
-			got := s.plan(now, tc.cands, tc.workers)
+			got := s.plan(now, tc.cands, tc.workers, nil)
 			if len(got) != len(tc.want) {
 				t.Fatalf("picks = %+v, want %+v", got, tc.want)
 			}

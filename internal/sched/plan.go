@@ -18,9 +18,11 @@ const (
 // Task is one ready task instance (one replica when the task is
 // replicated), as the dispatcher reads it.
 type Task struct {
-	ID         string // task id (replicas share it)
-	Replica    int    // 0 for the first instance, 1.. for extra replicas
-	Workflow   string
+	ID       string // task id (replicas share it)
+	Replica  int    // 0 for the first instance, 1.. for extra replicas
+	Workflow string
+	// Owner is the workflow's owner: owners share the slots (FairShare).
+	Owner      int64
 	Module     string // module id, for the run time averages
 	Name       string // task name, for the run time averages
 	Priority   Priority
@@ -122,6 +124,9 @@ type Input struct {
 	Stats   *RuntimeStats
 	// Rand orders tasks whose run time is unknown; nil keeps input order.
 	Rand *rand.Rand
+	// Running has the attempts already running by owner, for FairShare
+	// (nil: none).
+	Running map[int64]int
 }
 
 // Assignment is one decision: run this task instance on this worker, with
@@ -444,6 +449,7 @@ func newPlanner(clock Clock, in Input, cfg Config) *planner {
 			return tasks[ia].ReadySince.Before(tasks[ib].ReadySince)
 		})
 	}
+	p.order = FairShare(p.order, func(i int) int64 { return tasks[i].Owner }, in.Running)
 	// Workers in order of preference: most stable first, then input order
 	// (the dispatcher passes them in a stable order, e.g. by id).
 	p.wOrder = make([]int, len(p.ws))
@@ -573,4 +579,37 @@ func latest(now time.Time, ss []Sample) *Sample {
 		}
 	}
 	return last
+}
+
+// FairShare interleaves the owners of tasks so that they share the slots
+// (max-min fairness, counted in attempts): order lists the tasks in the
+// order of priority, each owner's k-th in it comes at turn running[owner]
+// + k, and the result goes by turn, ties keeping order. So the owner with
+// the fewest attempts running is served first, an owner's own tasks keep
+// their order (priority, longest first), and a backlog holds back only its
+// owner's later tasks. With one owner order comes back as it is.
+func FairShare(order []int, owner func(i int) int64, running map[int64]int) []int {
+	if len(order) < 2 {
+		return order
+	}
+	turns := make([]int, len(order))
+	seen := make(map[int64]int, 4)
+	for pos, ti := range order {
+		o := owner(ti)
+		seen[o]++
+		turns[pos] = running[o] + seen[o]
+	}
+	if len(seen) == 1 {
+		return order
+	}
+	pos := make([]int, len(order))
+	for i := range pos {
+		pos[i] = i
+	}
+	sort.SliceStable(pos, func(a, b int) bool { return turns[pos[a]] < turns[pos[b]] })
+	out := make([]int, len(order))
+	for i, p := range pos {
+		out[i] = order[p]
+	}
+	return out
 }

@@ -156,7 +156,7 @@ func (s *Store) createLarge(ctx context.Context, ownerID int64, w *NewWorkflow) 
 			if args == nil {
 				args = []string{}
 			}
-			rows[i] = []any{ids[i], uid, t.Name, t.Module, args, t.Stdin, w.Priority, state, deps, key,
+			rows[i] = []any{ids[i], uid, ownerID, t.Name, t.Module, args, t.Stdin, w.Priority, state, deps, key,
 				t.MaxAttempts, t.TimeoutMS, t.MemoryPages, t.OutputBytes, t.LogBytes, t.CkptMS, t.Seed, t.Setup}
 		}
 		if err := insertTasks(ctx, tx, rows); err != nil {
@@ -729,11 +729,11 @@ func preparedName(sql string) string {
 
 // SubmissionCandidates returns the tasks of w that will be ready once it is
 // written, as Candidates would then read them, for a plan made before it is
-// written (CreateWorkflowClaiming): TaskID is the task's index in w.Tasks
-// (it has no id yet), WorkflowID is empty, and ReadySince is now less the
+// written (CreateWorkflowClaiming) by owner: TaskID is the task's index in
+// w.Tasks (it has no id yet), WorkflowID is empty, and ReadySince is now less the
 // interactive head start (the sort key will be the same by the database's
 // clock).
-func (s *Store) SubmissionCandidates(w *NewWorkflow, now time.Time) []Candidate {
+func (s *Store) SubmissionCandidates(owner int64, w *NewWorkflow, now time.Time) []Candidate {
 	if w.Priority == "interactive" {
 		now = now.Add(-s.interactiveHeadStart)
 	}
@@ -742,7 +742,7 @@ func (s *Store) SubmissionCandidates(w *NewWorkflow, now time.Time) []Candidate 
 	for i := range w.Tasks {
 		t := &w.Tasks[i]
 		if len(t.Inputs) == 0 {
-			cs = append(cs, Candidate{TaskID: int64(i), Module: t.Module, Name: t.Name, Priority: w.Priority, ReadySince: now, Setup: t.Setup != nil,
+			cs = append(cs, Candidate{TaskID: int64(i), Owner: owner, Module: t.Module, Name: t.Name, Priority: w.Priority, ReadySince: now, Setup: t.Setup != nil,
 				Pending: replicas, Replicas: replicas, Fresh: true, CkptMS: t.CkptMS})
 		}
 	}
@@ -793,9 +793,9 @@ const createSmallSQL = `WITH wf AS (
 ), wm AS (
 	INSERT INTO workflow_modules (workflow_id, module_id) SELECT DISTINCT wf.id, m FROM wf, unnest($10::text[]) m
 ), t AS (
-	INSERT INTO tasks (id, workflow_id, name, module_id, args, stdin, priority, state, deps_left, sort_key,
+	INSERT INTO tasks (id, workflow_id, owner_id, name, module_id, args, stdin, priority, state, deps_left, sort_key,
 		max_attempts, timeout_ms, memory_pages, output_bytes, log_bytes, ckpt_ms, seed, pending, replicas, quorum, max_replicas)
-	SELECT u.id, wf.id, u.name, u.module, ARRAY(SELECT json_array_elements_text(u.args::json)), u.stdin, $3,
+	SELECT u.id, wf.id, $1, u.name, u.module, ARRAY(SELECT json_array_elements_text(u.args::json)), u.stdin, $3,
 		CASE WHEN u.deps = 0 THEN 'ready' ELSE 'blocked' END, u.deps,
 		CASE WHEN u.deps = 0 THEN wf.created_at - $8 * interval '1 millisecond' END,
 		u.max_attempts + $7 - 1, u.timeout_ms, u.pages, u.output_bytes, u.log_bytes, u.ckpt_ms, u.seed, $5, $5, $6, $7
@@ -809,7 +809,7 @@ const createSmallSQL = `WITH wf AS (
 SELECT wf.id::text FROM wf CROSS JOIN LATERAL (SELECT CASE WHEN $25 <> '' THEN pg_notify($25, '') END) note`
 
 // taskColumns are the columns of a row built by CreateWorkflow.
-var taskColumns = []string{"id", "workflow_id", "name", "module_id", "args", "stdin", "priority", "state", "deps_left", "sort_key",
+var taskColumns = []string{"id", "workflow_id", "owner_id", "name", "module_id", "args", "stdin", "priority", "state", "deps_left", "sort_key",
 	"max_attempts", "timeout_ms", "memory_pages", "output_bytes", "log_bytes", "ckpt_ms", "seed", "setup"}
 
 // insertTasks writes the task rows of a large workflow with COPY.

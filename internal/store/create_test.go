@@ -86,12 +86,12 @@ func TestSubmissionCandidatesAreThoseReadBack(t *testing.T) {
 			w := tc.wf
 			w.Name, w.Tasks = tc.name, []NewTask{a, b, c}
 			now := time.Now()
-			got := f.s.SubmissionCandidates(&w, now)
+			got := f.s.SubmissionCandidates(f.owner, &w, now)
 			id, err := f.s.CreateWorkflow(ctx, f.owner, &w)
 			if err != nil {
 				t.Fatal(err)
 			}
-			want, err := f.s.Candidates(ctx, 100)
+			want, err := f.s.Candidates(ctx, 100, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -18,6 +18,7 @@ type Claimed struct {
 	Worker      string
 	TaskID      int64
 	WorkflowID  string
+	Owner       int64 // the workflow's owner (0 in tasks older than migration 00026)
 	Name        string
 	Module      string
 	Args        []string
@@ -150,6 +151,7 @@ func (s *Store) loadInputs(ctx context.Context, cs []Claimed) error {
 type Candidate struct {
 	TaskID     int64
 	WorkflowID string
+	Owner      int64 // the workflow's owner (0 in tasks older than migration 00026)
 	Module     string
 	Name       string
 	Priority   string
@@ -171,15 +173,26 @@ type Candidate struct {
 	Blobs []string
 }
 
-// Candidates reads up to limit ready tasks in dispatch order (sort_key, id),
-// without locking them: ClaimPicks claims those the plan chose, and skips
-// those another replica took meanwhile. It runs as the claim does
-// (queueBegin): planning it anew each time took about 1 ms per call in the
-// dispatch benchmark, as long as a fifth of running it.
-func (s *Store) Candidates(ctx context.Context, limit int) ([]Candidate, error) {
+// Candidates reads up to limit ready tasks in dispatch order, without
+// locking them: ClaimPicks claims those the plan chose, and skips those
+// another replica took meanwhile. running has the attempts this replica's
+// workers run, by owner (nil: none). The order is fair between owners: an
+// owner's k-th ready task in its own order (sort_key, id) comes at turn
+// running[owner] + k, and tasks go by turn, then sort_key; so a slot goes
+// to the owner with the fewest attempts running, and an owner's backlog
+// holds back nobody else's work (candidatesSQL). With one owner this is
+// the order of the queue. It runs as the claim does (queueBegin): planning
+// it anew each time took about 1 ms per call in the dispatch benchmark, as
+// long as a fifth of running it.
+func (s *Store) Candidates(ctx context.Context, limit int, running map[int64]int) ([]Candidate, error) {
+	owners := make([]int64, 0, len(running))
+	counts := make([]int32, 0, len(running))
+	for o, n := range running {
+		owners, counts = append(owners, o), append(counts, int32(min(n, 1<<30)))
+	}
 	b := &pgx.Batch{}
 	queueBegin(b, false)
-	b.Queue(candidatesSQL, limit)
+	b.Queue(candidatesSQL, limit, owners, counts, MaxQueueOwners)
 	b.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, b)
 	var cs []Candidate
@@ -191,7 +204,7 @@ func (s *Store) Candidates(ctx context.Context, limit int) ([]Candidate, error) 
 			var wf, module, prio pgtype.DriverBytes
 			cs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Candidate, error) {
 				var c Candidate
-				err := r.Scan(&c.TaskID, &wf, &module, &c.Name, &prio, &c.ReadySince, &c.Pending, &c.Replicas,
+				err := r.Scan(&c.TaskID, &wf, &c.Owner, &module, &c.Name, &prio, &c.ReadySince, &c.Pending, &c.Replicas,
 					&c.Fresh, &c.CkptMS, &c.Exclude, &c.Setup, &c.Blobs)
 				c.WorkflowID, c.Module, c.Priority = in.of(wf), in.of(module), in.of(prio)
 				return c, err
@@ -207,15 +220,45 @@ func (s *Store) Candidates(ctx context.Context, limit int) ([]Candidate, error) 
 	return cs, nil
 }
 
-// candidatesSQL reads up to $1 ready tasks in dispatch order, from the
-// queue's index (tasks_ready: migrations/00011_tasks_done_in_place.sql).
-var candidatesSQL = strings.ReplaceAll(`SELECT t.id, t.workflow_id::text, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas,
-			t.attempts = 0, t.ckpt_ms,
-			CASE WHEN t.max_replicas > 1 THEN ARRAY(SELECT DISTINCT a.worker_id::text FROM attempts a
-				WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) || {avoided}
-			ELSE {avoided} END, t.setup IS NOT NULL,
-			CASE WHEN t.setup IS NOT NULL THEN ARRAY(SELECT f->>'blob' FROM jsonb_array_elements(t.setup->'files') f WHERE f ? 'blob') END
-		FROM tasks t WHERE t.pending > 0 AND t.sort_key IS NOT NULL AND t.state = 'ready' ORDER BY t.sort_key, t.id LIMIT $1`,
+// MaxQueueOwners bounds the owners whose ready tasks one read of the queue
+// (Candidates) looks at: those of the lowest ids. Each costs an index probe
+// and up to a window's tasks; past it, the owners of higher ids wait until
+// those before them have no ready task left.
+const MaxQueueOwners = 256
+
+// candidatesSQL reads up to $1 ready tasks, fairly between their owners
+// ($2 owners and $3 the attempts each runs on this replica; others run
+// none), from the queue's index (tasks_ready: migrations/00026_tasks_owner.sql).
+// o finds the owners with ready tasks, one index probe each (a loose index
+// scan: PostgreSQL has no skip scan), at most $4 of them. Each owner's
+// tasks come in its own order, as many as could be among the first $1
+// turns: an owner running r attempts when the least busy runs m has its
+// tasks at turns r+1, r+2..., so needs at most $1+m-r of them.
+var candidatesSQL = strings.ReplaceAll(`WITH RECURSIVE o AS (
+	(SELECT t.owner_id FROM tasks t WHERE t.pending > 0 AND t.sort_key IS NOT NULL ORDER BY t.owner_id LIMIT 1)
+	UNION ALL
+	SELECT (SELECT t.owner_id FROM tasks t WHERE t.pending > 0 AND t.sort_key IS NOT NULL AND t.owner_id > o.owner_id
+		ORDER BY t.owner_id LIMIT 1)
+	FROM o WHERE o.owner_id IS NOT NULL
+), r AS (
+	SELECT o.owner_id, coalesce(x.n, 0) AS run
+	FROM (SELECT owner_id FROM o WHERE owner_id IS NOT NULL LIMIT $4) o
+	LEFT JOIN unnest($2::bigint[], $3::int[]) AS x(owner_id, n) ON x.owner_id = o.owner_id
+), m AS (SELECT min(run) AS least FROM r)
+SELECT t.id, t.workflow_id::text, t.owner_id, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas,
+		t.attempts = 0, t.ckpt_ms,
+		CASE WHEN t.max_replicas > 1 THEN ARRAY(SELECT DISTINCT a.worker_id::text FROM attempts a
+			WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) || {avoided}
+		ELSE {avoided} END, t.setup IS NOT NULL,
+		CASE WHEN t.setup IS NOT NULL THEN ARRAY(SELECT f->>'blob' FROM jsonb_array_elements(t.setup->'files') f WHERE f ? 'blob') END
+	FROM r, m, LATERAL (
+		SELECT t.id, t.workflow_id, t.owner_id, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas, t.attempts,
+			t.ckpt_ms, t.max_replicas, t.avoid, t.failed_by, t.setup, row_number() OVER (ORDER BY t.sort_key, t.id) AS k
+		FROM tasks t
+		WHERE t.owner_id = r.owner_id AND t.pending > 0 AND t.sort_key IS NOT NULL AND t.state = 'ready'
+		ORDER BY t.sort_key, t.id LIMIT greatest($1 + m.least - r.run, 0)
+	) t
+	ORDER BY r.run + t.k, t.sort_key, t.id LIMIT $1`,
 	"{avoided}", `CASE WHEN t.avoid IS NOT NULL THEN
 		ARRAY(SELECT x::text FROM unnest(t.avoid) AS x WHERE `+avoids("t", "x")+`) END`)
 
@@ -327,7 +370,7 @@ func collectClaimedRows(rows pgx.Rows, picks int) ([]Claimed, error) {
 	var restore pgtype.Text // declared once: Scan's pointer would move it to the heap per row
 	return pgx.AppendRows(make([]Claimed, 0, picks), rows, func(r pgx.CollectableRow) (Claimed, error) {
 		var c Claimed
-		err := r.Scan(&c.Attempt, &worker, &c.TaskID, &wf, &c.Name, &module, &c.Args, &c.Stdin, &prio,
+		err := r.Scan(&c.Attempt, &worker, &c.TaskID, &wf, &c.Owner, &c.Name, &module, &c.Args, &c.Stdin, &prio,
 			&c.TimeoutMS, &c.MemoryPages, &c.OutputBytes, &c.LogBytes, &c.CkptMS, &c.Seed, &c.Restore, &c.Setup, &c.hasInputs, &restore)
 		c.Worker, c.WorkflowID, c.Module, c.Priority = in.of(worker), in.of(wf), in.of(module), in.of(prio)
 		if restore.Valid {
@@ -412,7 +455,7 @@ WITH p AS (
 
 // claimLockedCTE locks the picked tasks that are still ready.
 const claimLockedCTE = `, locked AS (
-	SELECT t.id, t.pending, t.attempts, t.avoid, t.failed_by, t.workflow_id, t.name, t.module_id, t.args, t.stdin, t.priority, t.timeout_ms, t.memory_pages,
+	SELECT t.id, t.pending, t.attempts, t.avoid, t.failed_by, t.workflow_id, t.owner_id, t.name, t.module_id, t.args, t.stdin, t.priority, t.timeout_ms, t.memory_pages,
 		t.output_bytes, t.log_bytes, t.ckpt_ms, t.seed, t.setup,
 		-- Replicas are independent: none resumes from a checkpoint that
 		-- another replica's worker saved.
@@ -431,7 +474,7 @@ var claimReplicasCTEs = `, fit AS (
 	-- anew (80 picks: 80 sorts of 80 rows, 5 to 10 ms per claim with the
 	-- statistics of a table analyzed while small).
 	SELECT d.*, row_number() OVER (PARTITION BY d.task_id ORDER BY d.ord) AS k FROM (
-		SELECT DISTINCT ON (p.task_id, p.w) p.*, l.pending, l.workflow_id, l.name, l.module_id, l.args, l.stdin, l.priority,
+		SELECT DISTINCT ON (p.task_id, p.w) p.*, l.pending, l.workflow_id, l.owner_id, l.name, l.module_id, l.args, l.stdin, l.priority,
 			l.timeout_ms, l.memory_pages, l.output_bytes, l.log_bytes, l.seed, l.setup, l.checkpoint, l.checkpoint_seq, l.ckpt_ms AS task_ckpt_ms
 		FROM p JOIN locked l ON l.id = p.task_id
 		LEFT JOIN LATERAL (SELECT 1 AS x FROM attempts a WHERE l.attempts > 0 AND a.task_id = p.task_id AND a.worker_id = p.w
@@ -443,7 +486,7 @@ var claimReplicasCTEs = `, fit AS (
 	-- The attempt ids are drawn here, in the plan's order, so that neither
 	-- the insert nor the result needs a join with another CTE's rows.
 	SELECT nextval('attempts_id_seq') AS attempt, o.* FROM (
-		SELECT fit.task_id, fit.w, fit.ckpt, fit.solo, fit.ord, fit.workflow_id, fit.name, fit.module_id, fit.args, fit.stdin,
+		SELECT fit.task_id, fit.w, fit.ckpt, fit.solo, fit.ord, fit.workflow_id, fit.owner_id, fit.name, fit.module_id, fit.args, fit.stdin,
 			fit.priority, fit.timeout_ms, fit.memory_pages, fit.output_bytes, fit.log_bytes, fit.seed, fit.setup, fit.checkpoint,
 			fit.checkpoint_seq, CASE WHEN fit.ckpt > 0 THEN fit.ckpt ELSE fit.task_ckpt_ms END AS ckpt_ms
 		FROM fit WHERE fit.k <= fit.pending ORDER BY fit.ord
@@ -463,7 +506,7 @@ var claimReplicasCTEs = `, fit AS (
 // worker runs or ran one of it already.
 var claimOnePerTaskCTEs = `, ok AS (
 	SELECT nextval('attempts_id_seq') AS attempt, o.* FROM (
-		SELECT p.task_id, p.w, p.ckpt, p.solo, p.ord, l.workflow_id, l.name, l.module_id, l.args, l.stdin,
+		SELECT p.task_id, p.w, p.ckpt, p.solo, p.ord, l.workflow_id, l.owner_id, l.name, l.module_id, l.args, l.stdin,
 			l.priority, l.timeout_ms, l.memory_pages, l.output_bytes, l.log_bytes, l.seed, l.setup, l.checkpoint,
 			l.checkpoint_seq, CASE WHEN p.ckpt > 0 THEN p.ckpt ELSE l.ckpt_ms END AS ckpt_ms
 		FROM p JOIN locked l ON l.id = p.task_id
@@ -491,7 +534,7 @@ const claimTailSQL = `, ins AS (
 	UPDATE workers w SET attempts = w.attempts + c.n
 	FROM (SELECT w AS worker_id, count(*) AS n FROM ok GROUP BY w ORDER BY w) c WHERE w.id = c.worker_id
 )
-SELECT ok.attempt, ok.w::text, ok.task_id, ok.workflow_id::text, ok.name, ok.module_id, ok.args, ok.stdin, ok.priority,
+SELECT ok.attempt, ok.w::text, ok.task_id, ok.workflow_id::text, ok.owner_id, ok.name, ok.module_id, ok.args, ok.stdin, ok.priority,
 	ok.timeout_ms, ok.memory_pages, ok.output_bytes, ok.log_bytes, ok.ckpt_ms, ok.seed, ok.checkpoint, ok.setup,
 	EXISTS (SELECT 1 FROM task_inputs ti WHERE ti.task_id = ok.task_id),
 	-- A checkpoint uploaded over HTTP (rare): read only for a task that

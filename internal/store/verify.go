@@ -491,6 +491,7 @@ func (s *Store) recheckUnverified(ctx context.Context, tx querier, losers []stri
 				ORDER BY t.id, a.id
 			), t AS (
 				UPDATE tasks SET state = 'ready', pending = greatest(tasks.quorum - 1, 1), finished_at = NULL, updated_at = now(),
+					owner_id = (SELECT w.owner_id FROM workflows w WHERE w.id = tasks.workflow_id), -- 0 in rows older than migration 00026
 					checkpoint = NULL, checkpoint_blob = NULL, checkpoint_at = NULL, failed_by = NULL, avoid = NULL,
 					error = 'result being re-checked: the worker that produced it alone lost a quorum on another task'
 				FROM r WHERE tasks.id = r.id AND tasks.state = 'done' RETURNING tasks.id, tasks.workflow_id
@@ -617,7 +618,8 @@ func (s *Store) resetDescendants(ctx context.Context, tx querier, tasks []int64)
 	b.Queue(`DELETE FROM task_outputs WHERE task_id = ANY($1)`, ids)
 	b.Queue(`DELETE FROM attempt_outputs o USING attempts a WHERE a.id = o.attempt_id AND a.task_id = ANY($1)`, ids)
 	b.Queue(`UPDATE attempts SET superseded = true WHERE task_id = ANY($1)`, ids)
-	b.Queue(`UPDATE tasks SET state = 'blocked', pending = replicas, sort_key = NULL, attempts = 0, checkpoint = NULL, checkpoint_blob = NULL, checkpoint_at = NULL, failed_by = NULL, avoid = NULL,
+	b.Queue(`UPDATE tasks SET state = 'blocked', pending = replicas, sort_key = NULL, attempts = 0,
+			owner_id = (SELECT w.owner_id FROM workflows w WHERE w.id = tasks.workflow_id), checkpoint = NULL, checkpoint_blob = NULL, checkpoint_at = NULL, failed_by = NULL, avoid = NULL,
 			result_hash = NULL, disputed = false, started_at = NULL, finished_at = NULL, updated_at = now(),
 			error = 'reset: an upstream result was overturned by re-verification'
 		WHERE id = ANY($1)`, ids)

@@ -1,0 +1,108 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The queue is read fairly between owners: each owner's k-th ready task
+// (in its own order) comes at turn running[owner] + k, tasks go by turn
+// and then by age, and an owner whose running attempts put all its tasks
+// past the window is not read at all. The first owner's backlog is large
+// (written by COPY), the others' small (one statement); the third's last
+// workflow is interactive: its tasks come first among its own, and win
+// ties of turn (their sort key has the head start).
+func TestCandidatesShareTheQueueBetweenOwners(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	owners := map[string]int64{"a": f.owner}
+	for _, name := range []string{"b", "c"} {
+		tok, err := f.s.CreateOwner(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, err := f.s.OwnerByToken(ctx, tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := f.s.PutModule(ctx, o.ID, f.module, []byte("\x00asm"), []string{}); err != nil {
+			t.Fatal(err)
+		}
+		owners[name] = o.ID
+	}
+	submit := func(owner, prefix, priority string, n int) {
+		w := NewWorkflow{Name: prefix, Priority: priority}
+		for i := range n {
+			w.Tasks = append(w.Tasks, f.task(fmt.Sprintf("%s%03d", prefix, i)))
+		}
+		if _, err := f.s.CreateWorkflow(ctx, owners[owner], &w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	submit("a", "a", "batch", smallWorkflow+36) // 100 tasks
+	submit("b", "b", "batch", 5)
+	submit("c", "c", "batch", 5)
+	submit("c", "i", "interactive", 2)
+	for _, tc := range []struct {
+		name    string
+		running map[string]int
+		limit   int
+		want    string // the candidates' names, by their first letters
+	}{
+		{"none running", nil, 9, "i000 a000 b000 i001 a001 b001 a002 b002 c000"},
+		{"the backlog's owner runs 3", map[string]int{"a": 3}, 8, "i000 b000 i001 b001 b002 c000 a000 b003"},
+		{"one runs 100", map[string]int{"a": 1, "b": 100}, 5, "i000 i001 a000 a001 c000"},
+		{"an owner not in the queue", map[string]int{"z": 7}, 3, "i000 a000 b000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			running := map[int64]int{}
+			for o, n := range tc.running {
+				id, ok := owners[o]
+				if !ok {
+					id = 1 << 40
+				}
+				running[id] = n
+			}
+			cs, err := f.s.Candidates(ctx, tc.limit, running)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, c := range cs {
+				got = append(got, c.Name)
+				if want := owners[c.Name[:1]]; c.Name[0] == 'i' && c.Owner != owners["c"] || c.Name[0] != 'i' && c.Owner != want {
+					t.Errorf("%s: owner %d, want its workflow's", c.Name, c.Owner)
+				}
+			}
+			if g := strings.Join(got, " "); g != tc.want {
+				t.Errorf("candidates %s, want %s", g, tc.want)
+			}
+		})
+	}
+	// A claim says whose its attempts are.
+	cs, err := f.s.Candidates(ctx, 3, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var picks []Pick
+	for _, c := range cs {
+		picks = append(picks, Pick{TaskID: c.TaskID, Worker: f.worker})
+	}
+	claimed, err := f.s.ClaimPicks(ctx, picks, time.Minute)
+	if err != nil || len(claimed) != 3 {
+		t.Fatalf("claimed %d, err %v", len(claimed), err)
+	}
+	var got []int64
+	for _, c := range claimed {
+		got = append(got, c.Owner)
+	}
+	slices.Sort(got)
+	if want := []int64{owners["a"], owners["b"], owners["c"]}; !slices.Equal(got, want) {
+		t.Errorf("claimed attempts of owners %v, want %v", got, want)
+	}
+}

@@ -1,0 +1,79 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/cyclepool/cyclepool/internal/store"
+)
+
+// Owners share this replica's slots: an owner who submits a small
+// workflow behind another owner's backlog gets the next free slots, as
+// many as the owner ahead runs, rather than waiting until the backlog has
+// all been dispatched. Each round's slots go to the owner with the fewest
+// attempts running, so the counts by owner follow the turns.
+func TestOwnersShareTheSlots(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	f.submitMany(t, 200) // the first owner's backlog, ahead in the queue
+	tok, err := f.st.CreateOwner(ctx, "second")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := f.st.OwnerByToken(ctx, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.st.PutModule(ctx, second.ID, f.module, []byte("\x00asm"), []string{}); err != nil {
+		t.Fatal(err)
+	}
+	var small []store.NewTask
+	for i := range 5 {
+		small = append(small, store.NewTask{Name: fmt.Sprintf("s%d", i), Module: f.module, MaxAttempts: 1, TimeoutMS: 1000,
+			MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10})
+	}
+	id, err := f.st.CreateWorkflow(ctx, second.ID, &store.NewWorkflow{Name: "small", Priority: "batch", Tasks: small})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(f.st, Config{Replica: "r", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	first := f.owner.ID
+	// Each round, a worker of 4 slots comes; nothing finishes.
+	for i, want := range []map[int64]int{
+		{first: 2, second.ID: 2}, // turns 1 and 2 of each
+		{first: 4, second.ID: 4},
+		{first: 7, second.ID: 5}, // the second owner's last, then the backlog
+		{first: 11, second.ID: 5},
+	} {
+		w := f.worker.ID
+		if i > 0 {
+			reg, err := f.st.RegisterWorker(ctx, store.WorkerHello{Kind: "headless", Slots: 4}, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w = reg.ID
+		}
+		socketless(s, w, 4)
+		if n, _, _, err := s.disp.assign(ctx, s.hub.reserve(1000)); err != nil || n != 4 {
+			t.Fatalf("round %d: claimed %d, err %v; want 4", i, n, err)
+		}
+		if got := s.hub.runningByOwner(); !maps.Equal(got, want) {
+			t.Errorf("round %d: attempts running by owner %v, want %v", i, got, want)
+		}
+	}
+	// As the database has it.
+	st, err := f.st.Status(ctx, second.ID, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range st.Tasks {
+		if task.State != store.StateRunning {
+			t.Errorf("the second owner's task %s is %s, want running", task.Name, task.State)
+		}
+	}
+}
