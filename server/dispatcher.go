@@ -313,7 +313,7 @@ func (d *dispatcher) assign(ctx context.Context, slots []*conn) (claimedN, plann
 	reserved := byWorker(slots)
 	start := time.Now()
 	limit := candidateWindow(len(slots), d.widen)
-	cands, err := d.candidates(ctx, limit)
+	cands, full, err := d.candidates(ctx, limit)
 	if err != nil {
 		for _, cs := range reserved {
 			d.hub.release(cs)
@@ -329,7 +329,7 @@ func (d *dispatcher) assign(ctx context.Context, slots []*conn) (claimedN, plann
 	claimed, err := d.store.ClaimPicks(ctx, picks, d.cfg.Lease)
 	d.metrics.observeBatch("claim", len(claimed), start)
 	undelivered := d.deliver(ctx, claimed, err, reserved)
-	more = len(cands) == limit || len(claimed) < pending || undelivered > 0
+	more = full || len(claimed) < pending || undelivered > 0
 	// excluding: the plan could not give some worker some candidate for
 	// the candidate's sake (the worker ran a replica of it, the task has a
 	// setup the worker's build cannot lay out, or the worker takes only
@@ -341,22 +341,24 @@ func (d *dispatcher) assign(ctx context.Context, slots []*conn) (claimedN, plann
 		excluding = excluding || len(cands[i].Exclude) > 0 ||
 			noSetup && (cands[i].Setup || d.needsSetup.has(cands[i].TaskID))
 	}
-	if !excluding && len(cands) == limit && len(picks) < len(slots) {
+	if !excluding && full && len(picks) < len(slots) {
 		excluding = d.choosy(time.Now(), workers)
 	}
-	d.widen = nextWiden(d.widen, limit, len(cands), len(picks), len(slots), excluding)
+	d.widen = nextWiden(d.widen, limit, full, len(picks), len(slots), excluding)
 	d.cands.claimed(claimed, len(picks), len(slots), err, time.Now())
 	return len(claimed), len(picks), more, err
 }
 
-// candidates returns the window of ready tasks a round plans with: the
-// first limit of those the dispatcher read before and has not claimed,
-// while no task became ready since (readyGen) and they fill the window
-// (or were the whole queue), or else the first limit of a fresh read of
-// twice as many. Each task is then read about once before its claim
-// rather than at every round that does not reach it. While the cache is
-// off (candidateCache.off), every round reads its window anew.
-func (d *dispatcher) candidates(ctx context.Context, limit int) ([]store.Candidate, error) {
+// candidates returns the window of ready tasks a round plans with, in the
+// queue's order between owners (store.Candidates): the first limit of
+// those the dispatcher read before and has not claimed, while no task
+// became ready since (readyGen) and they fill the window (or were the
+// whole queue), or else the first limit of a fresh read of twice as many.
+// Each task is then read about once before its claim rather than at every
+// round that does not reach it. While the cache is off
+// (candidateCache.off), every round reads its window anew. full reports
+// that more ready tasks may follow the window.
+func (d *dispatcher) candidates(ctx context.Context, limit int) (cands []store.Candidate, full bool, err error) {
 	gen := d.readyGen.Load()
 	c := &d.cands
 	if time.Now().Before(c.offUntil) {
@@ -365,14 +367,14 @@ func (d *dispatcher) candidates(ctx context.Context, limit int) ([]store.Candida
 	}
 	if !c.ok || c.gen != gen || (len(c.tasks) < limit && c.full) {
 		read := min(2*limit, maxCandidates)
-		tasks, err := d.store.Candidates(ctx, read, d.hub.runningByOwner())
+		tasks, more, err := d.store.Candidates(ctx, read, d.hub.runningByOwner())
 		if err != nil {
 			c.drop()
-			return nil, err
+			return nil, false, err
 		}
-		*c = candidateCache{tasks: tasks, gen: gen, full: len(tasks) == read, ok: true}
+		*c = candidateCache{tasks: tasks, gen: gen, full: more, ok: true}
 	}
-	return c.tasks[:min(limit, len(c.tasks))], nil
+	return c.tasks[:min(limit, len(c.tasks))], len(c.tasks) > limit || c.full, nil
 }
 
 // candidateCache holds the ready tasks the dispatcher read and has not
@@ -380,7 +382,7 @@ func (d *dispatcher) candidates(ctx context.Context, limit int) ([]store.Candida
 type candidateCache struct {
 	tasks []store.Candidate
 	gen   uint64 // Server.readyGen when read
-	full  bool   // the read filled its limit: more ready tasks may follow
+	full  bool   // more ready tasks may follow (store.Candidates' more)
 	ok    bool
 	// offUntil: no cache before then (claimed says why).
 	offUntil time.Time
@@ -446,7 +448,8 @@ func candidateWindow(n, widen int) int {
 }
 
 // nextWiden is the widening of the next round's window after a round read
-// got candidates of a window of limit and planned picks for its slots,
+// a window of limit (full: more ready tasks may follow it) and planned
+// picks for its slots,
 // excluding some workers from some candidates (replicas they ran, tasks
 // with a setup that their build cannot lay out). A full window that could
 // not fill the slots for that reason may hide ready tasks that could (the
@@ -456,9 +459,9 @@ func candidateWindow(n, widen int) int {
 // or left slots idle for another reason (fairness, a worker too unstable
 // for any task: a wider window would not change that) goes back to the
 // usual window.
-func nextWiden(widen, limit, got, picks, slots int, excluding bool) int {
+func nextWiden(widen, limit int, full bool, picks, slots int, excluding bool) int {
 	switch {
-	case got < limit || picks >= slots || !excluding:
+	case !full || picks >= slots || !excluding:
 		return 0
 	case limit < maxCandidates:
 		return widen + 1

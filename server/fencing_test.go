@@ -22,7 +22,7 @@ func TestOutcomesAreFencedByConnection(t *testing.T) {
 	if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, f.oneTask()); err != nil {
 		t.Fatal(err)
 	}
-	cands, err := f.st.Candidates(ctx, 1, nil)
+	cands, _, err := f.st.Candidates(ctx, 1, nil)
 	if err != nil || len(cands) != 1 {
 		t.Fatalf("candidates %v: %v", cands, err)
 	}

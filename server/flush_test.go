@@ -33,7 +33,7 @@ func TestCompletionFlushWakesTheLongPoll(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cands, err := st.Candidates(ctx, 1, nil)
+	cands, _, err := st.Candidates(ctx, 1, nil)
 	if err != nil || len(cands) != 1 {
 		t.Fatalf("candidates %v: %v", cands, err)
 	}
@@ -339,7 +339,7 @@ func TestCheckpointCostIsObservedForItsModule(t *testing.T) {
 	if _, err := f.st.CreateWorkflow(ctx, f.owner.ID, f.oneTask()); err != nil {
 		t.Fatal(err)
 	}
-	cands, err := f.st.Candidates(ctx, 1, nil)
+	cands, _, err := f.st.Candidates(ctx, 1, nil)
 	if err != nil || len(cands) != 1 {
 		t.Fatalf("candidates %v: %v", cands, err)
 	}

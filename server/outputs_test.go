@@ -56,7 +56,7 @@ func TestOutputUploads(t *testing.T) {
 		Tasks: []store.NewTask{task("r")}}); err != nil {
 		t.Fatal(err)
 	}
-	cands, err := f.st.Candidates(ctx, 10, nil)
+	cands, _, err := f.st.Candidates(ctx, 10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

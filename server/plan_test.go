@@ -206,23 +206,25 @@ func TestCandidateWindowWidens(t *testing.T) {
 	for range 12 { // the oldest ready tasks are all replicas these workers ran
 		limit := candidateWindow(slots, widen)
 		windows = append(windows, limit)
-		widen = nextWiden(widen, limit, limit, 0, slots, true)
+		widen = nextWiden(widen, limit, true, 0, slots, true)
 	}
 	want := []int{24, 48, 96, 192, 384, 768, 1536, 3072, 4096, 4096, 4096, 4096}
 	if !slices.Equal(windows, want) {
 		t.Errorf("windows %v, want %v", windows, want)
 	}
 	for _, tc := range []struct {
-		name                    string
-		limit, got, picks, want int
-		excluding               bool
+		name        string
+		limit       int
+		full        bool
+		picks, want int
+		excluding   bool
 	}{
-		{"slots filled", 4096, 4096, slots, 0, true},
-		{"the whole queue seen", 4096, 100, 1, 0, true},
-		{"short for another reason", 4096, 4096, 1, 0, false},
-		{"still short, at the maximum", 4096, 4096, 1, widen, true},
+		{"slots filled", 4096, true, slots, 0, true},
+		{"the whole queue seen", 4096, false, 1, 0, true},
+		{"short for another reason", 4096, true, 1, 0, false},
+		{"still short, at the maximum", 4096, true, 1, widen, true},
 	} {
-		if w := nextWiden(widen, tc.limit, tc.got, tc.picks, slots, tc.excluding); w != tc.want {
+		if w := nextWiden(widen, tc.limit, tc.full, tc.picks, slots, tc.excluding); w != tc.want {
 			t.Errorf("%s: widen %d, want %d", tc.name, w, tc.want)
 		}
 	}

@@ -90,7 +90,7 @@ func TestWireFormat(t *testing.T) {
 		t.Fatal(err)
 	}
 	socketless(b.srv, reg.ID, 1)
-	cands, err := b.srv.store.Candidates(ctx, 10, nil)
+	cands, _, err := b.srv.store.Candidates(ctx, 10, nil)
 	if err != nil || len(cands) != 1 {
 		t.Fatalf("candidates %v, %v; want task a", cands, err)
 	}

@@ -106,7 +106,7 @@ func TestEachEndingChargesWhomItSays(t *testing.T) {
 			if state != "ready" {
 				return
 			}
-			cands, err := f.s.Candidates(ctx, 10, nil)
+			cands, _, err := f.s.Candidates(ctx, 10, nil)
 			if err != nil || len(cands) != 2 {
 				t.Fatalf("candidates %+v, %v", cands, err)
 			}
@@ -472,7 +472,7 @@ func TestUnreachedAttemptsChargeNobody(t *testing.T) {
 			for _, st := range tc.steps {
 				switch {
 				case st.claim != nil:
-					cands, err := f.s.Candidates(ctx, 10, nil)
+					cands, _, err := f.s.Candidates(ctx, 10, nil)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -961,7 +961,7 @@ func TestReplicasFailingTogetherAreBothCounted(t *testing.T) {
 		Replicas: 2, Quorum: 2, MaxReplicas: 5}); err != nil {
 		t.Fatal(err)
 	}
-	cands, err := f.s.Candidates(ctx, 10, nil)
+	cands, _, err := f.s.Candidates(ctx, 10, nil)
 	if err != nil || len(cands) != 1 {
 		t.Fatalf("candidates %+v %v", cands, err)
 	}

@@ -41,7 +41,7 @@ func TestAttemptIDsNeverRepeatAfterACrash(t *testing.T) {
 	claim := func(t *testing.T) int64 {
 		t.Helper()
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			cands, err := f.s.Candidates(ctx, 1, nil)
+			cands, _, err := f.s.Candidates(ctx, 1, nil)
 			if err == nil && len(cands) > 0 {
 				var cs []Claimed
 				cs, err = f.s.ClaimPicks(ctx, []Pick{{TaskID: cands[0].TaskID, Worker: f.worker}}, time.Minute)

@@ -91,7 +91,7 @@ func TestSubmissionCandidatesAreThoseReadBack(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want, err := f.s.Candidates(ctx, 100, nil)
+			want, _, err := f.s.Candidates(ctx, 100, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

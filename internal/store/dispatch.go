@@ -181,32 +181,50 @@ type Candidate struct {
 // running[owner] + k, and tasks go by turn, then sort_key; so a slot goes
 // to the owner with the fewest attempts running, and an owner's backlog
 // holds back nobody else's work (candidatesSQL). With one owner this is
-// the order of the queue. It runs as the claim does (queueBegin): planning
-// it anew each time took about 1 ms per call in the dispatch benchmark, as
-// long as a fifth of running it.
-func (s *Store) Candidates(ctx context.Context, limit int, running map[int64]int) ([]Candidate, error) {
+// the order of the queue. more reports whether ready tasks may follow
+// those returned (always when limit came back). It runs as the claim does
+// (queueBegin): planning it anew each time took about 1 ms per call in the
+// dispatch benchmark, as long as a fifth of running it.
+func (s *Store) Candidates(ctx context.Context, limit int, running map[int64]int) (cs []Candidate, more bool, err error) {
 	owners := make([]int64, 0, len(running))
 	counts := make([]int32, 0, len(running))
 	for o, n := range running {
 		owners, counts = append(owners, o), append(counts, int32(min(n, 1<<30)))
 	}
+	// The read gives each owner its share of turns for fill tasks; an owner
+	// with fewer ready tasks leaves the window short while others have
+	// more. Then the turns are counted for more tasks, and read again.
+	fill := limit
+	for range 8 {
+		if cs, more, err = s.candidates(ctx, limit, fill, owners, counts); err != nil || len(cs) == limit || !more {
+			return cs, more, err
+		}
+		fill += 2 * (limit - len(cs))
+	}
+	return cs, more, nil
+}
+
+// candidates is one read of Candidates, its turns counted for fill tasks
+// (at least limit).
+func (s *Store) candidates(ctx context.Context, limit, fill int, owners []int64, counts []int32) (cs []Candidate, more bool, err error) {
 	b := &pgx.Batch{}
 	queueBegin(b, false)
-	b.Queue(candidatesSQL, limit, owners, counts, MaxQueueOwners)
+	b.Queue(candidatesSQL, limit, owners, counts, MaxQueueOwners, fill)
 	b.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, b)
-	var cs []Candidate
-	err := execBegin(br)
+	err = execBegin(br)
 	if err == nil {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
 			in := interned{}
 			var wf, module, prio pgtype.DriverBytes
+			var cut bool
 			cs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Candidate, error) {
 				var c Candidate
 				err := r.Scan(&c.TaskID, &wf, &c.Owner, &module, &c.Name, &prio, &c.ReadySince, &c.Pending, &c.Replicas,
-					&c.Fresh, &c.CkptMS, &c.Exclude, &c.Setup, &c.Blobs)
+					&c.Fresh, &c.CkptMS, &c.Exclude, &c.Setup, &c.Blobs, &cut)
 				c.WorkflowID, c.Module, c.Priority = in.of(wf), in.of(module), in.of(prio)
+				more = more || cut
 				return c, err
 			})
 		}
@@ -215,9 +233,9 @@ func (s *Store) Candidates(ctx context.Context, limit int, running map[int64]int
 		err = cerr
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read ready tasks: %w", err)
+		return nil, false, fmt.Errorf("read ready tasks: %w", err)
 	}
-	return cs, nil
+	return cs, more || len(cs) == limit, nil
 }
 
 // MaxQueueOwners bounds the owners whose ready tasks one read of the queue
@@ -228,12 +246,17 @@ const MaxQueueOwners = 256
 
 // candidatesSQL reads up to $1 ready tasks, fairly between their owners
 // ($2 owners and $3 the attempts each runs on this replica; others run
-// none), from the queue's index (tasks_ready: migrations/00026_tasks_owner.sql).
+// none), from the queue's index (tasks_ready: migrations/00026_tasks_owner.sql),
+// the turns counted for $5 tasks (Candidates).
 // o finds the owners with ready tasks, one index probe each (a loose index
-// scan: PostgreSQL has no skip scan), at most $4 of them. Each owner's
-// tasks come in its own order, as many as could be among the first $1
-// turns: an owner running r attempts when the least busy runs m has its
-// tasks at turns r+1, r+2..., so needs at most $1+m-r of them.
+// scan: PostgreSQL has no skip scan), at most $4 of them. An owner running
+// r attempts has its tasks at turns r+1, r+2...; the window ends at the
+// first turn T by which the owners have $5 tasks between them, were each
+// to have enough: with the runs sorted, r1 <= r2 <= ..., the least over j
+// of ceil(($5 + r1 + ... + rj) / j) (each is at least T, and the j of the
+// owners below T gives T). Each owner's tasks are read in its own order, T
+// - r of them: the read costs about $5 tasks, however many owners there
+// are. The last column says an owner gave all T - r: it may have more.
 var candidatesSQL = strings.ReplaceAll(`WITH RECURSIVE o AS (
 	(SELECT t.owner_id FROM tasks t WHERE t.pending > 0 AND t.sort_key IS NOT NULL ORDER BY t.owner_id LIMIT 1)
 	UNION ALL
@@ -244,19 +267,23 @@ var candidatesSQL = strings.ReplaceAll(`WITH RECURSIVE o AS (
 	SELECT o.owner_id, coalesce(x.n, 0) AS run
 	FROM (SELECT owner_id FROM o WHERE owner_id IS NOT NULL LIMIT $4) o
 	LEFT JOIN unnest($2::bigint[], $3::int[]) AS x(owner_id, n) ON x.owner_id = o.owner_id
-), m AS (SELECT min(run) AS least FROM r)
+), j AS (
+	SELECT ($5 + sum(run) OVER w + row_number() OVER w - 1) / row_number() OVER w AS turn
+	FROM r WINDOW w AS (ORDER BY run, owner_id ROWS UNBOUNDED PRECEDING)
+), m AS (SELECT min(turn) AS turn FROM j)
 SELECT t.id, t.workflow_id::text, t.owner_id, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas,
 		t.attempts = 0, t.ckpt_ms,
 		CASE WHEN t.max_replicas > 1 THEN ARRAY(SELECT DISTINCT a.worker_id::text FROM attempts a
 			WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) || {avoided}
 		ELSE {avoided} END, t.setup IS NOT NULL,
-		CASE WHEN t.setup IS NOT NULL THEN ARRAY(SELECT f->>'blob' FROM jsonb_array_elements(t.setup->'files') f WHERE f ? 'blob') END
+		CASE WHEN t.setup IS NOT NULL THEN ARRAY(SELECT f->>'blob' FROM jsonb_array_elements(t.setup->'files') f WHERE f ? 'blob') END,
+		t.k = m.turn - r.run
 	FROM r, m, LATERAL (
 		SELECT t.id, t.workflow_id, t.owner_id, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas, t.attempts,
 			t.ckpt_ms, t.max_replicas, t.avoid, t.failed_by, t.setup, row_number() OVER (ORDER BY t.sort_key, t.id) AS k
 		FROM tasks t
 		WHERE t.owner_id = r.owner_id AND t.pending > 0 AND t.sort_key IS NOT NULL AND t.state = 'ready'
-		ORDER BY t.sort_key, t.id LIMIT greatest($1 + m.least - r.run, 0)
+		ORDER BY t.sort_key, t.id LIMIT greatest(m.turn - r.run, 0)
 	) t
 	ORDER BY r.run + t.k, t.sort_key, t.id LIMIT $1`,
 	"{avoided}", `CASE WHEN t.avoid IS NOT NULL THEN

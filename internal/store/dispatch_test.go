@@ -31,7 +31,7 @@ func BenchmarkCandidatesClaimPicksComplete(b *testing.B) {
 	for done := 0; done < b.N; {
 		n := min(batch, b.N-done)
 		t0 := time.Now()
-		cs, err := f.s.Candidates(ctx, 4*n+64, nil)
+		cs, _, err := f.s.Candidates(ctx, 4*n+64, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -72,7 +72,7 @@ func TestClaimReadsRowsInProportionToItsPicks(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := staleQueue(t, 5000)
-	cands, err := f.s.Candidates(ctx, 1000, nil)
+	cands, _, err := f.s.Candidates(ctx, 1000, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +286,7 @@ func TestClaimOnePerTaskMatchesTheGeneralClaim(t *testing.T) {
 		Tasks: []NewTask{f.task("r0"), f.task("r1"), f.task("r2")}, Replicas: 2, Quorum: 2, MaxReplicas: 4}); err != nil {
 		t.Fatal(err)
 	}
-	cands, err := f.s.Candidates(ctx, 100, nil)
+	cands, _, err := f.s.Candidates(ctx, 100, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -406,7 +406,7 @@ func TestClaimedRowsKeepTheirOwnValues(t *testing.T) {
 			byName[tk.Name] = want{id, tk.Module, wf.priority}
 		}
 	}
-	cands, err := f.s.Candidates(ctx, 100, nil)
+	cands, _, err := f.s.Candidates(ctx, 100, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -452,7 +452,7 @@ func TestReconnectKeepsHeldAttemptsWithTheirModules(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.submit(t, "batch", f.task("a"))
-	cands, err := f.s.Candidates(ctx, 1, nil)
+	cands, _, err := f.s.Candidates(ctx, 1, nil)
 	if err != nil || len(cands) != 1 {
 		t.Fatalf("candidates %v: %v", cands, err)
 	}
@@ -487,7 +487,7 @@ func TestCandidatesCarrySetupAndData(t *testing.T) {
 	a, b := "sha256:"+strings.Repeat("a", 64), "sha256:"+strings.Repeat("b", 64)
 	withFiles.Setup = []byte(`{"env": ["A=1"], "files": [{"path": "/x", "blob": "` + a + `", "size": 1}, {"path": "/y", "data": "z"}, {"path": "/z", "blob": "` + b + `", "archive": true}]}`)
 	f.submit(t, "batch", f.task("plain"), withFiles)
-	cs, err := f.s.Candidates(ctx, 10, nil)
+	cs, _, err := f.s.Candidates(ctx, 10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,7 @@ func (f *verifyFixture) trust(t *testing.T, name string) {
 func (f *verifyFixture) claimOn(t *testing.T, name, worker string, solo bool) Claimed {
 	t.Helper()
 	ctx := context.Background()
-	cands, err := f.s.Candidates(ctx, 100, nil)
+	cands, _, err := f.s.Candidates(ctx, 100, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func TestReplicatedTaskNeedsQuorum(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cands, err := f.s.Candidates(ctx, 10, nil)
+	cands, _, err := f.s.Candidates(ctx, 10, nil)
 	if err != nil || len(cands) != 1 || cands[0].Pending != 2 || cands[0].Replicas != 2 || !cands[0].Fresh {
 		t.Fatalf("candidates = %+v, %v; want one fresh task with 2 pending replicas", cands, err)
 	}
@@ -104,7 +104,7 @@ func TestFailedReplicaIsReplaced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cands, _ := f.s.Candidates(ctx, 10, nil)
+	cands, _, _ := f.s.Candidates(ctx, 10, nil)
 	cs, err := f.s.ClaimPicks(ctx, []Pick{{TaskID: cands[0].TaskID, Worker: f.worker}, {TaskID: cands[0].TaskID, Worker: w2}}, time.Minute)
 	if err != nil || len(cs) != 2 {
 		t.Fatalf("claim both replicas: %+v %v", cs, err)
@@ -115,7 +115,7 @@ func TestFailedReplicaIsReplaced(t *testing.T) {
 	if _, err := f.s.Complete(ctx, []Completion{{Attempt: cs[0].Attempt, Worker: f.worker, Reason: "exit", Message: "exit code 1"}}); err != nil {
 		t.Fatal(err)
 	}
-	cands, _ = f.s.Candidates(ctx, 10, nil)
+	cands, _, _ = f.s.Candidates(ctx, 10, nil)
 	if len(cands) != 1 || cands[0].Pending != 1 {
 		t.Fatalf("after a failed replica: %+v, want one pending replica", cands)
 	}

@@ -92,7 +92,7 @@ func (f *fixture) submit(t testing.TB, priority string, tasks ...NewTask) string
 func (f *fixture) claim(t testing.TB, n int, lease time.Duration) []Claimed {
 	t.Helper()
 	ctx := context.Background()
-	cands, err := f.s.Candidates(ctx, n, nil)
+	cands, _, err := f.s.Candidates(ctx, n, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
