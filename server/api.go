@@ -130,6 +130,18 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		return
 	}
 	waits := r.URL.Query().Get("wait") != ""
+	release := func() {}
+	if r.Context().Value(heldSubmissionTurn{}) == nil {
+		var err error
+		if release, err = s.submissions.acquire(r.Context(), owner.ID, r.ContentLength); err != nil {
+			if r.Context().Err() == nil {
+				w.Header().Set("Retry-After", "10")
+				writeError(w, http.StatusServiceUnavailable, "workflow not read: %v", err)
+			}
+			return
+		}
+	}
+	defer release() // at once once written: not while waiting for the end
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, workflow.MaxFileSize+1))
 	if err != nil || len(body) > workflow.MaxFileSize {
 		writeError(w, http.StatusRequestEntityTooLarge, "workflow file is larger than %d MiB", workflow.MaxFileSize>>20)
@@ -177,6 +189,7 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		s.log.Warn("workflow submitted, its commit's answer lost", "workflow", nw.ID, "err", err)
 		id = nw.ID // written after all
 	}
+	release()
 	s.log.Info("workflow submitted", "workflow", id, "name", spec.Name, "tasks", len(spec.Tasks), "owner", owner.Name)
 	if !waits {
 		writeJSON(w, http.StatusCreated, api.Submitted{ID: id, Name: spec.Name, Tasks: len(spec.Tasks)})

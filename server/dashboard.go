@@ -74,6 +74,21 @@ func (d dashboardBackend) API() http.Handler {
 	return mux
 }
 
+// SubmissionTurn waits for a submission's turn (Server.submissions) for
+// the dashboard's workflow page, which reads the file, checks it and
+// submits it through the API with the turn it holds.
+func (d dashboardBackend) SubmissionTurn(ctx context.Context, owner store.Owner, size int64) (context.Context, func(), error) {
+	release, err := d.s.submissions.acquire(ctx, owner.ID, size)
+	if err != nil {
+		return ctx, nil, err
+	}
+	return context.WithValue(ctx, heldSubmissionTurn{}, true), release, nil
+}
+
+// heldSubmissionTurn marks the context of a submission whose caller holds
+// its turn already (SubmissionTurn).
+type heldSubmissionTurn struct{}
+
 // CheckWorkflow runs the very checks POST /api/v1/workflows makes before
 // it writes anything (Server.checkSubmission), without submitting.
 func (d dashboardBackend) CheckWorkflow(ctx context.Context, owner store.Owner, body []byte) (*workflow.Spec, *workflow.Error, error) {

@@ -90,7 +90,7 @@ func TestDashboardModuleUploadsAreBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	tail := fmt.Sprintf("\r\n--%s--\r\n", mw.Boundary())
-	uploadsWaitUnread(t, s, n, size, func() *http.Request {
+	waitUnread(t, s.moduleUploads, n, size, http.StatusBadRequest, func() *http.Request {
 		body := io.MultiReader(bytes.NewReader(head.Bytes()), bytes.NewReader(module), strings.NewReader(tail))
 		req, _ := http.NewRequest(http.MethodPost, ts.URL+"/app/modules", body)
 		req.Header.Set("Content-Type", mw.FormDataContentType())
@@ -321,5 +321,75 @@ func TestHistoryPageOutOfRange(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Errorf("/app/history?page=%s: %s %s", page, resp.Status, body)
 		}
+	}
+}
+
+// The dashboard's workflow page waits for a submission's turn before it
+// reads the file, as the API does, and its submission through the API
+// takes no second turn (which, for a large file, would wait for the one
+// it holds). (Not parallel: it measures the heap.)
+func TestDashboardSubmissionsAreBounded(t *testing.T) {
+	f := newFixture(t)
+	s := New(f.st, Config{Logger: slog.New(slog.DiscardHandler)})
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	cookie, csrf := dashSignIn(t, ts.URL, f.token, "/app/submit")
+	// form is the form of a file, made once: the requests share its bytes,
+	// so that the heap measures the server's, not the client's.
+	form := func(file []byte, action string) func() *http.Request {
+		var form bytes.Buffer
+		mw := multipart.NewWriter(&form)
+		_ = mw.WriteField("csrf", csrf)
+		_ = mw.WriteField("action", action)
+		fw, _ := mw.CreateFormFile("file", "wf.json")
+		fw.Write(file)
+		mw.Close()
+		return func() *http.Request {
+			req, _ := http.NewRequest(http.MethodPost, ts.URL+"/app/submit", bytes.NewReader(form.Bytes()))
+			req.Header.Set("Content-Type", mw.FormDataContentType())
+			req.AddCookie(cookie)
+			return req
+		}
+	}
+	// Refused once checked: its module was never pushed.
+	var b bytes.Buffer
+	b.WriteString(`{"name":"large","tasks":[`)
+	for i := 0; b.Len() < 4<<20; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"name":"t%06d","module":"sha256:%064x"}`, i, 7)
+	}
+	b.WriteString(`]}`)
+	large := b.Bytes()
+	waitUnread(t, s.submissions.large, 4, len(large), http.StatusBadRequest, form(large, "check"))
+	// A large file that passes is submitted through the API with the
+	// page's turn.
+	b.Reset()
+	b.WriteString(`{"name":"large-ok","tasks":[`)
+	for i := 0; b.Len() < 2*smallSubmission; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"name":"t%06d","module":%q}`, i, f.module)
+	}
+	b.WriteString(`]}`)
+	req := form(b.Bytes(), "submit")()
+	// The owner's other submissions leave it room for this form alone.
+	u := s.submissions.large
+	others, err := u.acquire(context.Background(), f.owner.ID, u.perOwner-req.ContentLength)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer others()
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), "/app/workflows/") {
+		t.Fatalf("submitted from the dashboard: %s, %s", resp.Status, page)
 	}
 }

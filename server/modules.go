@@ -10,7 +10,6 @@ import (
 	"io"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/store"
@@ -192,62 +191,9 @@ func (s *Server) handleModule(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(body)
 }
 
-// moduleUploads bounds the module uploads whose bodies are read at once:
-// each is held whole in memory (up to MaxModuleBytes) while it is checked.
-// An owner reads at most perOwner at once, so that one owner's uploads do
-// not hold the others' back; an upload waits for its turn up to
-// moduleCheckTimeout, as a check does.
-type moduleUploads struct {
-	mu       sync.Mutex
-	n        int           // uploads read at once, at most
-	perOwner int           // of one owner
-	busy     int           // uploads being read
-	owners   map[int64]int // of them, by owner
-	freed    chan struct{} // closed (and replaced) when a turn is given back
-	waiting  atomic.Int64  // uploads waiting for a turn, for tests
-}
-
-func newModuleUploads(n, perOwner int) *moduleUploads {
-	return &moduleUploads{n: n, perOwner: perOwner, owners: map[int64]int{}, freed: make(chan struct{})}
-}
-
-// errUploadsBusy says an upload waited its whole time for a turn.
+// errUploadsBusy says a module upload waited its whole time for a turn
+// (Server.moduleUploads).
 var errUploadsBusy = errors.New("too many modules are being uploaded at once; try again shortly")
-
-// acquire waits for a turn of owner's, and returns the function that gives
-// it back.
-func (u *moduleUploads) acquire(ctx context.Context, owner int64) (func(), error) {
-	u.waiting.Add(1)
-	defer u.waiting.Add(-1)
-	for {
-		u.mu.Lock()
-		if u.busy < u.n && u.owners[owner] < u.perOwner {
-			u.busy++
-			u.owners[owner]++
-			u.mu.Unlock()
-			return func() { u.release(owner) }, nil
-		}
-		freed := u.freed
-		u.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return nil, errUploadsBusy
-		case <-freed:
-		}
-	}
-}
-
-// release gives back a turn of owner's.
-func (u *moduleUploads) release(owner int64) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	u.busy--
-	if u.owners[owner]--; u.owners[owner] == 0 {
-		delete(u.owners, owner)
-	}
-	close(u.freed)
-	u.freed = make(chan struct{})
-}
 
 // handlePushModule validates and stores an uploaded module.
 func (s *Server) handlePushModule(w http.ResponseWriter, r *http.Request, owner store.Owner) {
@@ -256,9 +202,10 @@ func (s *Server) handlePushModule(w http.ResponseWriter, r *http.Request, owner 
 		return
 	}
 	wctx, cancel := context.WithTimeout(r.Context(), moduleCheckTimeout)
-	release, err := s.moduleUploads.acquire(wctx, owner.ID)
+	release, err := s.moduleUploads.acquire(wctx, owner.ID, 1)
 	cancel()
 	if err != nil {
+		err = errUploadsBusy
 		if r.Context().Err() == nil {
 			w.Header().Set("Retry-After", "10")
 			writeError(w, http.StatusServiceUnavailable, "module not read: %v", err)

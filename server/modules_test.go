@@ -420,21 +420,21 @@ func TestModuleUploadsAreBounded(t *testing.T) {
 	t.Cleanup(ts.Close)
 	const n, size = 8, 32 << 20
 	body := bytes.Repeat([]byte{'m'}, size) // not a module: refused once read
-	uploadsWaitUnread(t, s, n, size, func() *http.Request {
+	waitUnread(t, s.moduleUploads, n, size, http.StatusBadRequest, func() *http.Request {
 		req, _ := http.NewRequest("POST", ts.URL+"/api/v1/modules", bytes.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+tok)
 		return req
 	})
 	u := s.moduleUploads
 	// One owner's third upload waits while another owner's goes ahead.
-	a1, _ := u.acquire(ctx, 1)
-	a2, _ := u.acquire(ctx, 1)
+	a1, _ := u.acquire(ctx, 1, 1)
+	a2, _ := u.acquire(ctx, 1, 1)
 	short, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := u.acquire(short, 1); !errors.Is(err, errUploadsBusy) {
-		t.Errorf("an owner's third upload at once: %v, want to wait", err)
+	if _, err := u.acquire(short, 1, 1); err == nil {
+		t.Errorf("an owner's third upload at once went ahead, want it to wait")
 	}
-	b1, err := u.acquire(short, 2)
+	b1, err := u.acquire(short, 2, 1)
 	if err != nil {
 		t.Errorf("another owner's upload waited: %v", err)
 	} else {
@@ -444,17 +444,16 @@ func TestModuleUploadsAreBounded(t *testing.T) {
 	a2()
 }
 
-// uploadsWaitUnread takes every module upload turn of s (as other owners),
-// sends n uploads that newRequest makes (each of about size bytes, not a
-// module), and checks that while they wait for a turn the heap holds none
-// of them. Then it gives the turns back and checks that each upload was
-// read and refused as no module (400).
-func uploadsWaitUnread(t *testing.T, s *Server, n, size int, newRequest func() *http.Request) {
+// waitUnread takes every turn of u (as other owners), sends n requests
+// that newRequest makes (each with a body of about size bytes), and checks
+// that while they wait for a turn the heap holds none of them. Then it
+// gives the turns back and checks that each request was read and answered
+// want.
+func waitUnread(t *testing.T, u *turns, n, size, want int, newRequest func() *http.Request) {
 	t.Helper()
-	u := s.moduleUploads
 	var releases []func()
-	for i := range u.n {
-		release, err := u.acquire(context.Background(), -1-int64(i))
+	for i := int64(0); i*u.perOwner < u.limit; i++ {
+		release, err := u.acquire(context.Background(), -1-i, u.perOwner)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -478,23 +477,23 @@ func uploadsWaitUnread(t *testing.T, s *Server, n, size int, newRequest func() *
 	}
 	for deadline := time.Now().Add(time.Minute); u.waiting.Load() < int64(n); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d uploads wait for a turn, the others did not", u.waiting.Load(), n)
+			t.Fatalf("%d of %d requests wait for a turn, the others did not", u.waiting.Load(), n)
 		}
 	}
 	var now runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&now)
 	grown := int64(now.HeapAlloc) - int64(base.HeapAlloc)
-	t.Logf("heap grown by %d MiB while %d uploads of %d MiB wait", grown>>20, n, size>>20)
+	t.Logf("heap grown by %d MiB while %d requests of %d MiB wait", grown>>20, n, size>>20)
 	if grown > 2*int64(size) {
-		t.Errorf("the heap grew by %d MiB while the uploads waited for their turn", grown>>20)
+		t.Errorf("the heap grew by %d MiB while the requests waited for their turn", grown>>20)
 	}
 	for _, release := range releases {
 		release()
 	}
 	for range n {
-		if code := <-statuses; code != http.StatusBadRequest {
-			t.Errorf("an upload ended %d, want 400 (read, then refused as no module)", code)
+		if code := <-statuses; code != want {
+			t.Errorf("a request ended %d, want %d once read", code, want)
 		}
 	}
 }

@@ -181,15 +181,20 @@ type Server struct {
 	completions *batcher[completion]
 	hellos      *batcher[hello]
 
-	owners        sync.Map // token -> store.Owner, positive cache
-	knownModules  sync.Map // ownedModule -> true: modules an owner has pushed
-	operatorKeys  sync.Map // key -> true: operator keys, positive cache
-	modules       *moduleBodies
-	moduleUploads *moduleUploads
-	fleet         fleetCount // workers connected to any replica, for replicaNotice
-	blobKeys      blobKeys
-	uploads       workerUploads // output uploads in progress, per worker
-	streams       ownerStreams  // event streams open, per owner
+	owners       sync.Map // token -> store.Owner, positive cache
+	knownModules sync.Map // ownedModule -> true: modules an owner has pushed
+	operatorKeys sync.Map // key -> true: operator keys, positive cache
+	modules      *moduleBodies
+	// moduleUploads bounds the module uploads read at once (in uploads):
+	// each is held whole while it is checked, up to MaxModuleBytes.
+	moduleUploads *turns
+	// submissions bounds the workflow files read at once (in bytes):
+	// parsed and written, one takes about 15 times its size.
+	submissions submissionTurns
+	fleet       fleetCount // workers connected to any replica, for replicaNotice
+	blobKeys    blobKeys
+	uploads     workerUploads // output uploads in progress, per worker
+	streams     ownerStreams  // event streams open, per owner
 
 	rt   *runtimes
 	ends *finishWaiters // requests waiting for workflows to end
@@ -220,7 +225,8 @@ func New(st *store.Store, cfg Config) *Server {
 		cfg: cfg, store: st, log: cfg.Logger.With("replica", cfg.Replica),
 		hub:           newHub(2*cfg.Heartbeat+cfg.Heartbeat/2, 2*cfg.IdleHeartbeat+cfg.IdleHeartbeat/2),
 		modules:       newModuleBodies(max(2*int64(cfg.MaxModuleBytes), 64<<20)),
-		moduleUploads: newModuleUploads(wasmcheck.MaxConcurrent+2, 2),
+		moduleUploads: newTurns(wasmcheck.MaxConcurrent+2, 2),
+		submissions:   newSubmissionTurns(),
 		rt:            newRuntimes(),
 		ends:          newFinishWaiters(),
 		gate:          newGatekeeper(cfg.NewWorkerEvery, cfg.NewWorkerBurst),

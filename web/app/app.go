@@ -48,6 +48,11 @@ type Backend interface {
 	// API serves the REST API (paths /api/v1/...) for the owner that
 	// WithOwner put in the request's context.
 	API() http.Handler
+	// SubmissionTurn waits for the turn of a workflow file of size bytes
+	// (negative: not known) of owner's, as the API's submissions do, and
+	// returns ctx marked so that the API call made with it (callAPI) takes
+	// no second turn, and the function that gives the turn back.
+	SubmissionTurn(ctx context.Context, owner store.Owner, size int64) (context.Context, func(), error)
 	// CheckWorkflow runs the submission's checks without submitting.
 	CheckWorkflow(ctx context.Context, owner store.Owner, body []byte) (*workflow.Spec, *workflow.Error, error)
 	Status(ctx context.Context, owner store.Owner, id string) (*api.Status, error)

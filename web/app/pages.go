@@ -378,6 +378,16 @@ func (h *handler) readForm(p *pageCtx, limit int64) (map[string][]byte, bool, er
 // submit checks a workflow file and, when asked and it passes, submits it
 // through the API.
 func (h *handler) submit(p *pageCtx) {
+	ctx, release, err := h.b.SubmissionTurn(p.r.Context(), p.owner, p.r.ContentLength)
+	if err != nil {
+		if p.r.Context().Err() == nil {
+			p.w.Header().Set("Retry-After", "10")
+			http.Error(p.w, "workflow not read: "+err.Error(), http.StatusServiceUnavailable)
+		}
+		return
+	}
+	defer release()
+	p.r = p.r.WithContext(ctx)
 	f, csrfOK, err := h.readForm(p, workflow.MaxFileSize)
 	if err != nil {
 		http.Error(p.w, "could not read the form: "+err.Error(), http.StatusBadRequest)

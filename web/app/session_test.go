@@ -34,6 +34,10 @@ func (fakeBackend) SessionGeneration(context.Context, int64) (int64, error) { re
 
 func (fakeBackend) EndSessions(context.Context, int64) error { return nil }
 
+func (fakeBackend) SubmissionTurn(ctx context.Context, _ store.Owner, _ int64) (context.Context, func(), error) {
+	return ctx, func() {}, nil
+}
+
 // The session cookie is Secure whenever the browser will send it back, and
 // only then; over plain HTTP to another host the sign-in page warns that
 // the connection is not encrypted, and signing in still works.
