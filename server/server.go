@@ -82,7 +82,13 @@ type Config struct {
 	// (ParseSessionKey reads CYCLEPOOL_SESSION_KEY). Empty: a random key
 	// per process, and a restart signs everyone out.
 	SessionKey []byte
-	Logger     *slog.Logger
+	// HeaderTimeout bounds the wait for a request's header, from the
+	// connection's start or its first byte (default 10s); IdleTimeout the
+	// wait for the next request on a kept-alive connection (default 2
+	// minutes). HTTPServer sets them.
+	HeaderTimeout time.Duration
+	IdleTimeout   time.Duration
+	Logger        *slog.Logger
 }
 
 // MinSessionKeyBytes is the shortest Config.SessionKey.
@@ -157,6 +163,12 @@ func (c *Config) setDefaults() {
 	if c.WorkerRetention <= 0 {
 		c.WorkerRetention = 30 * 24 * time.Hour
 	}
+	if c.HeaderTimeout <= 0 {
+		c.HeaderTimeout = 10 * time.Second
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 2 * time.Minute
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -215,6 +227,17 @@ type completion struct {
 	comp     store.Completion
 	of       string
 	workflow string // the attempt's, when its connection knew it
+}
+
+// HTTPServer returns the http.Server to serve s's Handler with: anyone
+// on the internet may open connections, so each waits at most
+// Config.HeaderTimeout for a request's header and Config.IdleTimeout for
+// the next request (net/http waits for ever without these), and a header
+// takes at most 64 KiB. Workers' WebSockets, taken over from net/http,
+// keep their own silence limit.
+func (s *Server) HTTPServer() *http.Server {
+	return &http.Server{Handler: s.Handler(), ReadHeaderTimeout: s.cfg.HeaderTimeout, IdleTimeout: s.cfg.IdleTimeout,
+		MaxHeaderBytes: 64 << 10}
 }
 
 // New returns a server on st. Call Run to start its services and serve

@@ -125,7 +125,7 @@ func runServe(ctx context.Context, args []string) error {
 	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Poll: *poll, Fairness: strategy, WorkerRetention: *retention,
 		DataQuota: *dataQuota << 20, FrameAncestors: *frameAncestors, NewWorkerBurst: *newWorkerBurst, NewWorkerEvery: every, SessionKey: sessionKey, Verify: verify,
 		Logger: log})
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	hs := srv.HTTPServer()
 	// The server outlives ctx (SIGINT, SIGTERM) by the local worker's
 	// hand-back, which it commits (see below).
 	sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
