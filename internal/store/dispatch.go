@@ -194,9 +194,14 @@ func (s *Store) Candidates(ctx context.Context, limit int, running map[int64]int
 	// The read gives each owner its share of turns for fill tasks; an owner
 	// with fewer ready tasks leaves the window short while others have
 	// more. Then the turns are counted for more tasks, and read again.
+	// An owner whose running attempts put even its first task past the
+	// window's turn gives none, and says so too. (Owners past
+	// MaxQueueOwners make more true as well, but reading again would not
+	// reach them.)
 	fill := limit
 	for range 8 {
-		if cs, more, err = s.candidates(ctx, limit, fill, owners, counts); err != nil || len(cs) == limit || !more {
+		var short bool
+		if cs, more, short, err = s.candidates(ctx, limit, fill, owners, counts); err != nil || len(cs) == limit || !short {
 			return cs, more, err
 		}
 		fill += 2 * (limit - len(cs))
@@ -205,8 +210,10 @@ func (s *Store) Candidates(ctx context.Context, limit int, running map[int64]int
 }
 
 // candidates is one read of Candidates, its turns counted for fill tasks
-// (at least limit).
-func (s *Store) candidates(ctx context.Context, limit, fill int, owners []int64, counts []int32) (cs []Candidate, more bool, err error) {
+// (at least limit). short reports that an owner may have more ready tasks
+// than it gave for lack of turns: a read counting turns for more tasks
+// may find them.
+func (s *Store) candidates(ctx context.Context, limit, fill int, owners []int64, counts []int32) (cs []Candidate, more, short bool, err error) {
 	b := &pgx.Batch{}
 	queueBegin(b, false)
 	b.Queue(candidatesSQL, limit, owners, counts, MaxQueueOwners, fill)
@@ -218,13 +225,14 @@ func (s *Store) candidates(ctx context.Context, limit, fill int, owners []int64,
 		if rows, err = br.Query(); err == nil {
 			in := interned{}
 			var wf, module, prio pgtype.DriverBytes
-			var cut bool
+			var cut, beyond bool
 			cs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Candidate, error) {
 				var c Candidate
 				err := r.Scan(&c.TaskID, &wf, &c.Owner, &module, &c.Name, &prio, &c.ReadySince, &c.Pending, &c.Replicas,
-					&c.Fresh, &c.CkptMS, &c.Exclude, &c.Setup, &c.Blobs, &cut)
+					&c.Fresh, &c.CkptMS, &c.Exclude, &c.Setup, &c.Blobs, &cut, &beyond)
 				c.WorkflowID, c.Module, c.Priority = in.of(wf), in.of(module), in.of(prio)
-				more = more || cut
+				short = short || cut
+				more = more || cut || beyond
 				return c, err
 			})
 		}
@@ -233,9 +241,9 @@ func (s *Store) candidates(ctx context.Context, limit, fill int, owners []int64,
 		err = cerr
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("read ready tasks: %w", err)
+		return nil, false, false, fmt.Errorf("read ready tasks: %w", err)
 	}
-	return cs, more || len(cs) == limit, nil
+	return cs, more || len(cs) == limit, short, nil
 }
 
 // MaxQueueOwners bounds the owners whose ready tasks one read of the queue
@@ -256,29 +264,38 @@ const MaxQueueOwners = 256
 // of ceil(($5 + r1 + ... + rj) / j) (each is at least T, and the j of the
 // owners below T gives T). Each owner's tasks are read in its own order, T
 // - r of them: the read costs about $5 tasks, however many owners there
-// are. The last column says an owner gave all T - r: it may have more.
+// are. The next to last column says an owner may have more ready tasks
+// than it gave for lack of turns: this one gave all T - r, or another
+// runs T or more and gave none. The last says owners past the first $4
+// have ready tasks, not read.
 var candidatesSQL = strings.ReplaceAll(`WITH RECURSIVE o AS (
 	(SELECT t.owner_id FROM tasks t WHERE t.pending > 0 AND t.sort_key IS NOT NULL ORDER BY t.owner_id LIMIT 1)
 	UNION ALL
 	SELECT (SELECT t.owner_id FROM tasks t WHERE t.pending > 0 AND t.sort_key IS NOT NULL AND t.owner_id > o.owner_id
 		ORDER BY t.owner_id LIMIT 1)
 	FROM o WHERE o.owner_id IS NOT NULL
+), l AS (
+	SELECT owner_id, row_number() OVER (ORDER BY owner_id) AS n FROM (SELECT owner_id FROM o WHERE owner_id IS NOT NULL LIMIT $4 + 1) o
 ), r AS (
-	SELECT o.owner_id, coalesce(x.n, 0) AS run
-	FROM (SELECT owner_id FROM o WHERE owner_id IS NOT NULL LIMIT $4) o
-	LEFT JOIN unnest($2::bigint[], $3::int[]) AS x(owner_id, n) ON x.owner_id = o.owner_id
+	SELECT l.owner_id, coalesce(x.n, 0) AS run
+	FROM l LEFT JOIN unnest($2::bigint[], $3::int[]) AS x(owner_id, n) ON x.owner_id = l.owner_id
+	WHERE l.n <= $4
 ), j AS (
 	SELECT ($5 + sum(run) OVER w + row_number() OVER w - 1) / row_number() OVER w AS turn
 	FROM r WINDOW w AS (ORDER BY run, owner_id ROWS UNBOUNDED PRECEDING)
-), m AS (SELECT min(turn) AS turn FROM j)
+), m AS (
+	SELECT min(j.turn) AS turn FROM j
+), s AS (
+	SELECT EXISTS (SELECT 1 FROM r, m WHERE r.run >= m.turn) AS starved, EXISTS (SELECT 1 FROM l WHERE l.n > $4) AS beyond
+)
 SELECT t.id, t.workflow_id::text, t.owner_id, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas,
 		t.attempts = 0, t.ckpt_ms,
 		CASE WHEN t.max_replicas > 1 THEN ARRAY(SELECT DISTINCT a.worker_id::text FROM attempts a
 			WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) || {avoided}
 		ELSE {avoided} END, t.setup IS NOT NULL,
 		CASE WHEN t.setup IS NOT NULL THEN ARRAY(SELECT f->>'blob' FROM jsonb_array_elements(t.setup->'files') f WHERE f ? 'blob') END,
-		t.k = m.turn - r.run
-	FROM r, m, LATERAL (
+		t.k = m.turn - r.run OR s.starved, s.beyond
+	FROM r, m, s, LATERAL (
 		SELECT t.id, t.workflow_id, t.owner_id, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas, t.attempts,
 			t.ckpt_ms, t.max_replicas, t.avoid, t.failed_by, t.setup, row_number() OVER (ORDER BY t.sort_key, t.id) AS k
 		FROM tasks t

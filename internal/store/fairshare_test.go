@@ -115,3 +115,78 @@ func TestCandidatesShareTheQueueBetweenOwners(t *testing.T) {
 		t.Errorf("claimed attempts of owners %v, want %v", got, want)
 	}
 }
+
+// newOwner makes an owner of f's module, for the tests of fair sharing.
+func (f *fixture) newOwner(t *testing.T, name string) int64 {
+	t.Helper()
+	ctx := context.Background()
+	tok, err := f.s.CreateOwner(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.s.OwnerByToken(ctx, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.s.PutModule(ctx, o.ID, f.module, []byte("\x00asm"), []string{}); err != nil {
+		t.Fatal(err)
+	}
+	return o.ID
+}
+
+// An owner whose running attempts put its first ready task past the turn
+// the window ends at gives no candidate; the read must still say that
+// ready tasks may follow (more), or the dispatcher leaves its idle slots
+// idle until its next poll while that owner's backlog waits: here the
+// other owner's single task is all that is read.
+func TestCandidatesSayMoreForAnOwnerPastTheTurn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	b := f.newOwner(t, "b")
+	var big NewWorkflow
+	for i := range 20 {
+		big.Tasks = append(big.Tasks, f.task(fmt.Sprintf("a%03d", i)))
+	}
+	big.Name, big.Priority = "a", "batch"
+	if _, err := f.s.CreateWorkflow(ctx, f.owner, &big); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.s.CreateWorkflow(ctx, b, &NewWorkflow{Name: "b", Priority: "batch", Tasks: []NewTask{f.task("b000")}}); err != nil {
+		t.Fatal(err)
+	}
+	cs, more, err := f.s.Candidates(ctx, 5, map[int64]int{f.owner: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) == 0 || cs[0].Name != "b000" {
+		t.Fatalf("candidates %v, want b000 first", cs)
+	}
+	if len(cs) < 5 && !more {
+		t.Errorf("%d candidates and more false, while the first owner has 20 ready tasks", len(cs))
+	}
+}
+
+// Past MaxQueueOwners owners with ready tasks, those of the highest ids are
+// not read: the read must say that ready tasks may follow.
+func TestCandidatesSayMorePastMaxQueueOwners(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	for i := range MaxQueueOwners + 1 {
+		o := f.owner
+		if i > 0 {
+			o = f.newOwner(t, fmt.Sprintf("o%d", i))
+		}
+		if _, err := f.s.CreateWorkflow(ctx, o, &NewWorkflow{Name: "w", Priority: "batch", Tasks: []NewTask{f.task("t")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cs, more, err := f.s.Candidates(ctx, 2*MaxQueueOwners, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) < MaxQueueOwners+1 && !more {
+		t.Errorf("%d candidates of %d ready tasks, and more false", len(cs), MaxQueueOwners+1)
+	}
+}
