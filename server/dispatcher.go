@@ -45,6 +45,10 @@ type dispatcher struct {
 	// widen: the candidate window of the next round is 2^widen times the
 	// usual (candidateWindow). Only run's goroutine uses it.
 	widen int
+	// shortWindow: the last round's window held fewer ready tasks than
+	// its size while more were ready (other owners' tasks, past their
+	// turns: store.Candidates). Only run's goroutine uses it.
+	shortWindow bool
 	// readyGen counts the wake-ups for tasks that became ready (wake);
 	// cands are ready tasks a round read and did not claim, good while
 	// readyGen has not moved.
@@ -165,8 +169,11 @@ func (d *dispatcher) run(ctx context.Context) {
 				continue
 			}
 			// Slots left idle wait for the next wake-up, unless this round
-			// widened the window: a wider one may find work for them now.
-			if n < len(slots) && d.widen <= widen {
+			// widened the window (a wider one may find work for them now)
+			// or claimed what its short window held of some owners' tasks
+			// while others' waited past their turns: with those claimed,
+			// the next read reaches the others'.
+			if n < len(slots) && d.widen <= widen && !(d.shortWindow && n > 0) {
 				break
 			}
 		}
@@ -345,6 +352,7 @@ func (d *dispatcher) assign(ctx context.Context, slots []*conn) (claimedN, plann
 		excluding = d.choosy(time.Now(), workers)
 	}
 	d.widen = nextWiden(d.widen, limit, full, len(picks), len(slots), excluding)
+	d.shortWindow = full && len(cands) < limit
 	d.cands.claimed(claimed, len(picks), len(slots), err, time.Now())
 	return len(claimed), len(picks), more, err
 }

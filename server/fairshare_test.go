@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/store"
 )
 
@@ -75,5 +76,60 @@ func TestOwnersShareTheSlots(t *testing.T) {
 		if task.State != store.StateRunning {
 			t.Errorf("the second owner's task %s is %s, want running", task.Name, task.State)
 		}
+	}
+}
+
+// An owner far past its turn (it runs many attempts here) still gets the
+// slots another owner's few tasks leave idle, in the same dispatch run:
+// once the other's are claimed, the next read reaches its tasks. Before,
+// the slots waited for the next wake-up or poll (a minute here).
+func TestSlotsLeftByAFewTasksGoToTheBusyOwnerAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	f.submitMany(t, 100)
+	tok, err := f.st.CreateOwner(ctx, "second")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := f.st.OwnerByToken(ctx, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.st.PutModule(ctx, second.ID, f.module, []byte("\x00asm"), []string{}); err != nil {
+		t.Fatal(err)
+	}
+	one := store.NewTask{Name: "one", Module: f.module, MaxAttempts: 1, TimeoutMS: 1000, MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10}
+	if _, err := f.st.CreateWorkflow(ctx, second.ID, &store.NewWorkflow{Name: "one", Priority: "batch", Tasks: []store.NewTask{one}}); err != nil {
+		t.Fatal(err)
+	}
+	s := New(f.st, Config{Replica: "r", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	// The first owner runs 5,000 attempts on this replica (a worker whose
+	// slots they all fill).
+	reg, err := f.st.RegisterWorker(ctx, store.WorkerHello{Kind: "headless", Slots: 5000}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := socketless(s, reg.ID, 5000)
+	held := make([]protocol.Assign, 5000)
+	owners := make([]int64, 5000)
+	for i := range held {
+		held[i], owners[i] = protocol.Assign{Attempt: int64(1_000_000 + i), Module: f.module}, f.owner.ID
+	}
+	s.hub.setFree(full, 0)
+	if !s.hub.started(full, held, owners) {
+		t.Fatal("started refused")
+	}
+	socketless(s, f.worker.ID, 4)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go s.disp.run(rctx)
+	s.disp.wake()
+	deadline := time.Now().Add(30 * time.Second) // bounds the test, claims nothing
+	for s.hub.runningByOwner()[f.owner.ID] < 5003 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := s.hub.runningByOwner(); got[second.ID] != 1 || got[f.owner.ID] != 5003 {
+		t.Errorf("attempts running by owner %v, want the second owner's task and 3 of the first's beside its 5,000", got)
 	}
 }
