@@ -17,6 +17,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cyclepool/cyclepool/api"
 	"github.com/cyclepool/cyclepool/client"
 	"github.com/cyclepool/cyclepool/internal/wasmtest"
 )
@@ -627,15 +628,20 @@ func argLoop(at byte) []byte {
 }
 
 // behindALongAttempt opens a volunteer page running threads tasks at once
-// and keeps all of them busy; then it queues a long attempt (of args
-// billions of steps) of a module known to be short and seven short ones of
-// another workflow (once the long one is assigned, with assigned: back to
-// back, the short ones could be assigned first, run first in the batch, and
-// leave it before a test sees them in it): they go to a task Web Worker
-// together, the long one first, in one batch. The two
-// modules are argLoop(at[0]) and argLoop(at[1]). It returns the page, the
-// two workflows' ids, and its task Web Workers' counts before the long one.
-func behindALongAttempt(t *testing.T, p *platform, at [2]byte, threads int, args []string, assigned bool) (b *browser, long, short string, before taskWorkers) {
+// and keeps all of them busy with attempts that run until cancelled; then
+// it queues a long attempt (of args billions of steps) of a module known to
+// be short and, once that is assigned, seven short ones of another
+// workflow (back to back, the short ones could be assigned first, run
+// first in the batch, and leave it before a test sees them in it). Once
+// all are assigned, it cancels one busy attempt: the thread that frees
+// takes them together, the long one first, in one batch, which it waits to
+// see. No thread comes free before a test says so, however a loaded
+// machine shares the CPU between them: free cancels the other busy
+// attempts and returns the task Web Workers' counts once theirs are
+// terminated. The two modules are argLoop(at[0]) and argLoop(at[1]). It
+// returns the page, the two workflows' ids, free, and its task Web
+// Workers' counts with the batch under way.
+func behindALongAttempt(t *testing.T, p *platform, at [2]byte, threads int, args []string) (b *browser, long, short string, free func() taskWorkers, before taskWorkers) {
 	t.Helper()
 	ctx := context.Background()
 	var mods [2]string
@@ -663,26 +669,55 @@ func behindALongAttempt(t *testing.T, p *platform, at [2]byte, threads int, args
 	if st := wait(t, p.client, submit(t, p.client, workflow("warm", warm...)), 60*time.Second); st.State != "done" {
 		t.Fatalf("warm-up ended %s", st.State)
 	}
+	// A minute of steps each: they end when cancelled.
+	forever := make([]string, 60)
+	for i := range forever {
+		forever[i] = "x"
+	}
 	busyTasks := make([]task, threads)
 	for i := range busyTasks {
-		busyTasks[i] = task{"name": fmt.Sprintf("busy%d", i), "module": busy, "args": []string{"x"}}
+		busyTasks[i] = task{"name": fmt.Sprintf("busy%d", i), "module": busy, "args": forever}
 	}
-	submit(t, p.client, workflow("busy", busyTasks...))
+	busyID := submit(t, p.client, workflow("busy", busyTasks...))
 	eventually(t, 30*time.Second, "the task Web Workers to be busy", func() bool { return b.status().TaskWorkers.Busy >= threads })
-	before = b.status().TaskWorkers
 	long = submit(t, p.client, workflow("long", task{"name": "long", "module": loop, "args": args}))
-	if assigned {
-		eventually(t, 30*time.Second, "the long attempt to be assigned", func() bool {
-			as, err := p.client.Attempts(ctx, long, "long")
-			return err == nil && len(as) == 1
-		})
-	}
+	eventually(t, 30*time.Second, "the long attempt to be assigned", func() bool {
+		as, err := p.client.Attempts(ctx, long, "long")
+		return err == nil && len(as) == 1
+	})
 	shorts := make([]task, 7)
 	for i := range shorts {
 		shorts[i] = task{"name": fmt.Sprintf("s%d", i), "module": loop}
 	}
 	short = submit(t, p.client, workflow("shorts", shorts...))
-	return b, long, short, before
+	eventually(t, 30*time.Second, "the short attempts to be assigned", func() bool {
+		st, err := p.client.Status(ctx, short)
+		return err == nil && !slices.ContainsFunc(st.Tasks, func(t api.Task) bool { return t.State != "running" })
+	})
+	cancelBusy := func(i int) {
+		if _, err := p.client.CancelTask(ctx, busyID, fmt.Sprintf("busy%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancelBusy(0)
+	eventually(t, 30*time.Second, "the long attempt to be given to a task Web Worker with the short ones", func() bool {
+		s := b.status() // tasks named workflow/task
+		return slices.ContainsFunc(s.Running, func(r runningTask) bool { return strings.HasPrefix(r.Task, long+"/") }) &&
+			slices.ContainsFunc(s.Running, func(r runningTask) bool { return strings.HasPrefix(r.Task, short+"/") })
+	})
+	before = b.status().TaskWorkers
+	free = func() taskWorkers {
+		for i := 1; i < threads; i++ {
+			cancelBusy(i)
+		}
+		var after taskWorkers
+		eventually(t, 30*time.Second, "the busy attempts' task Web Workers to be terminated", func() bool {
+			after = b.status().TaskWorkers
+			return after.Terminated >= before.Terminated+threads-1
+		})
+		return after
+	}
+	return b, long, short, free, before
 }
 
 // Cancelling attempts that wait in a batch behind a running one skips
@@ -694,21 +729,15 @@ func TestBrowserCancelInABatchSparesTheRunningAttempt(t *testing.T) {
 	ctx := context.Background()
 	// One thread: nothing is given back from the batch (no thread is
 	// idle to take it), so the short attempts wait in it until cancelled.
-	b, long, short, _ := behindALongAttempt(t, p, [2]byte{4, 8}, 1, []string{"x"}, true)
-	eventually(t, 60*time.Second, "the long attempt to be given to a task Web Worker with others", func() bool {
-		s := b.status() // tasks named workflow/task
-		return slices.ContainsFunc(s.Running, func(r runningTask) bool { return strings.HasPrefix(r.Task, long+"/") }) &&
-			slices.ContainsFunc(s.Running, func(r runningTask) bool { return strings.HasPrefix(r.Task, short+"/") })
-	})
-	before := b.status().TaskWorkers.Terminated
+	b, long, short, _, before := behindALongAttempt(t, p, [2]byte{4, 8}, 1, []string{"x"})
 	if _, err := p.client.Cancel(ctx, short); err != nil {
 		t.Fatal(err)
 	}
 	if st := wait(t, p.client, long, 60*time.Second); st.State != "done" {
 		t.Fatalf("the long workflow ended %s", st.State)
 	}
-	if after := b.status().TaskWorkers.Terminated; after != before {
-		t.Errorf("%d task Web Workers terminated by the cancel of attempts that had not started, want none", after-before)
+	if after := b.status().TaskWorkers.Terminated; after != before.Terminated {
+		t.Errorf("%d task Web Workers terminated by the cancel of attempts that had not started, want none", after-before.Terminated)
 	}
 }
 
@@ -721,7 +750,8 @@ func TestBrowserLongAttemptGivesBackItsBatch(t *testing.T) {
 	p := newPlatform(t)
 	// Two threads: one for the long attempt, one to take what it gives
 	// back; the long attempt runs two billion steps.
-	b, long, short, before := behindALongAttempt(t, p, [2]byte{12, 16}, 2, []string{"x", "x"}, true)
+	b, long, short, free, before := behindALongAttempt(t, p, [2]byte{12, 16}, 2, []string{"x", "x"})
+	freed := free() // the other thread comes free while the long attempt runs
 	for _, id := range []string{long, short} {
 		if st := wait(t, p.client, id, 60*time.Second); st.State != "done" {
 			t.Fatalf("workflow %s ended %s", id, st.State)
@@ -731,8 +761,8 @@ func TestBrowserLongAttemptGivesBackItsBatch(t *testing.T) {
 	if after.GivenBack <= before.GivenBack {
 		t.Errorf("no attempt was given back from the long attempt's batch (%d before, %d after)", before.GivenBack, after.GivenBack)
 	}
-	if after.Terminated != before.Terminated {
-		t.Errorf("%d task Web Workers terminated, want none", after.Terminated-before.Terminated)
+	if after.Terminated != freed.Terminated {
+		t.Errorf("%d task Web Workers terminated, want none", after.Terminated-freed.Terminated)
 	}
 	la := attempts(t, p.client, long, "long")
 	if len(la) != 1 || la[0].EndedAt == nil {
