@@ -7,11 +7,13 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cyclepool/cyclepool/client"
+	"github.com/cyclepool/cyclepool/internal/taskbuild"
 )
 
 // An owner deletes, with the CLI, a workflow that has ended: its status
@@ -21,13 +23,15 @@ import (
 func TestDeleteWorkflows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	p := newPlatform(t, "--data-quota", "2") // MiB
+	// Modules count in the quota: room for them, and 2 to 3 MiB of data.
+	modules := len(taskbuild.Bytes(t, "echo")) + len(taskbuild.Bytes(t, "spin"))
+	p := newPlatform(t, "--data-quota", strconv.Itoa((modules+1<<20-1)>>20+2)) // MiB
 	startWorker(t, "worker", 1, p.srv.url)
 	echo := push(t, p.client, "echo")
 	spin := push(t, p.client, "spin")
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data.txt")
-	if err := os.WriteFile(data, []byte(strings.Repeat("d", 1200<<10)), 0o644); err != nil {
+	if err := os.WriteFile(data, []byte(strings.Repeat("d", 1600<<10)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	blob, err := p.client.PushData(ctx, data, false)
@@ -43,8 +47,8 @@ func TestDeleteWorkflows(t *testing.T) {
 	if err := p.client.RemoveData(ctx, blob.ID); err != nil {
 		t.Fatal(err)
 	}
-	// The workflow still reads the data: 1.2 MiB more do not fit in 2.
-	if _, err := p.client.PushData(ctx, writeFile(t, dir, "more.txt", strings.Repeat("m", 1200<<10)), false); err == nil {
+	// The workflow still reads the data: 1.6 MiB more do not fit in 3.
+	if _, err := p.client.PushData(ctx, writeFile(t, dir, "more.txt", strings.Repeat("m", 1600<<10)), false); err == nil {
 		t.Fatal("data over the quota was accepted while a workflow holds the removed data")
 	}
 	env := []string{"CYCLEPOOL_SERVER=" + p.srv.url, "CYCLEPOOL_TOKEN=" + p.srv.token}
@@ -59,7 +63,7 @@ func TestDeleteWorkflows(t *testing.T) {
 	if _, err := p.client.Status(ctx, done); !errors.As(err, &ae) || ae.Status != 404 {
 		t.Errorf("status of a deleted workflow: %v, want 404", err)
 	}
-	if _, err := p.client.PushData(ctx, writeFile(t, dir, "more.txt", strings.Repeat("m", 1200<<10)), false); err != nil {
+	if _, err := p.client.PushData(ctx, writeFile(t, dir, "more.txt", strings.Repeat("m", 1600<<10)), false); err != nil {
 		t.Errorf("data under the quota after the delete: %v", err)
 	}
 	if _, err := p.client.Cancel(ctx, running); err != nil {
@@ -79,3 +83,4 @@ func writeFile(t *testing.T, dir, name, content string) string {
 	}
 	return p
 }
+

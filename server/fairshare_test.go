@@ -30,7 +30,7 @@ func TestOwnersShareTheSlots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := f.st.PutModule(ctx, second.ID, f.module, []byte("\x00asm"), []string{}); err != nil {
+	if _, _, err := f.st.PutModule(ctx, second.ID, 1<<30, f.module, []byte("\x00asm"), []string{}); err != nil {
 		t.Fatal(err)
 	}
 	var small []store.NewTask

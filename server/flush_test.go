@@ -115,7 +115,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	mod := "sha256:" + fmt.Sprintf("%064x", 1)
-	if _, _, err := st.PutModule(ctx, owner.ID, mod, []byte("\x00asm"), []string{}); err != nil {
+	if _, _, err := st.PutModule(ctx, owner.ID, 1<<30, mod, []byte("\x00asm"), []string{}); err != nil {
 		t.Fatal(err)
 	}
 	reg, err := st.RegisterWorker(ctx, store.WorkerHello{Kind: "headless", Slots: 1}, time.Minute)
@@ -285,7 +285,7 @@ func TestWindowWidensPastTasksTheWorkersMayNotTake(t *testing.T) {
 			f := newFixture(t)
 			module := cmp.Or(tc.module, f.module)
 			if module != f.module {
-				if _, _, err := f.st.PutModule(ctx, f.owner.ID, module, []byte("\x00asm"), []string{}); err != nil {
+				if _, _, err := f.st.PutModule(ctx, f.owner.ID, 1<<30, module, []byte("\x00asm"), []string{}); err != nil {
 					t.Fatal(err)
 				}
 			}

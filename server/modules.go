@@ -234,7 +234,12 @@ func (s *Server) handlePushModule(w http.ResponseWriter, r *http.Request, owner 
 	}
 	sum := sha256.Sum256(body)
 	id := "sha256:" + hex.EncodeToString(sum[:])
-	m, created, err := s.store.PutModule(r.Context(), owner.ID, id, body, imports)
+	m, created, err := s.store.PutModule(r.Context(), owner.ID, s.cfg.DataQuota, id, body, imports)
+	var qe *store.QuotaError
+	if errors.As(err, &qe) {
+		writeError(w, http.StatusRequestEntityTooLarge, "%v; nothing stored", qe)
+		return
+	}
 	if err != nil {
 		s.serverError(w, "store module", err)
 		return

@@ -361,7 +361,7 @@ func TestModuleMemoryIsBounded(t *testing.T) {
 	for _, fill := range []byte{'a', 'b'} {
 		body := bytes.Repeat([]byte{fill}, size)
 		id := moduleID(body)
-		if _, _, err := st.PutModule(ctx, owner.ID, id, body, []string{}); err != nil {
+		if _, _, err := st.PutModule(ctx, owner.ID, 1<<30, id, body, []string{}); err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, id)

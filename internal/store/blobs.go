@@ -37,16 +37,17 @@ type Blob struct {
 	CreatedAt time.Time
 }
 
-// QuotaError refuses an upload that would take an owner's blobs past its
-// quota.
+// QuotaError refuses an upload (of data or of a module) that would take
+// the bytes an owner keeps past its quota.
 type QuotaError struct {
-	Quota int64 // bytes an owner may keep in blobs
+	Quota int64 // bytes an owner may keep in blobs and modules
 	Used  int64 // bytes it keeps now
 	Size  int64 // bytes of the upload, or at least what arrived before it passed the quota
 }
 
 func (e *QuotaError) Error() string {
-	return fmt.Sprintf("the data quota of %d bytes would be exceeded: %d bytes are in use and the upload has %d (remove blobs with `cyclepool data rm`)",
+	return fmt.Sprintf("the data quota of %d bytes would be exceeded: %d bytes are in use and the upload has %d "+
+		"(free some with `cyclepool data rm`, `cyclepool module rm`, or `cyclepool delete` of workflows that ended)",
 		e.Quota, e.Used, e.Size)
 }
 
@@ -91,15 +92,26 @@ type BlobUpload struct {
 // written meanwhile (workflows, blob_uploads).
 const lockOwnerSQL = `SELECT 1 FROM owners WHERE id = $1 FOR NO KEY UPDATE`
 
-// ownerBytesSQL sums the bytes of the blobs that the owner (the parameter
-// owner names) keeps stored, other than the blob except names: those on
-// its list, and those its workflows read (a blob the owner removed from
-// its list stays while one of its workflows reads it, until the workflow
-// is deleted: DeleteWorkflow).
+// ownerBytesSQL sums the bytes that the owner (the parameter owner names)
+// keeps stored, other than the blob except names: the blobs on its list,
+// and those its workflows read (a blob the owner removed from its list
+// stays while one of its workflows reads it, until the workflow is
+// deleted: DeleteWorkflow); and likewise the modules on its list and
+// those its workflows use. Each blob and each module counts once, however
+// many hold it; one the owner shares with other owners counts for each.
 func ownerBytesSQL(owner, except string) string {
-	return `SELECT coalesce(sum(b.size), 0) FROM blobs b WHERE b.id <> ` + except + ` AND b.id IN (
-	SELECT ob.blob_id FROM owner_blobs ob WHERE ob.owner_id = ` + owner + `
-	UNION SELECT wb.blob_id FROM workflows w JOIN workflow_blobs wb ON wb.workflow_id = w.id WHERE w.owner_id = ` + owner + `)`
+	return `SELECT (SELECT coalesce(sum(b.size), 0) FROM blobs b WHERE b.id <> ` + except + ` AND b.id IN (
+		SELECT ob.blob_id FROM owner_blobs ob WHERE ob.owner_id = ` + owner + `
+		UNION SELECT wb.blob_id FROM workflows w JOIN workflow_blobs wb ON wb.workflow_id = w.id WHERE w.owner_id = ` + owner + `))::bigint
+	+ (` + ownerModuleBytesSQL(owner) + `)`
+}
+
+// ownerModuleBytesSQL sums the bytes of the modules the owner keeps: those
+// on its list and those its workflows use, each once.
+func ownerModuleBytesSQL(owner string) string {
+	return `SELECT coalesce(sum(m.size), 0)::bigint FROM modules m WHERE m.id IN (
+		SELECT om.module_id FROM owner_modules om WHERE om.owner_id = ` + owner + `
+		UNION SELECT wm.module_id FROM workflows w JOIN workflow_modules wm ON wm.workflow_id = w.id WHERE w.owner_id = ` + owner + `)`
 }
 
 // BeginBlobUpload starts an upload for owner, who may keep quota bytes in

@@ -185,9 +185,11 @@ UNION SELECT blob_id FROM up`
 // (done, failed or cancelled: else ErrWorkflowRunning), with everything it
 // holds: its tasks, their attempts, edges, outputs and checkpoints, and its
 // hold on the data it read (which counts against the owner's data quota
-// while it is held). The blobs nothing else holds then are deleted with
-// it: the outputs and checkpoints its tasks uploaded, and data the owner
-// removed from its list. ErrNotFound when the owner has no such workflow.
+// while it is held), and on the modules its tasks run (likewise). The
+// blobs and modules nothing else holds then are deleted with it: the
+// outputs and checkpoints its tasks uploaded, and data and modules the
+// owner removed from its list. ErrNotFound when the owner has no such
+// workflow.
 func (s *Store) DeleteWorkflow(ctx context.Context, ownerID int64, id string) error {
 	err := s.tx(ctx, func(tx pgx.Tx) error {
 		state, err := lockWorkflow(ctx, tx, ownerID, id)
@@ -205,12 +207,24 @@ func (s *Store) DeleteWorkflow(ctx context.Context, ownerID int64, id string) er
 		if err != nil {
 			return err
 		}
+		rows, err = tx.Query(ctx, `SELECT module_id FROM workflow_modules WHERE workflow_id = $1`, id)
+		if err != nil {
+			return err
+		}
+		modules, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
 		// The tasks go with it, and their attempts, outputs and edges
-		// with them (the triggers of migration 00013).
+		// with them (the triggers of migration 00013), and its modules'
+		// rows in workflow_modules.
 		if _, err := tx.Exec(ctx, `DELETE FROM workflows WHERE id = $1`, id); err != nil {
 			return err
 		}
-		return dropUnusedBlobs(ctx, tx, blobs)
+		if err := dropUnusedBlobs(ctx, tx, blobs); err != nil {
+			return err
+		}
+		return dropUnusedModules(ctx, tx, modules)
 	})
 	if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrWorkflowRunning) {
 		return fmt.Errorf("delete workflow %s: %w", id, err)

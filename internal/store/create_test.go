@@ -377,7 +377,7 @@ func TestTasksReferenceTheirWorkflowAndModule(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	other := "sha256:" + fmt.Sprintf("%064x", 2)
-	if _, _, err := f.s.PutModule(ctx, f.owner, other, []byte("\x00asm"), []string{}); err != nil {
+	if _, _, err := f.s.PutModule(ctx, f.owner, 1<<30, other, []byte("\x00asm"), []string{}); err != nil {
 		t.Fatal(err)
 	}
 	unknown := "sha256:" + fmt.Sprintf("%064x", 4)

@@ -379,7 +379,7 @@ func TestClaimedRowsKeepTheirOwnValues(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	mod2 := "sha256:" + fmt.Sprintf("%064x", 2)
-	if _, _, err := f.s.PutModule(ctx, f.owner, mod2, []byte("\x00asm"), []string{}); err != nil {
+	if _, _, err := f.s.PutModule(ctx, f.owner, 1<<30, mod2, []byte("\x00asm"), []string{}); err != nil {
 		t.Fatal(err)
 	}
 	other, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 4}, time.Minute)

@@ -30,7 +30,7 @@ func TestCandidatesShareTheQueueBetweenOwners(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := f.s.PutModule(ctx, o.ID, f.module, []byte("\x00asm"), []string{}); err != nil {
+		if _, _, err := f.s.PutModule(ctx, o.ID, 1<<30, f.module, []byte("\x00asm"), []string{}); err != nil {
 			t.Fatal(err)
 		}
 		owners[name] = o.ID

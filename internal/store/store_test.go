@@ -60,7 +60,7 @@ func newFixtureAt(t testing.TB, url string, opts ...Option) *fixture {
 		t.Fatal(err)
 	}
 	mod := "sha256:" + fmt.Sprintf("%064x", 1)
-	if _, _, err := s.PutModule(ctx, o.ID, mod, []byte("\x00asm"), []string{}); err != nil {
+	if _, _, err := s.PutModule(ctx, o.ID, 1<<30, mod, []byte("\x00asm"), []string{}); err != nil {
 		t.Fatal(err)
 	}
 	// One of the operator's workers: a task goes back to it after it
