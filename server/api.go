@@ -30,6 +30,7 @@ type ownerHandler func(http.ResponseWriter, *http.Request, store.Owner)
 func (s *Server) routeAPI(mux *http.ServeMux, owned func(ownerHandler) http.HandlerFunc) {
 	mux.HandleFunc("POST /api/v1/modules", owned(s.handlePushModule))
 	mux.HandleFunc("GET /api/v1/modules", owned(s.handleModules))
+	mux.HandleFunc("DELETE /api/v1/modules/{id}", owned(s.handleRemoveModule))
 	mux.HandleFunc("PUT /api/v1/blobs/{id}", owned(s.handlePushBlob))
 	mux.HandleFunc("POST /api/v1/blobs", owned(s.handlePushBlob))
 	mux.HandleFunc("GET /api/v1/blobs/{id}", owned(s.handleBlob))
@@ -836,13 +837,19 @@ type ownedModule struct {
 	module string
 }
 
-// missingModules returns the modules of list the owner has not pushed. An
-// owner's modules are never taken back, so what was found once is
-// remembered and not looked up again.
+// knownModuleFor is how long missingModules trusts what it found: an
+// owner may remove a module (DELETE /api/v1/modules/{id}) on another
+// replica, which this one hears of no sooner.
+const knownModuleFor = time.Minute
+
+// missingModules returns the modules of list the owner has not pushed.
+// What was found is remembered for knownModuleFor and not looked up again
+// meanwhile; handleRemoveModule forgets it at once on this replica.
 func (s *Server) missingModules(ctx context.Context, owner int64, list []string) ([]string, error) {
 	var unknown []string
+	now := time.Now()
 	for _, m := range list {
-		if _, ok := s.knownModules.Load(ownedModule{owner, m}); !ok {
+		if at, ok := s.knownModules.Load(ownedModule{owner, m}); !ok || now.Sub(at.(time.Time)) > knownModuleFor {
 			unknown = append(unknown, m)
 		}
 	}
@@ -855,7 +862,7 @@ func (s *Server) missingModules(ctx context.Context, owner int64, list []string)
 	}
 	for _, m := range unknown {
 		if !slices.Contains(missing, m) {
-			s.knownModules.Store(ownedModule{owner, m}, true)
+			s.knownModules.Store(ownedModule{owner, m}, now)
 		}
 	}
 	return missing, nil

@@ -55,15 +55,22 @@ const moduleLoadTimeout = time.Minute
 
 // acquire returns the body of module id and a function to call once done
 // with it. A body not held is read with load, after size (its length) has
-// been found to fit.
+// been found to fit. A body kept from earlier requests (in lru) is served
+// only after size has found the module still there: a module can be
+// deleted (store.RemoveModule), and a replica that kept its body would
+// otherwise serve it for as long as nothing needed the room. A body that
+// requests in flight hold is shared without asking again.
 func (m *moduleBodies) acquire(ctx context.Context, id string, size func(context.Context) (int64, error),
 	load func(context.Context) ([]byte, error)) ([]byte, func(), error) {
 	m.mu.Lock()
-	if e := m.entries[id]; e != nil {
+	if e := m.entries[id]; e != nil && e.refs > 0 {
 		return m.wait(ctx, e)
 	}
 	m.mu.Unlock()
 	n, err := size(ctx)
+	if errors.Is(err, store.ErrNotFound) {
+		m.forget(id)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -149,6 +156,19 @@ func (m *moduleBodies) release(e *moduleBody) {
 	m.room = make(chan struct{})
 }
 
+// forget drops the body of module id unless requests hold it (they are
+// served, and the next request asks again).
+func (m *moduleBodies) forget(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.entries[id]; e != nil && e.elem != nil {
+		m.lru.Remove(e.elem)
+		e.elem = nil
+		delete(m.entries, id)
+		m.size -= e.size
+	}
+}
+
 // evict drops the least recently used bodies that nobody holds until n
 // more bytes fit, or none is left; m.mu is held.
 func (m *moduleBodies) evict(n int64) {
@@ -166,7 +186,8 @@ func (m *moduleBodies) evict(n int64) {
 const moduleWriteTimeout = 10 * time.Minute
 
 // handleModule serves module bytes to workers. Modules are immutable, so
-// they are cached forever.
+// they are cached forever; one that was deleted answers 404 from then on
+// (moduleBodies.acquire).
 func (s *Server) handleModule(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	body, release, err := s.modules.acquire(r.Context(), id,
@@ -256,6 +277,24 @@ func (s *Server) handlePushModule(w http.ResponseWriter, r *http.Request, owner 
 		status = http.StatusCreated
 	}
 	writeJSON(w, status, apiModule(m))
+}
+
+// handleRemoveModule takes a module off the owner's list and quota
+// (store.RemoveModule). Another owner's module answers exactly as an
+// unknown one. This replica forgets that the owner has the module, so
+// that a workflow naming it is refused here at once; other replicas look
+// again within knownModuleFor (Server.missingModules). The body is no
+// longer served once the module is deleted (handleModule).
+func (s *Server) handleRemoveModule(w http.ResponseWriter, r *http.Request, owner store.Owner) {
+	id := r.PathValue("id")
+	err := s.store.RemoveModule(r.Context(), owner.ID, id)
+	s.knownModules.Delete(ownedModule{owner.ID, id})
+	if err != nil {
+		s.notFoundOr(w, "module "+id, err)
+		return
+	}
+	s.log.Info("module removed", "module", id, "owner", owner.Name)
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // byteSize writes a size limit as people read it: in MiB when it is a whole

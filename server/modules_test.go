@@ -497,3 +497,89 @@ func waitUnread(t *testing.T, u *turns, n, size, want int, newRequest func() *ht
 		}
 	}
 }
+
+// Modules count in the owner's data quota: a push past it answers 413 as
+// data past it does, saying how to free room, and stores nothing. DELETE
+// /api/v1/modules/{id} takes a module off its owner's list (204; another
+// owner's or an unknown module answers 404); a workflow naming it is then
+// refused as unknown on this replica, though it was found before; and once
+// nothing holds it, its body is not served any more, though it was served
+// (and kept in memory) before.
+func TestModuleQuotaAndRemoval(t *testing.T) {
+	t.Parallel()
+	const quota = 8192
+	b := newBlobServer(t, Config{DataQuota: quota})
+	push := func(token string, body []byte) (int, string) {
+		t.Helper()
+		st, answer, _ := b.do(t, "POST", "/api/v1/modules", token, bytes.NewReader(body), "Content-Type", "application/wasm")
+		return st, string(answer)
+	}
+	submit := func(module string) (int, string) {
+		t.Helper()
+		st, answer, _ := b.do(t, "POST", "/api/v1/workflows", b.alice,
+			strings.NewReader(`{"name": "w", "tasks": [{"name": "t", "module": "`+module+`"}]}`))
+		return st, string(answer)
+	}
+	download := func(id string) int {
+		t.Helper()
+		resp, err := http.Get(b.url + "/modules/" + id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	big := paddedModule(t, 6000, 'a')
+	used := paddedModule(t, 1000, 'u')
+	past := paddedModule(t, 2000, 'p') // 6000 + 1000 + 2000 > 8192
+	for _, m := range [][]byte{big, used} {
+		if st, answer := push(b.alice, m); st != http.StatusCreated {
+			t.Fatalf("push %d bytes: %d %s", len(m), st, answer)
+		}
+	}
+	if st, answer := push(b.alice, big); st != http.StatusOK {
+		t.Fatalf("push a module the owner has, at its quota: %d %s, want 200", st, answer)
+	}
+	if st, answer := push(b.alice, past); st != http.StatusRequestEntityTooLarge ||
+		!strings.Contains(answer, "quota of 8192 bytes") || !strings.Contains(answer, "cyclepool module rm") || !strings.Contains(answer, "nothing stored") {
+		t.Fatalf("push past the quota: %d %s, want 413 naming the quota and how to free room", st, answer)
+	}
+	var stored bool
+	if err := b.db.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM modules WHERE id = $1)`, moduleID(past)).Scan(&stored); err != nil || stored {
+		t.Fatalf("the module refused past the quota was stored (%v)", err)
+	}
+	if st, answer := submit(moduleID(used)); st != http.StatusCreated {
+		t.Fatalf("submit: %d %s", st, answer)
+	}
+	if st := download(moduleID(big)); st != http.StatusOK {
+		t.Fatalf("download: %d", st)
+	}
+
+	for _, tc := range []struct {
+		name, token, id string
+		want            int
+	}{
+		{"another owner's", b.bob, moduleID(big), http.StatusNotFound},
+		{"unknown", b.alice, moduleID([]byte("nobody's")), http.StatusNotFound},
+		{"the owner's", b.alice, moduleID(big), http.StatusNoContent},
+		{"removed already", b.alice, moduleID(big), http.StatusNotFound},
+		{"used by a workflow", b.alice, moduleID(used), http.StatusNoContent},
+	} {
+		if st, answer, _ := b.do(t, "DELETE", "/api/v1/modules/"+tc.id, tc.token, nil); st != tc.want {
+			t.Errorf("remove %s module: %d %s, want %d", tc.name, st, answer, tc.want)
+		}
+	}
+	if st := download(moduleID(big)); st != http.StatusNotFound {
+		t.Errorf("download of a module deleted after it was served: %d, want 404", st)
+	}
+	if st := download(moduleID(used)); st != http.StatusOK {
+		t.Errorf("download of a removed module a workflow uses: %d, want 200", st)
+	}
+	if st, answer := submit(moduleID(used)); st != http.StatusBadRequest || !strings.Contains(answer, "unknown module "+moduleID(used)+": push it first") {
+		t.Errorf("submit naming a removed module: %d %s, want 400 saying to push it first", st, answer)
+	}
+	if st, answer := push(b.alice, past); st != http.StatusCreated {
+		t.Errorf("push once room was freed: %d %s, want 201", st, answer)
+	}
+}

@@ -194,7 +194,7 @@ type Server struct {
 	hellos      *batcher[hello]
 
 	owners       sync.Map // token -> store.Owner, positive cache
-	knownModules sync.Map // ownedModule -> true: modules an owner has pushed
+	knownModules sync.Map // ownedModule -> time.Time: modules an owner has pushed, and when that was found
 	operatorKeys sync.Map // key -> true: operator keys, positive cache
 	modules      *moduleBodies
 	// moduleUploads bounds the module uploads read at once (in uploads):
