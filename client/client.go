@@ -245,6 +245,18 @@ func (c *Client) Modules(ctx context.Context) ([]Module, error) {
 	return doc.Modules, nil
 }
 
+// RemoveModule takes a module off the owner's list (and out of its data
+// quota); workflows that use it keep it until they are deleted. A module
+// the owner has not pushed is an error (HTTP 404).
+func (c *Client) RemoveModule(ctx context.Context, id string) error {
+	resp, err := c.do(ctx, http.MethodDelete, pathOf("modules", id), nil, "", "")
+	if err != nil {
+		return fmt.Errorf("remove module %s: %w", id, err)
+	}
+	resp.Body.Close()
+	return nil
+}
+
 // Submit submits a workflow file whose every module is already a module id
 // (see SubmitFile for files that name modules by path). The bytes are sent
 // as they are; the server judges them.

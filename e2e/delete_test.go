@@ -4,7 +4,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -84,3 +86,66 @@ func writeFile(t *testing.T, dir, name, content string) string {
 	return p
 }
 
+// An owner removes modules with the CLI: its list no longer shows them, a
+// workflow naming one is refused as unknown, and one nothing else holds is
+// no longer served to workers; one the owner's workflow uses still is,
+// and counts in the owner's quota until the workflow is deleted. Another
+// owner cannot remove them.
+func TestRemoveModules(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newPlatform(t)
+	echo := push(t, p.client, "echo")
+	spin := push(t, p.client, "spin")
+	running := submit(t, p.client, workflow("running", task{"name": "s", "module": spin}))
+	env := []string{"CYCLEPOOL_SERVER=" + p.srv.url, "CYCLEPOOL_TOKEN=" + p.srv.token}
+
+	out, err := runCLI(t, p.db, "token", "create", "other")
+	if err != nil {
+		t.Fatalf("token create: %v\n%s", err, out)
+	}
+	otherEnv := []string{"CYCLEPOOL_SERVER=" + p.srv.url, "CYCLEPOOL_TOKEN=" + strings.TrimSpace(out)}
+	if out, err := runIn("", otherEnv, time.Minute, "module", "rm", echo); err == nil || !strings.Contains(out, "HTTP 404") {
+		t.Fatalf("another owner's module rm: %v\n%s", err, out)
+	}
+	if out, err := runIn("", env, time.Minute, "module", "rm"); err == nil || !strings.Contains(out, "rm needs at least one module id") {
+		t.Errorf("module rm without ids: %v\n%s", err, out)
+	}
+	if out, err := runIn("", env, time.Minute, "module", "rm", echo, spin); err != nil {
+		t.Fatalf("module rm: %v\n%s", err, out)
+	}
+	if out, err := runIn("", env, time.Minute, "module", "list"); err != nil || strings.Contains(out, echo) || strings.Contains(out, spin) {
+		t.Errorf("module list after rm: %v\n%s", err, out)
+	}
+	if out, err := runIn("", env, time.Minute, "module", "rm", echo); err == nil || !strings.Contains(out, "HTTP 404") {
+		t.Errorf("module rm twice: %v\n%s", err, out)
+	}
+	b, _ := json.Marshal(workflow("again", task{"name": "e", "module": echo}))
+	if _, err := p.client.Submit(ctx, b); err == nil || !strings.Contains(err.Error(), "unknown module "+echo) {
+		t.Errorf("submit naming a removed module: %v, want unknown module", err)
+	}
+	served := func(id string) int {
+		t.Helper()
+		resp, err := http.Get(p.srv.url + "/modules/" + id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if st := served(echo); st != http.StatusNotFound {
+		t.Errorf("a removed module nothing holds: %d, want 404", st)
+	}
+	if st := served(spin); st != http.StatusOK {
+		t.Errorf("a removed module a workflow uses: %d, want 200", st)
+	}
+	if _, err := p.client.Cancel(ctx, running); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runIn("", env, time.Minute, "delete", running); err != nil {
+		t.Fatalf("delete: %v\n%s", err, out)
+	}
+	if st := served(spin); st != http.StatusNotFound {
+		t.Errorf("the module of a deleted workflow, removed before: %d, want 404", st)
+	}
+}

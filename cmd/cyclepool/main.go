@@ -39,7 +39,7 @@ func commands() []command {
 		{"worker", "worker --server URL [--slots N] [--cache-dir DIR]", "run a headless worker", runWorker},
 		{"token", "token create NAME [--data-dir DIR | --database-url URL]", "create an owner token", runToken},
 		{"sim", "sim SCENARIO [--json] [--seed N] | --list", "run a scheduling simulation", runSim},
-		{"module", "module push FILE.wasm... | module list", "push WebAssembly modules (prints their ids) or list them", runModule},
+		{"module", "module push FILE.wasm... | module list | module rm ID...", "push WebAssembly modules (prints their ids), list or remove them", runModule},
 		{"data", "data push [--archive] FILE|DIR... | data list | data rm ID...", "push data files and directories tasks mount (prints their ids), list or remove them", runData},
 		{"submit", "submit WORKFLOW.json [--wait D]", "push the workflow's module and data paths and submit it (prints the workflow id); with --wait, wait for its end as wait does", runSubmit},
 		{"status", "status ID [--watch] [--json]", "show a workflow's tasks, once or live", runStatus},

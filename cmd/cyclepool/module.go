@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// runModule is "cyclepool module push FILE.wasm..." and "cyclepool module list".
+// runModule is "cyclepool module push FILE.wasm... | module list | module rm ID...".
 func runModule(ctx context.Context, args []string) error {
 	fs := newFlagSet("module")
 	own := addOwnerFlags(fs)
@@ -18,7 +18,7 @@ func runModule(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(rest) == 0 {
-		return usageError("module", "expected push or list")
+		return usageError("module", "expected push, list or rm")
 	}
 	c := own.client()
 	switch rest[0] {
@@ -52,6 +52,16 @@ func runModule(ctx context.Context, args []string) error {
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", m.ID, m.Name, m.Size, m.CreatedAt.Local().Format(time.DateTime))
 		}
 		return tw.Flush()
+	case "rm":
+		if len(rest) < 2 {
+			return usageError("module", "rm needs at least one module id")
+		}
+		for _, id := range rest[1:] {
+			if err := c.RemoveModule(ctx, id); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	return usageError("module", "unknown subcommand %q", rest[0])
 }
