@@ -53,8 +53,8 @@ type Config struct {
 	MaxFrameBytes int
 	// MaxModuleBytes bounds an uploaded module (default 64 MiB).
 	MaxModuleBytes int
-	// DataQuota is how many bytes of data blobs one owner may keep
-	// (default 10 GiB); it also bounds one blob.
+	// DataQuota is how many bytes of data blobs and modules one owner
+	// may keep (default 10 GiB); it also bounds one blob.
 	DataQuota int64
 	// WorkerRetention is how long the record of a disconnected worker is
 	// kept (default 30 days); maintenance deletes older ones, every hour.

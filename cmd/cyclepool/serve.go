@@ -61,7 +61,7 @@ func runServe(ctx context.Context, args []string) error {
 	newWorkerBurst := fs.Int("new-workers-per-address", 30, "new worker identities one address may make at once, then one per --new-worker-every")
 	newWorkerEvery := fs.Duration("new-worker-every", 20*time.Second, "how often an address may make one more new worker identity "+
 		"(0: no limit; behind a reverse proxy every volunteer has the proxy's address)")
-	dataQuota := fs.Int64("data-quota", 10<<10, "MiB of data blobs one owner may keep (docs/DATA.md)")
+	dataQuota := fs.Int64("data-quota", 10<<10, "MiB of data blobs and modules one owner may keep (docs/DATA.md)")
 	nprocs := fs.Int("procs", 0, "CPUs running the server's code at once (GOMAXPROCS); default: GOMAXPROCS if set, else half the CPUs with the embedded PostgreSQL, all of them with --database-url")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
