@@ -96,7 +96,7 @@ func TestSlotsLeftByAFewTasksGoToTheBusyOwnerAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := f.st.PutModule(ctx, second.ID, f.module, []byte("\x00asm"), []string{}); err != nil {
+	if _, _, err := f.st.PutModule(ctx, second.ID, 1<<30, f.module, []byte("\x00asm"), []string{}); err != nil {
 		t.Fatal(err)
 	}
 	one := store.NewTask{Name: "one", Module: f.module, MaxAttempts: 1, TimeoutMS: 1000, MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10}

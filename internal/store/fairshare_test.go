@@ -128,7 +128,7 @@ func (f *fixture) newOwner(t *testing.T, name string) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := f.s.PutModule(ctx, o.ID, f.module, []byte("\x00asm"), []string{}); err != nil {
+	if _, _, err := f.s.PutModule(ctx, o.ID, 1<<30, f.module, []byte("\x00asm"), []string{}); err != nil {
 		t.Fatal(err)
 	}
 	return o.ID
