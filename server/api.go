@@ -16,6 +16,7 @@ import (
 
 	"github.com/cyclepool/cyclepool/api"
 	"github.com/cyclepool/cyclepool/internal/store"
+	"github.com/cyclepool/cyclepool/internal/throttle"
 	"github.com/cyclepool/cyclepool/internal/workflow"
 )
 
@@ -53,7 +54,11 @@ func (s *Server) routeAPI(mux *http.ServeMux, owned func(ownerHandler) http.Hand
 	})
 }
 
-// authed resolves the bearer token to an owner, or answers 401.
+// authed resolves the bearer token to an owner, or answers 401. A token
+// not in the cache is looked up only for an address not past its wrong
+// tokens (Server.failures, shared with the dashboard's sign-in): past
+// them, 429 with Retry-After and no query, so that random tokens cost the
+// database nothing and guessing is slow. A cached token is never held.
 func (s *Server) authed(h ownerHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
@@ -65,8 +70,17 @@ func (s *Server) authed(h ownerHandler) http.HandlerFunc {
 			h(w, r, o.(store.Owner))
 			return
 		}
+		addr := remoteHost(r)
+		if wait := s.failures.Wait(addr); wait > 0 {
+			s.log.Info("owner token throttled", "remote", r.RemoteAddr)
+			w.Header().Set("Retry-After", throttle.RetryAfter(wait))
+			writeError(w, http.StatusTooManyRequests, "too many unknown owner tokens from this address: try again in %s", throttle.RetryAfter(wait)+"s")
+			return
+		}
 		o, err := s.store.OwnerByToken(r.Context(), token)
 		if errors.Is(err, store.ErrNotFound) {
+			s.failures.Fail(addr)
+			s.log.Info("owner token refused", "remote", r.RemoteAddr)
 			writeError(w, http.StatusUnauthorized, "unknown owner token")
 			return
 		}

@@ -27,7 +27,7 @@ func (s *Server) Dashboard() http.Handler {
 		key = make([]byte, 32)
 		_, _ = rand.Read(key)
 	}
-	return app.New(dashboardBackend{s}, app.Options{Key: key, Logger: s.log})
+	return app.New(dashboardBackend{s}, app.Options{Key: key, Logger: s.log, Failures: s.failures})
 }
 
 // dashboardBackend is what the dashboard may use of the server.

@@ -23,6 +23,7 @@ import (
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/sched"
 	"github.com/cyclepool/cyclepool/internal/store"
+	"github.com/cyclepool/cyclepool/internal/throttle"
 	"github.com/cyclepool/cyclepool/internal/version"
 	"github.com/cyclepool/cyclepool/internal/wasmcheck"
 	"github.com/cyclepool/cyclepool/web"
@@ -215,6 +216,10 @@ type Server struct {
 	health *writeHealth
 	// gate decides, per source address, who may connect as a worker.
 	gate *gatekeeper
+	// failures counts the wrong secrets each address sent (owner tokens to
+	// the API and the dashboard's sign-in, operator keys): past them, its
+	// next are refused (429) before any lookup.
+	failures *throttle.Failures
 }
 
 type renewal struct {
@@ -253,6 +258,7 @@ func New(st *store.Store, cfg Config) *Server {
 		rt:            newRuntimes(),
 		ends:          newFinishWaiters(),
 		gate:          newGatekeeper(cfg.NewWorkerEvery, cfg.NewWorkerBurst),
+		failures:      throttle.New(throttle.Config{}),
 	}
 	s.upgrader = websocket.Upgrader{
 		// Workers need no origin: volunteers' pages may be served from

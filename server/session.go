@@ -21,6 +21,7 @@ import (
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/store"
+	"github.com/cyclepool/cyclepool/internal/throttle"
 	"github.com/cyclepool/cyclepool/internal/workflow"
 )
 
@@ -44,6 +45,15 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if key != "" {
+		// A key not yet accepted is looked up only for an address not
+		// past its wrong secrets (Server.failures), as the API's tokens.
+		if _, known := s.operatorKeys.Load(key); !known {
+			if wait := s.failures.Wait(remoteHost(r)); wait > 0 {
+				w.Header().Set("Retry-After", throttle.RetryAfter(wait))
+				http.Error(w, "too many unknown operator keys from this address; try again later", http.StatusTooManyRequests)
+				return
+			}
+		}
 		ok, err := s.operatorKeyValid(r.Context(), key)
 		switch {
 		case err != nil:
@@ -52,10 +62,12 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "the server could not check the operator key just now; try again", http.StatusServiceUnavailable)
 			return
 		case !ok:
-			// Guessing keys is a refusal like a bad hello: an address
-			// that keeps guessing is kept out, then only its keys are
-			// checked, one a second.
+			// Guessing keys is a refusal like a bad hello (an address
+			// that keeps guessing is kept out of keyless connections)
+			// and a wrong secret: past Server.failures, its keys are no
+			// longer looked up.
 			s.gate.refused(remoteHost(r), time.Now())
+			s.failures.Fail(remoteHost(r))
 			s.log.Info("worker refused: unknown operator key", "remote", r.RemoteAddr)
 			http.Error(w, "unknown operator key: connect without one, or with a key `cyclepool serve` made", http.StatusUnauthorized)
 			return

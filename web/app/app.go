@@ -33,6 +33,7 @@ import (
 	"github.com/cyclepool/cyclepool/internal/assets"
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/store"
+	"github.com/cyclepool/cyclepool/internal/throttle"
 	"github.com/cyclepool/cyclepool/internal/workflow"
 )
 
@@ -106,6 +107,11 @@ type Options struct {
 	Logger *slog.Logger
 	// SessionTTL is how long a sign-in lasts (default 12h).
 	SessionTTL time.Duration
+	// Failures counts wrong tokens per address; sign-in is refused (429)
+	// to an address past them. The server shares its own with the API's
+	// bearer auth, so that guessing through both is no faster. Nil: the
+	// dashboard counts its own (throttle.New's defaults: 10 a minute).
+	Failures *throttle.Failures
 }
 
 type ownerKey struct{}
@@ -128,8 +134,8 @@ type handler struct {
 	log    *slog.Logger
 	assets *assets.Set
 	mux    *http.ServeMux
-	// signIns slows down token guessing (signInThrottle).
-	signIns *signInThrottle
+	// failures slows down token guessing (Options.Failures).
+	failures *throttle.Failures
 }
 
 // csp allows nothing inline: scripts and styles come from /app/static/.
@@ -141,10 +147,13 @@ func New(b Backend, opt Options) http.Handler {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
+	if opt.Failures == nil {
+		opt.Failures = throttle.New(throttle.Config{})
+	}
 	if opt.SessionTTL <= 0 {
 		opt.SessionTTL = 12 * time.Hour
 	}
-	h := &handler{b: b, api: b.API(), opt: opt, log: opt.Logger, assets: loadAssets(), mux: http.NewServeMux(), signIns: &signInThrottle{}}
+	h := &handler{b: b, api: b.API(), opt: opt, log: opt.Logger, assets: loadAssets(), mux: http.NewServeMux(), failures: opt.Failures}
 	m := h.mux
 	m.HandleFunc("GET /app/static/{name}", func(w http.ResponseWriter, r *http.Request) { h.assets.Serve(w, r, r.PathValue("name")) })
 	m.HandleFunc("GET /app/login", h.loginPage)

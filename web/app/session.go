@@ -10,10 +10,10 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/store"
+	"github.com/cyclepool/cyclepool/internal/throttle"
 )
 
 const (
@@ -175,9 +175,9 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 		h.renderLogin(w, r, http.StatusForbidden, "The sign-in form expired or did not come from this site. Please try again.")
 		return
 	}
-	if !h.signIns.allow(clientAddr(r), time.Now()) {
+	if wait := h.failures.Wait(clientAddr(r)); wait > 0 {
 		h.log.Info("dashboard sign-in throttled", "remote", r.RemoteAddr)
-		w.Header().Set("Retry-After", "60")
+		w.Header().Set("Retry-After", throttle.RetryAfter(wait))
 		h.renderLogin(w, r, http.StatusTooManyRequests, "Too many sign-in attempts from this address. Please wait a minute and try again.")
 		return
 	}
@@ -188,7 +188,7 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 	}
 	o, err := h.b.OwnerByToken(r.Context(), token)
 	if errors.Is(err, store.ErrNotFound) {
-		h.signIns.failed(clientAddr(r), time.Now())
+		h.failures.Fail(clientAddr(r))
 		h.log.Info("dashboard sign-in refused", "remote", r.RemoteAddr)
 		h.renderLogin(w, r, http.StatusUnauthorized, "That token is not known here.")
 		return
@@ -227,56 +227,4 @@ func clientAddr(r *http.Request) string {
 		return r.RemoteAddr
 	}
 	return host
-}
-
-// signInThrottle counts failed sign-ins per address: after maxFailedSignIns
-// in a signInWindow, every attempt from that address is refused until the
-// window has passed, so that guessing tokens is slow. It is per replica.
-type signInThrottle struct {
-	mu     sync.Mutex
-	byAddr map[string][]time.Time
-}
-
-const (
-	maxFailedSignIns = 10
-	signInWindow     = time.Minute
-)
-
-// allow reports whether an address may try to sign in now.
-func (t *signInThrottle) allow(addr string, now time.Time) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.recentLocked(addr, now)) < maxFailedSignIns
-}
-
-// failed records a failed sign-in from addr.
-func (t *signInThrottle) failed(addr string, now time.Time) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.byAddr == nil {
-		t.byAddr = map[string][]time.Time{}
-	}
-	if len(t.byAddr) > 10000 { // forget old addresses now and then
-		for a := range t.byAddr {
-			t.recentLocked(a, now)
-		}
-	}
-	t.byAddr[addr] = append(t.recentLocked(addr, now), now)
-}
-
-// recentLocked drops addr's failures older than the window and returns
-// the others.
-func (t *signInThrottle) recentLocked(addr string, now time.Time) []time.Time {
-	ts := t.byAddr[addr]
-	i := 0
-	for i < len(ts) && now.Sub(ts[i]) >= signInWindow {
-		i++
-	}
-	ts = ts[i:]
-	if len(ts) == 0 {
-		delete(t.byAddr, addr)
-		return nil
-	}
-	t.byAddr[addr] = ts
-	return ts
 }
