@@ -322,7 +322,7 @@ func uncertain(conn *pgconn.PgConn, err error) error {
 // for a synchronous standby has committed locally, and PostgreSQL makes it
 // visible when its backend ends.
 func (s *Store) awaitBackend(ctx context.Context, pid uint32) error {
-	terminateAt := time.Now().Add(backendGrace)
+	terminateAt := time.Now().Add(s.backendGrace)
 	for terminated := false; ; {
 		var alive bool
 		if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, int32(pid)).Scan(&alive); err != nil {
@@ -349,7 +349,7 @@ func (s *Store) awaitBackend(ctx context.Context, pid uint32) error {
 // transaction wrote it and lost its COMMIT's answer, has ended (0: not
 // waited for): "" when it was not written.
 func (s *Store) committedAfterAll(ctx context.Context, uid pgtype.UUID, pid uint32) (string, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backendGrace+15*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.backendGrace+15*time.Second)
 	defer cancel()
 	if pid != 0 {
 		if err := s.awaitBackend(ctx, pid); err != nil {
@@ -401,7 +401,7 @@ func (s *Store) txCommittingOnce(ctx context.Context, fn func(pgx.Tx) error) err
 }
 
 // backendGrace is how long awaitBackend lets a backend finish its COMMIT
-// before it terminates it.
+// before it terminates it (Store.backendGrace, which tests change).
 const backendGrace = 5 * time.Second
 
 // recoverSubmission settles a claiming submission whose transaction ended

@@ -49,6 +49,9 @@ type Store struct {
 	// InteractiveHeadStart is how far ahead of batch work an interactive
 	// task is queued; a batch task that waited longer overtakes it.
 	interactiveHeadStart time.Duration
+	// backendGrace is how long a backend whose COMMIT's answer was lost
+	// may go on before it is terminated (awaitBackend).
+	backendGrace time.Duration
 	// runs collects the run times of committed successes until
 	// FlushRuntimeStats writes them.
 	runs    runBuffer
@@ -97,7 +100,7 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	if _, set := cfg.ConnConfig.RuntimeParams["jit"]; !set {
 		cfg.ConnConfig.RuntimeParams["jit"] = "off"
 	}
-	s := &Store{interactiveHeadStart: 5 * time.Minute, trust: sched.DefaultVerify(), chunkBufs: make(chan []byte, bulkConns)}
+	s := &Store{interactiveHeadStart: 5 * time.Minute, backendGrace: backendGrace, trust: sched.DefaultVerify(), chunkBufs: make(chan []byte, bulkConns)}
 	for range bulkConns {
 		s.chunkBufs <- nil
 	}
