@@ -351,17 +351,8 @@ func TestDashboardSubmissionsAreBounded(t *testing.T) {
 			return req
 		}
 	}
-	// Refused once checked: its module was never pushed.
+	large := refusedWorkflow(4 << 20)
 	var b bytes.Buffer
-	b.WriteString(`{"name":"large","tasks":[`)
-	for i := 0; b.Len() < 4<<20; i++ {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		fmt.Fprintf(&b, `{"name":"t%06d","module":"sha256:%064x"}`, i, 7)
-	}
-	b.WriteString(`]}`)
-	large := b.Bytes()
 	waitUnread(t, s.submissions.large, 4, len(large), http.StatusBadRequest, form(large, "check"))
 	// A large file that passes is submitted through the API with the
 	// page's turn.

@@ -12,6 +12,24 @@ import (
 	"github.com/cyclepool/cyclepool/internal/store"
 )
 
+// newOwner makes an owner of f's module.
+func (f *fixture) newOwner(t *testing.T, name string) store.Owner {
+	t.Helper()
+	ctx := context.Background()
+	tok, err := f.st.CreateOwner(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.st.OwnerByToken(ctx, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.st.PutModule(ctx, o.ID, 1<<30, f.module, []byte("\x00asm"), []string{}); err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
 // Owners share this replica's slots: an owner who submits a small
 // workflow behind another owner's backlog gets the next free slots, as
 // many as the owner ahead runs, rather than waiting until the backlog has
@@ -22,17 +40,7 @@ func TestOwnersShareTheSlots(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	f.submitMany(t, 200) // the first owner's backlog, ahead in the queue
-	tok, err := f.st.CreateOwner(ctx, "second")
-	if err != nil {
-		t.Fatal(err)
-	}
-	second, err := f.st.OwnerByToken(ctx, tok)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := f.st.PutModule(ctx, second.ID, 1<<30, f.module, []byte("\x00asm"), []string{}); err != nil {
-		t.Fatal(err)
-	}
+	second := f.newOwner(t, "second")
 	var small []store.NewTask
 	for i := range 5 {
 		small = append(small, store.NewTask{Name: fmt.Sprintf("s%d", i), Module: f.module, MaxAttempts: 1, TimeoutMS: 1000,
@@ -88,17 +96,7 @@ func TestSlotsLeftByAFewTasksGoToTheBusyOwnerAtOnce(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	f.submitMany(t, 100)
-	tok, err := f.st.CreateOwner(ctx, "second")
-	if err != nil {
-		t.Fatal(err)
-	}
-	second, err := f.st.OwnerByToken(ctx, tok)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := f.st.PutModule(ctx, second.ID, 1<<30, f.module, []byte("\x00asm"), []string{}); err != nil {
-		t.Fatal(err)
-	}
+	second := f.newOwner(t, "second")
 	one := store.NewTask{Name: "one", Module: f.module, MaxAttempts: 1, TimeoutMS: 1000, MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10}
 	if _, err := f.st.CreateWorkflow(ctx, second.ID, &store.NewWorkflow{Name: "one", Priority: "batch", Tasks: []store.NewTask{one}}); err != nil {
 		t.Fatal(err)

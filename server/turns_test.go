@@ -54,6 +54,21 @@ func TestTurns(t *testing.T) {
 	}
 }
 
+// refusedWorkflow is a workflow file of about size bytes, refused once
+// parsed (its module was never pushed), so that it writes nothing.
+func refusedWorkflow(size int) []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"name":"large","tasks":[`)
+	for i := 0; b.Len() < size; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"name":"t%06d","module":"sha256:%064x"}`, i, 7)
+	}
+	b.WriteString(`]}`)
+	return b.Bytes()
+}
+
 // Workflow files wait for their turn unread: an owner who sends many large
 // submissions at once holds no more than the turns allow (each took about
 // 15 times its size while parsed and written, without bound). A small
@@ -68,18 +83,7 @@ func TestSubmissionsAreBounded(t *testing.T) {
 		req.Header.Set("Authorization", "Bearer "+f.token)
 		return req
 	}
-	// Refused once parsed (its module was never pushed), so that it
-	// writes nothing.
-	var b bytes.Buffer
-	b.WriteString(`{"name":"large","tasks":[`)
-	for i := 0; b.Len() < 4<<20; i++ {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		fmt.Fprintf(&b, `{"name":"t%06d","module":"sha256:%064x"}`, i, 7)
-	}
-	b.WriteString(`]}`)
-	large := b.Bytes()
+	large := refusedWorkflow(4 << 20)
 	if len(large) <= smallSubmission || len(large) > workflow.MaxFileSize {
 		t.Fatalf("a file of %d bytes", len(large))
 	}

@@ -22,18 +22,7 @@ func TestCandidatesShareTheQueueBetweenOwners(t *testing.T) {
 	f := newFixture(t)
 	owners := map[string]int64{"a": f.owner}
 	for _, name := range []string{"b", "c"} {
-		tok, err := f.s.CreateOwner(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		o, err := f.s.OwnerByToken(ctx, tok)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, _, err := f.s.PutModule(ctx, o.ID, 1<<30, f.module, []byte("\x00asm"), []string{}); err != nil {
-			t.Fatal(err)
-		}
-		owners[name] = o.ID
+		owners[name] = f.newOwner(t, name)
 	}
 	submit := func(owner, prefix, priority string, n int) {
 		w := NewWorkflow{Name: prefix, Priority: priority}
@@ -119,19 +108,11 @@ func TestCandidatesShareTheQueueBetweenOwners(t *testing.T) {
 // newOwner makes an owner of f's module, for the tests of fair sharing.
 func (f *fixture) newOwner(t *testing.T, name string) int64 {
 	t.Helper()
-	ctx := context.Background()
-	tok, err := f.s.CreateOwner(ctx, name)
-	if err != nil {
+	o := f.otherOwner(t, name)
+	if _, _, err := f.s.PutModule(context.Background(), o, 1<<30, f.module, []byte("\x00asm"), []string{}); err != nil {
 		t.Fatal(err)
 	}
-	o, err := f.s.OwnerByToken(ctx, tok)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := f.s.PutModule(ctx, o.ID, 1<<30, f.module, []byte("\x00asm"), []string{}); err != nil {
-		t.Fatal(err)
-	}
-	return o.ID
+	return o
 }
 
 // An owner whose running attempts put its first ready task past the turn

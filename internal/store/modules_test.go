@@ -27,21 +27,6 @@ func (f *fixture) moduleStored(t *testing.T, id string) bool {
 	return ok
 }
 
-// otherOwner creates a second owner and returns its id.
-func (f *fixture) otherOwner(t *testing.T, name string) int64 {
-	t.Helper()
-	ctx := context.Background()
-	tok, err := f.s.CreateOwner(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, err := f.s.OwnerByToken(ctx, tok)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return o.ID
-}
-
 // Modules count in their owner's data quota with its blobs, each once: a
 // module the owner keeps already costs nothing to push again, one that
 // would pass the quota is refused and stores nothing, and data finds the

@@ -73,6 +73,21 @@ func newFixtureAt(t testing.TB, url string, opts ...Option) *fixture {
 	return &fixture{s: s, owner: o.ID, module: mod, worker: w}
 }
 
+// otherOwner creates a second owner and returns its id.
+func (f *fixture) otherOwner(t *testing.T, name string) int64 {
+	t.Helper()
+	ctx := context.Background()
+	tok, err := f.s.CreateOwner(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.s.OwnerByToken(ctx, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o.ID
+}
+
 func (f *fixture) task(name string, inputs ...NewInput) NewTask {
 	return NewTask{Name: name, Module: f.module, Inputs: inputs, MaxAttempts: 2, TimeoutMS: 1000, MemoryPages: 16,
 		OutputBytes: 1 << 20, LogBytes: 1 << 10}
