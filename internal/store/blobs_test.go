@@ -9,6 +9,8 @@ import (
 	"io"
 	"sync"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Chunks are written concurrently (BlobUpload.flush): uploads at once, each
@@ -201,21 +203,7 @@ func TestConcurrentBlobUploadsKeepTheirBounds(t *testing.T) {
 				errs <- err
 			}()
 		}
-		f.waitForLockWaits(t, 2)
-		if err := tx.Rollback(ctx); err != nil {
-			t.Fatal(err)
-		}
-		refused := 0
-		for range 2 {
-			err := <-errs
-			var qe *QuotaError
-			switch {
-			case errors.As(err, &qe):
-				refused++
-			case err != nil:
-				t.Fatal(err)
-			}
-		}
+		refused := f.quotaRefusals(t, tx, errs)
 		bs, err := f.s.Blobs(ctx, f.owner)
 		if err != nil {
 			t.Fatal(err)
@@ -228,4 +216,27 @@ func TestConcurrentBlobUploadsKeepTheirBounds(t *testing.T) {
 			t.Errorf("%d of the two uploads refused, and the owner keeps %d bytes; want 1 refused, at most its quota of %d", refused, used, quota)
 		}
 	})
+}
+
+// quotaRefusals waits until both of two writes of the owner wait behind tx
+// (which holds the owner's row), lets them go by rolling tx back, and
+// returns how many of the two the quota refused; any other error fails t.
+func (f *fixture) quotaRefusals(t *testing.T, tx pgx.Tx, errs <-chan error) int {
+	t.Helper()
+	f.waitForLockWaits(t, 2)
+	if err := tx.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	refused := 0
+	for range 2 {
+		err := <-errs
+		var qe *QuotaError
+		switch {
+		case errors.As(err, &qe):
+			refused++
+		case err != nil:
+			t.Fatal(err)
+		}
+	}
+	return refused
 }

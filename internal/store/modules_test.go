@@ -191,21 +191,7 @@ func TestConcurrentModulePushesKeepTheQuota(t *testing.T) {
 			errs <- err
 		}()
 	}
-	f.waitForLockWaits(t, 2)
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	refused := 0
-	for range 2 {
-		err := <-errs
-		var qe *QuotaError
-		switch {
-		case errors.As(err, &qe):
-			refused++
-		case err != nil:
-			t.Fatal(err)
-		}
-	}
+	refused := f.quotaRefusals(t, tx, errs)
 	ms, err := f.s.Modules(ctx, f.owner)
 	if err != nil {
 		t.Fatal(err)
