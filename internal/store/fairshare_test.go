@@ -171,3 +171,38 @@ func TestCandidatesSayMorePastMaxQueueOwners(t *testing.T) {
 		t.Errorf("%d candidates of %d ready tasks, and more false", len(cs), MaxQueueOwners+1)
 	}
 }
+
+// The queue's read takes each owner's tasks from tasks_ready in order, as
+// many as its window needs, with statistics that lag a large submission
+// (analyzed when the queue was empty). With them, PostgreSQL read all of
+// the owner's 5,000 ready tasks by a bitmap scan and sorted them to give
+// the first 100, unless bitmap scans are off (candidatesNoBitmapSQL).
+func TestCandidatesReadInProportionToTheirWindow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := staleQueue(t, 5000)
+	const window = 100
+	tx, err := f.s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for _, sql := range []string{hotPathSettingsSQL, candidatesNoBitmapSQL} {
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var plan []struct{ Plan planNode }
+	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+candidatesSQL,
+		window, []int64{}, []int32{}, MaxQueueOwners, window).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	if got := plan[0].Plan.ActualRows; got != window {
+		t.Fatalf("read %v tasks, want %d", got, window)
+	}
+	plan[0].Plan.walk(func(n *planNode) {
+		if rows := (n.ActualRows + n.Removed) * n.ActualLoops; rows > 2*window {
+			t.Errorf("%s%s returned %v rows over %v loops for a window of %d", n.NodeType, n.on(), n.ActualRows, n.ActualLoops, window)
+		}
+	})
+}
