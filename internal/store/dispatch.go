@@ -1,8 +1,10 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -201,7 +203,7 @@ func (s *Store) Candidates(ctx context.Context, limit int, running map[int64]int
 	fill := limit
 	for range 8 {
 		var short bool
-		if cs, more, short, err = s.candidates(ctx, limit, fill, owners, counts); err != nil || len(cs) == limit || !short {
+		if cs, more, short, err = s.candidates(ctx, limit, fill, owners, counts, running); err != nil || len(cs) == limit || !short {
 			return cs, more, err
 		}
 		fill += 2 * (limit - len(cs))
@@ -213,30 +215,47 @@ func (s *Store) Candidates(ctx context.Context, limit int, running map[int64]int
 // (at least limit). short reports that an owner may have more ready tasks
 // than it gave for lack of turns: a read counting turns for more tasks
 // may find them.
-func (s *Store) candidates(ctx context.Context, limit, fill int, owners []int64, counts []int32) (cs []Candidate, more, short bool, err error) {
+//
+// The statement gives each owner's tasks in the owner's order; the turns
+// are counted and the owners merged here. Sorting all the tasks by turn in
+// the statement (with a window function for their places) doubled its
+// time a task in the dispatch benchmark, where one owner's tasks come
+// in order already.
+func (s *Store) candidates(ctx context.Context, limit, fill int, owners []int64, counts []int32, running map[int64]int) (cs []Candidate, more, short bool, err error) {
 	b := &pgx.Batch{}
 	queueBegin(b, false)
 	b.Queue(candidatesNoBitmapSQL)
-	b.Queue(candidatesSQL, limit, owners, counts, MaxQueueOwners, fill)
+	b.Queue(candidatesSQL, owners, counts, MaxQueueOwners, fill)
 	b.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, b)
 	err = execBegin(br)
 	if err == nil {
 		_, err = br.Exec()
 	}
+	type share struct{ given, bound int64 }
+	shares := map[int64]*share{}
+	var turns []int64 // of cs
 	if err == nil {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
 			in := interned{}
 			var wf, module, prio pgtype.DriverBytes
-			var cut, beyond bool
+			var bound int64
+			var starved, beyond bool
 			cs, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Candidate, error) {
 				var c Candidate
 				err := r.Scan(&c.TaskID, &wf, &c.Owner, &module, &c.Name, &prio, &c.ReadySince, &c.Pending, &c.Replicas,
-					&c.Fresh, &c.CkptMS, &c.Exclude, &c.Setup, &c.Blobs, &cut, &beyond)
+					&c.Fresh, &c.CkptMS, &c.Exclude, &c.Setup, &c.Blobs, &bound, &starved, &beyond)
 				c.WorkflowID, c.Module, c.Priority = in.of(wf), in.of(module), in.of(prio)
-				short = short || cut
-				more = more || cut || beyond
+				sh := shares[c.Owner]
+				if sh == nil {
+					sh = &share{bound: bound}
+					shares[c.Owner] = sh
+				}
+				sh.given++
+				turns = append(turns, int64(running[c.Owner])+sh.given)
+				short = short || starved
+				more = more || starved || beyond
 				return c, err
 			})
 		}
@@ -247,7 +266,35 @@ func (s *Store) candidates(ctx context.Context, limit, fill int, owners []int64,
 	if err != nil {
 		return nil, false, false, fmt.Errorf("read ready tasks: %w", err)
 	}
+	for _, sh := range shares {
+		if sh.given == sh.bound {
+			short, more = true, true
+		}
+	}
+	if len(shares) > 1 {
+		cs = byTurn(cs, turns)
+	}
+	if len(cs) > limit {
+		cs, more = cs[:limit], true
+	}
 	return cs, more || len(cs) == limit, short, nil
+}
+
+// byTurn orders candidates by their turns (turns[i] is cs[i]'s), then by
+// sort key and id, as the queue's order has it.
+func byTurn(cs []Candidate, turns []int64) []Candidate {
+	idx := make([]int, len(cs))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int {
+		return cmp.Or(cmp.Compare(turns[a], turns[b]), cs[a].ReadySince.Compare(cs[b].ReadySince), cmp.Compare(cs[a].TaskID, cs[b].TaskID))
+	})
+	out := make([]Candidate, len(cs))
+	for i, j := range idx {
+		out[i] = cs[j]
+	}
+	return out
 }
 
 // candidatesNoBitmapSQL keeps candidatesSQL on its ordered index scans.
@@ -263,21 +310,21 @@ const candidatesNoBitmapSQL = `SELECT set_config('enable_bitmapscan', 'off', tru
 // those before them have no ready task left.
 const MaxQueueOwners = 256
 
-// candidatesSQL reads up to $1 ready tasks, fairly between their owners
-// ($2 owners and $3 the attempts each runs on this replica; others run
-// none), from the queue's index (tasks_ready: migrations/00026_tasks_owner.sql),
-// the turns counted for $5 tasks (Candidates).
+// candidatesSQL reads the ready tasks of the first turns of the queue,
+// those of each owner together and in the owner's order ($1 owners and $2
+// the attempts each runs on this replica; others run none), from the
+// queue's index (tasks_ready: migrations/00026_tasks_owner.sql), the turns
+// counted for $4 tasks (Candidates merges them).
 // o finds the owners with ready tasks, one index probe each (a loose index
-// scan: PostgreSQL has no skip scan), at most $4 of them. An owner running
+// scan: PostgreSQL has no skip scan), at most $3 of them. An owner running
 // r attempts has its tasks at turns r+1, r+2...; the window ends at the
-// first turn T by which the owners have $5 tasks between them, were each
+// first turn T by which the owners have $4 tasks between them, were each
 // to have enough: with the runs sorted, r1 <= r2 <= ..., the least over j
-// of ceil(($5 + r1 + ... + rj) / j) (each is at least T, and the j of the
-// owners below T gives T). Each owner's tasks are read in its own order, T
-// - r of them: the read costs about $5 tasks, however many owners there
-// are. The next to last column says an owner may have more ready tasks
-// than it gave for lack of turns: this one gave all T - r, or another
-// runs T or more and gave none. The last says owners past the first $4
+// of ceil(($4 + r1 + ... + rj) / j) (each is at least T, and the j of the
+// owners below T gives T). Each owner's tasks are read in its own order,
+// T - r of them (the column bound): the read costs about $4 tasks, however
+// many owners there are. starved says an owner runs T or more and gave
+// none (it may have ready tasks); beyond that owners past the first $3
 // have ready tasks, not read.
 var candidatesSQL = strings.ReplaceAll(`WITH RECURSIVE o AS (
 	(SELECT t.owner_id FROM tasks t WHERE t.pending > 0 AND t.sort_key IS NOT NULL ORDER BY t.owner_id LIMIT 1)
@@ -286,18 +333,18 @@ var candidatesSQL = strings.ReplaceAll(`WITH RECURSIVE o AS (
 		ORDER BY t.owner_id LIMIT 1)
 	FROM o WHERE o.owner_id IS NOT NULL
 ), l AS (
-	SELECT owner_id, row_number() OVER (ORDER BY owner_id) AS n FROM (SELECT owner_id FROM o WHERE owner_id IS NOT NULL LIMIT $4 + 1) o
+	SELECT owner_id, row_number() OVER (ORDER BY owner_id) AS n FROM (SELECT owner_id FROM o WHERE owner_id IS NOT NULL LIMIT $3 + 1) o
 ), r AS (
 	SELECT l.owner_id, coalesce(x.n, 0) AS run
-	FROM l LEFT JOIN unnest($2::bigint[], $3::int[]) AS x(owner_id, n) ON x.owner_id = l.owner_id
-	WHERE l.n <= $4
+	FROM l LEFT JOIN unnest($1::bigint[], $2::int[]) AS x(owner_id, n) ON x.owner_id = l.owner_id
+	WHERE l.n <= $3
 ), j AS (
-	SELECT ($5 + sum(run) OVER w + row_number() OVER w - 1) / row_number() OVER w AS turn
+	SELECT ($4 + sum(run) OVER w + row_number() OVER w - 1) / row_number() OVER w AS turn
 	FROM r WINDOW w AS (ORDER BY run, owner_id ROWS UNBOUNDED PRECEDING)
 ), m AS (
 	SELECT min(j.turn) AS turn FROM j
 ), s AS (
-	SELECT EXISTS (SELECT 1 FROM r, m WHERE r.run >= m.turn) AS starved, EXISTS (SELECT 1 FROM l WHERE l.n > $4) AS beyond
+	SELECT EXISTS (SELECT 1 FROM r, m WHERE r.run >= m.turn) AS starved, EXISTS (SELECT 1 FROM l WHERE l.n > $3) AS beyond
 )
 SELECT t.id, t.workflow_id::text, t.owner_id, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas,
 		t.attempts = 0, t.ckpt_ms,
@@ -305,15 +352,14 @@ SELECT t.id, t.workflow_id::text, t.owner_id, t.module_id, t.name, t.priority, t
 			WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) || {avoided}
 		ELSE {avoided} END, t.setup IS NOT NULL,
 		CASE WHEN t.setup IS NOT NULL THEN ARRAY(SELECT f->>'blob' FROM jsonb_array_elements(t.setup->'files') f WHERE f ? 'blob') END,
-		t.k = m.turn - r.run OR s.starved, s.beyond
+		m.turn - r.run, s.starved, s.beyond
 	FROM r, m, s, LATERAL (
 		SELECT t.id, t.workflow_id, t.owner_id, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas, t.attempts,
-			t.ckpt_ms, t.max_replicas, t.avoid, t.failed_by, t.setup, row_number() OVER (ORDER BY t.sort_key, t.id) AS k
+			t.ckpt_ms, t.max_replicas, t.avoid, t.failed_by, t.setup
 		FROM tasks t
 		WHERE t.owner_id = r.owner_id AND t.pending > 0 AND t.sort_key IS NOT NULL AND t.state = 'ready'
 		ORDER BY t.sort_key, t.id LIMIT greatest(m.turn - r.run, 0)
-	) t
-	ORDER BY r.run + t.k, t.sort_key, t.id LIMIT $1`,
+	) t`,
 	"{avoided}", `CASE WHEN t.avoid IS NOT NULL THEN
 		ARRAY(SELECT x::text FROM unnest(t.avoid) AS x WHERE `+avoids("t", "x")+`) END`)
 

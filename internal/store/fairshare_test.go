@@ -194,7 +194,7 @@ func TestCandidatesReadInProportionToTheirWindow(t *testing.T) {
 	}
 	var plan []struct{ Plan planNode }
 	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+candidatesSQL,
-		window, []int64{}, []int32{}, MaxQueueOwners, window).Scan(&plan); err != nil {
+		[]int64{}, []int32{}, MaxQueueOwners, window).Scan(&plan); err != nil {
 		t.Fatal(err)
 	}
 	if got := plan[0].Plan.ActualRows; got != window {
