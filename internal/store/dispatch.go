@@ -346,16 +346,14 @@ var candidatesSQL = strings.ReplaceAll(`WITH RECURSIVE o AS (
 ), s AS (
 	SELECT EXISTS (SELECT 1 FROM r, m WHERE r.run >= m.turn) AS starved, EXISTS (SELECT 1 FROM l WHERE l.n > $3) AS beyond
 )
-SELECT t.id, t.workflow_id::text, t.owner_id, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas,
-		t.attempts = 0, t.ckpt_ms,
-		CASE WHEN t.max_replicas > 1 THEN ARRAY(SELECT DISTINCT a.worker_id::text FROM attempts a
-			WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) || {avoided}
-		ELSE {avoided} END, t.setup IS NOT NULL,
-		CASE WHEN t.setup IS NOT NULL THEN ARRAY(SELECT f->>'blob' FROM jsonb_array_elements(t.setup->'files') f WHERE f ? 'blob') END,
-		m.turn - r.run, s.starved, s.beyond
+SELECT t.*, m.turn - r.run, s.starved, s.beyond
 	FROM r, m, s, LATERAL (
-		SELECT t.id, t.workflow_id, t.owner_id, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas, t.attempts,
-			t.ckpt_ms, t.max_replicas, t.avoid, t.failed_by, t.setup
+		SELECT t.id, t.workflow_id::text, t.owner_id, t.module_id, t.name, t.priority, t.sort_key, t.pending, t.replicas,
+			t.attempts = 0, t.ckpt_ms,
+			CASE WHEN t.max_replicas > 1 THEN ARRAY(SELECT DISTINCT a.worker_id::text FROM attempts a
+				WHERE a.task_id = t.id AND a.state IN ('running', 'succeeded') AND NOT a.superseded) || {avoided}
+			ELSE {avoided} END, t.setup IS NOT NULL,
+			CASE WHEN t.setup IS NOT NULL THEN ARRAY(SELECT f->>'blob' FROM jsonb_array_elements(t.setup->'files') f WHERE f ? 'blob') END
 		FROM tasks t
 		WHERE t.owner_id = r.owner_id AND t.pending > 0 AND t.sort_key IS NOT NULL AND t.state = 'ready'
 		ORDER BY t.sort_key, t.id LIMIT greatest(m.turn - r.run, 0)
