@@ -30,7 +30,7 @@ func TestTurns(t *testing.T) {
 	}
 	r2, err := u.acquire(gone, 2, 4)
 	if err != nil {
-		t.Errorf("another owner within the whole waited: %v", err)
+		t.Errorf("another owner under the bound of the whole got no turn: %v", err)
 	}
 	if _, err := u.acquire(gone, 3, 1); err == nil {
 		t.Error("a turn past the whole")
@@ -42,7 +42,7 @@ func TestTurns(t *testing.T) {
 	}
 	r4, err := u.acquire(gone, 4, 100) // counted as a share: 6 of the 6 left
 	if err != nil {
-		t.Errorf("a request larger than a share waited with room for a share: %v", err)
+		t.Errorf("a request larger than a share got no turn with room for a share: %v", err)
 	}
 	if u.busy != 10 {
 		t.Errorf("%d units busy, want 10", u.busy)
