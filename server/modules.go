@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -185,6 +186,11 @@ func (m *moduleBodies) evict(n int64) {
 // minutes.
 const moduleWriteTimeout = 10 * time.Minute
 
+// moduleStall is how long a module's reader may take for each chunk of it
+// (Server.moduleStall): a volunteer's phone on a slow link takes a MiB in
+// seconds.
+const moduleStall = time.Minute
+
 // handleModule serves module bytes to workers. Modules are immutable, so
 // they are cached forever; one that was deleted answers 404 from then on
 // (moduleBodies.acquire).
@@ -205,12 +211,33 @@ func (s *Server) handleModule(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
-	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(moduleWriteTimeout))
 	w.Header().Set("Content-Type", "application/wasm")
 	w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
 	w.Header().Set("ETag", `"`+id+`"`)
-	_, _ = w.Write(body)
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	// A reader that stops reading lets the body go after s.moduleStall,
+	// not at the end of the whole write's time: the body is held while
+	// it is written, and memory for module bodies is shared by all.
+	rc := http.NewResponseController(w)
+	end := time.Now().Add(moduleWriteTimeout)
+	for off := 0; off < len(body); {
+		n := min(moduleWriteChunk, len(body)-off)
+		deadline := time.Now().Add(s.moduleStall)
+		if deadline.After(end) {
+			deadline = end
+		}
+		_ = rc.SetWriteDeadline(deadline)
+		if _, err := w.Write(body[off : off+n]); err != nil {
+			return
+		}
+		off += n
+	}
 }
+
+// moduleWriteChunk is how much of a module's body is written under one
+// write deadline (Server.moduleStall): a reader must take a chunk within
+// it.
+const moduleWriteChunk = 1 << 20
 
 // errUploadsBusy says a module upload waited its whole time for a turn
 // (Server.moduleUploads).

@@ -583,3 +583,57 @@ func TestModuleQuotaAndRemoval(t *testing.T) {
 		t.Errorf("push once room was freed: %d %s, want 201", st, answer)
 	}
 }
+
+// A reader that stops reading a module lets its body go once it has taken
+// no chunk for the stall limit, rather than holding it (and the memory all
+// module bodies share) for the whole write's ten minutes; the body is then
+// served to others as before.
+func TestStalledModuleReadersLetTheBodyGo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, _, tok := openStore(t)
+	owner, err := st.OwnerByToken(ctx, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := bytes.Repeat([]byte{'s'}, 32<<20) // more than the sockets' buffers hold
+	id := moduleID(body)
+	if _, _, err := st.PutModule(ctx, owner.ID, 1<<30, id, body, []string{}); err != nil {
+		t.Fatal(err)
+	}
+	s := New(st, Config{Logger: slog.New(slog.DiscardHandler)})
+	s.moduleStall = 200 * time.Millisecond
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	c, err := net.Dial("tcp", strings.TrimPrefix(ts.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	fmt.Fprintf(c, "GET /modules/%s HTTP/1.1\r\nHost: x\r\n\r\n", id)
+	if _, err := bufio.NewReader(c).ReadString('\n'); err != nil { // the status line, then nothing more
+		t.Fatal(err)
+	}
+	held := func() int {
+		s.modules.mu.Lock()
+		defer s.modules.mu.Unlock()
+		if e := s.modules.entries[id]; e != nil {
+			return e.refs
+		}
+		return 0
+	}
+	for deadline := time.Now().Add(30 * time.Second); held() > 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) { // bounds the test; the limit is 200 ms
+			t.Fatal("the stalled reader still holds the module's body")
+		}
+	}
+	resp, err := http.Get(ts.URL + "/modules/" + id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || !bytes.Equal(got, body) {
+		t.Errorf("a reader that reads got %d bytes (err %v), want the module's %d", len(got), err, len(body))
+	}
+}

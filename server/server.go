@@ -198,6 +198,7 @@ type Server struct {
 	knownModules sync.Map // ownedModule -> time.Time: modules an owner has pushed, and when that was found
 	operatorKeys sync.Map // key -> true: operator keys, positive cache
 	modules      *moduleBodies
+	moduleStall  time.Duration // moduleStall, shorter in tests
 	// moduleUploads bounds the module uploads read at once (in uploads):
 	// each is held whole while it is checked, up to MaxModuleBytes.
 	moduleUploads *turns
@@ -253,6 +254,7 @@ func New(st *store.Store, cfg Config) *Server {
 		cfg: cfg, store: st, log: cfg.Logger.With("replica", cfg.Replica),
 		hub:           newHub(2*cfg.Heartbeat+cfg.Heartbeat/2, 2*cfg.IdleHeartbeat+cfg.IdleHeartbeat/2),
 		modules:       newModuleBodies(max(2*int64(cfg.MaxModuleBytes), 64<<20)),
+		moduleStall:   moduleStall,
 		moduleUploads: newTurns(wasmcheck.MaxConcurrent+2, 2),
 		submissions:   newSubmissionTurns(),
 		rt:            newRuntimes(),
