@@ -58,7 +58,10 @@ func (s *Server) routeAPI(mux *http.ServeMux, owned func(ownerHandler) http.Hand
 // not in the cache is looked up only for an address not past its wrong
 // tokens (Server.failures, shared with the dashboard's sign-in): past
 // them, 429 with Retry-After and no query, so that random tokens cost the
-// database nothing and guessing is slow. A cached token is never held.
+// database nothing and guessing is slow. Lookups in flight count against
+// the address's failures until they end (throttle.Failures.Begin), so
+// that tokens sent at once are not all looked up. A cached token is
+// never held.
 func (s *Server) authed(h ownerHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
@@ -70,16 +73,20 @@ func (s *Server) authed(h ownerHandler) http.HandlerFunc {
 			h(w, r, o.(store.Owner))
 			return
 		}
-		addr := remoteHost(r)
-		if wait := s.failures.Wait(addr); wait > 0 {
+		wait, done, err := s.failures.Begin(r.Context(), remoteHost(r))
+		if err != nil {
+			return // the client is gone
+		}
+		if wait > 0 {
 			s.log.Info("owner token throttled", "remote", r.RemoteAddr)
 			w.Header().Set("Retry-After", throttle.RetryAfter(wait))
 			writeError(w, http.StatusTooManyRequests, "too many unknown owner tokens from this address: try again in %s", throttle.RetryAfter(wait)+"s")
 			return
 		}
+		defer done(false) // done at once below, unless the lookup panics
 		o, err := s.store.OwnerByToken(r.Context(), token)
+		done(errors.Is(err, store.ErrNotFound))
 		if errors.Is(err, store.ErrNotFound) {
-			s.failures.Fail(addr)
 			s.log.Info("owner token refused", "remote", r.RemoteAddr)
 			writeError(w, http.StatusUnauthorized, "unknown owner token")
 			return

@@ -47,14 +47,22 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 	if key != "" {
 		// A key not yet accepted is looked up only for an address not
 		// past its wrong secrets (Server.failures), as the API's tokens.
+		done := func(bool) {}
 		if _, known := s.operatorKeys.Load(key); !known {
-			if wait := s.failures.Wait(remoteHost(r)); wait > 0 {
+			wait, d, err := s.failures.Begin(r.Context(), remoteHost(r))
+			if err != nil {
+				return // the client is gone
+			}
+			if wait > 0 {
 				w.Header().Set("Retry-After", throttle.RetryAfter(wait))
 				http.Error(w, "too many unknown operator keys from this address; try again later", http.StatusTooManyRequests)
 				return
 			}
+			done = d
+			defer done(false) // done at once below, unless the lookup panics
 		}
 		ok, err := s.operatorKeyValid(r.Context(), key)
+		done(err == nil && !ok) // a wrong secret: past Server.failures, keys are no longer looked up
 		switch {
 		case err != nil:
 			s.log.Warn("check operator key", "err", err)
@@ -64,10 +72,8 @@ func (s *Server) handleWorker(w http.ResponseWriter, r *http.Request) {
 		case !ok:
 			// Guessing keys is a refusal like a bad hello (an address
 			// that keeps guessing is kept out of keyless connections)
-			// and a wrong secret: past Server.failures, its keys are no
-			// longer looked up.
+			// and a wrong secret (counted by done above).
 			s.gate.refused(remoteHost(r), time.Now())
-			s.failures.Fail(remoteHost(r))
 			s.log.Info("worker refused: unknown operator key", "remote", r.RemoteAddr)
 			http.Error(w, "unknown operator key: connect without one, or with a key `cyclepool serve` made", http.StatusUnauthorized)
 			return

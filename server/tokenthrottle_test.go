@@ -154,3 +154,41 @@ func TestWrongSecretsShareOneBudget(t *testing.T) {
 		t.Errorf("a dashboard sign-in past the budget: %s, want 429 with Retry-After", res.Status)
 	}
 }
+
+// Wrong tokens sent at once from one address are looked up no more than
+// the address's failures allow: requests that arrive while lookups are in
+// flight wait for their outcome instead of all passing the check first.
+func TestAPITokenGuessesAtOnceThrottled(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, NewWorkerEvery: -1, Logger: slog.New(slog.DiscardHandler)})
+	h := s.authed(func(w http.ResponseWriter, r *http.Request, o store.Owner) { fmt.Fprint(w, o.Name) })
+	const n = 200
+	codes := make(chan int, n)
+	start := make(chan struct{})
+	for i := range n {
+		go func() {
+			<-start
+			req := httptest.NewRequest(http.MethodGet, "/api/v1/workers", nil)
+			req.RemoteAddr = "192.0.2.9:40000"
+			req.Header.Set("Authorization", fmt.Sprintf("Bearer guess-%d", i))
+			rec := httptest.NewRecorder()
+			h(rec, req)
+			codes <- rec.Code
+		}()
+	}
+	close(start)
+	looked := 0
+	for range n {
+		switch c := <-codes; c {
+		case http.StatusUnauthorized:
+			looked++
+		case http.StatusTooManyRequests:
+		default:
+			t.Errorf("status %d, want 401 or 429", c)
+		}
+	}
+	if looked > throttle.DefaultFailures {
+		t.Errorf("%d of %d wrong tokens sent at once were looked up, want at most %d", looked, n, throttle.DefaultFailures)
+	}
+}

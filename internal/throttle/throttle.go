@@ -12,6 +12,7 @@ package throttle
 
 import (
 	"container/list"
+	"context"
 	"net/netip"
 	"strconv"
 	"sync"
@@ -50,6 +51,17 @@ type Failures struct {
 	// the stale and, when full, the oldest are forgotten in constant time.
 	byAddr map[string]*list.Element
 	order  *list.List // of *entry
+	// checking holds the addresses with attempts being checked (Begin):
+	// they count against the address's failures until they end, so that
+	// attempts sent at once are not all checked before the first fails.
+	// An address is here only while it has attempts in flight.
+	checking map[string]*flight
+}
+
+// flight is an address's attempts being checked.
+type flight struct {
+	n     int
+	ended chan struct{} // closed (and cleared) when one ends; nil: nobody waits
 }
 
 // entry is one address's failures in the window, oldest first (at most
@@ -73,7 +85,7 @@ func New(c Config) *Failures {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return &Failures{cfg: c, byAddr: map[string]*list.Element{}, order: list.New()}
+	return &Failures{cfg: c, byAddr: map[string]*list.Element{}, order: list.New(), checking: map[string]*flight{}}
 }
 
 // Key is what addr is counted as: an IPv4 address itself, an IPv6 address
@@ -100,17 +112,83 @@ func (f *Failures) Wait(addr string) time.Duration {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.forgetStaleLocked(now)
-	el, ok := f.byAddr[Key(addr)]
+	wait, _ := f.waitLocked(Key(addr), now)
+	return wait
+}
+
+// waitLocked is Wait for key, with the failures key has in the window;
+// f.mu held, the stale forgotten.
+func (f *Failures) waitLocked(key string, now time.Time) (time.Duration, int) {
+	el, ok := f.byAddr[key]
 	if !ok {
-		return 0
+		return 0, 0
 	}
 	e := el.Value.(*entry)
 	e.times = f.recent(e.times, now)
 	if len(e.times) < f.cfg.Failures {
-		return 0
+		return 0, len(e.times)
 	}
 	// The oldest failure that keeps addr refused leaves the window then.
-	return e.times[len(e.times)-f.cfg.Failures].Add(f.cfg.Window).Sub(now)
+	return e.times[len(e.times)-f.cfg.Failures].Add(f.cfg.Window).Sub(now), len(e.times)
+}
+
+// Begin is Wait for an attempt about to be checked: when it returns 0, the
+// attempt counts as a failure of addr's until done is called with its
+// outcome (failed: as Fail). Attempts sent at once are so checked no more
+// than addr's failures allow: while those being checked would fill them,
+// Begin waits for one of them to end (or ctx, whose error it returns).
+// done must be called once the attempt was checked (later calls do
+// nothing), not when the request ends.
+func (f *Failures) Begin(ctx context.Context, addr string) (wait time.Duration, done func(failed bool), err error) {
+	key := Key(addr)
+	for {
+		now := f.cfg.Now()
+		f.mu.Lock()
+		f.forgetStaleLocked(now)
+		wait, failed := f.waitLocked(key, now)
+		if wait > 0 {
+			f.mu.Unlock()
+			return wait, nil, nil
+		}
+		fl := f.checking[key]
+		if fl == nil || failed+fl.n < f.cfg.Failures {
+			if fl == nil {
+				fl = &flight{}
+				f.checking[key] = fl
+			}
+			fl.n++
+			f.mu.Unlock()
+			var once sync.Once
+			return 0, func(failed bool) { once.Do(func() { f.end(key, fl, failed) }) }, nil
+		}
+		if fl.ended == nil {
+			fl.ended = make(chan struct{})
+		}
+		ended := fl.ended
+		f.mu.Unlock()
+		select {
+		case <-ended:
+		case <-ctx.Done():
+			return 0, nil, ctx.Err()
+		}
+	}
+}
+
+// end ends an attempt of key's that Begin let through.
+func (f *Failures) end(key string, fl *flight, failed bool) {
+	now := f.cfg.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if failed {
+		f.failLocked(key, now)
+	}
+	if fl.n--; fl.n == 0 {
+		delete(f.checking, key)
+	}
+	if fl.ended != nil {
+		close(fl.ended)
+		fl.ended = nil
+	}
 }
 
 // RetryAfter is a Retry-After header's value for a Wait: whole seconds,
@@ -122,9 +200,13 @@ func RetryAfter(wait time.Duration) string {
 // Fail counts a failed attempt from addr now.
 func (f *Failures) Fail(addr string) {
 	now := f.cfg.Now()
-	key := Key(addr)
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.failLocked(Key(addr), now)
+}
+
+// failLocked is Fail for key; f.mu held.
+func (f *Failures) failLocked(key string, now time.Time) {
 	f.forgetStaleLocked(now)
 	el, ok := f.byAddr[key]
 	if !ok {

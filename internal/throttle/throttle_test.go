@@ -1,6 +1,8 @@
 package throttle
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -157,5 +159,54 @@ func TestRetryAfter(t *testing.T) {
 		if got := RetryAfter(tc.wait); got != tc.want {
 			t.Errorf("RetryAfter(%v) = %q, want %q", tc.wait, got, tc.want)
 		}
+	}
+}
+
+// Attempts being checked count against the address's failures: past them,
+// Begin waits for one to end; one that succeeds lets the next through, one
+// that fails counts as Fail does; other addresses are not held.
+func TestBeginCountsAttemptsInFlight(t *testing.T) {
+	t.Parallel()
+	f, _ := newTest(Config{Failures: 3})
+	ctx := context.Background()
+	var dones []func(bool)
+	for i := range 3 {
+		wait, done, err := f.Begin(ctx, "192.0.2.1")
+		if wait != 0 || err != nil {
+			t.Fatalf("attempt %d: wait %v, err %v", i+1, wait, err)
+		}
+		dones = append(dones, done)
+	}
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if wait, _, err := f.Begin(short, "192.0.2.1"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a fourth attempt while three are checked: wait %v, err %v; want it to wait", wait, err)
+	}
+	if wait, done, err := f.Begin(ctx, "192.0.2.2"); wait != 0 || err != nil {
+		t.Fatalf("another address: wait %v, err %v", wait, err)
+	} else {
+		done(true)
+	}
+	got := make(chan func(bool))
+	go func() {
+		_, done, _ := f.Begin(ctx, "192.0.2.1")
+		got <- done
+	}()
+	dones[0](false)
+	dones[0](true) // a second call does nothing
+	select {
+	case done := <-got:
+		dones[0] = done
+	case <-time.After(5 * time.Second):
+		t.Fatal("an attempt that succeeded let no waiting one through")
+	}
+	for _, done := range dones {
+		done(true)
+	}
+	if wait, _, err := f.Begin(ctx, "192.0.2.1"); wait == 0 || err != nil {
+		t.Fatalf("after three failed: wait %v, err %v, want a wait", wait, err)
+	}
+	if len(f.checking) != 0 {
+		t.Fatalf("%d addresses still checking", len(f.checking))
 	}
 }

@@ -175,20 +175,29 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 		h.renderLogin(w, r, http.StatusForbidden, "The sign-in form expired or did not come from this site. Please try again.")
 		return
 	}
-	if wait := h.failures.Wait(clientAddr(r)); wait > 0 {
+	token := strings.TrimSpace(r.PostFormValue("token"))
+	// Sign-ins in flight count against the address's failures until they
+	// end (throttle.Failures.Begin): tokens sent at once are not all
+	// looked up.
+	wait, done, err := h.failures.Begin(r.Context(), clientAddr(r))
+	if err != nil {
+		return // the client is gone
+	}
+	if wait > 0 {
 		h.log.Info("dashboard sign-in throttled", "remote", r.RemoteAddr)
 		w.Header().Set("Retry-After", throttle.RetryAfter(wait))
 		h.renderLogin(w, r, http.StatusTooManyRequests, "Too many sign-in attempts from this address. Please wait a minute and try again.")
 		return
 	}
-	token := strings.TrimSpace(r.PostFormValue("token"))
+	defer done(false) // done at once below, unless the lookup panics
 	if token == "" {
+		done(false)
 		h.renderLogin(w, r, http.StatusUnauthorized, "Enter your owner token (cyclepool token create NAME prints one).")
 		return
 	}
 	o, err := h.b.OwnerByToken(r.Context(), token)
+	done(errors.Is(err, store.ErrNotFound))
 	if errors.Is(err, store.ErrNotFound) {
-		h.failures.Fail(clientAddr(r))
 		h.log.Info("dashboard sign-in refused", "remote", r.RemoteAddr)
 		h.renderLogin(w, r, http.StatusUnauthorized, "That token is not known here.")
 		return
