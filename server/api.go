@@ -198,6 +198,22 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request, owner stor
 		defer forget() // done already unless the submission panicked
 	}
 	id, err := s.submit(r.Context(), owner.ID, nw)
+	if store.ModuleGone(err) {
+		// A module this replica trusted the owner to have (knownModuleFor)
+		// was removed on another replica and deleted meanwhile: look
+		// again, and refuse the workflow as naming an unknown module.
+		forget()
+		for _, t := range spec.Tasks {
+			s.knownModules.Delete(ownedModule{owner.ID, t.Module})
+		}
+		_, we, cerr := s.checkModules(r.Context(), owner, body)
+		if cerr == nil && we != nil {
+			writeJSON(w, http.StatusBadRequest, api.Error{Error: we.Error(), Task: we.Task, Field: we.Field})
+			return
+		}
+		s.serverError(w, "create workflow", err)
+		return
+	}
 	if err != nil {
 		s.wake() // it may have committed, its notification lost with the connection
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 10*time.Second)

@@ -637,3 +637,43 @@ func TestStalledModuleReadersLetTheBodyGo(t *testing.T) {
 		t.Errorf("a reader that reads got %d bytes (err %v), want the module's %d", len(got), err, len(body))
 	}
 }
+
+// A module removed on another replica while this one still trusts that the
+// owner has it (knownModuleFor) and deleted, as nothing else holds it: a
+// workflow naming it is refused as naming an unknown module (400), not
+// answered with a server error.
+func TestSubmitModuleRemovedElsewhere(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newBlobServer(t, Config{})
+	m := paddedModule(t, 1000, 'r')
+	if st, answer, _ := b.do(t, "POST", "/api/v1/modules", b.alice, bytes.NewReader(m), "Content-Type", "application/wasm"); st != http.StatusCreated {
+		t.Fatalf("push: %d %s", st, answer)
+	}
+	id := moduleID(m)
+	submit := func(modules ...string) (int, string) {
+		t.Helper()
+		var tasks []string
+		for i, mod := range modules {
+			tasks = append(tasks, fmt.Sprintf(`{"name": "t%d", "module": %q}`, i, mod))
+		}
+		st, answer, _ := b.do(t, "POST", "/api/v1/workflows", b.alice,
+			strings.NewReader(`{"name": "w", "tasks": [`+strings.Join(tasks, ",")+`]}`))
+		return st, string(answer)
+	}
+	// Refused for the other module, but this replica now knows the owner
+	// has id.
+	if st, answer := submit(id, moduleID([]byte("nobody's"))); st != http.StatusBadRequest {
+		t.Fatalf("submit naming an unknown module: %d %s, want 400", st, answer)
+	}
+	var owner int64
+	if err := b.db.QueryRow(ctx, `SELECT owner_id FROM owner_modules WHERE module_id = $1`, id).Scan(&owner); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.srv.store.RemoveModule(ctx, owner, id); err != nil { // as another replica would
+		t.Fatal(err)
+	}
+	if st, answer := submit(id); st != http.StatusBadRequest || !strings.Contains(answer, "unknown module "+id) {
+		t.Errorf("submit naming a module removed elsewhere: %d %s, want 400 naming the unknown module", st, answer)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Module describes a stored task module.
@@ -202,4 +203,12 @@ func (s *Store) MissingModules(ctx context.Context, ownerID int64, ids []string)
 		return nil, fmt.Errorf("check modules: %w", err)
 	}
 	return missing, nil
+}
+
+// ModuleGone reports whether err is that of a workflow written with a
+// module that no longer exists: removed (RemoveModule) and deleted after
+// the owner was found to have it.
+func ModuleGone(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23503" && pgErr.ConstraintName == "workflow_modules_module_id_fkey"
 }
