@@ -879,6 +879,18 @@ type ownedModule struct {
 // replica, which this one hears of no sooner.
 const knownModuleFor = time.Minute
 
+// forgetKnownModules drops what missingModules found longer than
+// knownModuleFor before now: a submission would look it up again anyway,
+// and modules an owner no longer names would otherwise stay for good.
+func (s *Server) forgetKnownModules(now time.Time) {
+	s.knownModules.Range(func(k, at any) bool {
+		if now.Sub(at.(time.Time)) > knownModuleFor {
+			s.knownModules.CompareAndDelete(k, at)
+		}
+		return true
+	})
+}
+
 // missingModules returns the modules of list the owner has not pushed.
 // What was found is remembered for knownModuleFor and not looked up again
 // meanwhile; handleRemoveModule forgets it at once on this replica.

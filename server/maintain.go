@@ -59,7 +59,7 @@ func (s *Server) maintain(ctx context.Context) {
 	}
 	leading := false
 	lastElect := time.Time{}
-	lastForget, lastPrune, lastUploads := time.Time{}, time.Time{}, time.Time{}
+	lastForget, lastPrune, lastUploads, lastKnown := time.Time{}, time.Time{}, time.Time{}, time.Time{}
 	defer func() {
 		if leading {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
@@ -95,6 +95,10 @@ func (s *Server) maintain(ctx context.Context) {
 			}
 			leading, lastElect = lead, time.Now()
 			s.metrics.leader.Set(b2f(leading))
+		}
+		if time.Since(lastKnown) > knownModuleFor { // every replica's own
+			lastKnown = time.Now()
+			s.forgetKnownModules(lastKnown)
 		}
 		if !leading {
 			return

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -675,5 +676,26 @@ func TestSubmitModuleRemovedElsewhere(t *testing.T) {
 	}
 	if st, answer := submit(id); st != http.StatusBadRequest || !strings.Contains(answer, "unknown module "+id) {
 		t.Errorf("submit naming a module removed elsewhere: %d %s, want 400 naming the unknown module", st, answer)
+	}
+}
+
+// What the replica found of an owner's modules is forgotten once it would
+// be looked up again: modules an owner no longer names do not stay in
+// memory for good.
+func TestKnownModulesAreForgotten(t *testing.T) {
+	t.Parallel()
+	st, _, _ := openStore(t)
+	s := New(st, Config{Logger: slog.New(slog.DiscardHandler)})
+	now := time.Now()
+	s.knownModules.Store(ownedModule{1, "old"}, now.Add(-2*knownModuleFor))
+	s.knownModules.Store(ownedModule{1, "new"}, now)
+	s.forgetKnownModules(now)
+	var left []string
+	s.knownModules.Range(func(k, _ any) bool {
+		left = append(left, k.(ownedModule).module)
+		return true
+	})
+	if !slices.Equal(left, []string{"new"}) {
+		t.Errorf("known modules left %v, want [new]", left)
 	}
 }
