@@ -232,9 +232,13 @@ func (s *Store) candidates(ctx context.Context, limit, fill int, owners []int64,
 	if err == nil {
 		_, err = br.Exec()
 	}
-	type share struct{ given, bound int64 }
+	type share struct {
+		given, bound int64
+		last         Candidate // its last task read (for queueOrder)
+	}
 	shares := map[int64]*share{}
 	var turns []int64 // of cs
+	ordered := true   // each owner's tasks came in its order
 	if err == nil {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
@@ -254,6 +258,10 @@ func (s *Store) candidates(ctx context.Context, limit, fill int, owners []int64,
 				}
 				sh.given++
 				turns = append(turns, int64(running[c.Owner])+sh.given)
+				if sh.given > 1 && queueOrder(&sh.last, &c) > 0 {
+					ordered = false
+				}
+				sh.last.ReadySince, sh.last.TaskID = c.ReadySince, c.TaskID
 				short = short || starved
 				more = more || starved || beyond
 				return c, err
@@ -271,13 +279,45 @@ func (s *Store) candidates(ctx context.Context, limit, fill int, owners []int64,
 			short, more = true, true
 		}
 	}
-	if len(shares) > 1 {
+	if !ordered {
+		// Not the order the statement reads them in; counted again.
+		turns = placesAgain(cs, running)
+	}
+	if len(shares) > 1 || !ordered {
 		cs = byTurn(cs, turns)
 	}
 	if len(cs) > limit {
 		cs, more = cs[:limit], true
 	}
 	return cs, more || len(cs) == limit, short, nil
+}
+
+// queueOrder compares two tasks of one owner in the queue's order: sort
+// key, then id.
+func queueOrder(a, b *Candidate) int {
+	return cmp.Or(a.ReadySince.Compare(b.ReadySince), cmp.Compare(a.TaskID, b.TaskID))
+}
+
+// placesAgain returns the turns of cs (running[owner] plus the task's place
+// in its owner's queue order) whatever order they came in.
+func placesAgain(cs []Candidate, running map[int64]int) []int64 {
+	idx := make([]int, len(cs))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int {
+		return cmp.Or(cmp.Compare(cs[a].Owner, cs[b].Owner), queueOrder(&cs[a], &cs[b]))
+	})
+	turns := make([]int64, len(cs))
+	place := int64(0)
+	for k, i := range idx {
+		if k == 0 || cs[idx[k-1]].Owner != cs[i].Owner {
+			place = 0
+		}
+		place++
+		turns[i] = int64(running[cs[i].Owner]) + place
+	}
+	return turns
 }
 
 // byTurn orders candidates by their turns (turns[i] is cs[i]'s), then by
@@ -288,7 +328,7 @@ func byTurn(cs []Candidate, turns []int64) []Candidate {
 		idx[i] = i
 	}
 	slices.SortFunc(idx, func(a, b int) int {
-		return cmp.Or(cmp.Compare(turns[a], turns[b]), cs[a].ReadySince.Compare(cs[b].ReadySince), cmp.Compare(cs[a].TaskID, cs[b].TaskID))
+		return cmp.Or(cmp.Compare(turns[a], turns[b]), queueOrder(&cs[a], &cs[b]))
 	})
 	out := make([]Candidate, len(cs))
 	for i, j := range idx {

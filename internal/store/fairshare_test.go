@@ -206,3 +206,26 @@ func TestCandidatesReadInProportionToTheirWindow(t *testing.T) {
 		}
 	})
 }
+
+// The turns do not depend on the order the statement gives each owner's
+// tasks in: counted again from the queue's order when it is not that.
+func TestTurnsCountedInTheQueuesOrder(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	task := func(owner, id int64, sec int) Candidate {
+		return Candidate{Owner: owner, TaskID: id, ReadySince: at.Add(time.Duration(sec) * time.Second)}
+	}
+	// Owner 1 runs 1 attempt, owner 2 none; owner 1's tasks out of order.
+	cs := []Candidate{task(1, 12, 2), task(2, 20, 5), task(1, 10, 1), task(2, 21, 6), task(1, 11, 1)}
+	turns := placesAgain(cs, map[int64]int{1: 1})
+	if want := []int64{4, 1, 2, 2, 3}; !slices.Equal(turns, want) {
+		t.Fatalf("turns %v, want %v", turns, want)
+	}
+	var got []int64
+	for _, c := range byTurn(cs, turns) {
+		got = append(got, c.TaskID)
+	}
+	if want := []int64{20, 10, 21, 11, 12}; !slices.Equal(got, want) {
+		t.Errorf("order %v, want %v", got, want)
+	}
+}
