@@ -224,21 +224,20 @@ func (s *Store) Candidates(ctx context.Context, limit int, running map[int64]int
 func (s *Store) candidates(ctx context.Context, limit, fill int, owners []int64, counts []int32, running map[int64]int) (cs []Candidate, more, short bool, err error) {
 	b := &pgx.Batch{}
 	queueBegin(b, false)
-	b.Queue(candidatesNoBitmapSQL)
+	for _, sql := range candidatesSettings {
+		b.Queue(sql)
+	}
 	b.Queue(candidatesSQL, owners, counts, MaxQueueOwners, fill)
 	b.Queue("COMMIT")
 	br := s.pool.SendBatch(ctx, b)
 	err = execBegin(br)
-	if err == nil {
-		_, err = br.Exec()
+	for range candidatesSettings {
+		if err == nil {
+			_, err = br.Exec()
+		}
 	}
-	type share struct {
-		given, bound int64
-		last         Candidate // its last task read (for queueOrder)
-	}
+	type share struct{ given, bound int64 }
 	shares := map[int64]*share{}
-	var turns []int64 // of cs
-	ordered := true   // each owner's tasks came in its order
 	if err == nil {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
@@ -257,11 +256,6 @@ func (s *Store) candidates(ctx context.Context, limit, fill int, owners []int64,
 					shares[c.Owner] = sh
 				}
 				sh.given++
-				turns = append(turns, int64(running[c.Owner])+sh.given)
-				if sh.given > 1 && queueOrder(&sh.last, &c) > 0 {
-					ordered = false
-				}
-				sh.last.ReadySince, sh.last.TaskID = c.ReadySince, c.TaskID
 				short = short || starved
 				more = more || starved || beyond
 				return c, err
@@ -279,12 +273,14 @@ func (s *Store) candidates(ctx context.Context, limit, fill int, owners []int64,
 			short, more = true, true
 		}
 	}
-	if !ordered {
-		// Not the order the statement reads them in; counted again.
-		turns = placesAgain(cs, running)
-	}
-	if len(shares) > 1 || !ordered {
-		cs = byTurn(cs, turns)
+	switch {
+	case len(shares) > 1:
+		cs = byTurn(cs, turnsOf(cs, running))
+	case !slices.IsSortedFunc(cs, func(a, b Candidate) int { return queueOrder(&a, &b) }):
+		// One owner's tasks, which the statement gives in the queue's
+		// order (a LATERAL naming the outer row is the inner side of a
+		// nested loop); sorted should a plan ever give them otherwise.
+		slices.SortFunc(cs, func(a, b Candidate) int { return queueOrder(&a, &b) })
 	}
 	if len(cs) > limit {
 		cs, more = cs[:limit], true
@@ -298,9 +294,9 @@ func queueOrder(a, b *Candidate) int {
 	return cmp.Or(a.ReadySince.Compare(b.ReadySince), cmp.Compare(a.TaskID, b.TaskID))
 }
 
-// placesAgain returns the turns of cs (running[owner] plus the task's place
-// in its owner's queue order) whatever order they came in.
-func placesAgain(cs []Candidate, running map[int64]int) []int64 {
+// turnsOf returns the turns of cs (running[owner] plus the task's place in
+// its owner's queue order), whatever order they come in.
+func turnsOf(cs []Candidate, running map[int64]int) []int64 {
 	idx := make([]int, len(cs))
 	for i := range idx {
 		idx[i] = i
@@ -336,6 +332,10 @@ func byTurn(cs []Candidate, turns []int64) []Candidate {
 	}
 	return out
 }
+
+// candidatesSettings are set for the transaction of candidatesSQL, after
+// queueBegin's.
+var candidatesSettings = []string{candidatesNoBitmapSQL}
 
 // candidatesNoBitmapSQL keeps candidatesSQL on its ordered index scans.
 // Told by statistics that lag a submission that an owner has few ready

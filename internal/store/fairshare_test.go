@@ -187,7 +187,7 @@ func TestCandidatesReadInProportionToTheirWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	for _, sql := range []string{hotPathSettingsSQL, candidatesNoBitmapSQL} {
+	for _, sql := range append([]string{hotPathSettingsSQL}, candidatesSettings...) { // as Candidates runs it
 		if _, err := tx.Exec(ctx, sql); err != nil {
 			t.Fatal(err)
 		}
@@ -217,7 +217,7 @@ func TestTurnsCountedInTheQueuesOrder(t *testing.T) {
 	}
 	// Owner 1 runs 1 attempt, owner 2 none; owner 1's tasks out of order.
 	cs := []Candidate{task(1, 12, 2), task(2, 20, 5), task(1, 10, 1), task(2, 21, 6), task(1, 11, 1)}
-	turns := placesAgain(cs, map[int64]int{1: 1})
+	turns := turnsOf(cs, map[int64]int{1: 1})
 	if want := []int64{4, 1, 2, 2, 3}; !slices.Equal(turns, want) {
 		t.Fatalf("turns %v, want %v", turns, want)
 	}
