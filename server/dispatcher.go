@@ -320,7 +320,8 @@ func (d *dispatcher) assign(ctx context.Context, slots []*conn) (claimedN, plann
 	reserved := byWorker(slots)
 	start := time.Now()
 	limit := candidateWindow(len(slots), d.widen)
-	cands, full, err := d.candidates(ctx, limit)
+	running := d.hub.runningByOwner() // one count for the round's read and plan
+	cands, full, err := d.candidates(ctx, limit, running)
 	if err != nil {
 		for _, cs := range reserved {
 			d.hub.release(cs)
@@ -332,7 +333,7 @@ func (d *dispatcher) assign(ctx context.Context, slots []*conn) (claimedN, plann
 		pending += c.Pending
 	}
 	workers := d.planWorkers(reserved)
-	picks := d.plan(time.Now(), cands, workers, d.hub.runningByOwner())
+	picks := d.plan(time.Now(), cands, workers, running)
 	claimed, err := d.store.ClaimPicks(ctx, picks, d.cfg.Lease)
 	d.metrics.observeBatch("claim", len(claimed), start)
 	undelivered := d.deliver(ctx, claimed, err, reserved)
@@ -365,17 +366,18 @@ func (d *dispatcher) assign(ctx context.Context, slots []*conn) (claimedN, plann
 // Each task is then read about once before its claim rather than at every
 // round that does not reach it. While the cache is off
 // (candidateCache.off), every round reads its window anew. full reports
-// that more ready tasks may follow the window.
-func (d *dispatcher) candidates(ctx context.Context, limit int) (cands []store.Candidate, full bool, err error) {
+// that more ready tasks may follow the window. running has the attempts
+// this replica's workers run, by owner.
+func (d *dispatcher) candidates(ctx context.Context, limit int, running map[int64]int) (cands []store.Candidate, full bool, err error) {
 	gen := d.readyGen.Load()
 	c := &d.cands
 	if time.Now().Before(c.offUntil) {
 		c.drop()
-		return d.store.Candidates(ctx, limit, d.hub.runningByOwner())
+		return d.store.Candidates(ctx, limit, running)
 	}
 	if !c.ok || c.gen != gen || (len(c.tasks) < limit && c.full) {
 		read := min(2*limit, maxCandidates)
-		tasks, more, err := d.store.Candidates(ctx, read, d.hub.runningByOwner())
+		tasks, more, err := d.store.Candidates(ctx, read, running)
 		if err != nil {
 			c.drop()
 			return nil, false, err
