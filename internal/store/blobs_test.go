@@ -189,13 +189,7 @@ func TestConcurrentBlobUploadsKeepTheirBounds(t *testing.T) {
 			us = append(us, u)
 		}
 		// Both commits wait for the owner's row, held here.
-		tx, err := f.s.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM owners WHERE id = $1 FOR UPDATE`, f.owner); err != nil {
-			t.Fatal(err)
-		}
+		tx := f.holdOwner(t)
 		errs := make(chan error, 2)
 		for _, u := range us {
 			go func() {
@@ -216,6 +210,21 @@ func TestConcurrentBlobUploadsKeepTheirBounds(t *testing.T) {
 			t.Errorf("%d of the two uploads refused, and the owner keeps %d bytes; want 1 refused, at most its quota of %d", refused, used, quota)
 		}
 	})
+}
+
+// holdOwner holds the fixture owner's row in a transaction (which
+// quotaRefusals ends), so that the owner's quota-checked writes wait.
+func (f *fixture) holdOwner(t *testing.T) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM owners WHERE id = $1 FOR UPDATE`, f.owner); err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }
 
 // quotaRefusals waits until both of two writes of the owner wait behind tx

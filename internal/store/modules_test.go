@@ -176,13 +176,7 @@ func TestConcurrentModulePushesKeepTheQuota(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t)
 	const quota = 1000
-	tx, err := f.s.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM owners WHERE id = $1 FOR UPDATE`, f.owner); err != nil {
-		t.Fatal(err)
-	}
+	tx := f.holdOwner(t)
 	errs := make(chan error, 2)
 	for _, fill := range []byte{'x', 'y'} {
 		go func() {
