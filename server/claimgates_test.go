@@ -77,12 +77,21 @@ func TestClaimGates(t *testing.T) {
 // gateWorker is a worker over a real WebSocket, written by hand to send its
 // frames exactly when a test wants them.
 type gateWorker struct {
-	t  *testing.T
-	ws *websocket.Conn
-	id string
+	t       *testing.T
+	ws      *websocket.Conn
+	id      string
+	welcome *protocol.Welcome
 }
 
+// dialGateWorker connects a worker of one slot.
 func dialGateWorker(t *testing.T, s *Server, url string) *gateWorker {
+	t.Helper()
+	return dialGateWorkerWith(t, s, url, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1})
+}
+
+// dialGateWorkerWith connects a worker that says hello and returns once the
+// server has added it.
+func dialGateWorkerWith(t *testing.T, s *Server, url string, hello *protocol.Hello) *gateWorker {
 	t.Helper()
 	ws, _, err := websocket.DefaultDialer.Dial(url, nil)
 	if err != nil {
@@ -90,8 +99,9 @@ func dialGateWorker(t *testing.T, s *Server, url string) *gateWorker {
 	}
 	t.Cleanup(func() { ws.Close() })
 	w := &gateWorker{t: t, ws: ws}
-	w.send(&protocol.Frame{Type: protocol.TypeHello, Hello: &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1}})
-	w.id = w.next(protocol.TypeWelcome).Welcome.WorkerID
+	w.send(&protocol.Frame{Type: protocol.TypeHello, Hello: hello})
+	w.welcome = w.next(protocol.TypeWelcome).Welcome
+	w.id = w.welcome.WorkerID
 	for !strings.Contains(strings.Join(s.hub.ids(), " "), w.id) { // serveWorker adds it after the welcome
 		time.Sleep(time.Millisecond)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -129,5 +130,40 @@ func TestSlotsLeftByAFewTasksGoToTheBusyOwnerAtOnce(t *testing.T) {
 	}
 	if got := s.hub.runningByOwner(); got[second.ID] != 1 || got[f.owner.ID] != 5003 {
 		t.Errorf("attempts running by owner %v, want the second owner's task and 3 of the first's beside its 5,000", got)
+	}
+}
+
+// A worker that reconnects with its attempts running (a replica died, its
+// network came back) has them counted for their owners again, over a real
+// WebSocket: before, the attempts its hello listed counted for nobody until
+// they ended, and their owner got more than its share of the slots
+// meanwhile.
+func TestKeptAttemptsCountForTheirOwners(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	s, url := runServer(t, f)
+	hello := &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 2}
+	w := dialGateWorkerWith(t, s, url, hello)
+	welcome := w.welcome
+	if _, err := s.submit(context.Background(), f.owner.ID, f.oneTask()); err != nil {
+		t.Fatal(err)
+	}
+	attempt := w.next(protocol.TypeAssign).Assign[0].Attempt
+	want := map[int64]int{f.owner.ID: 1}
+	if got := s.hub.runningByOwner(); !maps.Equal(got, want) {
+		t.Fatalf("attempts running by owner %v, want %v", got, want)
+	}
+	w.ws.Close()
+	for slices.Contains(s.hub.ids(), welcome.WorkerID) { // its read loop ends
+		time.Sleep(time.Millisecond)
+	}
+	if got := s.hub.runningByOwner(); len(got) != 0 {
+		t.Fatalf("attempts running by owner %v with the worker gone, want none", got)
+	}
+	// It comes back holding its attempt (its lease still runs).
+	dialGateWorkerWith(t, s, url, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 2,
+		WorkerID: welcome.WorkerID, ReconnectToken: welcome.ReconnectToken, Running: []int64{attempt}})
+	if got := s.hub.runningByOwner(); !maps.Equal(got, want) {
+		t.Errorf("attempts running by owner %v after the reconnection, want %v", got, want)
 	}
 }

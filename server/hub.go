@@ -504,7 +504,7 @@ type outcome struct {
 // database ("refused: this connection does not hold attempt N", no retry).
 // A connection holds
 //   - the attempts in c.running: assigned to it (hub.started), or listed in
-//     its hello's running and kept by the server (greet, reg.Modules);
+//     its hello's running and kept by the server (greet, reg.Kept);
 //   - the attempts in c.outcomes marked retry: their outcome arrived (which
 //     freed their slots and took them out of c.running) but its commit
 //     failed and the ack asked the worker to send it again.

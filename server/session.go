@@ -365,8 +365,8 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 		// the start (a record not read holds it to one slot: allowed).
 		c.record = reg.Record
 	}
-	for a, m := range reg.Modules { // the attempts it kept
-		c.running[a] = heldAttempt{module: m}
+	for a, k := range reg.Kept { // the attempts it kept, counted for their owners (hub.add)
+		c.running[a] = heldAttempt{module: k.Module, owner: k.Owner}
 	}
 	for _, id := range h.Data[:min(len(h.Data), protocol.MaxHelloData)] {
 		if workflow.IsModuleID(id) {

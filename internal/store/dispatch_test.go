@@ -472,8 +472,8 @@ func TestReconnectKeepsHeldAttemptsWithTheirModules(t *testing.T) {
 	if len(again.Lost) != 1 || again.Lost[0] != bogus {
 		t.Errorf("lost %v, want [%d]", again.Lost, bogus)
 	}
-	if len(again.Modules) != 1 || again.Modules[held] != f.module {
-		t.Errorf("modules %v, want %d: %s", again.Modules, held, f.module)
+	if len(again.Kept) != 1 || again.Kept[held].Module != f.module || again.Kept[held].Owner != f.owner {
+		t.Errorf("kept %v, want %d: module %s of owner %d", again.Kept, held, f.module, f.owner)
 	}
 }
 

@@ -55,14 +55,21 @@ type Registration struct {
 	ID    string
 	Token string  // its reconnect token
 	Lost  []int64 // attempts it claimed to run that no longer hold their lease
-	// Modules has the module of each attempt it kept (those of Running
-	// not in Lost).
-	Modules map[int64]string
+	// Kept has each attempt it kept (those of Running not in Lost): its
+	// module and its task's owner.
+	Kept map[int64]KeptAttempt
 	// Session identifies this connection; WorkerGone takes it so that the
 	// end of an old connection does not end a newer one.
 	Session int64
 	// Record is the worker's record as registered (Workers).
 	Record WorkerRecord
+}
+
+// KeptAttempt is an attempt a reconnected worker listed in its hello and
+// kept (Registration.Kept).
+type KeptAttempt struct {
+	Module string
+	Owner  int64 // the owner of its task, for the replica's fair share
 }
 
 // RegisterWorker records a connected worker. A worker that proves an
@@ -190,7 +197,7 @@ const (
 	renewHeldSQL = `UPDATE attempts a SET lease_until = now() + $3 * interval '1 millisecond'
 	FROM unnest($1::bigint[], $2::uuid[]) AS r(id, w), tasks t
 	WHERE a.id = ANY($1::bigint[]) AND a.id = r.id AND a.worker_id = r.w AND a.state = 'running' AND t.id = a.task_id
-	RETURNING a.id, a.worker_id::text, t.module_id`
+	RETURNING a.id, a.worker_id::text, t.module_id, t.owner_id`
 )
 
 // claimedID is the identity a hello claims, "" for none worth looking up.
@@ -371,14 +378,14 @@ func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int
 		if err != nil {
 			return err
 		}
-		var a int64
+		var a, owner int64
 		var m string
-		if _, err := pgx.ForEachRow(rows, []any{&a, &worker, &m}, func() error {
+		if _, err := pgx.ForEachRow(rows, []any{&a, &worker, &m, &owner}, func() error {
 			r := &regs[byID[worker]]
-			if r.Modules == nil {
-				r.Modules = map[int64]string{}
+			if r.Kept == nil {
+				r.Kept = map[int64]KeptAttempt{}
 			}
-			r.Modules[a] = m
+			r.Kept[a] = KeptAttempt{Module: m, Owner: owner}
 			return nil
 		}); err != nil {
 			return err
@@ -389,11 +396,8 @@ func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int
 			continue
 		}
 		r := &regs[i]
-		if r.Modules == nil {
-			r.Modules = map[int64]string{}
-		}
 		for _, a := range hs[i].Running {
-			if _, ok := r.Modules[a]; !ok {
+			if _, ok := r.Kept[a]; !ok {
 				r.Lost = append(r.Lost, a)
 			}
 		}

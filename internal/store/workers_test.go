@@ -356,11 +356,11 @@ func TestRegisterWorkersInABatch(t *testing.T) {
 			t.Errorf("hello %d: record %+v, want worker %s connected with %d attempts", i, r, regs[i].ID, want)
 		}
 	}
-	if m := regs[1].Modules; len(m) != 1 || m[cs[0].Attempt] != f.module || !slices.Equal(regs[1].Lost, []int64{cs[1].Attempt}) {
+	if m := regs[1].Kept; len(m) != 1 || m[cs[0].Attempt].Module != f.module || !slices.Equal(regs[1].Lost, []int64{cs[1].Attempt}) {
 		t.Errorf("the reconnection kept %v and lost %v, want %d kept and %d lost", m, regs[1].Lost, cs[0].Attempt, cs[1].Attempt)
 	}
-	if len(regs[2].Modules) != 0 || !slices.Equal(regs[2].Lost, []int64{cs[0].Attempt}) {
-		t.Errorf("a wrong token kept %v and lost %v, want nothing kept", regs[2].Modules, regs[2].Lost)
+	if len(regs[2].Kept) != 0 || !slices.Equal(regs[2].Lost, []int64{cs[0].Attempt}) {
+		t.Errorf("a wrong token kept %v and lost %v, want nothing kept", regs[2].Kept, regs[2].Lost)
 	}
 	sessions := map[int64]bool{back.Session: true}
 	for _, i := range []int{0, 1, 2, 4} {
