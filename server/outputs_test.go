@@ -368,3 +368,111 @@ func putURL(t *testing.T, u string, body io.Reader, size int64) (int, string) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
+
+// An output kept in the database (sent in its result's frame, not
+// uploaded) answers ranges as an uploaded one does: 206 with its
+// Content-Range, 416 past its end, and the id its bytes would have as a
+// blob as its ETag, which If-Range and If-None-Match compare. Before, it
+// came whole with 200 whatever the Range. The dashboard, which previews an
+// output by a range of its first bytes, shows both, the empty one too.
+func TestOutputsInDatabaseAnswerRanges(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	wf := f.oneTask()
+	wf.Tasks = append(wf.Tasks, store.NewTask{Name: "empty", Module: f.module, MaxAttempts: 1, TimeoutMS: 1000, MemoryPages: 16, OutputBytes: 1 << 20, LogBytes: 1 << 10})
+	id, err := f.st.CreateWorkflow(ctx, f.owner.ID, wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cands, _, err := f.st.Candidates(ctx, 10, nil)
+	if err != nil || len(cands) != 2 {
+		t.Fatalf("candidates %+v (%v), want t and empty", cands, err)
+	}
+	picks := []store.Pick{{TaskID: cands[0].TaskID, Worker: f.worker.ID}, {TaskID: cands[1].TaskID, Worker: f.worker.ID}}
+	claimed, err := f.st.ClaimPicks(ctx, picks, time.Minute)
+	if err != nil || len(claimed) != 2 {
+		t.Fatalf("claimed %+v (%v), want both", claimed, err)
+	}
+	data := make([]byte, 1000)
+	for i := range data {
+		data[i] = byte('a' + i%26)
+	}
+	var cs []store.Completion
+	for _, c := range claimed {
+		out := data
+		if c.Name == "empty" {
+			out = nil
+		}
+		cs = append(cs, store.Completion{Attempt: c.Attempt, Worker: f.worker.ID, OK: true, Duration: time.Millisecond,
+			Outputs: []store.Output{{Name: "stdout", Data: out}}})
+	}
+	if acc, err := f.st.Complete(ctx, cs); err != nil || !acc[0] || !acc[1] {
+		t.Fatalf("complete: %v, %v", acc, err)
+	}
+	s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	etag := `"` + blobID(data) + `"`
+	get := func(t *testing.T, task string, hdr ...string) (*http.Response, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, ts.URL+"/api/v1/workflows/"+id+"/tasks/"+task+"/outputs/stdout", nil)
+		req.Header.Set("Authorization", "Bearer "+f.token)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		got, _ := io.ReadAll(resp.Body)
+		return resp, got
+	}
+	for _, tc := range []struct {
+		name      string
+		hdr       []string
+		status    int
+		body      []byte
+		contRange string
+	}{
+		{"whole", nil, http.StatusOK, data, ""},
+		{"range", []string{"Range", "bytes=10-19"}, http.StatusPartialContent, data[10:20], "bytes 10-19/1000"},
+		{"open range", []string{"Range", "bytes=990-"}, http.StatusPartialContent, data[990:], "bytes 990-999/1000"},
+		{"suffix", []string{"Range", "bytes=-5"}, http.StatusPartialContent, data[995:], "bytes 995-999/1000"},
+		{"past the end", []string{"Range", "bytes=1000-"}, http.StatusRequestedRangeNotSatisfiable, nil, "bytes */1000"},
+		{"if-range matching", []string{"Range", "bytes=0-3", "If-Range", etag}, http.StatusPartialContent, data[:4], "bytes 0-3/1000"},
+		{"if-range changed", []string{"Range", "bytes=0-3", "If-Range", `"sha256:other"`}, http.StatusOK, data, ""},
+		{"if-none-match", []string{"If-None-Match", etag}, http.StatusNotModified, nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, got := get(t, "t", tc.hdr...)
+			if resp.StatusCode != tc.status || tc.body != nil && !bytes.Equal(got, tc.body) || resp.Header.Get("Content-Range") != tc.contRange {
+				t.Errorf("answered %d, Content-Range %q, %d bytes %.20q; want %d, %q, %.20q",
+					resp.StatusCode, resp.Header.Get("Content-Range"), len(got), got, tc.status, tc.contRange, tc.body)
+			}
+			if resp.StatusCode < 300 && (resp.Header.Get("ETag") != etag || resp.Header.Get("Accept-Ranges") != "bytes") {
+				t.Errorf("ETag %q, Accept-Ranges %q; want %s and bytes", resp.Header.Get("ETag"), resp.Header.Get("Accept-Ranges"), etag)
+			}
+		})
+	}
+	if resp, got := get(t, "empty"); resp.StatusCode != http.StatusOK || len(got) != 0 {
+		t.Errorf("the empty output: %d, %d bytes; want 200 and nothing", resp.StatusCode, len(got))
+	}
+
+	// The dashboard's preview reads the first bytes of an output.
+	cookie, _ := dashSignIn(t, ts.URL, f.token, "/app/")
+	for task, want := range map[string]string{"t": string(data[:26]), "empty": "stdout"} {
+		req, _ := http.NewRequest(http.MethodGet, ts.URL+"/app/workflows/"+id+"/tasks/"+task+"/preview/stdout", nil)
+		req.AddCookie(cookie)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		page, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(page), want) {
+			t.Errorf("preview of %s's stdout: %d, want 200 showing %q:\n%.2000s", task, resp.StatusCode, want, page)
+		}
+	}
+}
