@@ -12,8 +12,12 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/cyclepool/cyclepool/internal/store"
+	"github.com/cyclepool/cyclepool/web/app"
 )
 
 // dashCSRF finds a form's CSRF token in a dashboard page.
@@ -383,4 +387,102 @@ func TestDashboardSubmissionsAreBounded(t *testing.T) {
 	if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), "/app/workflows/") {
 		t.Fatalf("submitted from the dashboard: %s, %s", resp.Status, page)
 	}
+}
+
+// The dashboard's image preview refuses what it would refuse before it
+// reads the output: an output that is not an image by its name is refused
+// without a byte of it fetched from the API, and an image over
+// maxPreviewImage after a first read of at most 1 MiB (web/app's
+// imageProbeBytes). Before,
+// it read up to 32 MiB of the output, then looked at its name and size.
+// The bytes are counted as the API's output handler answers them (for an
+// output uploaded over HTTP, as they are read from its chunks).
+func TestImagePreviewChecksBeforeReading(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	wf := f.oneTask()
+	wf.Tasks[0].OutputBytes = 64 << 20
+	id, err := f.st.CreateWorkflow(ctx, f.owner.ID, wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cands, _, err := f.st.Candidates(ctx, 10, nil)
+	if err != nil || len(cands) != 1 {
+		t.Fatalf("candidates %+v (%v), want t", cands, err)
+	}
+	claimed, err := f.st.ClaimPicks(ctx, []store.Pick{{TaskID: cands[0].TaskID, Worker: f.worker.ID}}, time.Minute)
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claimed %+v (%v), want t", claimed, err)
+	}
+	bytesOf := func(n int) []byte { return bytes.Repeat([]byte{0x89}, n) }
+	outs := map[string][]byte{"stdout": []byte("hi\n"), "big.bin": bytesOf(2 << 20), "pic.png": bytesOf(100),
+		"mid.png": bytesOf(3 << 20), "huge.png": bytesOf(40 << 20)}
+	var os []store.Output
+	for name, data := range outs {
+		os = append(os, store.Output{Name: name, Data: data})
+	}
+	if acc, err := f.st.Complete(ctx, []store.Completion{{Attempt: claimed[0].Attempt, Worker: f.worker.ID, OK: true,
+		Duration: time.Millisecond, Outputs: os}}); err != nil || !acc[0] {
+		t.Fatalf("complete: %v, %v", acc, err)
+	}
+	s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	read := new(atomic.Int64)
+	ts := httptest.NewServer(app.New(countedOutputs{dashboardBackend{s}, read}, app.Options{Key: make([]byte, 32), Logger: s.log, Failures: s.failures}))
+	t.Cleanup(ts.Close)
+	cookie, _ := dashSignIn(t, ts.URL, f.token, "/app/")
+	image := func(name string) (int, []byte, int64) {
+		t.Helper()
+		read.Store(0)
+		req, _ := http.NewRequest(http.MethodGet, ts.URL+"/app/workflows/"+id+"/tasks/t/image/"+name, nil)
+		req.AddCookie(cookie)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b, read.Load()
+	}
+	if code, b, n := image("big.bin"); code != http.StatusNotFound || !strings.Contains(string(b), "not an image") || n != 0 {
+		t.Errorf("image preview of a 2 MiB output not an image: %d %q after reading %d bytes of it, want 404 with nothing read", code, b, n)
+	}
+	const probe = 1 << 20 // web/app's imageProbeBytes
+	if code, b, n := image("huge.png"); code != http.StatusRequestEntityTooLarge || n > probe {
+		t.Errorf("image preview of a 40 MiB image: %d %q after reading %d bytes of it, want 413 after at most %d", code, b, n, probe)
+	}
+	for _, name := range []string{"pic.png", "mid.png"} {
+		if code, b, n := image(name); code != http.StatusOK || !bytes.Equal(b, outs[name]) || n < int64(len(outs[name])) {
+			t.Errorf("image preview of %s: %d, %d bytes after reading %d, want 200 and its %d bytes", name, code, len(b), n, len(outs[name]))
+		}
+	}
+}
+
+// countedOutputs is the dashboard's backend with the bytes its API
+// answers for outputs counted.
+type countedOutputs struct {
+	dashboardBackend
+	read *atomic.Int64
+}
+
+// API is dashboardBackend's, counting the bytes of outputs it answers.
+func (c countedOutputs) API() http.Handler {
+	api := c.dashboardBackend.API()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "/outputs/") {
+			w = countingWriter{w, c.read}
+		}
+		api.ServeHTTP(w, r)
+	})
+}
+
+// countingWriter adds the bytes written through it to n.
+type countingWriter struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (w countingWriter) Write(b []byte) (int, error) {
+	w.n.Add(int64(len(b)))
+	return w.ResponseWriter.Write(b)
 }

@@ -879,6 +879,9 @@ const (
 	previewBytes = 64 << 10
 	// maxPreviewImage bounds an image shown inline (it is read whole).
 	maxPreviewImage = 32 << 20
+	// imageProbeBytes is what previewImage reads first, to learn an
+	// image's size before reading up to maxPreviewImage of it.
+	imageProbeBytes = 1 << 20
 )
 
 // imageTypes are the outputs shown inline as images, by extension (never
@@ -897,18 +900,25 @@ type PreviewData struct {
 // outputOf reads an output through the API, as the owner; the path's
 // output may be given without the leading / of an output named by path.
 //
-// At most the first n bytes are read (an output uploaded over HTTP answers
-// the range; a small one comes whole); total is the output's size.
+// At most the first n bytes are read (the API answers the range); total is
+// the output's size.
 func (h *handler) outputOf(p *pageCtx, n int) (name string, res apiResult, total int64) {
-	id, task, name := p.r.PathValue("id"), p.r.PathValue("task"), p.r.PathValue("output")
-	tb := "/api/v1/workflows/" + url.PathEscape(id) + "/tasks/" + url.PathEscape(task) + "/outputs/"
-	hdr := http.Header{"Range": {fmt.Sprintf("bytes=0-%d", n-1)}}
-	res = h.callAPIHeader(p, http.MethodGet, tb+outputPath(name), nil, hdr)
+	name = p.r.PathValue("output")
+	res, total = h.outputAt(p, name, n)
 	if res.status == http.StatusNotFound {
-		if r2 := h.callAPIHeader(p, http.MethodGet, tb+outputPath("/"+name), nil, hdr); r2.status < 400 {
-			name, res = "/"+name, r2
+		if r2, t2 := h.outputAt(p, "/"+name, n); r2.status < 400 {
+			name, res, total = "/"+name, r2, t2
 		}
 	}
+	return name, res, total
+}
+
+// outputAt reads at most the first n bytes of the path's task's output
+// name through the API, as the owner; total is the output's size.
+func (h *handler) outputAt(p *pageCtx, name string, n int) (res apiResult, total int64) {
+	id, task := p.r.PathValue("id"), p.r.PathValue("task")
+	u := "/api/v1/workflows/" + url.PathEscape(id) + "/tasks/" + url.PathEscape(task) + "/outputs/" + outputPath(name)
+	res = h.callAPIHeader(p, http.MethodGet, u, nil, http.Header{"Range": {fmt.Sprintf("bytes=0-%d", n-1)}})
 	total = int64(len(res.body))
 	if res.status == http.StatusPartialContent {
 		// "bytes 0-N/TOTAL"
@@ -918,7 +928,7 @@ func (h *handler) outputOf(p *pageCtx, n int) (name string, res apiResult, total
 			}
 		}
 	}
-	return name, res, total
+	return res, total
 }
 
 // previewPage shows an output: an image inline, the first lines of text,
@@ -964,19 +974,29 @@ func trimRune(b []byte) []byte {
 
 // previewImage serves an image output with its image type, for the
 // preview page's img (the API serves every output as octet-stream).
+//
+// What refuses the request is checked before the image is read: its name
+// first (a path says whether it is an image without reading anything),
+// then its size, from a first read of at most imageProbeBytes (the whole
+// of most images).
 func (h *handler) previewImage(p *pageCtx) {
-	name, res, total := h.outputOf(p, maxPreviewImage)
+	// The output's name, or the absolute one outputOf may find instead,
+	// ends as the path does.
+	ct := imageTypes[strings.ToLower(path.Ext(p.r.PathValue("output")))]
+	if ct == "" {
+		http.Error(p.w, "not an image output", http.StatusNotFound)
+		return
+	}
+	name, res, total := h.outputOf(p, imageProbeBytes)
+	if res.status < 400 && total <= maxPreviewImage && total > int64(len(res.body)) {
+		res, total = h.outputAt(p, name, maxPreviewImage)
+	}
 	if res.status >= 400 {
 		http.Error(p.w, res.err.Error, res.status)
 		return
 	}
 	if total > int64(len(res.body)) {
 		http.Error(p.w, fmt.Sprintf("the image is larger than %d MiB: download it to see it", maxPreviewImage>>20), http.StatusRequestEntityTooLarge)
-		return
-	}
-	ct := imageTypes[strings.ToLower(path.Ext(name))]
-	if ct == "" {
-		http.Error(p.w, "not an image output", http.StatusNotFound)
 		return
 	}
 	p.w.Header().Set("Content-Type", ct)
