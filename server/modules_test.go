@@ -699,3 +699,53 @@ func TestKnownModulesAreForgotten(t *testing.T) {
 		t.Errorf("known modules left %v, want [new]", left)
 	}
 }
+
+// The replica's maintenance loop is what forgets stale known modules, on
+// every replica, leading or not: its first round drops what is older than
+// knownModuleFor and keeps the rest. The test waits for the loop's second
+// election (two writes of the leader row's expiry) rather than for a time:
+// the first round, election and sweep, had ended by then.
+func TestMaintenanceForgetsKnownModules(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, url, _ := openStore(t)
+	db, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close(context.Background()) })
+	s := New(st, Config{Replica: "test", Lease: time.Minute, Heartbeat: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	now := time.Now()
+	s.knownModules.Store(ownedModule{1, "old"}, now.Add(-2*knownModuleFor))
+	s.knownModules.Store(ownedModule{1, "new"}, now)
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.maintain(mctx)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	var seen []time.Time
+	for len(seen) < 2 {
+		var at time.Time
+		err := db.QueryRow(ctx, `SELECT expires_at FROM leaders WHERE name = 'maintenance'`).Scan(&at)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+		if err == nil && !slices.ContainsFunc(seen, at.Equal) {
+			seen = append(seen, at)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var left []string
+	s.knownModules.Range(func(k, _ any) bool {
+		left = append(left, k.(ownedModule).module)
+		return true
+	})
+	if !slices.Equal(left, []string{"new"}) {
+		t.Errorf("known modules left after a round of maintenance: %v, want [new]", left)
+	}
+}
