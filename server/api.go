@@ -631,7 +631,7 @@ func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request, owner stor
 	}
 	if blob != "" {
 		// Uploaded over HTTP: streamed from its chunks, with ranges.
-		s.serveBlob(w, r, blob, "private")
+		s.serveBlob(w, r, blob, outputCache)
 		return
 	}
 	// Kept in the database: answered as a blob is (serveBlob), with
@@ -639,6 +639,7 @@ func (s *Server) handleOutput(w http.ResponseWriter, r *http.Request, owner stor
 	// that If-Range and If-None-Match mean the same on both paths.
 	sum := sha256.Sum256(data)
 	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Cache-Control", outputCache)
 	w.Header().Set("ETag", `"sha256:`+hex.EncodeToString(sum[:])+`"`)
 	http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(data))
 }

@@ -77,10 +77,22 @@ func (s *Server) handleWorkerBlob(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no data "+id, http.StatusNotFound)
 		return
 	}
-	s.serveBlob(w, r, id, "public")
+	s.serveBlob(w, r, id, blobCache)
 }
 
-// serveBlob streams blob id, a chunk at a time.
+// The Cache-Control of what serveBlob answers. A blob's own address names
+// its bytes (its id is their hash), so its answer may be kept for ever
+// (blobCache, ownBlobCache); an output's address names a task's output,
+// which a re-check that overturns the task's result replaces
+// (verify.go), so a client asks again each time and gets 304 while the
+// bytes are the same (outputCache, with the ETag).
+const (
+	blobCache    = "public, max-age=31536000, immutable"
+	ownBlobCache = "private, max-age=31536000, immutable"
+	outputCache  = "private, no-cache"
+)
+
+// serveBlob streams blob id, a chunk at a time, with Cache-Control cache.
 func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, id, cache string) {
 	br, err := s.store.OpenBlob(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) {
@@ -92,7 +104,7 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, id, cache str
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Cache-Control", cache+", max-age=31536000, immutable")
+	w.Header().Set("Cache-Control", cache)
 	w.Header().Set("ETag", `"`+id+`"`)
 	http.ServeContent(w, r, "", time.Time{}, br)
 }
@@ -236,7 +248,7 @@ func (s *Server) handleBlob(w http.ResponseWriter, r *http.Request, owner store.
 	}
 	w.Header().Set("X-Cyclepool-Name", b.Name)
 	w.Header().Set("X-Cyclepool-Archive", strconv.FormatBool(b.Archive))
-	s.serveBlob(w, r, id, "private")
+	s.serveBlob(w, r, id, ownBlobCache)
 }
 
 // handleBlobs lists the owner's blobs.

@@ -315,7 +315,8 @@ func TestOutputUploads(t *testing.T) {
 		t.Fatalf("b's attempts %+v (%v), want one refused for naming a blob it did not upload", as, err)
 	}
 
-	// The owner reads the output back, whole and by range.
+	// The owner reads the output back, whole and by range, and is told to
+	// ask again each time: a re-check may replace a task's outputs.
 	get := func(rng string) (int, []byte) {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodGet, ts.URL+"/api/v1/workflows/"+attempts["a"].WorkflowID+"/tasks/a/outputs/big", nil)
@@ -329,6 +330,9 @@ func TestOutputUploads(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		got, _ := io.ReadAll(resp.Body)
+		if cc := resp.Header.Get("Cache-Control"); cc != outputCache {
+			t.Errorf("output read back with Cache-Control %q, want %q", cc, outputCache)
+		}
 		return resp.StatusCode, got
 	}
 	if code, got := get(""); code != http.StatusOK || !bytes.Equal(got, data) {
@@ -451,8 +455,10 @@ func TestOutputsInDatabaseAnswerRanges(t *testing.T) {
 				t.Errorf("answered %d, Content-Range %q, %d bytes %.20q; want %d, %q, %.20q",
 					resp.StatusCode, resp.Header.Get("Content-Range"), len(got), got, tc.status, tc.contRange, tc.body)
 			}
-			if resp.StatusCode < 300 && (resp.Header.Get("ETag") != etag || resp.Header.Get("Accept-Ranges") != "bytes") {
-				t.Errorf("ETag %q, Accept-Ranges %q; want %s and bytes", resp.Header.Get("ETag"), resp.Header.Get("Accept-Ranges"), etag)
+			if resp.StatusCode < 300 && (resp.Header.Get("ETag") != etag || resp.Header.Get("Accept-Ranges") != "bytes" ||
+				resp.Header.Get("Cache-Control") != outputCache) {
+				t.Errorf("ETag %q, Accept-Ranges %q, Cache-Control %q; want %s, bytes and %q", resp.Header.Get("ETag"),
+					resp.Header.Get("Accept-Ranges"), resp.Header.Get("Cache-Control"), etag, outputCache)
 			}
 		})
 	}
