@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -215,13 +216,18 @@ func (a *attempt) collectOutputs() ([]protocol.Blob, error) {
 
 // spill moves the output file p out of the attempt's tree into a file of
 // its own in the engine's spool directory, for the worker to upload
-// (wasmworker.Outcome.Files), instead of reading it into memory.
+// (wasmworker.Outcome.Files), instead of reading it into memory. In a slot
+// process the file's name starts with the attempt's spillPrefix.
 func (a *attempt) spill(name, p string) error {
 	dir := a.e.spoolDir
 	if dir == "" {
 		dir = a.e.tmpDir
 	}
-	f, err := os.CreateTemp(dir, "cyclepool-output-*")
+	prefix := "cyclepool-output-"
+	if a.e.slot != nil {
+		prefix = spillPrefix(a.e.slot.dir, a.e.slot.seq)
+	}
+	f, err := os.CreateTemp(dir, prefix+"*")
 	if err != nil {
 		return err
 	}
@@ -241,6 +247,18 @@ func (a *attempt) spill(name, p string) error {
 	}
 	a.files = append(a.files, wasmworker.OutputFile{Name: name, Path: spool, Size: info.Size()})
 	return nil
+}
+
+// spillPrefix is how the names of the files spilled by one attempt of a
+// slot process begin, in the pool's directory (the parent of slotDir, the
+// slot process's own): slotDir's name and seq, the Seq of the attempt's run
+// request. The parent finds an attempt's files by it, when the attempt
+// ends without its outcome taking them (slotPool.dropSpills). No two
+// attempts of a pool share a prefix: the pool numbers its slot processes'
+// directories without ever reusing a number (a replacement process gets a
+// new one), and each slot process numbers its run requests from 1.
+func spillPrefix(slotDir string, seq uint32) string {
+	return filepath.Base(slotDir) + "." + strconv.FormatUint(uint64(seq), 10) + ".output-"
 }
 
 // spills reports whether an output file of size bytes is left for the

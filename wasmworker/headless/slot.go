@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -284,6 +285,8 @@ func (p *slotPool) attempt(ctx context.Context, c *slotProc, t *ticket, job *was
 		killedByUs := c.wasKilled()
 		c.kill() // in case it is alive with a broken pipe
 		<-c.exited
+		// The outputs it spilled, if any, are nobody's now.
+		p.dropSpills(c, t, job)
 		started := p.startedOn(c, t)
 		p.passTurn(c, t, 0)
 		var o *wasmworker.Outcome
@@ -406,7 +409,7 @@ func (p *slotPool) attempt(ctx context.Context, c *slotProc, t *ticket, job *was
 			}
 		case repDone:
 			if !stopKill() && p.killedFor(t) {
-				return ended() // killed meanwhile: the kill's reason wins
+				return ended() // killed meanwhile: the kill's reason wins (and its files go)
 			}
 			p.passTurn(c, t, max(m.Took, time.Nanosecond))
 			// Duration: the time the attempt ran, as the slot process
@@ -416,6 +419,35 @@ func (p *slotPool) attempt(ctx context.Context, c *slotProc, t *ticket, job *was
 			p.log.Error("slot process: unexpected reply", "kind", m.Kind)
 			c.kill()
 			return ended()
+		}
+	}
+}
+
+// dropSpills removes the outputs t's attempt (of job) spilled in c for the
+// worker to upload, once c is gone and the attempt ended without its
+// outcome taking them (as Files): c was killed or died while it collected
+// them, or after it sent them but before they were taken (a cancel or the
+// wall time won). The attempt is the files' only owner then, and nobody
+// would remove them before the worker exits. The files of c's other
+// attempts are left alone: an attempt whose outcome was taken gave its
+// files to its worker, which may be uploading them.
+func (p *slotPool) dropSpills(c *slotProc, t *ticket, job *wasmworker.Job) {
+	if t.seq == 0 || !job.Assign.Limits.Uploads() {
+		return // never run, or spills nothing (slotChild.run)
+	}
+	dir, prefix := filepath.Dir(c.dir), spillPrefix(c.dir, t.seq)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		p.log.Warn("looking for the outputs an ended attempt spilled", "dir", dir, "err", err)
+		return
+	}
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), prefix) {
+			continue
+		}
+		f := filepath.Join(dir, e.Name())
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			p.log.Warn("removing an output an ended attempt spilled", "file", f, "err", err)
 		}
 	}
 }

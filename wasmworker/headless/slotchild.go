@@ -53,6 +53,9 @@ type slotChild struct {
 	// out/ was seen empty after the attempt.
 	inFiles  []string
 	outEmpty bool
+	// seq is the Seq of the current attempt's run request, which names
+	// the outputs it spills (spillPrefix).
+	seq uint32
 
 	dec *wireDecoder // requests; read by one goroutine at a time
 	// ahead holds run requests read while an attempt waited for the
@@ -277,6 +280,7 @@ func (c *slotChild) run(ctx context.Context, e *engine, m *slotRequest) {
 		l = m.Assign.Limits
 		job.Upload = l.Uploads()
 	}
+	c.seq = m.Seq
 	limitAddressSpace(runRoom(l))
 	start := time.Now()
 	o := e.run(ctx, job)

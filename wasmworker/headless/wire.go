@@ -99,7 +99,7 @@ type slotRequest struct {
 	// run
 	Assign *protocol.Assign
 	Host   bool   // the job has a Host: relay progress and checkpoints
-	Seq    uint32 // the attempt's number in this slot process, from 1 (with a gate)
+	Seq    uint32 // the attempt's number in this slot process, from 1; it names the outputs the attempt spills (spillPrefix)
 
 	// checkpointed
 	Err string // "" = saved
