@@ -68,6 +68,16 @@ type slotPool struct {
 	nextID      int
 	modules     map[string]*moduleBytes
 	moduleBytes int64 // total of len(b) in modules
+
+	hooks slotHooks // for tests
+}
+
+// slotHooks are functions a test may set (before any Run) that a Run calls
+// at points where the test wants to stop its attempt. Each is given the
+// slot process that runs the attempt.
+type slotHooks struct {
+	running func(*slotProc) // the run request sent, before any reply is read
+	done    func(*slotProc) // the done reply read, before the Run takes it
 }
 
 // slotProc is one slot process. Between acquire and release it belongs to
@@ -376,6 +386,9 @@ func (p *slotPool) attempt(ctx context.Context, c *slotProc, t *ticket, job *was
 		}
 		p.stop(c, t)
 	})
+	if p.hooks.running != nil {
+		p.hooks.running(c)
+	}
 	for {
 		m, ok := c.recv()
 		if !ok {
@@ -408,6 +421,9 @@ func (p *slotPool) attempt(ctx context.Context, c *slotProc, t *ticket, job *was
 				return ended()
 			}
 		case repDone:
+			if p.hooks.done != nil {
+				p.hooks.done(c)
+			}
 			if !stopKill() && p.killedFor(t) {
 				return ended() // killed meanwhile: the kill's reason wins (and its files go)
 			}

@@ -5,10 +5,14 @@ package headless
 import (
 	"context"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -488,4 +492,165 @@ func TestSlotRefusesCheckpointLargerThanAMessage(t *testing.T) {
 	if len(h.checkpoints) != 0 {
 		t.Errorf("the worker was handed %d checkpoints", len(h.checkpoints))
 	}
+}
+
+// An attempt stopped after its slot process spilled its outputs, before its
+// Run took them (here its done reply has arrived when the attempt is
+// cancelled, or its wall time passes: the stop's reason wins), leaves none
+// of them in the pool's directory once the Run has returned: they used to
+// stay until the worker exited, up to an output limit of disk for each
+// such attempt. The file an earlier attempt of the same slot process
+// handed over stays: its worker may still be uploading it.
+func TestIsolatedStoppedAttemptLeavesNoSpills(t *testing.T) {
+	for _, stop := range []string{"cancel", "wall time"} {
+		t.Run(stop, func(t *testing.T) {
+			r := isolated(t, Config{})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var hold, held atomic.Bool
+			r.pool.hooks.done = func(c *slotProc) {
+				if !hold.Load() {
+					return
+				}
+				held.Store(true)
+				if stop == "cancel" {
+					cancel()
+				}
+				<-c.dead // killed for the cancel, or at the wall time
+			}
+			const size = 2 * protocol.UploadMinBytes
+			big := func(wallMS int64) *wasmworker.Job {
+				j, _ := job(t, "outfill", protocol.Assign{Args: []string{"bytes", strconv.Itoa(size)},
+					Limits: protocol.Limits{OutputBytes: 1 << 30, WallMS: wallMS}})
+				j.Upload = true
+				return j
+			}
+
+			first := r.Run(context.Background(), big(0))
+			if first.Reason != "" || len(first.Files) != 1 {
+				t.Fatalf("first attempt: %s: %s, files %v", first.Reason, first.Message, first.Files)
+			}
+			kept := first.Files[0].Path
+			t.Cleanup(func() { os.Remove(kept) })
+
+			hold.Store(true)
+			var wallMS int64
+			want := protocol.ReasonCancelled
+			if stop == "wall time" {
+				// Room to write the output first, on a busy machine.
+				wallMS, want = 3000, protocol.ReasonWallTime
+			}
+			o := r.Run(ctx, big(wallMS))
+			if o.Reason != want {
+				t.Fatalf("second attempt: %q (%s), want %s", o.Reason, o.Message, want)
+			}
+			if !held.Load() {
+				// The wall time passed before the task was done: nothing
+				// was spilled, or the slot process was killed collecting.
+				t.Logf("the second attempt was stopped before its done reply")
+			}
+			if len(o.Files) != 0 {
+				t.Errorf("the stopped attempt's outcome lists files %v", o.Files)
+			}
+			r.pool.mu.Lock()
+			slots := r.pool.nextID
+			r.pool.mu.Unlock()
+			if slots != 1 {
+				t.Errorf("%d slot processes started, want 1: both attempts in the same one", slots)
+			}
+
+			// The pool's directory holds the first attempt's file and
+			// nothing else (the killed slot process's own directory is
+			// gone).
+			if left, n := poolFiles(t, r, kept); len(left) > 0 {
+				t.Errorf("%d bytes left in the pool's directory after the stopped attempt: %v", n, left)
+			}
+			if st, err := os.Stat(kept); err != nil || st.Size() != size {
+				t.Errorf("the first attempt's output file: %v (want %d bytes)", err, size)
+			}
+		})
+	}
+}
+
+// A slot process killed once it has spilled an attempt's outputs, while it
+// sends its done reply (which the Run has not begun to read: the reply,
+// with a large stdout, does not fit in the pipe), leaves none of them in
+// the pool's directory once the Run has returned, whether it crashed (a
+// SIGKILL from outside, as from the kernel's out-of-memory killer) or the
+// attempt was cancelled.
+func TestIsolatedSlotKilledAfterSpillingLeavesNoSpills(t *testing.T) {
+	for _, stop := range []string{"crash", "cancel"} {
+		t.Run(stop, func(t *testing.T) {
+			r := isolated(t, Config{})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			const size, small = 2 * protocol.UploadMinBytes, 512 << 10
+			var spilled string
+			r.pool.hooks.running = func(c *slotProc) {
+				// Wait until the large output was moved to the pool's
+				// directory whole (renamed there), then stop the slot
+				// process: it is blocked sending its done reply.
+				deadline := time.Now().Add(time.Minute)
+				for spilled == "" && time.Now().Before(deadline) {
+					time.Sleep(5 * time.Millisecond)
+					m, _ := filepath.Glob(filepath.Join(r.pool.baseDir, "*output-*"))
+					for _, f := range m {
+						if st, err := os.Stat(f); err == nil && st.Size() == size {
+							spilled = f
+						}
+					}
+				}
+				if stop == "cancel" {
+					cancel()
+					<-c.dead
+					return
+				}
+				c.pmu.Lock()
+				pid := c.process.Pid
+				c.pmu.Unlock()
+				syscall.Kill(pid, syscall.SIGKILL)
+				<-c.exited
+			}
+			j, _ := job(t, "fsprobe", protocol.Assign{
+				Args:   []string{"fill", "/out/big", strconv.Itoa(size), "fill", "/out/small", strconv.Itoa(small), "cat", "/out/small"},
+				Limits: protocol.Limits{OutputBytes: 1 << 30}})
+			j.Upload = true
+			o := r.Run(ctx, j)
+			if spilled == "" {
+				t.Fatalf("the large output never appeared in the pool's directory; the attempt: %q (%s)", o.Reason, o.Message)
+			}
+			want := protocol.ReasonCrashed
+			if stop == "cancel" {
+				want = protocol.ReasonCancelled
+			}
+			if o.Reason != want || len(o.Files) != 0 {
+				t.Fatalf("%q (%s), files %v; want %s and no files", o.Reason, o.Message, o.Files, want)
+			}
+			if left, n := poolFiles(t, r, ""); len(left) > 0 {
+				t.Errorf("%d bytes left in the pool's directory after the killed attempt: %v", n, left)
+			}
+		})
+	}
+}
+
+// poolFiles lists the regular files under r's pool directory but except,
+// with their sizes, and returns their total size.
+func poolFiles(t *testing.T, r *Runner, except string) (files []string, total int64) {
+	t.Helper()
+	err := filepath.WalkDir(r.pool.baseDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() || p == except {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		files = append(files, fmt.Sprintf("%s (%d bytes)", p, info.Size()))
+		total += info.Size()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files, total
 }
