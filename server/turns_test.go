@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/cyclepool/cyclepool/internal/workflow"
 )
@@ -51,6 +52,104 @@ func TestTurns(t *testing.T) {
 	r4()
 	if u.busy != 0 || len(u.owners) != 0 {
 		t.Errorf("all given back: busy %d, owners %v", u.busy, u.owners)
+	}
+}
+
+// Turns go in the order they were asked for: a request waiting for room is
+// not passed by later, smaller ones as room frees (before, a stream of
+// them kept a large request waiting until its context ended), while a
+// request past its owner's share holds back only its owner's.
+func TestTurnsInOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	u := newTurns(16, 8)
+	take := func(owner, n int64) func() {
+		t.Helper()
+		r, err := u.acquire(ctx, owner, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	waiting := func(n int64, what string) {
+		t.Helper()
+		for giveUp := time.Now().Add(30 * time.Second); u.waiting.Load() != n; time.Sleep(time.Millisecond) {
+			if time.Now().After(giveUp) {
+				t.Fatalf("%d requests waiting, want %d: %s", u.waiting.Load(), n, what)
+			}
+		}
+	}
+	a, c := take(1, 5), take(3, 5) // 10 of 16 busy
+	type got struct {
+		who     string
+		release func()
+	}
+	given := make(chan got, 3)
+	wait := func(who string, owner, n int64) {
+		go func() {
+			r, err := u.acquire(ctx, owner, n)
+			if err != nil {
+				t.Error(err)
+			}
+			given <- got{who, r}
+		}()
+	}
+	wait("large", 2, 8) // 18 > 16: waits for room
+	waiting(1, "the large request waits")
+	wait("small", 4, 4) // 14 would fit, but it comes after the large one
+	waiting(2, "the small request waits behind the large one")
+	// Past its share, owner 1 waits, and holds back no one else.
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := u.acquire(gone, 1, 4); err == nil {
+		t.Error("an owner past its share got a turn")
+	}
+	a() // 5 busy: room for the large request, then not for the small
+	first := <-given
+	if first.who != "large" {
+		t.Fatalf("%s got the first turn as room freed, want the large request asked first", first.who)
+	}
+	select {
+	case g := <-given:
+		t.Fatalf("%s got a turn with %d of %d busy", g.who, u.busy, u.limit)
+	default:
+	}
+	c()
+	if second := <-given; second.who != "small" {
+		t.Fatalf("%s got the second turn, want the small request", second.who)
+	} else {
+		second.release()
+	}
+	first.release()
+	if u.busy != 0 || len(u.owners) != 0 || len(u.queue) != 0 {
+		t.Errorf("all given back: busy %d, owners %v, %d waiting", u.busy, u.owners, len(u.queue))
+	}
+
+	// A request whose context ends while it waits lets those behind it go.
+	hold := take(5, 8)
+	hold2 := take(6, 6) // 14 busy
+	wctx, stop := context.WithCancel(ctx)
+	failed := make(chan error, 1)
+	go func() {
+		_, err := u.acquire(wctx, 7, 8)
+		failed <- err
+	}()
+	waiting(1, "a request waits for room")
+	wait("behind", 8, 2)
+	waiting(2, "a small request waits behind it")
+	stop()
+	if err := <-failed; err == nil {
+		t.Error("a request whose context ended got a turn")
+	}
+	if g := <-given; g.who != "behind" {
+		t.Fatalf("%s got a turn, want the request behind the one gone", g.who)
+	} else {
+		g.release()
+	}
+	hold()
+	hold2()
+	if u.busy != 0 || len(u.owners) != 0 || len(u.queue) != 0 {
+		t.Errorf("all given back: busy %d, owners %v, %d waiting", u.busy, u.owners, len(u.queue))
 	}
 }
 
