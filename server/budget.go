@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -36,45 +37,76 @@ func (s *Server) payloadLimits() (conn, replica int64) {
 	return conn, max(replicaPayloadBytes, conn)
 }
 
-// byteBudget counts bytes held against a limit.
+// byteBudget counts bytes held against a limit. Bytes go in the order they
+// were asked for: a large frame waiting for room is not passed by later,
+// smaller ones as room frees, so that other connections' streams of small
+// frames cannot hold it back for as long as they last.
 type byteBudget struct {
 	mu    sync.Mutex
 	used  int64
-	freed chan struct{} // closed when bytes are released
+	queue []*budgetRequest // waiting, oldest first
+}
+
+// budgetRequest is an acquire waiting in byteBudget.queue.
+type budgetRequest struct {
+	n, limit int64
+	given    chan struct{} // closed when the bytes are taken for it
 }
 
 // acquire takes n bytes, waiting while they would take the bytes held over
 // limit (a budget holding nothing always gives them: one frame never
 // waits forever).
 func (b *byteBudget) acquire(ctx context.Context, n, limit int64) error {
-	for {
-		b.mu.Lock()
-		if b.used == 0 || b.used+n <= limit {
-			b.used += n
-			b.mu.Unlock()
-			return nil
-		}
-		if b.freed == nil {
-			b.freed = make(chan struct{})
-		}
-		freed := b.freed
+	b.mu.Lock()
+	if len(b.queue) == 0 && (b.used == 0 || b.used+n <= limit) {
+		b.used += n
 		b.mu.Unlock()
-		select {
-		case <-freed:
-		case <-ctx.Done():
-			return ctx.Err()
+		return nil
+	}
+	r := &budgetRequest{n: n, limit: limit, given: make(chan struct{})}
+	b.queue = append(b.queue, r)
+	b.mu.Unlock()
+	select {
+	case <-r.given:
+		return nil
+	case <-ctx.Done():
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case <-r.given: // given as the context ended: given back
+		b.releaseLocked(n)
+	default:
+		b.queue = slices.DeleteFunc(b.queue, func(q *budgetRequest) bool { return q == r })
+		b.giveLocked() // those it held back may go
+	}
+	return ctx.Err()
+}
+
+// giveLocked takes bytes for the waiting requests, oldest first, while
+// they fit. b.mu held.
+func (b *byteBudget) giveLocked() {
+	for len(b.queue) > 0 {
+		r := b.queue[0]
+		if b.used != 0 && b.used+r.n > r.limit {
+			return
 		}
+		b.used += r.n
+		close(r.given)
+		b.queue = b.queue[1:]
 	}
 }
 
 func (b *byteBudget) release(n int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.releaseLocked(n)
+}
+
+// releaseLocked is release with b.mu held.
+func (b *byteBudget) releaseLocked(n int64) {
 	b.used -= n
-	if b.freed != nil {
-		close(b.freed)
-		b.freed = nil
-	}
+	b.giveLocked()
 }
 
 func (b *byteBudget) held() int64 {

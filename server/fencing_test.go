@@ -173,3 +173,71 @@ func TestByteBudget(t *testing.T) {
 		t.Fatal("acquired over the limit with a cancelled context")
 	}
 }
+
+// Bytes go in the order they were asked for: a large frame waiting for
+// room is not passed by smaller ones asked for later as room frees
+// (before, other connections' small frames could hold it back for as long
+// as they kept coming), and one whose context ends lets those behind it go.
+func TestByteBudgetInOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var b byteBudget
+	waiting := func(n int, what string) {
+		t.Helper()
+		for giveUp := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+			b.mu.Lock()
+			q := len(b.queue)
+			b.mu.Unlock()
+			if q == n {
+				return
+			}
+			if time.Now().After(giveUp) {
+				t.Fatalf("%d requests waiting, want %d: %s", q, n, what)
+			}
+		}
+	}
+	if err := b.acquire(ctx, 60, 100); err != nil {
+		t.Fatal(err)
+	}
+	order := make(chan string, 2)
+	ask := func(who string, n int64) {
+		go func() {
+			if err := b.acquire(ctx, n, 100); err != nil {
+				t.Error(err)
+			}
+			order <- who
+		}()
+	}
+	ask("large", 80) // 140 > 100: waits
+	waiting(1, "the large frame waits")
+	ask("small", 30) // 90 would fit, but it comes after the large one
+	waiting(2, "the small frame waits behind the large one")
+	b.release(60) // room for the large one (80), then not for the small (110)
+	if first := <-order; first != "large" {
+		t.Fatalf("%s got its bytes first, want the large frame", first)
+	}
+	waiting(1, "the small frame waits for room")
+	b.release(80)
+	if second := <-order; second != "small" {
+		t.Fatalf("%s got its bytes second", second)
+	}
+
+	// 30 held: a frame whose context ends lets the one behind it go.
+	gone, cancel := context.WithCancel(ctx)
+	failed := make(chan error, 1)
+	go func() { failed <- b.acquire(gone, 90, 100) }()
+	waiting(1, "a frame waits for room")
+	ask("behind", 50)
+	waiting(2, "a frame waits behind it")
+	cancel()
+	if err := <-failed; err == nil {
+		t.Error("a frame whose context ended got its bytes")
+	}
+	if got := <-order; got != "behind" {
+		t.Fatalf("%s got its bytes, want the frame behind the one gone", got)
+	}
+	b.release(80)
+	if b.held() != 0 || len(b.queue) != 0 {
+		t.Errorf("all given back: %d held, %d waiting", b.held(), len(b.queue))
+	}
+}
