@@ -60,6 +60,8 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.HostileTasks, "hostile-tasks", 2000, "counter tasks in the hostile part's honest workflow")
 	fs.IntVar(&cfg.HostileTaskMS, "hostile-task-ms", 10, "busy milliseconds of each task of the hostile part")
 	only := fs.String("only", "", "comma-separated parts to run: single, dispatch, river, data, churn, conns, wasm, browser, hostile, scale")
+	versus := fs.String("versus", "", "another cyclepool binary: run the parts for both builds alternately, --repeat times each, and print each figure's median per build")
+	repeat := fs.Int("repeat", 3, "with --versus: runs of each build")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -74,6 +76,15 @@ func run(ctx context.Context, args []string) error {
 	}
 	if _, err := os.Stat(cfg.Executable); err != nil {
 		return fmt.Errorf("the cyclepool binary to measure: %w (make build writes bin/cyclepool)", err)
+	}
+	if *versus != "" {
+		if _, err := os.Stat(*versus); err != nil {
+			return fmt.Errorf("the cyclepool binary to compare with: %w", err)
+		}
+		if *repeat < 1 {
+			return fmt.Errorf("--repeat must be at least 1, got %d", *repeat)
+		}
+		return bench.Versus(ctx, cfg, *versus, *repeat)
 	}
 	return bench.Run(ctx, cfg)
 }
