@@ -671,10 +671,8 @@ func behindALongAttempt(t *testing.T, p *platform, at [2]byte, threads int, args
 	}
 	// With several threads, a minute of steps each: they end when
 	// cancelled, so that no thread comes free before a test says so. With
-	// one, a second of steps, which ends by itself: a cancel of the one
-	// running attempt lost the batch in one run of eight (the long attempt
-	// and the short ones did not run together).
-	forever := []string{"x"}
+	// one, three seconds of steps, which end by themselves.
+	forever := []string{"x", "x", "x"}
 	if threads > 1 {
 		forever = make([]string, 60)
 		for i := range forever {
@@ -686,7 +684,20 @@ func behindALongAttempt(t *testing.T, p *platform, at [2]byte, threads int, args
 		busyTasks[i] = task{"name": fmt.Sprintf("busy%d", i), "module": busy, "args": forever}
 	}
 	busyID := submit(t, p.client, workflow("busy", busyTasks...))
-	eventually(t, 30*time.Second, "the task Web Workers to be busy", func() bool { return b.status().TaskWorkers.Busy >= threads })
+	// Seen running by their workflow, not by the count of busy task Web
+	// Workers: the page's status comes every 250 ms, later on a loaded
+	// machine, and one from the warm-up's batches counted a busy task Web
+	// Worker while the busy module still compiled. The long attempt then
+	// took the free thread first and ran without the short ones.
+	eventually(t, 30*time.Second, "the busy attempts to run in task Web Workers", func() bool {
+		n := 0
+		for _, r := range b.status().Running {
+			if strings.HasPrefix(r.Task, busyID+"/") {
+				n++
+			}
+		}
+		return n >= threads
+	})
 	long = submit(t, p.client, workflow("long", task{"name": "long", "module": loop, "args": args}))
 	eventually(t, 30*time.Second, "the long attempt to be assigned", func() bool {
 		as, err := p.client.Attempts(ctx, long, "long")
