@@ -50,6 +50,7 @@ func newBlobServer(t *testing.T, cfg Config) *blobServer {
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	srv := New(st, cfg)
 	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(func() { srv.Close() })
 	t.Cleanup(ts.Close)
 	return &blobServer{srv: srv, url: ts.URL, alice: alice, bob: bob, db: db}
 }

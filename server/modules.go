@@ -1,7 +1,6 @@
 package server
 
 import (
-	"container/list"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,181 +8,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
-	"sync"
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/internal/wasmcheck"
 )
 
-// moduleBodies holds the module bodies the server has in memory: those
-// being read or served, and the recently served ones, max bytes in all (a
-// body larger than max is held alone). A body is read from the database
-// once however many requests want it at once, and stays held while any of
-// them is still writing it; a request that needs room waits until
-// enough is freed. Module ids are known to every volunteer and GET
-// /modules/{id} needs no token, so without this, clients asking at once or
-// reading slowly held a copy of a body each (TestModuleMemoryIsBounded).
-type moduleBodies struct {
-	mu      sync.Mutex
-	max     int64
-	size    int64      // bytes of every body held: read, being read or served
-	lru     *list.List // of *moduleBody served by nobody, most recent first
-	entries map[string]*moduleBody
-	room    chan struct{} // closed (and replaced) when bodies are freed
-	loads   int           // reads from the database, for tests
-}
-
-// moduleBody is one module's body in moduleBodies.
-type moduleBody struct {
-	id    string
-	size  int64
-	body  []byte
-	err   error
-	ready chan struct{} // closed once the body was read (or failed)
-	refs  int           // requests holding it
-	elem  *list.Element // in lru while refs is 0
-}
-
-func newModuleBodies(max int64) *moduleBodies {
-	return &moduleBodies{max: max, lru: list.New(), entries: map[string]*moduleBody{}, room: make(chan struct{})}
-}
-
-// moduleLoadTimeout bounds the read of one module's body, which the
-// requests that want it share (none of them may cancel it for the others).
-const moduleLoadTimeout = time.Minute
-
-// acquire returns the body of module id and a function to call once done
-// with it. A body not held is read with load, after size (its length) has
-// been found to fit. A body kept from earlier requests (in lru) is served
-// only after size has found the module still there: a module can be
-// deleted (store.RemoveModule), and a replica that kept its body would
-// otherwise serve it for as long as nothing needed the room. A body that
-// requests in flight hold is shared without asking again.
-func (m *moduleBodies) acquire(ctx context.Context, id string, size func(context.Context) (int64, error),
-	load func(context.Context) ([]byte, error)) ([]byte, func(), error) {
-	m.mu.Lock()
-	if e := m.entries[id]; e != nil && e.refs > 0 {
-		return m.wait(ctx, e)
-	}
-	m.mu.Unlock()
-	n, err := size(ctx)
-	if errors.Is(err, store.ErrNotFound) {
-		m.forget(id)
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	m.mu.Lock()
-	for {
-		if e := m.entries[id]; e != nil {
-			return m.wait(ctx, e)
-		}
-		m.evict(n)
-		if m.size+n <= m.max || m.size == 0 {
-			break
-		}
-		room := m.room
-		m.mu.Unlock()
-		select {
-		case <-room:
-		case <-ctx.Done():
-			return nil, nil, ctx.Err()
-		}
-		m.mu.Lock()
-	}
-	e := &moduleBody{id: id, size: n, ready: make(chan struct{}), refs: 1}
-	m.entries[id] = e
-	m.size += n
-	m.loads++
-	m.mu.Unlock()
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), moduleLoadTimeout)
-	body, err := load(lctx)
-	cancel()
-	m.mu.Lock()
-	e.body, e.err = body, err
-	if err == nil {
-		m.size += int64(len(body)) - e.size
-		e.size = int64(len(body))
-	} else {
-		// Not held: the next request reads it again.
-		delete(m.entries, id)
-		m.size -= e.size
-		e.size = 0
-	}
-	close(e.ready)
-	m.mu.Unlock()
-	if err != nil {
-		m.release(e)
-		return nil, nil, err
-	}
-	return body, func() { m.release(e) }, nil
-}
-
-// wait holds e for the caller and waits until it was read; m.mu is held,
-// and released.
-func (m *moduleBodies) wait(ctx context.Context, e *moduleBody) ([]byte, func(), error) {
-	e.refs++
-	if e.elem != nil {
-		m.lru.Remove(e.elem)
-		e.elem = nil
-	}
-	m.mu.Unlock()
-	select {
-	case <-e.ready:
-	case <-ctx.Done():
-		m.release(e)
-		return nil, nil, ctx.Err()
-	}
-	if e.err != nil {
-		m.release(e)
-		return nil, nil, e.err
-	}
-	return e.body, func() { m.release(e) }, nil
-}
-
-// release gives back a hold of e: a body nobody holds stays, as the most
-// recently used, while there is room.
-func (m *moduleBodies) release(e *moduleBody) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	e.refs--
-	if e.refs == 0 && m.entries[e.id] == e {
-		e.elem = m.lru.PushFront(e)
-		m.evict(0)
-	}
-	close(m.room)
-	m.room = make(chan struct{})
-}
-
-// forget drops the body of module id unless requests hold it (they are
-// served, and the next request asks again).
-func (m *moduleBodies) forget(id string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if e := m.entries[id]; e != nil && e.elem != nil {
-		m.lru.Remove(e.elem)
-		e.elem = nil
-		delete(m.entries, id)
-		m.size -= e.size
-	}
-}
-
-// evict drops the least recently used bodies that nobody holds until n
-// more bytes fit, or none is left; m.mu is held.
-func (m *moduleBodies) evict(n int64) {
-	for m.size+n > m.max && m.lru.Len() > 0 {
-		e := m.lru.Remove(m.lru.Back()).(*moduleBody)
-		e.elem = nil
-		delete(m.entries, e.id)
-		m.size -= e.size
-	}
-}
-
-// moduleWriteTimeout bounds the writing of one module's body to a client,
-// which holds the body in memory meanwhile: 64 MiB at 1 Mbit/s takes nine
-// minutes.
+// moduleWriteTimeout bounds the writing of one module's body to a client:
+// 64 MiB at 1 Mbit/s takes nine minutes. A client cut off can resume
+// with a Range request.
 const moduleWriteTimeout = 10 * time.Minute
 
 // moduleStall is how long a module's reader may take for each chunk of it
@@ -191,12 +24,14 @@ const moduleWriteTimeout = 10 * time.Minute
 // seconds.
 const moduleStall = time.Minute
 
-// handleModule serves module bytes to workers. Modules are immutable, so
-// they are cached forever; one that was deleted answers 404 from then on
-// (moduleBodies.acquire).
+// handleModule serves module bytes to workers, from the module's file in
+// the spool (moduleSpool): ranges, conditional requests on the ETag (the
+// id) and HEAD as http.ServeContent answers them. Modules are immutable,
+// so they are cached forever; one that was deleted answers 404 from then
+// on (moduleSpool.acquire).
 func (s *Server) handleModule(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	body, release, err := s.modules.acquire(r.Context(), id,
+	f, release, err := s.modules.acquire(r.Context(), id,
 		func(ctx context.Context) (int64, error) { return s.store.ModuleSize(ctx, id) },
 		func(ctx context.Context) ([]byte, error) { return s.store.ModuleBody(ctx, id) })
 	if errors.Is(err, store.ErrNotFound) {
@@ -214,24 +49,86 @@ func (s *Server) handleModule(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/wasm")
 	w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
 	w.Header().Set("ETag", `"`+id+`"`)
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	// A reader that stops reading lets the body go after s.moduleStall,
-	// not at the end of the whole write's time: the body is held while
-	// it is written, and memory for module bodies is shared by all.
-	rc := http.NewResponseController(w)
-	end := time.Now().Add(moduleWriteTimeout)
-	for off := 0; off < len(body); {
-		n := min(moduleWriteChunk, len(body)-off)
-		deadline := time.Now().Add(s.moduleStall)
-		if deadline.After(end) {
-			deadline = end
-		}
-		_ = rc.SetWriteDeadline(deadline)
-		if _, err := w.Write(body[off : off+n]); err != nil {
-			return
-		}
-		off += n
+	// A reader that stops reading is cut off after s.moduleStall, not at
+	// the end of the whole write's time: it holds a connection and an
+	// open file meanwhile.
+	sw := &stallWriter{ResponseWriter: w, rc: http.NewResponseController(w), stall: s.moduleStall,
+		end: time.Now().Add(moduleWriteTimeout)}
+	http.ServeContent(sw, r, "", time.Time{}, f)
+}
+
+// stallWriter writes a response in chunks of moduleWriteChunk, each
+// under a write deadline of stall from its start (and none past end): a
+// reader must take a chunk within stall. It passes a file on to the
+// connection's ReadFrom (sendfile) a chunk at a time.
+type stallWriter struct {
+	http.ResponseWriter
+	rc    *http.ResponseController
+	stall time.Duration
+	end   time.Time
+}
+
+// Unwrap returns the ResponseWriter wrapped, for http.ResponseController.
+func (w *stallWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// deadline gives the next chunk its time.
+func (w *stallWriter) deadline() {
+	d := time.Now().Add(w.stall)
+	if d.After(w.end) {
+		d = w.end
 	}
+	_ = w.rc.SetWriteDeadline(d)
+}
+
+// Write writes p a chunk at a time.
+func (w *stallWriter) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		c := min(len(p), moduleWriteChunk)
+		w.deadline()
+		k, err := w.ResponseWriter.Write(p[:c])
+		n += k
+		if err != nil {
+			return n, err
+		}
+		p = p[c:]
+	}
+	return n, nil
+}
+
+// ReadFrom copies src a chunk at a time. http.ServeContent copies an
+// io.LimitedReader of the file: its limit is taken here, so that every
+// chunk is a LimitedReader of the file itself, which the connection sends
+// with sendfile.
+func (w *stallWriter) ReadFrom(src io.Reader) (int64, error) {
+	rf, ok := w.ResponseWriter.(io.ReaderFrom)
+	if !ok {
+		return io.Copy(struct{ io.Writer }{w}, src)
+	}
+	limit := int64(-1) // none
+	if lr, ok := src.(*io.LimitedReader); ok {
+		src, limit = lr.R, lr.N
+	}
+	var total int64
+	for limit != 0 {
+		c := int64(moduleWriteChunk)
+		if limit > 0 {
+			c = min(c, limit)
+		}
+		w.deadline()
+		n, err := rf.ReadFrom(&io.LimitedReader{R: src, N: c})
+		total += n
+		if limit > 0 {
+			limit -= n
+		}
+		if err != nil {
+			return total, err
+		}
+		if n < c {
+			break // src ended
+		}
+	}
+	return total, nil
 }
 
 // moduleWriteChunk is how much of a module's body is written under one

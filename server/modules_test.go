@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/cyclepool/cyclepool/internal/store"
 	"github.com/cyclepool/cyclepool/internal/wasmtest"
 )
 
@@ -78,7 +80,9 @@ func newModuleServer(t *testing.T, cfg Config) *moduleServer {
 	}
 	t.Cleanup(func() { db.Close(context.Background()) })
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	ts := httptest.NewServer(New(st, cfg).Handler())
+	s := New(st, cfg)
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { s.Close() })
 	t.Cleanup(ts.Close)
 	return &moduleServer{url: ts.URL, token: tok, db: db}
 }
@@ -174,7 +178,9 @@ func TestModuleUploadSizeLimit(t *testing.T) {
 // GET /modules/{id} serves a module's exact bytes, without a token, as
 // application/wasm, cacheable forever (Cache-Control immutable, a year's
 // max-age) with its id as ETag, both when read from the database and when
-// served again from the server's memory; an unknown id is a 404.
+// served again from the server's file of it; a range of it answers 206 with
+// those bytes, a request naming its ETag 304, HEAD its length alone; an
+// unknown id is a 404.
 func TestModuleDownload(t *testing.T) {
 	t.Parallel()
 	m := newModuleServer(t, Config{})
@@ -213,6 +219,43 @@ func TestModuleDownload(t *testing.T) {
 		}
 	}
 
+	get := func(method string, header ...string) (*http.Response, []byte) {
+		t.Helper()
+		req, err := http.NewRequest(method, m.url+"/modules/"+id, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, got
+	}
+	resp, got := get("GET", "Range", "bytes=100-1123")
+	if resp.StatusCode != http.StatusPartialContent || !bytes.Equal(got, body[100:1124]) ||
+		resp.Header.Get("Content-Range") != "bytes 100-1123/4096" || resp.Header.Get("ETag") != `"`+id+`"` {
+		t.Errorf("a range of the module: %s, %d bytes, Content-Range %q; want 206 and bytes 100 to 1123",
+			resp.Status, len(got), resp.Header.Get("Content-Range"))
+	}
+	resp, got = get("GET", "If-None-Match", `"`+id+`"`)
+	if resp.StatusCode != http.StatusNotModified || len(got) != 0 {
+		t.Errorf("the module asked for with its ETag: %s, %d bytes; want 304", resp.Status, len(got))
+	}
+	resp, got = get("HEAD")
+	if resp.StatusCode != http.StatusOK || len(got) != 0 || resp.ContentLength != int64(len(body)) ||
+		resp.Header.Get("Content-Type") != "application/wasm" {
+		t.Errorf("HEAD of the module: %s, Content-Length %d, Content-Type %q; want 200 and the module's length",
+			resp.Status, resp.ContentLength, resp.Header.Get("Content-Type"))
+	}
+
 	unknown := moduleID([]byte("no such module"))
 	resp, err := http.Get(m.url + "/modules/" + unknown)
 	if err != nil {
@@ -245,55 +288,74 @@ func TestByteSize(t *testing.T) {
 	}
 }
 
-// moduleBodies reads a body once for every request that wants it at once,
-// holds no more than its bound (a request that needs room waits for a body
-// to be freed, or for its own end), and keeps no body whose read failed.
-func TestModuleBodies(t *testing.T) {
+// moduleSpool reads a body once for every request that wants it at once,
+// reads no more bytes from the database at once than its bound for loads
+// (a request that needs room waits for a load to end, or for its own end;
+// not for the requests that are served to end), and keeps no file whose
+// read failed.
+func TestModuleSpool(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	sizeOf := func(n int64) func(context.Context) (int64, error) {
 		return func(context.Context) (int64, error) { return n, nil }
 	}
+	body := func(n int, fill byte) func(context.Context) ([]byte, error) {
+		return func(context.Context) ([]byte, error) { return bytes.Repeat([]byte{fill}, n), nil }
+	}
 	t.Run("one read for many at once", func(t *testing.T) {
-		m := newModuleBodies(100)
+		m := newModuleSpool(t.TempDir(), 1000, 100)
 		gate := make(chan struct{})
 		var wg sync.WaitGroup
-		got := make([][]byte, 20)
-		for i := range got {
+		names := make([]string, 20)
+		for i := range names {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				b, release, err := m.acquire(ctx, "a", sizeOf(60), func(context.Context) ([]byte, error) {
+				f, release, err := m.acquire(ctx, "a", sizeOf(60), func(ctx context.Context) ([]byte, error) {
 					<-gate
-					return make([]byte, 60), nil
+					return body(60, 'a')(ctx)
 				})
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				got[i] = b
-				release()
+				defer release()
+				got, err := io.ReadAll(f)
+				if err != nil || !bytes.Equal(got, bytes.Repeat([]byte{'a'}, 60)) {
+					t.Errorf("request %d read %q, %v", i, got, err)
+				}
+				names[i] = f.Name()
 			}()
 		}
 		close(gate)
 		wg.Wait()
-		for i := range got {
-			if &got[i][0] != &got[0][0] {
-				t.Fatalf("request %d got a copy of its own", i)
+		for i := range names {
+			if names[i] != names[0] {
+				t.Fatalf("request %d got a file of its own: %s, not %s", i, names[i], names[0])
 			}
 		}
 		if m.loads != 1 || m.size != 60 {
-			t.Errorf("%d reads, %d bytes held; want 1 and 60", m.loads, m.size)
+			t.Errorf("%d reads, %d bytes spooled; want 1 and 60", m.loads, m.size)
 		}
 	})
-	t.Run("room", func(t *testing.T) {
-		m := newModuleBodies(100)
-		load := func(context.Context) ([]byte, error) { return make([]byte, 60), nil }
-		_, releaseA, err := m.acquire(ctx, "a", sizeOf(60), load)
-		if err != nil {
-			t.Fatal(err)
+	t.Run("loads at once", func(t *testing.T) {
+		m := newModuleSpool(t.TempDir(), 1000, 100)
+		gate := make(chan struct{})
+		loaded := make(chan error)
+		go func() {
+			_, release, err := m.acquire(ctx, "a", sizeOf(60), func(ctx context.Context) ([]byte, error) {
+				<-gate
+				return body(60, 'a')(ctx)
+			})
+			if err == nil {
+				release()
+			}
+			loaded <- err
+		}()
+		for m.loadingNow() == 0 {
+			time.Sleep(time.Millisecond)
 		}
-		// b does not fit while a is served: it waits, and gives up with
+		// b does not fit while a is read: it waits, and gives up with
 		// its request.
 		cctx, cancel := context.WithCancel(ctx)
 		waiting, asked := make(chan error), make(chan struct{})
@@ -301,7 +363,7 @@ func TestModuleBodies(t *testing.T) {
 			_, _, err := m.acquire(cctx, "b", func(context.Context) (int64, error) {
 				close(asked)
 				return 60, nil
-			}, load)
+			}, body(60, 'b'))
 			waiting <- err
 		}()
 		<-asked
@@ -309,47 +371,179 @@ func TestModuleBodies(t *testing.T) {
 		if err := <-waiting; !errors.Is(err, context.Canceled) {
 			t.Fatalf("b's wait for room ended with %v", err)
 		}
-		// Once a is no longer served, b takes its room.
-		done := make(chan error)
-		go func() {
-			_, release, err := m.acquire(ctx, "b", sizeOf(60), load)
-			if err == nil {
-				release()
-			}
-			done <- err
-		}()
-		releaseA()
-		if err := <-done; err != nil {
+		close(gate)
+		if err := <-loaded; err != nil {
 			t.Fatal(err)
 		}
-		if m.loads != 2 || m.size != 60 || m.entries["a"] != nil {
-			t.Errorf("%d reads, %d bytes held, a held %v; want 2, 60 and a dropped for b", m.loads, m.size, m.entries["a"] != nil)
+		// Once a was read, b is read while a is served.
+		_, releaseA, err := m.acquire(ctx, "a", sizeOf(60), body(60, 'a'))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer releaseA()
+		_, releaseB, err := m.acquire(ctx, "b", sizeOf(60), body(60, 'b'))
+		if err != nil {
+			t.Fatal(err)
+		}
+		releaseB()
+		if m.loads != 2 || m.size != 120 {
+			t.Errorf("%d reads, %d bytes spooled; want 2 and 120", m.loads, m.size)
 		}
 	})
 	t.Run("a failed read is not kept", func(t *testing.T) {
-		m := newModuleBodies(100)
+		m := newModuleSpool(t.TempDir(), 1000, 100)
 		fail := errors.New("database gone")
 		if _, _, err := m.acquire(ctx, "a", sizeOf(10), func(context.Context) ([]byte, error) { return nil, fail }); !errors.Is(err, fail) {
 			t.Fatalf("first read: %v", err)
 		}
-		b, release, err := m.acquire(ctx, "a", sizeOf(10), func(context.Context) ([]byte, error) { return []byte("0123456789"), nil })
-		if err != nil || string(b) != "0123456789" {
-			t.Fatalf("second read: %q, %v", b, err)
+		f, release, err := m.acquire(ctx, "a", sizeOf(10), func(context.Context) ([]byte, error) { return []byte("0123456789"), nil })
+		if err != nil {
+			t.Fatalf("second read: %v", err)
 		}
+		got, _ := io.ReadAll(f)
 		release()
-		if m.loads != 2 || m.size != 10 {
-			t.Errorf("%d reads, %d bytes held; want 2 and 10", m.loads, m.size)
+		if string(got) != "0123456789" || m.loads != 2 || m.size != 10 {
+			t.Errorf("read %q; %d reads, %d bytes spooled; want 2 and 10", got, m.loads, m.size)
 		}
 	})
 }
 
+// loadingNow is how many bytes are being read from the database.
+func (m *moduleSpool) loadingNow() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.loading
+}
+
+// spooledFiles lists the module files in m's directory.
+func spooledFiles(t *testing.T, m *moduleSpool) []string {
+	t.Helper()
+	entries, err := os.ReadDir(m.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// The spool keeps its files within its bound: filling it past it removes
+// the least recently used files, never one a request is serving (the
+// files in use may take more than the bound: one per module). A module
+// found deleted loses its file, at once when nobody reads it, else once
+// its last reader is done. Close removes the directory the spool made.
+func TestModuleSpoolIsBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	m := newModuleSpool("", 100, 1000)
+	t.Cleanup(func() { m.close() })
+	exists := func(n int64) func(context.Context) (int64, error) {
+		return func(context.Context) (int64, error) { return n, nil }
+	}
+	get := func(id string) func() {
+		t.Helper()
+		f, release, err := m.acquire(ctx, id, exists(40), func(context.Context) ([]byte, error) { return bytes.Repeat([]byte(id), 40), nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(f)
+		if err != nil || !bytes.Equal(got, bytes.Repeat([]byte(id), 40)) {
+			t.Fatalf("module %s: read %q, %v", id, got, err)
+		}
+		return release
+	}
+	kept := func() []string {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		var ids []string
+		for id := range m.files {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		return ids
+	}
+	get("a")()
+	get("b")()
+	get("a")() // a is now more recent than b
+	get("c")() // 120 bytes: b goes
+	if ids := kept(); !slices.Equal(ids, []string{"a", "c"}) || m.size != 80 || len(spooledFiles(t, m)) != 2 {
+		t.Fatalf("kept %v (%d bytes, files %v), want a and c", ids, m.size, spooledFiles(t, m))
+	}
+	if m.loads != 3 {
+		t.Errorf("%d reads from the database, want 3 (a served again from its file)", m.loads)
+	}
+	// Held, a is not removed however many others are spooled; the others
+	// go, the least recently used first.
+	releaseA := get("a")
+	get("d")()
+	get("e")()
+	if ids := kept(); !slices.Equal(ids, []string{"a", "e"}) || len(spooledFiles(t, m)) != 2 {
+		t.Fatalf("kept %v (files %v) while a is held, want a and e", ids, spooledFiles(t, m))
+	}
+	releaseD, releaseE := get("d"), get("e") // a, d, e held: 120 bytes
+	if ids := kept(); !slices.Equal(ids, []string{"a", "d", "e"}) || m.size != 120 {
+		t.Fatalf("kept %v (%d bytes) while a, d and e are held, want all three", ids, m.size)
+	}
+	releaseA()
+	if ids := kept(); !slices.Equal(ids, []string{"d", "e"}) || m.size != 80 {
+		t.Fatalf("kept %v (%d bytes) once a is no longer held, want d and e", ids, m.size)
+	}
+	// d is found deleted while a request reads it: its file goes once
+	// that reader is done, and it is not served meanwhile.
+	gone := func(context.Context) (int64, error) { return 0, store.ErrNotFound }
+	for range 2 {
+		if _, _, err := m.acquire(ctx, "d", gone, nil); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("a deleted module: %v", err)
+		}
+	}
+	if ids := kept(); !slices.Equal(ids, []string{"e"}) || len(spooledFiles(t, m)) != 2 {
+		t.Fatalf("kept %v (files %v) while the deleted d is read, want e and d's file", ids, spooledFiles(t, m))
+	}
+	// d is pushed again while its old file is read: it gets a new one,
+	// which the old one's removal leaves alone.
+	loads := m.loads
+	releaseD2 := get("d")
+	if m.loads != loads+1 || len(spooledFiles(t, m)) != 3 {
+		t.Fatalf("%d reads, files %v once d is back, want a new read and file", m.loads-loads, spooledFiles(t, m))
+	}
+	releaseD()
+	releaseD2()
+	get("d")()
+	releaseE()
+	if files := spooledFiles(t, m); len(files) != 2 || m.size != 80 || m.loads != loads+1 {
+		t.Fatalf("files %v (%d bytes) once d's old reader is done, want d's new file and e's", files, m.size)
+	}
+	// Kept and found deleted, d and e go at once.
+	for _, id := range []string{"d", "e"} {
+		if _, _, err := m.acquire(ctx, id, gone, nil); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("a deleted module: %v", err)
+		}
+	}
+	if files := spooledFiles(t, m); len(files) != 0 || m.size != 0 || len(kept()) != 0 {
+		t.Fatalf("files %v (%d bytes) once d and e are found deleted, want none", files, m.size)
+	}
+	dir := m.dir
+	if err := m.close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the spool's directory is left after close: %v", err)
+	}
+	if _, _, err := m.acquire(ctx, "f", exists(40), nil); !errors.Is(err, errSpoolClosed) {
+		t.Errorf("a module asked for after close: %v, want errSpoolClosed", err)
+	}
+}
+
 // Clients that ask for modules and read them slowly (here not at all) hold
-// no copy of a body each: every body is read from the database once and
-// served from there to all of them, so that the server's memory stays
-// within its bound for module bodies. Two modules larger than half of that
-// bound, asked for in turn, made the server read each anew for every
-// request while the earlier copies were still being written: 12 requests
-// held 480 MiB. (Not parallel: it measures the heap.)
+// no copy of a body each: every body is read from the database once,
+// written to its file and served from there to all of them, so that the
+// server's heap holds no body while they read. Two modules larger than
+// half of the memory bound of the time, asked for in turn, made the server
+// read each anew for every request while the earlier copies were still
+// being written: 12 requests held 480 MiB. (Not parallel: it measures the
+// heap.)
 func TestModuleMemoryIsBounded(t *testing.T) {
 	ctx := context.Background()
 	st, _, tok := openStore(t)
@@ -369,6 +563,7 @@ func TestModuleMemoryIsBounded(t *testing.T) {
 	}
 	s := New(st, Config{Logger: slog.New(slog.DiscardHandler)})
 	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { s.Close() })
 	t.Cleanup(ts.Close)
 	var base runtime.MemStats
 	runtime.GC()
@@ -398,12 +593,13 @@ func TestModuleMemoryIsBounded(t *testing.T) {
 	}
 	var now runtime.MemStats
 	runtime.GC()
+	runtime.GC() // and the buffer pools' victims
 	runtime.ReadMemStats(&now)
 	grown := int64(now.HeapAlloc) - int64(base.HeapAlloc)
 	t.Logf("heap grown by %d MiB while 12 requests for 2 modules of %d MiB are being written", grown>>20, size>>20)
-	// The two bodies, and what the database driver keeps of its largest
-	// reads (a buffer on each connection that read one).
-	if limit := int64(4*size + 16<<20); grown > limit {
+	// No body: what the database driver keeps of its largest reads (a
+	// buffer on each connection that read one, until its next query).
+	if limit := int64(2*size + 16<<20); grown > limit {
 		t.Errorf("the heap grew by %d MiB, more than %d MiB", grown>>20, limit>>20)
 	}
 }
@@ -585,9 +781,9 @@ func TestModuleQuotaAndRemoval(t *testing.T) {
 	}
 }
 
-// A reader that stops reading a module lets its body go once it has taken
-// no chunk for the stall limit, rather than holding it (and the memory all
-// module bodies share) for the whole write's ten minutes; the body is then
+// A reader that stops reading a module is cut off once it has taken no
+// chunk for the stall limit, rather than holding its connection and the
+// module's file for the whole write's ten minutes; the module is then
 // served to others as before.
 func TestStalledModuleReadersLetTheBodyGo(t *testing.T) {
 	t.Parallel()
@@ -605,6 +801,7 @@ func TestStalledModuleReadersLetTheBodyGo(t *testing.T) {
 	s := New(st, Config{Logger: slog.New(slog.DiscardHandler)})
 	s.moduleStall = 200 * time.Millisecond
 	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { s.Close() })
 	t.Cleanup(ts.Close)
 	c, err := net.Dial("tcp", strings.TrimPrefix(ts.URL, "http://"))
 	if err != nil {
@@ -618,7 +815,7 @@ func TestStalledModuleReadersLetTheBodyGo(t *testing.T) {
 	held := func() int {
 		s.modules.mu.Lock()
 		defer s.modules.mu.Unlock()
-		if e := s.modules.entries[id]; e != nil {
+		if e := s.modules.files[id]; e != nil {
 			return e.refs
 		}
 		return 0

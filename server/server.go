@@ -54,6 +54,17 @@ type Config struct {
 	MaxFrameBytes int
 	// MaxModuleBytes bounds an uploaded module (default 64 MiB).
 	MaxModuleBytes int
+	// ModuleSpoolDir is the directory where module bodies are kept in
+	// files to be served (GET /modules/{id}): one that the server owns,
+	// cleared of the files an earlier process left when first used.
+	// Empty: a directory the server makes under os.TempDir() and removes
+	// on Close.
+	ModuleSpoolDir string
+	// ModuleSpoolBytes bounds the disk that module files take, the least
+	// recently used going first (default the larger of 1 GiB and 8
+	// MaxModuleBytes); files being served are never removed, so that
+	// those beyond the bound are the ones in use, one per module.
+	ModuleSpoolBytes int64
 	// DataQuota is how many bytes of data blobs and modules one owner
 	// may keep (default 10 GiB); it also bounds one blob.
 	DataQuota int64
@@ -152,6 +163,9 @@ func (c *Config) setDefaults() {
 	if c.MaxModuleBytes <= 0 {
 		c.MaxModuleBytes = 64 << 20
 	}
+	if c.ModuleSpoolBytes <= 0 {
+		c.ModuleSpoolBytes = max(1<<30, 8*int64(c.MaxModuleBytes))
+	}
 	if c.Verify == (sched.VerifyConfig{}) {
 		c.Verify = sched.DefaultVerify()
 	}
@@ -197,7 +211,7 @@ type Server struct {
 	owners       sync.Map // token -> store.Owner, positive cache
 	knownModules sync.Map // ownedModule -> time.Time: modules an owner has pushed, and when that was found
 	operatorKeys sync.Map // key -> true: operator keys, positive cache
-	modules      *moduleBodies
+	modules      *moduleSpool
 	moduleStall  time.Duration // moduleStall, shorter in tests
 	// moduleUploads bounds the module uploads read at once (in uploads):
 	// each is held whole while it is checked, up to MaxModuleBytes.
@@ -253,7 +267,7 @@ func New(st *store.Store, cfg Config) *Server {
 	s := &Server{
 		cfg: cfg, store: st, log: cfg.Logger.With("replica", cfg.Replica),
 		hub:           newHub(2*cfg.Heartbeat+cfg.Heartbeat/2, 2*cfg.IdleHeartbeat+cfg.IdleHeartbeat/2),
-		modules:       newModuleBodies(max(2*int64(cfg.MaxModuleBytes), 64<<20)),
+		modules:       newModuleSpool(cfg.ModuleSpoolDir, cfg.ModuleSpoolBytes, max(2*int64(cfg.MaxModuleBytes), 64<<20)),
 		moduleStall:   moduleStall,
 		moduleUploads: newTurns(wasmcheck.MaxConcurrent+2, 2),
 		submissions:   newSubmissionTurns(),
@@ -293,6 +307,14 @@ func New(st *store.Store, cfg Config) *Server {
 	// while the next gathers and runs.
 	s.hellos = newBatcher(4096, 500, 2, s.flushHellos)
 	return s
+}
+
+// Close removes the files the server keeps of module bodies, and their
+// directory when the server made it (Config.ModuleSpoolDir). Call it once
+// Handler serves no more requests (after http.Server.Shutdown); module
+// requests that still arrive are answered with a server error.
+func (s *Server) Close() error {
+	return s.modules.close()
 }
 
 // Config returns the configuration in force, defaults filled in.
