@@ -62,6 +62,8 @@ func runServe(ctx context.Context, args []string) error {
 	newWorkerEvery := fs.Duration("new-worker-every", 20*time.Second, "how often an address may make one more new worker identity "+
 		"(0: no limit; behind a reverse proxy every volunteer has the proxy's address)")
 	dataQuota := fs.Int64("data-quota", 10<<10, "MiB of data blobs and modules one owner may keep (docs/DATA.md)")
+	moduleSpool := fs.Int64("module-spool", 0, "MiB of disk for the module files served to workers, kept in --data-dir/modules "+
+		"(0: the larger of 1 GiB and 8 of the largest modules)")
 	nprocs := fs.Int("procs", 0, "CPUs running the server's code at once (GOMAXPROCS); default: GOMAXPROCS if set, else half the CPUs with the embedded PostgreSQL, all of them with --database-url")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
@@ -123,7 +125,7 @@ func runServe(ctx context.Context, args []string) error {
 		every = -1 // server.Config: no limit
 	}
 	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Poll: *poll, Fairness: strategy, WorkerRetention: *retention,
-		DataQuota: *dataQuota << 20, FrameAncestors: *frameAncestors, NewWorkerBurst: *newWorkerBurst, NewWorkerEvery: every, SessionKey: sessionKey, Verify: verify,
+		DataQuota: *dataQuota << 20, ModuleSpoolDir: filepath.Join(*dataDir, "modules"), ModuleSpoolBytes: *moduleSpool << 20, FrameAncestors: *frameAncestors, NewWorkerBurst: *newWorkerBurst, NewWorkerEvery: every, SessionKey: sessionKey, Verify: verify,
 		Logger: log})
 	hs := srv.HTTPServer()
 	// The server outlives ctx (SIGINT, SIGTERM) by the local worker's
@@ -187,6 +189,9 @@ func runServe(ctx context.Context, args []string) error {
 	err = hs.Serve(ln)
 	stop()
 	<-done
+	if cerr := srv.Close(); cerr != nil {
+		log.Warn("close the server", "err", cerr)
+	}
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
