@@ -663,8 +663,10 @@ var claimOnePerTaskCTEs = `, ok AS (
 
 // claimTailSQL writes the attempts the claim chose (ok) and returns them.
 const claimTailSQL = `, ins AS (
-	INSERT INTO attempts (id, task_id, worker_id, lease_until, restored_seq, ckpt_ms)
-	SELECT ok.attempt, ok.task_id, ok.w, now() + $5 * interval '1 millisecond', ok.checkpoint_seq, ok.ckpt_ms
+	-- The task's wall time goes with the attempt: renewals bound its lease
+	-- by it (attempts.deadline, migrations/00028) without reading tasks.
+	INSERT INTO attempts (id, task_id, worker_id, lease_until, restored_seq, ckpt_ms, timeout_ms)
+	SELECT ok.attempt, ok.task_id, ok.w, now() + $5 * interval '1 millisecond', ok.checkpoint_seq, ok.ckpt_ms, ok.timeout_ms
 	FROM ok ORDER BY ok.attempt
 ), run AS (
 	-- What the lease reaper reads (migrations/00012_attempts_done_in_place.sql).
