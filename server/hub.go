@@ -459,14 +459,17 @@ func (h *hub) holds(c *conn, attempt int64) (module string, ok bool) {
 // it, or its outcome arrived on c and is not committed yet (being
 // committed, or waiting at the worker to be sent again after an ack that
 // said retry: the attempt keeps its lease meanwhile, docs/PROTOCOL.md).
-func (h *hub) renews(c *conn, attempt int64) bool {
+// reported says the server holds its outcome, being committed
+// (store.Renewal.Reported): not one waiting at the worker, which the
+// attempt's deadline bounds as any other.
+func (h *hub) renews(c *conn, attempt int64) (ok, reported bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if _, ok := c.running[attempt]; ok {
-		return true
+		return true, false
 	}
-	_, ok := c.outcomes[attempt]
-	return ok
+	o, ok := c.outcomes[attempt]
+	return ok, ok && !o.retry
 }
 
 // finished records that an attempt stopped on c and frees its slot. It

@@ -786,10 +786,15 @@ func (s *Server) handleFrame(ctx context.Context, c *conn, f *protocol.Frame) er
 			// Only attempts this connection holds, or whose outcome it
 			// sent and is not committed yet, reach the database; the
 			// others (an outcome on its way, or nonsense) are ignored.
-			if !s.hub.renews(c, p.Attempt) {
+			ok, reported := s.hub.renews(c, p.Attempt)
+			if !ok {
 				continue
 			}
-			rs = append(rs, renewal{c: c, r: store.Renewal{Attempt: p.Attempt, Worker: c.id, Progress: p.Fraction}})
+			// Slots and Reported bound the lease by the attempt's
+			// deadline (store.Renew): a heartbeat's list goes to the
+			// database whole, in one batch, for its ranking by id.
+			rs = append(rs, renewal{c: c, r: store.Renewal{Attempt: p.Attempt, Worker: c.id, Progress: p.Fraction,
+				Slots: c.threads, Reported: reported}})
 		}
 		if err := s.renewals.submitAll(ctx, rs); err != nil {
 			return nil

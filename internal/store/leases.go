@@ -14,11 +14,103 @@ type Renewal struct {
 	Attempt  int64
 	Worker   string
 	Progress float64
+	// Slots is the worker's slots (hello.slots): of the attempts a batch
+	// renews for the worker, only its Slots lowest ids may be running (a
+	// worker starts its attempts in the order they were assigned), and
+	// only those get a deadline (see Renew). 0: every one may be running.
+	Slots int
+	// Reported says the server holds the attempt's outcome, arrived and
+	// not yet committed: the attempt no longer runs, its deadline no
+	// longer bounds its lease (ending it is the server's part now), and
+	// it takes no slot in the ranking above.
+	Reported bool
 }
+
+// DefaultWallGrace is how long past its task's wall time the server lets
+// a worker hold an attempt, with leases of lease, unless WithWallGrace
+// says otherwise: six leases, at least a minute. An honest worker stops
+// the task at its wall time and reports limit_wall_time at once; the
+// grace covers that report's way to a commit when the server is at
+// fault: the worker's replica dies and the worker comes back to another
+// one (the lease reaper waits four leases for that, Sweep.ReplicaGrace),
+// then its outcome is committed behind the backlog of everyone else's
+// (a gap's renewal gives two leases for that, Sweep.Lease). The minute
+// covers the time a worker takes to fetch the module and the data before
+// the task's clock starts, on a slow network (docs/RATIONALE.md).
+func DefaultWallGrace(lease time.Duration) time.Duration { return max(time.Minute, 6*lease) }
+
+// WithWallGrace sets how long past its task's wall time the server lets a
+// worker hold an attempt (default DefaultWallGrace of the lease each
+// renewal gives).
+func WithWallGrace(d time.Duration) Option {
+	return func(s *Store) { s.wallGrace = d }
+}
+
+// grace is the store's wall grace for renewals of lease.
+func (s *Store) grace(lease time.Duration) time.Duration {
+	if s.wallGrace > 0 {
+		return s.wallGrace
+	}
+	return DefaultWallGrace(lease)
+}
+
+// mayRun says, for each renewal of rs (sorted by attempt id), whether its
+// attempt may be running: one of the Slots lowest ids among the attempts
+// rs renews for its worker that are not Reported. A worker that lists the
+// same attempt twice (two heartbeats in one batch) does not push the
+// others down.
+func mayRun(rs []Renewal) []bool {
+	type rank struct {
+		n    int
+		last int64
+	}
+	run := make([]bool, len(rs))
+	by := map[string]*rank{}
+	for i, r := range rs {
+		if r.Reported {
+			continue
+		}
+		k := by[r.Worker]
+		if k == nil {
+			k = &rank{last: -1}
+			by[r.Worker] = k
+		}
+		if r.Attempt != k.last {
+			k.n, k.last = k.n+1, r.Attempt
+		}
+		run[i] = r.Slots <= 0 || k.n <= r.Slots
+	}
+	return run
+}
+
+// deadlineSQL is the deadline of an attempt (alias a) that may be running
+// when run (an SQL boolean) says so: the one it has, or else now plus its
+// task's wall time and the grace (grace, an SQL expression in ms).
+// NULL for one that waits in its worker's queue, or was claimed before
+// the attempts knew their wall time (migrations/00028).
+func deadlineSQL(run, grace string) string {
+	return fmt.Sprintf(`coalesce(a.deadline, CASE WHEN %s THEN now() + (a.timeout_ms + %s) * interval '1 millisecond' END)`, run, grace)
+}
+
+// renewSQL renews the leases of Renew's batch ($1 attempts, $2 workers,
+// $3 progress, $6 whether each may be running, $7 whether the server
+// holds its outcome) to now + $4 ms, giving those that may be running
+// their deadline ($5 ms of grace). least ignores a NULL deadline.
+var renewSQL = `UPDATE attempts a SET deadline = ` + deadlineSQL("u.run", "$5") + `,
+	lease_until = greatest(a.lease_until, CASE WHEN u.reported THEN now() + $4 * interval '1 millisecond'
+		ELSE least(now() + $4 * interval '1 millisecond', ` + deadlineSQL("u.run", "$5") + `) END),
+	progress = u.p
+	FROM unnest($1::bigint[], $2::uuid[], $3::real[], $6::bool[], $7::bool[]) AS u(id, w, p, run, reported)
+	WHERE a.id = u.id AND a.worker_id = u.w AND a.state = 'running' RETURNING a.id`
 
 // Renew extends the leases of a batch of attempts to now+lease and records
 // their progress. A lease is never shortened: a late renewal from an old
-// connection must not undo a newer one (see unreachedSQL). It returns the
+// connection must not undo a newer one (see unreachedSQL). Nor is it
+// extended past the attempt's deadline: the first renewal at which the
+// attempt may be running (Renewal.Slots) sets that to now plus its task's
+// wall time and the grace (WithWallGrace), so that a worker that renews
+// an attempt and never ends it loses it when the lease lapses (the lease
+// reaper ends it as vanished, charged to the worker). It returns the
 // attempts of the batch that are no longer running on the worker that
 // reported them: the worker must stop those.
 func (s *Store) Renew(ctx context.Context, rs []Renewal, lease time.Duration) (lost []int64, err error) {
@@ -29,9 +121,11 @@ func (s *Store) Renew(ctx context.Context, rs []Renewal, lease time.Duration) (l
 	ids := make([]int64, len(rs))
 	workers := make([]string, len(rs))
 	progress := make([]float32, len(rs))
+	reported := make([]bool, len(rs))
 	for i, r := range rs {
-		ids[i], workers[i], progress[i] = r.Attempt, r.Worker, float32(r.Progress)
+		ids[i], workers[i], progress[i], reported[i] = r.Attempt, r.Worker, float32(r.Progress), r.Reported
 	}
+	run := mayRun(rs)
 	// A renewal need not survive a crash (the lease would lapse a little
 	// sooner), so it commits without waiting for the WAL flush.
 	var held []int64
@@ -39,9 +133,7 @@ func (s *Store) Renew(ctx context.Context, rs []Renewal, lease time.Duration) (l
 		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, `UPDATE attempts a SET lease_until = greatest(a.lease_until, now() + $4 * interval '1 millisecond'), progress = u.p
-			FROM unnest($1::bigint[], $2::uuid[], $3::real[]) AS u(id, w, p)
-			WHERE a.id = u.id AND a.worker_id = u.w AND a.state = 'running' RETURNING a.id`, ids, uuidParams(workers), progress, lease.Milliseconds())
+		rows, err := tx.Query(ctx, renewSQL, ids, uuidParams(workers), progress, lease.Milliseconds(), s.grace(lease).Milliseconds(), run, reported)
 		if err != nil {
 			return err
 		}
@@ -62,7 +154,8 @@ func (s *Store) Renew(ctx context.Context, rs []Renewal, lease time.Duration) (l
 
 // SaveCheckpoint stores state as the latest checkpoint of the task of
 // attempt, if the attempt still runs on worker, and renews its lease (never
-// shortening it, as Renew). It
+// shortening it, nor extending it past its deadline, as Renew; a
+// checkpoint says the attempt runs, and sets its deadline if it had none). It
 // returns false when the attempt no longer holds its lease. A checkpoint
 // larger than the task's memory limit (its state is what the task held in
 // memory) is refused with a *RefusedError that says so, and not stored.
@@ -86,10 +179,13 @@ func (s *Store) saveCheckpoint(ctx context.Context, attempt int64, worker string
 		var old string
 		// Never shortened, as by Renew: a late checkpoint of an old
 		// connection must not undo the lease a hello gave (unreachedSQL).
-		err := tx.QueryRow(ctx, `UPDATE attempts a SET lease_until = greatest(a.lease_until, now() + $3 * interval '1 millisecond') FROM tasks t
+		// Nor extended past the attempt's deadline, which a checkpoint
+		// sets when the attempt has none yet: it runs.
+		err := tx.QueryRow(ctx, `UPDATE attempts a SET deadline = `+deadlineSQL("true", "$4")+`,
+			lease_until = greatest(a.lease_until, least(now() + $3 * interval '1 millisecond', `+deadlineSQL("true", "$4")+`)) FROM tasks t
 			WHERE a.id = $1 AND a.worker_id = $2 AND a.state = 'running' AND t.id = a.task_id
 			RETURNING a.task_id, t.memory_pages::bigint * 65536, coalesce(t.checkpoint_blob, '')`,
-			attempt, worker, lease.Milliseconds()).Scan(&task, &limit, &old)
+			attempt, worker, lease.Milliseconds(), s.grace(lease).Milliseconds()).Scan(&task, &limit, &old)
 		if err == pgx.ErrNoRows {
 			return nil
 		}
@@ -202,7 +298,7 @@ func (s *Store) SweepLeases(ctx context.Context, sw Sweep) (SweepResult, error) 
 			res.Since = time.Duration(*sinceMS * float64(time.Millisecond))
 		}
 		if sw.Gap > 0 && res.Since > sw.Gap {
-			tag, err := tx.Exec(ctx, renewAllSQL, sw.Lease.Milliseconds())
+			tag, err := tx.Exec(ctx, renewAllSQL, sw.Lease.Milliseconds(), res.Since.Milliseconds())
 			res.Renewed = tag.RowsAffected()
 			return err
 		}
@@ -255,11 +351,16 @@ func (s *Store) SweepLeases(ctx context.Context, sw Sweep) (SweepResult, error) 
 	return res, nil
 }
 
-// renewAllSQL renews the lease of every running attempt by $1 ms at least.
-// The attempts are looked up by the ids running_attempts lists (an array,
+// renewAllSQL renews the lease of every running attempt by $1 ms at least,
+// and moves its deadline (if it has one) $2 ms on, the time since the
+// previous sweep: the gap, during which an honest worker's outcome may
+// have been held back (the server could not commit it, and the worker
+// sends it again until it can), is the server's, and the attempt keeps
+// the time it had left before it (docs/RATIONALE.md). The attempts are looked up by the ids running_attempts lists (an array,
 // so that PostgreSQL cannot merge the two tables' keys and read every
 // attempt ever kept, as sweepEndedSQL explains).
-const renewAllSQL = `UPDATE attempts a SET lease_until = greatest(a.lease_until, now() + $1 * interval '1 millisecond')
+const renewAllSQL = `UPDATE attempts a SET lease_until = greatest(a.lease_until, now() + $1 * interval '1 millisecond'),
+		deadline = a.deadline + $2 * interval '1 millisecond'
 	WHERE a.id = ANY (ARRAY(SELECT attempt_id FROM running_attempts)) AND a.state = 'running'`
 
 // sweepEndedSQL deletes from running_attempts the attempts that ended or
@@ -276,9 +377,15 @@ const sweepEndedSQL = `DELETE FROM running_attempts r
 // reached it: assigned before the worker's latest hello, which said it
 // listed every attempt it held (workers.listed_until, migrations/00025),
 // and not renewed by that hello or since. Renew never shortens a lease,
-// so a listed attempt keeps at least the lease the hello gave it.
+// so a listed attempt keeps at least the lease the hello gave it. An
+// attempt with a deadline reached its worker, whatever its lease: a
+// renewal of the worker's (a heartbeat, a checkpoint, a hello) listed it
+// as one that may be running. Without that test, a worker could let an
+// attempt's lease run to its deadline, then reconnect without it to have
+// it end charged to nobody, and take its task again.
 func unreachedSQL(a string) string {
-	return fmt.Sprintf(`coalesce(w.listed_until IS NOT NULL AND %[1]s.started_at < w.connected_at AND %[1]s.lease_until < w.listed_until, false)`, a)
+	return fmt.Sprintf(`coalesce(w.listed_until IS NOT NULL AND %[1]s.deadline IS NULL AND %[1]s.started_at < w.connected_at
+		AND %[1]s.lease_until < w.listed_until, false)`, a)
 }
 
 // expireSQL ends up to $1 running attempts whose lease lapsed, and returns
@@ -301,7 +408,7 @@ func unreachedSQL(a string) string {
 // has started again since the worker connected to it, wait until their
 // lease lapsed $3 ms ago (Sweep.ReplicaGrace).
 var expireSQL = `WITH exp AS (
-	SELECT x.id, x.worker_id, x.started_at, x.lease_until FROM running_attempts r JOIN attempts x ON x.id = r.attempt_id
+	SELECT x.id, x.worker_id, x.started_at, x.lease_until, x.deadline FROM running_attempts r JOIN attempts x ON x.id = r.attempt_id
 	WHERE x.state = 'running' AND x.lease_until < now()
 		AND NOT ($3::bigint > 0 AND x.lease_until > now() - $3::bigint * interval '1 millisecond' AND EXISTS (
 			SELECT 1 FROM workers w JOIN replicas rp ON rp.name = w.replica

@@ -78,7 +78,7 @@ func TestSweepReadsOnlyTheAttemptsThatMayRun(t *testing.T) {
 	}{
 		{"forget ended attempts", sweepEndedSQL, nil},
 		{"expire leases", expireSQL, []any{100, int64(30000), int64(30000)}},
-		{"renew every lease", renewAllSQL, []any{int64(60000)}},
+		{"renew every lease", renewAllSQL, []any{int64(60000), int64(1000)}},
 	} {
 		plan := f.explainHot(t, q.sql, q.args)
 		plan.walk(func(p *planNode) {

@@ -61,6 +61,9 @@ type Store struct {
 	// trust is when a worker's record is long and clean enough that its
 	// results need no replica (TrustAfter, TrustWindow: WithTrust).
 	trust sched.VerifyConfig
+	// wallGrace is how long past its task's wall time a worker may hold
+	// an attempt (WithWallGrace; 0: DefaultWallGrace).
+	wallGrace time.Duration
 	// tracer, when set, traces the statements of the pool's connections
 	// (the tests' withTracer).
 	tracer pgx.QueryTracer

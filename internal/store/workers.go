@@ -2,10 +2,12 @@ package store
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -74,8 +76,9 @@ type KeptAttempt struct {
 
 // RegisterWorker records a connected worker. A worker that proves an
 // earlier identity with its reconnect token keeps it, and keeps those of
-// its running attempts that still hold their lease (renewed to now+lease);
-// the others are returned as lost. A new worker gets a new id and token.
+// its running attempts that still hold their lease (renewed to now+lease,
+// never past the attempt's deadline, which those of them that may be
+// running get as from Renew); the others are returned as lost. A new worker gets a new id and token.
 func (s *Store) RegisterWorker(ctx context.Context, h WorkerHello, lease time.Duration) (Registration, error) {
 	regs, errs := s.RegisterWorkers(ctx, []WorkerHello{h}, lease)
 	return regs[0], errs[0]
@@ -119,14 +122,14 @@ func (s *Store) RegisterWorkersEach(ctx context.Context, hs []WorkerHello, lease
 			}
 			round = append(round, i)
 		}
-		err := s.tx(ctx, func(tx pgx.Tx) error { return registerRound(ctx, tx, hs, round, regs, errs, lease) })
+		err := s.tx(ctx, func(tx pgx.Tx) error { return registerRound(ctx, tx, hs, round, regs, errs, lease, s.grace(lease)) })
 		if err != nil && len(round) > 1 && dataError(err) {
 			// A value the database refused (which registerRound's checks
 			// missed) is one hello's fault: each registers alone, so that
 			// it fails no other.
 			for _, i := range round {
 				one := []int{i}
-				if err := s.tx(ctx, func(tx pgx.Tx) error { return registerRound(ctx, tx, hs, one, regs, errs, lease) }); err != nil {
+				if err := s.tx(ctx, func(tx pgx.Tx) error { return registerRound(ctx, tx, hs, one, regs, errs, lease, s.grace(lease)) }); err != nil {
 					regs[i], errs[i] = Registration{}, fmt.Errorf("register worker: %w", err)
 				}
 			}
@@ -193,9 +196,13 @@ const (
 	pruned AS (DELETE FROM worker_sessions WHERE disconnected_at < now() - interval '1 day')
 	INSERT INTO worker_sessions (worker_id) SELECT id FROM ids ORDER BY ord RETURNING id, worker_id::text`
 	// renewHeldSQL renews the leases of the attempts ($1) that their
-	// workers ($2) still hold, and returns them with their modules.
-	renewHeldSQL = `UPDATE attempts a SET lease_until = now() + $3 * interval '1 millisecond'
-	FROM unnest($1::bigint[], $2::uuid[]) AS r(id, w), tasks t
+	// workers ($2) still hold, and returns them with their modules. As
+	// Renew, it gives those that may be running ($4) their deadline ($5
+	// ms of grace) and extends no lease past it.
+	renewHeldSQL = `UPDATE attempts a SET deadline = ` + `coalesce(a.deadline, CASE WHEN r.run THEN now() + (a.timeout_ms + $5) * interval '1 millisecond' END),
+		lease_until = least(now() + $3 * interval '1 millisecond',
+			coalesce(a.deadline, CASE WHEN r.run THEN now() + (a.timeout_ms + $5) * interval '1 millisecond' END))
+	FROM unnest($1::bigint[], $2::uuid[], $4::bool[]) AS r(id, w, run), tasks t
 	WHERE a.id = ANY($1::bigint[]) AND a.id = r.id AND a.worker_id = r.w AND a.state = 'running' AND t.id = a.task_id
 	RETURNING a.id, a.worker_id::text, t.module_id, t.owner_id`
 )
@@ -231,8 +238,9 @@ func (w *workerRows) args() []any {
 }
 
 // registerRound registers the hellos hs[round] (whose claimed identities
-// are distinct) in tx, writing regs and errs at their indexes.
-func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int, regs []Registration, errs []error, lease time.Duration) error {
+// are distinct) in tx, writing regs and errs at their indexes; the
+// attempts they list get leases of lease, and deadlines with grace (Renew).
+func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int, regs []Registration, errs []error, lease, grace time.Duration) error {
 	devs := make([][]byte, len(hs))
 	for _, i := range round {
 		regs[i], errs[i] = Registration{}, nil
@@ -317,13 +325,19 @@ func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int
 	var registered []string
 	var runAttempts []int64
 	var runWorkers []string
+	var runMay []bool
 	for _, i := range round {
 		if errs[i] != nil {
 			continue
 		}
 		registered = append(registered, regs[i].ID)
-		for _, a := range hs[i].Running {
-			runAttempts, runWorkers = append(runAttempts, a), append(runWorkers, regs[i].ID)
+		rs := make([]Renewal, len(hs[i].Running))
+		for k, a := range hs[i].Running {
+			rs[k] = Renewal{Attempt: a, Worker: regs[i].ID, Slots: max(hs[i].Slots, 1)}
+		}
+		slices.SortFunc(rs, func(a, b Renewal) int { return cmp.Compare(a.Attempt, b.Attempt) })
+		for k, run := range mayRun(rs) {
+			runAttempts, runWorkers, runMay = append(runAttempts, rs[k].Attempt), append(runWorkers, regs[i].ID), append(runMay, run)
 		}
 	}
 	if len(registered) == 0 {
@@ -336,7 +350,7 @@ func registerRound(ctx context.Context, tx pgx.Tx, hs []WorkerHello, round []int
 	b.Queue(registerSessionsSQL, registered)
 	b.Queue(workerRecordsSQL+` WHERE w.id = ANY($1::uuid[])`, registered)
 	if len(runAttempts) > 0 {
-		b.Queue(renewHeldSQL, runAttempts, runWorkers, lease.Milliseconds())
+		b.Queue(renewHeldSQL, runAttempts, runWorkers, lease.Milliseconds(), runMay, grace.Milliseconds())
 	}
 	br = tx.SendBatch(ctx, b)
 	defer br.Close()

@@ -453,7 +453,7 @@ func TestRegistrationReadsByKeyWithStaleStatistics(t *testing.T) {
 			[]string{""}, []string{dev}, []string{"r"}, []bool{false}, []string{""}, []bool{true}, int64(60000)}, true, false},
 		{"history", registerSessionsSQL, []any{[]string{one.ID}}, true, false},
 		{"record", workerRecordsSQL + ` WHERE w.id = ANY($1::uuid[])`, []any{[]string{one.ID}}, true, false},
-		{"held attempts", renewHeldSQL, []any{[]int64{cs[0].Attempt}, []string{one.ID}, int64(60000)}, false, false},
+		{"held attempts", renewHeldSQL, []any{[]int64{cs[0].Attempt}, []string{one.ID}, int64(60000), []bool{true}, int64(60000)}, false, false},
 		{"gone", workerGoneSQL, []any{one.ID, one.Session}, false, true},
 	} {
 		for _, nestloop := range []bool{true, !q.anyJoins} {
