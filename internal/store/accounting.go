@@ -38,7 +38,9 @@ const (
 	// Nobody's.
 	EndUnstarted
 	// EndVanished: the worker stopped answering while the attempt may have
-	// been running (its lease lapsed). The worker's: it loses standing,
+	// been running (its lease lapsed), or held it past its deadline (its
+	// wall time and the grace, Renew) without reporting: no renewal
+	// carried its lease further. The worker's: it loses standing,
 	// and the task counts one loss towards its separate, generous bound
 	// (max_lost), never towards max_attempts; not even that when the
 	// attempt saved a checkpoint first (it moved its task on: workers
