@@ -252,3 +252,44 @@ func TestGapMovesDeadlinesOn(t *testing.T) {
 		t.Errorf("the task counts %d losses", lost)
 	}
 }
+
+// A worker that leaves its lower attempt out of its heartbeats, so that
+// the higher one ranks first and gets a deadline, loses both: the one
+// left out when its lease lapses, the other at its deadline, and both are
+// charged to it. The one left out does not push the other down the ranks
+// the reaper judges by, to end charged to nobody (and go back to it).
+func TestAttemptWithADeadlineMayHaveRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixtureAt(t, migratedURL(t), WithWallGrace(100*time.Millisecond))
+	f.useWorker(t, 1)
+	first, second := f.task("a"), f.task("b")
+	second.TimeoutMS = 100
+	f.submit(t, "batch", first, second)
+	cs := f.claim(t, 2, 10*time.Millisecond)
+	if len(cs) != 2 {
+		t.Fatalf("claimed %d", len(cs))
+	}
+	byName := claimedByName(cs)
+	a, b := byName["a"], byName["b"]
+	if a.Attempt > b.Attempt {
+		t.Fatalf("attempt ids %d, %d not in the order of assignment", a.Attempt, b.Attempt)
+	}
+	ended := 0
+	for give := time.Now().Add(30 * time.Second); ended < 2 && time.Now().Before(give); time.Sleep(20 * time.Millisecond) {
+		if _, err := f.s.Renew(ctx, []Renewal{{Attempt: b.Attempt, Worker: f.worker, Slots: 1}}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		n, err := f.s.ExpireLeases(ctx, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ended += n
+	}
+	if ended != 2 {
+		t.Fatalf("%d of the 2 attempts ended", ended)
+	}
+	if n := f.tasksLost(t, f.worker); n != 2 {
+		t.Errorf("the worker has %d losses, want 2", n)
+	}
+}

@@ -402,8 +402,11 @@ func unreachedSQL(a string) string {
 // not counting those that never reached it: an attempt keeps the rank it
 // had when the worker went silent, however the passes split its attempts
 // (leases that lapse a moment apart, a pass limit). A worker whose record
-// is gone may have run any of them. The last column says whether the
-// attempt saved a checkpoint.
+// is gone may have run any of them. Any worker may have run an attempt
+// with a deadline: a renewal of its own listed it as one that may be
+// running (Renew), whatever the attempts it left out of its list, which
+// would otherwise push it down the ranks to end charged to nobody. The
+// last column says whether the attempt saved a checkpoint.
 // The attempts of a worker whose replica has been silent for $2 ms, or
 // has started again since the worker connected to it, wait until their
 // lease lapsed $3 ms ago (Sweep.ReplicaGrace).
@@ -419,10 +422,10 @@ var expireSQL = `WITH exp AS (
 	FROM running_attempts r JOIN attempts a ON a.id = r.attempt_id LEFT JOIN workers w ON w.id = a.worker_id
 	WHERE a.state = 'running' AND a.worker_id IN (SELECT DISTINCT worker_id FROM exp) AND NOT ` + unreachedSQL("a") + `
 ), judged AS (
-	SELECT exp.id, exp.worker_id, u.unreached, NOT u.unreached AND coalesce(held.k + (SELECT count(*) FROM lapsed_attempts l
-			WHERE l.worker_id = exp.worker_id AND l.attempt_id < exp.id
+	SELECT exp.id, exp.worker_id, u.unreached, NOT u.unreached AND (exp.deadline IS NOT NULL OR coalesce(held.k + (SELECT count(*)
+			FROM lapsed_attempts l WHERE l.worker_id = exp.worker_id AND l.attempt_id < exp.id
 				AND l.ended_at >= greatest(exp.started_at, w.connected_at)) <= w.slots,
-		true) AS may_have_run
+		true)) AS may_have_run
 	FROM exp LEFT JOIN held ON held.id = exp.id LEFT JOIN workers w ON w.id = exp.worker_id
 		CROSS JOIN LATERAL (SELECT ` + unreachedSQL("exp") + ` AS unreached) u
 ), kept AS (
