@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"strings"
 	"testing"
@@ -291,5 +292,44 @@ func TestAttemptWithADeadlineMayHaveRun(t *testing.T) {
 	}
 	if n := f.tasksLost(t, f.worker); n != 2 {
 		t.Errorf("the worker has %d losses, want 2", n)
+	}
+}
+
+// An attempt carries, besides its task's wall time, the time its data
+// takes to download at DataAllowanceBytesPerSecond: a volunteer that
+// fetches a large setup before the task's clock starts is not taken for
+// one that holds the attempt. Blobs its setup names that are not stored
+// add nothing.
+func TestAttemptWallTimeAllowsForItsData(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	u, err := f.s.BeginBlobUpload(ctx, f.owner, 1<<30, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("d"), 3*DataAllowanceBytesPerSecond/2) // 1.5 s of download
+	if _, err := u.ReadFrom(ctx, bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	b, _, err := u.Commit(ctx, "data", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, withData := f.task("plain"), f.task("data")
+	plain.TimeoutMS, withData.TimeoutMS = 1000, 1000
+	absent := "sha256:" + strings.Repeat("a", 64)
+	withData.Setup = []byte(`{"files": [{"path": "/x", "blob": "` + b.ID + `"}, {"path": "/y", "data": "z"}, {"path": "/z", "blob": "` + absent + `"}]}`)
+	f.submit(t, "batch", plain, withData)
+	got := map[string]int64{}
+	for _, c := range f.claim(t, 2, time.Minute) {
+		var ms int64
+		if err := f.s.pool.QueryRow(ctx, `SELECT timeout_ms FROM attempts WHERE id = $1`, c.Attempt).Scan(&ms); err != nil {
+			t.Fatal(err)
+		}
+		got[c.Name] = ms
+	}
+	if want := map[string]int64{"plain": 1000, "data": 2500}; got["plain"] != want["plain"] || got["data"] != want["data"] {
+		t.Errorf("the attempts carry wall times (ms) %v, want %v", got, want)
 	}
 }

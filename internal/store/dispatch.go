@@ -640,6 +640,14 @@ var claimReplicasCTEs = `, fit AS (
 	FROM n WHERE t.id = n.task_id
 )`
 
+// dataBytesSQL is the size of the data an attempt (ok) downloads before
+// its task starts: the blobs its setup mounts, and its checkpoint when it
+// was uploaded over HTTP (kept in a blob, not in the task's row).
+const dataBytesSQL = `CASE WHEN ok.setup IS NULL THEN 0 ELSE coalesce((SELECT sum(b.size) FROM blobs b
+		WHERE b.id IN (SELECT f->>'blob' FROM jsonb_array_elements(ok.setup->'files') f WHERE f ? 'blob')), 0) END
+	+ CASE WHEN ok.checkpoint IS NULL AND ok.checkpoint_seq > 0 THEN coalesce((SELECT b.size FROM tasks t JOIN blobs b ON b.id = t.checkpoint_blob
+		WHERE t.id = ok.task_id), 0) ELSE 0 END`
+
 // claimOnePerTaskCTEs are claimReplicasCTEs for picks of distinct tasks:
 // every locked task has a pending replica for its one pick, unless its
 // worker runs or ran one of it already.
@@ -661,12 +669,23 @@ var claimOnePerTaskCTEs = `, ok AS (
 	FROM ok WHERE t.id = ok.task_id
 )`
 
+// DataAllowanceBytesPerSecond is the slowest download the server's bound
+// on how long an attempt may be held allows for (a volunteer's link of
+// 2 Mbit/s): the data a task's setup mounts and a checkpoint uploaded
+// over HTTP are downloaded before the task's wall time starts on its
+// worker, so each of their bytes adds its time at this rate to the wall
+// time the attempt carries (attempts.timeout_ms; Renew).
+const DataAllowanceBytesPerSecond = 256 << 10
+
 // claimTailSQL writes the attempts the claim chose (ok) and returns them.
-const claimTailSQL = `, ins AS (
+var claimTailSQL = `, ins AS (
 	-- The task's wall time goes with the attempt: renewals bound its lease
-	-- by it (attempts.deadline, migrations/00028) without reading tasks.
+	-- by it (attempts.deadline, migrations/00028) without reading tasks;
+	-- with the time its data takes to download (dataBytesSQL), which only
+	-- tasks with a setup or a checkpoint in a blob read.
 	INSERT INTO attempts (id, task_id, worker_id, lease_until, restored_seq, ckpt_ms, timeout_ms)
-	SELECT ok.attempt, ok.task_id, ok.w, now() + $5 * interval '1 millisecond', ok.checkpoint_seq, ok.ckpt_ms, ok.timeout_ms
+	SELECT ok.attempt, ok.task_id, ok.w, now() + $5 * interval '1 millisecond', ok.checkpoint_seq, ok.ckpt_ms,
+		ok.timeout_ms + (` + dataBytesSQL + `) * 1000 / ` + strconv.Itoa(DataAllowanceBytesPerSecond) + `
 	FROM ok ORDER BY ok.attempt
 ), run AS (
 	-- What the lease reaper reads (migrations/00012_attempts_done_in_place.sql).

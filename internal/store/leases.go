@@ -28,16 +28,19 @@ type Renewal struct {
 
 // DefaultWallGrace is how long past its task's wall time the server lets
 // a worker hold an attempt, with leases of lease, unless WithWallGrace
-// says otherwise: six leases, at least a minute. An honest worker stops
+// says otherwise: six leases, at least five minutes. An honest worker stops
 // the task at its wall time and reports limit_wall_time at once; the
 // grace covers that report's way to a commit when the server is at
 // fault: the worker's replica dies and the worker comes back to another
 // one (the lease reaper waits four leases for that, Sweep.ReplicaGrace),
 // then its outcome is committed behind the backlog of everyone else's
-// (a gap's renewal gives two leases for that, Sweep.Lease). The minute
-// covers the time a worker takes to fetch the module and the data before
-// the task's clock starts, on a slow network (docs/RATIONALE.md).
-func DefaultWallGrace(lease time.Duration) time.Duration { return max(time.Minute, 6*lease) }
+// (a gap's renewal gives two leases for that, Sweep.Lease). The five
+// minutes cover the time a worker takes to fetch the module before the
+// task's clock starts: one of the largest (64 MiB) at
+// DataAllowanceBytesPerSecond takes 256 s. The task's data have an
+// allowance of their own, by their size (the claim adds it to the wall
+// time the attempt carries; docs/RATIONALE.md).
+func DefaultWallGrace(lease time.Duration) time.Duration { return max(5*time.Minute, 6*lease) }
 
 // WithWallGrace sets how long past its task's wall time the server lets a
 // worker hold an attempt (default DefaultWallGrace of the lease each
