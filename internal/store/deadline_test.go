@@ -3,6 +3,8 @@ package store
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"testing"
 	"time"
@@ -331,5 +333,43 @@ func TestAttemptWallTimeAllowsForItsData(t *testing.T) {
 	}
 	if want := map[string]int64{"plain": 1000, "data": 2500}; got["plain"] != want["plain"] || got["data"] != want["data"] {
 		t.Errorf("the attempts carry wall times (ms) %v, want %v", got, want)
+	}
+}
+
+// An input from an upstream task's output uploaded over HTTP is a blob
+// the worker downloads before the task starts, as it does the blobs a
+// setup mounts: the attempt of the task that reads it carries its download
+// time too, or an honest volunteer on a slow link that fetches a large
+// upstream output would be charged for the time it took.
+func TestAttemptWallTimeAllowsForItsUploadedInputs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	up, down := f.task("up"), f.task("down", NewInput{Name: "in", From: 0, Output: "big"})
+	down.TimeoutMS = 1000
+	f.submit(t, "batch", up, down)
+	cs := f.claim(t, 2, time.Minute)
+	if len(cs) != 1 || cs[0].Name != "up" {
+		t.Fatalf("claimed %+v, want the upstream task alone", cs)
+	}
+	out := bytes.Repeat([]byte("o"), 3*DataAllowanceBytesPerSecond/2) // 1.5 s of download
+	if err := uploadOutput(ctx, f.s, cs[0], "big", out); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(out)
+	if acc, err := f.s.Complete(ctx, []Completion{{Attempt: cs[0].Attempt, Worker: cs[0].Worker, OK: true,
+		Outputs: []Output{{Name: "big", Blob: "sha256:" + hex.EncodeToString(sum[:]), Size: int64(len(out))}}}}); err != nil || !acc[0] {
+		t.Fatalf("result: %v %v", acc, err)
+	}
+	cs = f.claim(t, 1, time.Minute)
+	if len(cs) != 1 || cs[0].Name != "down" || len(cs[0].Inputs) != 1 || cs[0].Inputs[0].Blob == "" {
+		t.Fatalf("claimed %+v, want the downstream task with its input as a blob", cs)
+	}
+	var ms int64
+	if err := f.s.pool.QueryRow(ctx, `SELECT timeout_ms FROM attempts WHERE id = $1`, cs[0].Attempt).Scan(&ms); err != nil {
+		t.Fatal(err)
+	}
+	if ms != 2500 {
+		t.Errorf("the attempt carries a wall time of %d ms, want 2500: 1000 and 1500 for its input's download", ms)
 	}
 }

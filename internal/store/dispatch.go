@@ -641,10 +641,16 @@ var claimReplicasCTEs = `, fit AS (
 )`
 
 // dataBytesSQL is the size of the data an attempt (ok) downloads before
-// its task starts: the blobs its setup mounts, and its checkpoint when it
-// was uploaded over HTTP (kept in a blob, not in the task's row).
+// its task starts: the blobs its setup mounts, the outputs of upstream
+// tasks it reads that were uploaded over HTTP (loadInputs: the worker
+// downloads them as it does a setup's blobs), and its checkpoint when it
+// was uploaded over HTTP (kept in a blob, not in the task's row). The
+// inputs' look-up is by task_inputs' key, as the claim's own test for
+// inputs is.
 const dataBytesSQL = `CASE WHEN ok.setup IS NULL THEN 0 ELSE coalesce((SELECT sum(b.size) FROM blobs b
 		WHERE b.id IN (SELECT f->>'blob' FROM jsonb_array_elements(ok.setup->'files') f WHERE f ? 'blob')), 0) END
+	+ coalesce((SELECT sum(b.size) FROM task_inputs ti JOIN task_outputs o ON o.task_id = ti.from_task AND o.name = ti.output
+		JOIN blobs b ON b.id = o.blob_id WHERE ti.task_id = ok.task_id), 0)
 	+ CASE WHEN ok.checkpoint IS NULL AND ok.checkpoint_seq > 0 THEN coalesce((SELECT b.size FROM tasks t JOIN blobs b ON b.id = t.checkpoint_blob
 		WHERE t.id = ok.task_id), 0) ELSE 0 END`
 
@@ -671,8 +677,9 @@ var claimOnePerTaskCTEs = `, ok AS (
 
 // DataAllowanceBytesPerSecond is the slowest download the server's bound
 // on how long an attempt may be held allows for (a volunteer's link of
-// 2 Mbit/s): the data a task's setup mounts and a checkpoint uploaded
-// over HTTP are downloaded before the task's wall time starts on its
+// 2 Mbit/s): the data a task's setup mounts, the upstream outputs it
+// reads that were uploaded over HTTP, and a checkpoint uploaded over HTTP
+// are downloaded before the task's wall time starts on its
 // worker, so each of their bytes adds its time at this rate to the wall
 // time the attempt carries (attempts.timeout_ms; Renew).
 const DataAllowanceBytesPerSecond = 256 << 10
@@ -682,7 +689,7 @@ var claimTailSQL = `, ins AS (
 	-- The task's wall time goes with the attempt: renewals bound its lease
 	-- by it (attempts.deadline, migrations/00028) without reading tasks;
 	-- with the time its data takes to download (dataBytesSQL), which only
-	-- tasks with a setup or a checkpoint in a blob read.
+	-- tasks with a setup, inputs or a checkpoint in a blob read.
 	INSERT INTO attempts (id, task_id, worker_id, lease_until, restored_seq, ckpt_ms, timeout_ms)
 	SELECT ok.attempt, ok.task_id, ok.w, now() + $5 * interval '1 millisecond', ok.checkpoint_seq, ok.ckpt_ms,
 		ok.timeout_ms + (` + dataBytesSQL + `) * 1000 / ` + strconv.Itoa(DataAllowanceBytesPerSecond) + `
