@@ -94,7 +94,7 @@ type Worker struct {
 	modules   map[string][]byte
 	connected chan struct{} // closed while connected
 	stats     Stats
-	slotSem   chan struct{} // one token per slot
+	slots     *slotQueue    // the slots, given in the order of assignment
 	hbNow     chan struct{} // asks for a heartbeat before the next tick
 	queue     int           // the queue asked for (Config.Queue until it adapts)
 	recent    recentRuns    // of the attempts that ended, for the queue
@@ -169,7 +169,7 @@ func New(cfg Config) *Worker {
 	cfg.MaxQueue = min(cfg.MaxQueue, protocol.QueueLimit(cfg.Slots))
 	return &Worker{cfg: cfg, log: cfg.Logger, id: cfg.ID, token: cfg.Token, running: map[int64]*attempt{}, pending: map[int64]*protocol.Frame{},
 		cancelled: map[int64]struct{}{}, retries: map[int64]int{},
-		modules: map[string][]byte{}, connected: make(chan struct{}), slotSem: make(chan struct{}, cfg.Slots), hbNow: make(chan struct{}, 1),
+		modules: map[string][]byte{}, connected: make(chan struct{}), slots: newSlotQueue(cfg.Slots), hbNow: make(chan struct{}, 1),
 		outboxNew: make(chan struct{}, 1), queue: cfg.Queue, attempts: newGoPool(cfg.Slots + max(cfg.Queue, cfg.MaxQueue)),
 		maxFrame: protocol.DefaultMaxFrameBytes, dial: dial}
 }
@@ -928,14 +928,21 @@ func (w *Worker) start(_ context.Context, as *protocol.Assign, server string) {
 		cancel() // assigned while handing back: goes back at once
 	}
 	w.mu.Unlock()
+	// Its place in line for a slot is taken here, as it arrives, not by
+	// its goroutine: attempts start in the order they were assigned
+	// (slotQueue).
+	var turn chan struct{}
+	if !w.cfg.RunnerQueues {
+		turn = w.slots.enter()
+	}
 	w.attempts.run(func() {
 		defer cancel()
 		start := time.Now()
 		// Wait for a slot: queued attempts are accepted ahead of time.
-		if !w.cfg.RunnerQueues {
+		if turn != nil {
+			defer w.slots.leave(turn)
 			select {
-			case w.slotSem <- struct{}{}:
-				defer func() { <-w.slotSem }()
+			case <-turn:
 			case <-actx.Done():
 			}
 		}
