@@ -22,14 +22,15 @@ import (
 func TestHostileWorkerCannotHoldAnAttemptPastItsWallTime(t *testing.T) {
 	t.Parallel()
 	// Leases of 2 s (the harness's) and a grace of 1 s: a 2 s task is
-	// taken back from a worker that still holds it 3 s after its first
-	// heartbeat as running.
+	// taken back from a worker that still holds it 7 s after its first
+	// heartbeat as running (its wall time, its outputs' upload, the grace).
 	p := newPlatform(t, "--wall-grace", "1s")
 	echo := push(t, p.client, "echo")
 
 	hostile := dialFakeVolunteer(t, p.srv.url, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 1})
+	// An output limit of 1 MiB: its upload adds 4 s at the allowance's rate.
 	id := submit(t, p.client, workflow("held", task{"name": "t", "module": echo, "timeout": "2s", "max_attempts": 2,
-		"stdin": map[string]any{"data": "done honestly\n"}}))
+		"stdin": map[string]any{"data": "done honestly\n"}, "limits": map[string]any{"output_mib": 1}}))
 	as := hostile.next(t, protocol.TypeAssign, 30*time.Second).Assign
 	if len(as) != 1 || as[0].Task != id+"/t" {
 		t.Fatalf("the hostile worker was assigned %+v, want the one attempt of %s/t", as, id)

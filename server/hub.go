@@ -459,17 +459,20 @@ func (h *hub) holds(c *conn, attempt int64) (module string, ok bool) {
 // it, or its outcome arrived on c and is not committed yet (being
 // committed, or waiting at the worker to be sent again after an ack that
 // said retry: the attempt keeps its lease meanwhile, docs/PROTOCOL.md).
-// reported says the server holds its outcome, being committed
-// (store.Renewal.Reported): not one waiting at the worker, which the
-// attempt's deadline bounds as any other.
+// reported says its outcome arrived (store.Renewal.Reported): being
+// committed, or waiting at the worker after an ack that said retry. The
+// attempt's deadline bounds neither: the commit is the server's part, and
+// a retry comes of a commit that failed, which no worker can make happen
+// (a database outage, but also locks or flushes that time out while the
+// lease reaper goes on, which no gap covers).
 func (h *hub) renews(c *conn, attempt int64) (ok, reported bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if _, ok := c.running[attempt]; ok {
+	if _, running := c.running[attempt]; running {
 		return true, false
 	}
-	o, ok := c.outcomes[attempt]
-	return ok, ok && !o.retry
+	_, ok = c.outcomes[attempt]
+	return ok, ok
 }
 
 // finished records that an attempt stopped on c and frees its slot. It

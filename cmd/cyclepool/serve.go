@@ -50,7 +50,7 @@ func runServe(ctx context.Context, args []string) error {
 	localShare := fs.Int("local-worker-cpu-share", 100, "the local worker's --cpu-share: percentage of each slot's CPU time that tasks may use (10 to 100, Linux only)")
 	lease := fs.Duration("lease", 15*time.Second, "how long an attempt survives without a heartbeat before its task is requeued")
 	wallGrace := fs.Duration("wall-grace", 0, "how long past its task's wall time a worker may hold an attempt before the server takes it back, "+
-		"charged to the worker (0: six leases, at least five minutes)")
+		"charged to the worker (0: six leases and five minutes)")
 	retention := fs.Duration("worker-retention", 30*24*time.Hour, "how long the record of a disconnected worker is kept (its reputation with it)")
 	poll := fs.Duration("poll", time.Second, "how often the dispatcher looks for ready tasks without being told of them (notifications tell it at once)")
 	replica := fs.String("replica", "", "name of this replica (default: host name and port)")

@@ -331,7 +331,9 @@ func TestAttemptWallTimeAllowsForItsData(t *testing.T) {
 		}
 		got[c.Name] = ms
 	}
-	if want := map[string]int64{"plain": 1000, "data": 2500}; got["plain"] != want["plain"] || got["data"] != want["data"] {
+	// Each with its outputs' upload, by their limit.
+	out := plain.OutputBytes * 1000 / DataAllowanceBytesPerSecond
+	if want := map[string]int64{"plain": 1000 + out, "data": 2500 + out}; got["plain"] != want["plain"] || got["data"] != want["data"] {
 		t.Errorf("the attempts carry wall times (ms) %v, want %v", got, want)
 	}
 }
@@ -369,7 +371,57 @@ func TestAttemptWallTimeAllowsForItsUploadedInputs(t *testing.T) {
 	if err := f.s.pool.QueryRow(ctx, `SELECT timeout_ms FROM attempts WHERE id = $1`, cs[0].Attempt).Scan(&ms); err != nil {
 		t.Fatal(err)
 	}
-	if ms != 2500 {
-		t.Errorf("the attempt carries a wall time of %d ms, want 2500: 1000 and 1500 for its input's download", ms)
+	if want := 2500 + down.OutputBytes*1000/DataAllowanceBytesPerSecond; ms != want {
+		t.Errorf("the attempt carries a wall time of %d ms, want %d: 1000, 1500 for its input's download and its outputs' upload", ms, want)
+	}
+}
+
+// An attempt's deadline allows for the other attempts its worker lists as
+// held, each within its own wall time: an honest worker need not run its
+// attempts in the order of their ids (a browser page runs first one whose
+// module it has compiled, and reports the attempts of a batch together),
+// so the one that may be running by its rank can wait for the others.
+// Those whose outcome the server holds are not waited for.
+func TestDeadlineAllowsForTheWorkersOtherAttempts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const grace = 7 * time.Second
+	f := newFixtureAt(t, migratedURL(t), WithWallGrace(grace))
+	f.useWorker(t, 1)
+	a, b, c := f.task("a"), f.task("b"), f.task("c")
+	a.TimeoutMS, b.TimeoutMS, c.TimeoutMS = 10_000, 600_000, 3_000_000
+	f.submit(t, "batch", a, b, c)
+	cs := f.claim(t, 3, time.Minute)
+	if len(cs) != 3 {
+		t.Fatalf("claimed %d", len(cs))
+	}
+	wall := func(a int64) time.Duration {
+		t.Helper()
+		var ms int64
+		if err := f.s.pool.QueryRow(ctx, `SELECT timeout_ms FROM attempts WHERE id = $1`, a).Scan(&ms); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ms) * time.Millisecond
+	}
+	dbNow := func() time.Time {
+		t.Helper()
+		var now time.Time
+		if err := f.s.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now); err != nil {
+			t.Fatal(err)
+		}
+		return now
+	}
+	// The third's outcome is being committed: it is not waited for.
+	before := dbNow()
+	if _, err := f.s.Renew(ctx, []Renewal{{Attempt: cs[0].Attempt, Worker: f.worker, Slots: 1}, {Attempt: cs[1].Attempt, Worker: f.worker, Slots: 1},
+		{Attempt: cs[2].Attempt, Worker: f.worker, Slots: 1, Reported: true}}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	after := dbNow()
+	allowed := wall(cs[0].Attempt) + wall(cs[1].Attempt) + grace
+	d, _ := f.deadlineOf(t, cs[0].Attempt)
+	if d.Before(before.Add(allowed)) || d.After(after.Add(allowed)) {
+		t.Errorf("the first attempt's deadline is %v after the renewal began, want %v: its wall time, the second's and the grace",
+			d.Sub(before), allowed)
 	}
 }

@@ -646,13 +646,15 @@ var claimReplicasCTEs = `, fit AS (
 // downloads them as it does a setup's blobs), and its checkpoint when it
 // was uploaded over HTTP (kept in a blob, not in the task's row). The
 // inputs' look-up is by task_inputs' key, as the claim's own test for
-// inputs is.
+// inputs is. With its output limit: the outputs a worker uploads after
+// the task ends, while the attempt still counts as running.
 const dataBytesSQL = `CASE WHEN ok.setup IS NULL THEN 0 ELSE coalesce((SELECT sum(b.size) FROM blobs b
 		WHERE b.id IN (SELECT f->>'blob' FROM jsonb_array_elements(ok.setup->'files') f WHERE f ? 'blob')), 0) END
 	+ coalesce((SELECT sum(b.size) FROM task_inputs ti JOIN task_outputs o ON o.task_id = ti.from_task AND o.name = ti.output
 		JOIN blobs b ON b.id = o.blob_id WHERE ti.task_id = ok.task_id), 0)
 	+ CASE WHEN ok.checkpoint IS NULL AND ok.checkpoint_seq > 0 THEN coalesce((SELECT b.size FROM tasks t JOIN blobs b ON b.id = t.checkpoint_blob
-		WHERE t.id = ok.task_id), 0) ELSE 0 END`
+		WHERE t.id = ok.task_id), 0) ELSE 0 END
+	+ ok.output_bytes`
 
 // claimOnePerTaskCTEs are claimReplicasCTEs for picks of distinct tasks:
 // every locked task has a pending replica for its one pick, unless its

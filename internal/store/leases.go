@@ -28,7 +28,7 @@ type Renewal struct {
 
 // DefaultWallGrace is how long past its task's wall time the server lets
 // a worker hold an attempt, with leases of lease, unless WithWallGrace
-// says otherwise: six leases, at least five minutes. An honest worker stops
+// says otherwise: six leases and five minutes. An honest worker stops
 // the task at its wall time and reports limit_wall_time at once; the
 // grace covers that report's way to a commit when the server is at
 // fault: the worker's replica dies and the worker comes back to another
@@ -40,7 +40,7 @@ type Renewal struct {
 // DataAllowanceBytesPerSecond takes 256 s. The task's data have an
 // allowance of their own, by their size (the claim adds it to the wall
 // time the attempt carries; docs/RATIONALE.md).
-func DefaultWallGrace(lease time.Duration) time.Duration { return max(5*time.Minute, 6*lease) }
+func DefaultWallGrace(lease time.Duration) time.Duration { return 5*time.Minute + 6*lease }
 
 // WithWallGrace sets how long past its task's wall time the server lets a
 // worker hold an attempt (default DefaultWallGrace of the lease each
@@ -87,23 +87,41 @@ func mayRun(rs []Renewal) []bool {
 }
 
 // deadlineSQL is the deadline of an attempt (alias a) that may be running
-// when run (an SQL boolean) says so: the one it has, or else now plus its
-// task's wall time and the grace (grace, an SQL expression in ms).
-// NULL for one that waits in its worker's queue, or was claimed before
-// the attempts knew their wall time (migrations/00028).
-func deadlineSQL(run, grace string) string {
-	return fmt.Sprintf(`coalesce(a.deadline, CASE WHEN %s THEN now() + (a.timeout_ms + %s) * interval '1 millisecond' END)`, run, grace)
+// when run (an SQL boolean) says so: the one it has, or else now plus ms
+// (an SQL expression: the wall time it is allowed, see heldWallSQL) and
+// the grace (grace, an SQL expression in ms). NULL for one that waits in
+// its worker's queue, or was claimed before the attempts knew their wall
+// time (migrations/00028).
+func deadlineSQL(run, ms, grace string) string {
+	return fmt.Sprintf(`coalesce(a.deadline, CASE WHEN %s THEN now() + (%s + %s) * interval '1 millisecond' END)`, run, ms, grace)
 }
+
+// heldWallSQL sums, by worker (w), the wall times (attempts.timeout_ms:
+// the task's, with its data's download and its outputs' upload) of the
+// attempts a renewal lists for it that are still running and whose
+// outcome the server does not hold, from the renewal's rows u (id, w,
+// reported). An attempt's deadline allows that sum, not its own wall time
+// alone: an honest worker need not run its attempts in the order of their
+// ids (a browser page runs one whose module it has compiled before an
+// earlier one whose module it still compiles, and reports the attempts of
+// a batch together, when the last ends), so one may wait for the others
+// to run, each within its own wall time. A worker holds at most its slots
+// and queue, so the bound stays one.
+const heldWallSQL = `SELECT u.w, sum(x.timeout_ms) AS ms FROM u JOIN attempts x ON x.id = u.id AND x.worker_id = u.w
+	WHERE x.state = 'running' AND NOT u.reported GROUP BY u.w`
 
 // renewSQL renews the leases of Renew's batch ($1 attempts, $2 workers,
 // $3 progress, $6 whether each may be running, $7 whether the server
 // holds its outcome) to now + $4 ms, giving those that may be running
 // their deadline ($5 ms of grace). least ignores a NULL deadline.
-var renewSQL = `UPDATE attempts a SET deadline = ` + deadlineSQL("u.run", "$5") + `,
+var renewSQL = `WITH u AS (
+	SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::real[], $6::bool[], $7::bool[]) AS u(id, w, p, run, reported)
+), held AS (` + heldWallSQL + `)
+UPDATE attempts a SET deadline = ` + deadlineSQL("u.run", "h.ms", "$5") + `,
 	lease_until = greatest(a.lease_until, CASE WHEN u.reported THEN now() + $4 * interval '1 millisecond'
-		ELSE least(now() + $4 * interval '1 millisecond', ` + deadlineSQL("u.run", "$5") + `) END),
+		ELSE least(now() + $4 * interval '1 millisecond', ` + deadlineSQL("u.run", "h.ms", "$5") + `) END),
 	progress = u.p
-	FROM unnest($1::bigint[], $2::uuid[], $3::real[], $6::bool[], $7::bool[]) AS u(id, w, p, run, reported)
+	FROM u LEFT JOIN held h ON h.w = u.w
 	WHERE a.id = u.id AND a.worker_id = u.w AND a.state = 'running' RETURNING a.id`
 
 // Renew extends the leases of a batch of attempts to now+lease and records
@@ -184,8 +202,8 @@ func (s *Store) saveCheckpoint(ctx context.Context, attempt int64, worker string
 		// connection must not undo the lease a hello gave (unreachedSQL).
 		// Nor extended past the attempt's deadline, which a checkpoint
 		// sets when the attempt has none yet: it runs.
-		err := tx.QueryRow(ctx, `UPDATE attempts a SET deadline = `+deadlineSQL("true", "$4")+`,
-			lease_until = greatest(a.lease_until, least(now() + $3 * interval '1 millisecond', `+deadlineSQL("true", "$4")+`)) FROM tasks t
+		err := tx.QueryRow(ctx, `UPDATE attempts a SET deadline = `+deadlineSQL("true", "a.timeout_ms", "$4")+`,
+			lease_until = greatest(a.lease_until, least(now() + $3 * interval '1 millisecond', `+deadlineSQL("true", "a.timeout_ms", "$4")+`)) FROM tasks t
 			WHERE a.id = $1 AND a.worker_id = $2 AND a.state = 'running' AND t.id = a.task_id
 			RETURNING a.task_id, t.memory_pages::bigint * 65536, coalesce(t.checkpoint_blob, '')`,
 			attempt, worker, lease.Milliseconds(), s.grace(lease).Milliseconds()).Scan(&task, &limit, &old)

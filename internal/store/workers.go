@@ -195,17 +195,20 @@ const (
 	closed AS (UPDATE worker_sessions s SET disconnected_at = now() WHERE s.worker_id = ANY($1::uuid[]) AND s.disconnected_at IS NULL),
 	pruned AS (DELETE FROM worker_sessions WHERE disconnected_at < now() - interval '1 day')
 	INSERT INTO worker_sessions (worker_id) SELECT id FROM ids ORDER BY ord RETURNING id, worker_id::text`
-	// renewHeldSQL renews the leases of the attempts ($1) that their
-	// workers ($2) still hold, and returns them with their modules. As
-	// Renew, it gives those that may be running ($4) their deadline ($5
-	// ms of grace) and extends no lease past it.
-	renewHeldSQL = `UPDATE attempts a SET deadline = ` + `coalesce(a.deadline, CASE WHEN r.run THEN now() + (a.timeout_ms + $5) * interval '1 millisecond' END),
-		lease_until = least(now() + $3 * interval '1 millisecond',
-			coalesce(a.deadline, CASE WHEN r.run THEN now() + (a.timeout_ms + $5) * interval '1 millisecond' END))
-	FROM unnest($1::bigint[], $2::uuid[], $4::bool[]) AS r(id, w, run), tasks t
-	WHERE a.id = ANY($1::bigint[]) AND a.id = r.id AND a.worker_id = r.w AND a.state = 'running' AND t.id = a.task_id
-	RETURNING a.id, a.worker_id::text, t.module_id, t.owner_id`
 )
+
+// renewHeldSQL renews the leases of the attempts ($1) that their
+// workers ($2) still hold, and returns them with their modules. As
+// Renew, it gives those that may be running ($4) their deadline ($5
+// ms of grace) and extends no lease past it.
+var renewHeldSQL = `WITH u AS (
+		SELECT *, false AS reported FROM unnest($1::bigint[], $2::uuid[], $4::bool[]) AS r(id, w, run)
+	), held AS (` + heldWallSQL + `)
+	UPDATE attempts a SET deadline = ` + deadlineSQL("u.run", "h.ms", "$5") + `,
+		lease_until = least(now() + $3 * interval '1 millisecond', ` + deadlineSQL("u.run", "h.ms", "$5") + `)
+	FROM u LEFT JOIN held h ON h.w = u.w, tasks t
+	WHERE a.id = ANY($1::bigint[]) AND a.id = u.id AND a.worker_id = u.w AND a.state = 'running' AND t.id = a.task_id
+	RETURNING a.id, a.worker_id::text, t.module_id, t.owner_id`
 
 // claimedID is the identity a hello claims, "" for none worth looking up.
 func claimedID(h *WorkerHello) string {
