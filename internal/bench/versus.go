@@ -12,7 +12,7 @@ import (
 )
 
 // Versus runs the parts cfg selects repeat times for each of two builds of
-// cyclepool, cfg.Executable (a) and other (b), alternately (a, b, a, b...),
+// cyclepool, cfg.Executable (a) and other (b), alternately (a, b, b, a...),
 // so that both meet the same spells of a shared machine, and prints every
 // run's figures prefixed with their build ("a dispatch_tasks_per_s: ...")
 // as they come, then each numeric figure's median per build and their
@@ -23,9 +23,16 @@ func Versus(ctx context.Context, cfg Config, other string, repeat int) error {
 	builds := []struct{ label, exe string }{{"a", cfg.Executable}, {"b", other}}
 	fmt.Fprintf(out, "versus: a is %s, b is %s, %d runs each, alternately\n", cfg.Executable, other, repeat)
 	figures := map[string]*versusFigure{}
-	var order []string // figure names in the order first printed
+	var names []string // figure names in the order first printed
 	for i := range repeat {
-		for j, b := range builds {
+		// a, b, then b, a: whatever runs second in a pair (a warmer
+		// cache, a machine that gets busier) falls on each build alike.
+		pair := []int{0, 1}
+		if i%2 == 1 {
+			pair = []int{1, 0}
+		}
+		for _, j := range pair {
+			b := builds[j]
 			if err := ctx.Err(); err != nil {
 				return err
 			}
@@ -38,7 +45,7 @@ func Versus(ctx context.Context, cfg Config, other string, repeat int) error {
 				if f == nil {
 					f = &versusFigure{}
 					figures[name] = f
-					order = append(order, name)
+					names = append(names, name)
 				}
 				f.values[j] = append(f.values[j], v)
 			}
@@ -48,8 +55,8 @@ func Versus(ctx context.Context, cfg Config, other string, repeat int) error {
 		}
 	}
 	fmt.Fprintln(out, "versus: medians (a, b, b/a)")
-	slices.Sort(order) // stable output whatever order the parts printed in
-	for _, name := range order {
+	slices.Sort(names) // stable output whatever order the parts printed in
+	for _, name := range names {
 		f := figures[name]
 		a, b := median(f.values[0]), median(f.values[1])
 		ratio := "-"
