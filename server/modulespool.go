@@ -8,12 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/cyclepool/cyclepool/internal/dirlock"
 	"github.com/cyclepool/cyclepool/internal/store"
 )
 
@@ -38,6 +40,8 @@ import (
 type moduleSpool struct {
 	dir     string // "" until first used when temp
 	temp    bool   // dir is made under os.TempDir() and removed by close
+	log     *slog.Logger
+	unlock  func() // gives back a given dir (dirlock), nil when not held
 	max     int64
 	loadMax int64
 
@@ -89,13 +93,30 @@ var errSpoolClosed = errors.New("the server is closed")
 
 // prepare makes the spool's directory, or clears a given one of the files
 // a previous process left (m.mu is held): the spool knows only the files
-// it wrote, and found its modules still there for.
+// it wrote, and found its modules still there for. A given directory that
+// another process holds (two replicas given one --data-dir) is left to it,
+// and the spool makes one of its own: each would clear and evict the
+// other's files.
 func (m *moduleSpool) prepare() error {
 	if m.closed {
 		return errSpoolClosed
 	}
 	if m.ready {
 		return nil
+	}
+	if !m.temp {
+		if err := os.MkdirAll(m.dir, 0o700); err != nil {
+			return fmt.Errorf("make the module spool: %w", err)
+		}
+		if unlock, ok := dirlock.Take(m.dir); ok {
+			m.unlock = unlock
+		} else {
+			if m.log != nil {
+				m.log.Warn("the module spool's directory is another process's: using one of this process's own",
+					"dir", m.dir)
+			}
+			m.temp = true
+		}
 	}
 	if m.temp {
 		dir, err := os.MkdirTemp("", "cyclepool-modules-")
@@ -349,6 +370,9 @@ func (m *moduleSpool) close() error {
 		return nil
 	}
 	m.ready = false
+	if m.unlock != nil {
+		defer m.unlock()
+	}
 	if m.temp {
 		if err := os.RemoveAll(m.dir); err != nil {
 			return fmt.Errorf("remove the module spool: %w", err)

@@ -276,6 +276,8 @@ func New(st *store.Store, cfg Config) *Server {
 		gate:          newGatekeeper(cfg.NewWorkerEvery, cfg.NewWorkerBurst),
 		failures:      throttle.New(throttle.Config{}),
 	}
+	s.modules.log = s.log
+
 	s.upgrader = websocket.Upgrader{
 		// Workers need no origin: volunteers' pages may be served from
 		// anywhere.

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cyclepool/cyclepool/internal/archive"
+	"github.com/cyclepool/cyclepool/internal/dirlock"
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/wasmworker"
 )
@@ -92,14 +93,14 @@ func newDataCache(dir string, max int64, log *slog.Logger) (*dataCache, error) {
 	// One worker process per cache: another worker on the machine (or a
 	// test beside it) gets a private cache inside, removed when it closes,
 	// rather than evicting and unpacking what the first one reads.
-	if release, ok := lockDataDir(dir); ok {
+	if release, ok := dirlock.Take(dir); ok {
 		c.release = release
 	} else {
 		private, err := os.MkdirTemp(dir, "worker-")
 		if err != nil {
 			return nil, fmt.Errorf("headless: data cache %s: %w", dir, err)
 		}
-		unlock, _ := lockDataDir(private) // held while in use: see the sweep below
+		unlock, _ := dirlock.Take(private) // held while in use: see the sweep below
 		c.release = func() {
 			os.RemoveAll(private)
 			if unlock != nil {
@@ -129,7 +130,7 @@ func newDataCache(dir string, max int64, log *slog.Logger) (*dataCache, error) {
 		if strings.HasPrefix(name, "worker-") && n.IsDir() {
 			// A private cache: removed when its worker is gone (its
 			// lock is free).
-			if unlock, ok := lockDataDir(filepath.Join(dir, name)); ok {
+			if unlock, ok := dirlock.Take(filepath.Join(dir, name)); ok {
 				os.RemoveAll(filepath.Join(dir, name))
 				unlock()
 			}

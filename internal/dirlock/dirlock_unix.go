@@ -1,6 +1,6 @@
 //go:build unix
 
-package headless
+package dirlock
 
 import (
 	"os"
@@ -8,10 +8,11 @@ import (
 	"syscall"
 )
 
-// lockDataDir takes the data cache at dir for this process (an exclusive
-// flock on dir/.lock, released when the process ends): it reports false
-// when another worker holds it.
-func lockDataDir(dir string) (release func(), ok bool) {
+// Take takes dir for this process: an exclusive flock on dir/.lock, held
+// until release is called or the process ends. It reports false when
+// another process (or another Take in this one) holds it, or the lock
+// file cannot be made.
+func Take(dir string) (release func(), ok bool) {
 	f, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, false
