@@ -41,6 +41,24 @@ func migratedURL(t testing.TB) string {
 	})
 }
 
+// closeStore closes s, and fails the test, rather than hang the package,
+// when its pool cannot close: a connection acquired and never released
+// (pgxpool.Close waits for every connection). Once, a full run hung there
+// for minutes in one test's cleanup, with no goroutine left holding one.
+func closeStore(t testing.TB, s *Store) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.Close()
+	}()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		t.Errorf("the store did not close: %d of its pool's connections are still acquired (one was never released)",
+			s.pool.Stat().AcquiredConns())
+	}
+}
+
 // newFixtureAt is newFixture on the database at url, its store opened
 // with opts.
 func newFixtureAt(t testing.TB, url string, opts ...Option) *fixture {
@@ -50,7 +68,7 @@ func newFixtureAt(t testing.TB, url string, opts ...Option) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(s.Close)
+	t.Cleanup(func() { closeStore(t, s) })
 	tok, err := s.CreateOwner(ctx, "owner")
 	if err != nil {
 		t.Fatal(err)
