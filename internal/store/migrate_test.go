@@ -40,7 +40,11 @@ func TestMigrationsGoDownAndUpAgain(t *testing.T) {
 		INSERT INTO task_inputs (task_id, name, from_task, output) SELECT o.id, 'in', a.id, 'stdout' FROM o, tasks a WHERE a.name = 'a'`); err != nil {
 		t.Fatal(err)
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, stdlib.OpenDBFromPool(f.s.pool), migrations.FS)
+	// Closed before the store (cleanups run last first): the connections
+	// it holds are the pool's, and the pool's Close waits for them.
+	db := stdlib.OpenDBFromPool(f.s.pool)
+	t.Cleanup(func() { db.Close() })
+	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS)
 	if err != nil {
 		t.Fatal(err)
 	}
