@@ -47,7 +47,7 @@ func (s *Server) handleModule(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 	w.Header().Set("Content-Type", "application/wasm")
-	w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
+	w.Header().Set("Cache-Control", blobCache) // a module's id is its bytes' hash, as a blob's
 	w.Header().Set("ETag", `"`+id+`"`)
 	// A reader that stops reading is cut off after s.moduleStall, not at
 	// the end of the whole write's time: it holds a connection and an

@@ -62,6 +62,28 @@ func paddedModule(t *testing.T, size int, fill byte) []byte {
 	return nil
 }
 
+// getModuleHeaders asks for module id over c, by hand, and reads the
+// answer's headers, which must say 200; the body is left unread, as a
+// client that reads slowly or not at all leaves it. who names the client
+// in failures.
+func getModuleHeaders(t *testing.T, c net.Conn, id, who string) *bufio.Reader {
+	t.Helper()
+	fmt.Fprintf(c, "GET /modules/%s HTTP/1.1\r\nHost: x\r\n\r\n", id)
+	r := bufio.NewReaderSize(c, 4096)
+	for n := 0; ; n++ {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("%s: %v", who, err)
+		}
+		if n == 0 && !strings.HasPrefix(line, "HTTP/1.1 200 ") {
+			t.Fatalf("%s: %q", who, line)
+		}
+		if line == "\r\n" {
+			return r
+		}
+	}
+}
+
 // moduleServer is a Server on a fresh database, served over HTTP, with an
 // owner's token and a direct connection to the database.
 type moduleServer struct {
@@ -575,22 +597,9 @@ func TestModuleMemoryIsBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		fmt.Fprintf(c, "GET /modules/%s HTTP/1.1\r\nHost: x\r\n\r\n", ids[i%2])
 		// The headers, then nothing more: the server is left writing
 		// the body.
-		r := bufio.NewReader(c)
-		for n := 0; ; n++ {
-			line, err := r.ReadString('\n')
-			if err != nil {
-				t.Fatalf("request %d: %v", i, err)
-			}
-			if n == 0 && !strings.HasPrefix(line, "HTTP/1.1 200 ") {
-				t.Fatalf("request %d: %q", i, line)
-			}
-			if line == "\r\n" {
-				break
-			}
-		}
+		getModuleHeaders(t, c, ids[i%2], fmt.Sprintf("request %d", i))
 	}
 	var now runtime.MemStats
 	runtime.GC()

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -65,20 +64,7 @@ func TestTricklingModuleReadersHoldNoMemory(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprintf(c, "GET /modules/%s HTTP/1.1\r\nHost: x\r\n\r\n", id)
-		r := bufio.NewReaderSize(c, 4096)
-		for n := 0; ; n++ {
-			line, err := r.ReadString('\n')
-			if err != nil {
-				t.Fatalf("attacker %d: %v", i, err)
-			}
-			if n == 0 && !strings.HasPrefix(line, "HTTP/1.1 200 ") {
-				t.Fatalf("attacker %d: %q", i, line)
-			}
-			if line == "\r\n" {
-				break
-			}
-		}
+		r := getModuleHeaders(t, c, id, fmt.Sprintf("attacker %d", i))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -19,10 +19,11 @@ type Renewal struct {
 	// worker starts its attempts in the order they were assigned), and
 	// only those get a deadline (see Renew). 0: every one may be running.
 	Slots int
-	// Reported says the server holds the attempt's outcome, arrived and
-	// not yet committed: the attempt no longer runs, its deadline no
-	// longer bounds its lease (ending it is the server's part now), and
-	// it takes no slot in the ranking above.
+	// Reported says the attempt's outcome arrived: being committed, or
+	// sent back to the worker with retry after its commit failed. The
+	// attempt no longer runs, its deadline no longer bounds its lease
+	// (ending it is the server's part now), and it takes no slot in the
+	// ranking above.
 	Reported bool
 }
 
