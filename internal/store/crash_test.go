@@ -30,8 +30,10 @@ func TestAttemptIDsNeverRepeatAfterACrash(t *testing.T) {
 	t.Cleanup(func() { _ = pg.Stop(context.Background()) })
 	port := pg.Port()
 	f := newFixtureAt(t, pg.URL())
+	// Every step claims three tasks, and a crash may take none of its
+	// claims back: enough tasks for every claim of every step.
 	var tasks []NewTask
-	for i := range 12 {
+	for i := range 24 {
 		tasks = append(tasks, f.task(fmt.Sprintf("t%d", i)))
 	}
 	f.submit(t, "batch", tasks...)
