@@ -9,9 +9,10 @@ import (
 
 // claimGates holds back what workers say while attempts sent to them have
 // not committed yet. A submission that claims its own tasks sends their
-// attempts before its COMMIT (store.CreateWorkflowClaiming's send), so
-// that they travel while PostgreSQL flushes the commit; until the commit
-// returns, the attempts exist for nobody else, and a result, a
+// attempts before it writes them, or before its COMMIT
+// (store.CreateWorkflowClaiming's send), so that they run while PostgreSQL
+// writes the workflow and flushes the commit; until the commit returns,
+// the attempts exist for nobody else, and a result, a
 // checkpoint, a heartbeat's renewal, an upload or a reconnection's hello
 // naming them would find nothing. So each of those waits, first, for the
 // gates open for its worker (wait): about one commit, and only for the

@@ -416,3 +416,45 @@ func TestPanicMidSendFreesTheSlots(t *testing.T) {
 		return
 	}
 }
+
+// A submission sends its attempts before it claims them, under ids drawn
+// ahead in a block. A worker that holds an attempt claimed since the block
+// was drawn gets a newer id all the same: each worker's attempts keep the
+// order it got them in, which the reaper and the bound on wall time count
+// on. Over a real WebSocket, with a real database.
+func TestEarlyAttemptIsNewerThanTheWorkersOthers(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	s, url := runServer(t, f)
+	w := dialGateWorkerWith(t, s, url, &protocol.Hello{Version: protocol.Version, Kind: protocol.KindHeadless, Slots: 2})
+	first, done := submitEarly(t, s, f, w, "first", func() {})
+	w.result(first)
+	if ack := w.next(protocol.TypeAck).Acks[0]; !ack.OK {
+		t.Fatalf("ack %+v of the first attempt", ack)
+	}
+	if sub := <-done; sub.err != nil {
+		t.Fatal(sub.err)
+	}
+	// Claimed by a dispatcher's round, after the block of the first was
+	// drawn; the worker keeps it running.
+	s.disp.readyLeft.Store(true)
+	if _, err := s.submit(ctx, f.owner.ID, f.oneTask()); err != nil {
+		t.Fatal(err)
+	}
+	held := w.next(protocol.TypeAssign).Assign[0].Attempt
+	if held <= first {
+		t.Fatalf("attempt %d claimed after %d", held, first)
+	}
+	next, done := submitEarly(t, s, f, w, "next", func() {})
+	if next <= held {
+		t.Errorf("attempt %d sent early to a worker that holds attempt %d: want a newer id", next, held)
+	}
+	w.result(next)
+	if ack := w.next(protocol.TypeAck).Acks[0]; ack.Attempt != next || !ack.OK {
+		t.Errorf("ack %+v, want attempt %d accepted", ack, next)
+	}
+	if sub := <-done; sub.err != nil {
+		t.Fatal(sub.err)
+	}
+}

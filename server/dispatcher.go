@@ -184,9 +184,12 @@ func (d *dispatcher) run(ctx context.Context) {
 // and its dispatcher left no older ready task waiting, a small workflow's
 // ready tasks are planned for those slots before it is written, claimed in
 // the submission's own transaction (store.CreateWorkflowClaiming), and
-// sent before that transaction's COMMIT: on the path of every interactive
-// task, that saves the dispatcher's wake-up and the claim's own
-// transaction, and the commit's WAL flush runs while the attempts travel.
+// sent before that transaction starts (or before its COMMIT, for replicas
+// of a task): on the path of every interactive task, that saves the
+// dispatcher's wake-up and the claim's own transaction, and the workflow's
+// statements and the commit's WAL flush run while the attempts travel and
+// run. Their ids, drawn ahead, are newer than any the slots' workers hold
+// (hub.newestAttempt).
 // What the workers say of them meanwhile waits for the commit (claimGates);
 // if it fails, they are taken back. Ready tasks it leaves, and those of any
 // other submission, wake every replica's dispatcher by the commit's
@@ -262,8 +265,15 @@ func (d *dispatcher) submit(ctx context.Context, ownerID int64, nw *store.NewWor
 			release()
 		}
 	}()
-	id, claimed, err := d.store.CreateWorkflowClaiming(cctx, ownerID, nw, sp, d.cfg.Lease, send)
+	id, claimed, err := d.store.CreateWorkflowClaiming(cctx, ownerID, nw, sp, d.cfg.Lease, d.hub.newestAttempt(reserved), send)
 	settled = true
+	if release != nil && err == nil && claimed != nil && len(sent) > len(claimed) {
+		// Sent before the claim ran, and refused by it (the store's
+		// claim of a fresh task refuses none; in case it ever does):
+		// those attempts do not exist, and are taken back.
+		sent, undeliverable = notClaimed(sent, undeliverable, claimed)
+		takeBack()
+	}
 	if release != nil && err == nil && claimed != nil && sendPanic != nil {
 		// Committed, but some attempts may not have reached their
 		// workers: all are ended without counting against anyone, and
@@ -310,6 +320,28 @@ func (d *dispatcher) submit(ctx context.Context, ownerID int64, nw *store.NewWor
 		d.wakeSlots() // a round that ran meanwhile found these slots taken
 	}
 	return id, nil
+}
+
+// notClaimed returns the attempts of sent that are not among claimed, and
+// those of undeliverable that are.
+func notClaimed(sent []store.Claimed, undeliverable []store.Completion, claimed []store.Claimed) ([]store.Claimed, []store.Completion) {
+	ids := make(map[int64]bool, len(claimed))
+	for _, c := range claimed {
+		ids[c.Attempt] = true
+	}
+	var gone []store.Claimed
+	for _, c := range sent {
+		if !ids[c.Attempt] {
+			gone = append(gone, c)
+		}
+	}
+	var kept []store.Completion
+	for _, u := range undeliverable {
+		if ids[u.Attempt] {
+			kept = append(kept, u)
+		}
+	}
+	return gone, kept
 }
 
 // assign plans which ready tasks go to the reserved slots (plan), claims

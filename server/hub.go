@@ -431,6 +431,25 @@ func (h *hub) started(c *conn, as []protocol.Assign, owners []int64) bool {
 	return true
 }
 
+// newestAttempt returns the newest (highest) attempt id that the
+// workers of reserved slots hold on this replica, 0 if none: attempts
+// sent to them next must have higher ids, so that each worker's attempts
+// are in the order it got them (the reaper and the bound on wall time
+// count on it).
+func (h *hub) newestAttempt(reserved map[string][]*conn) int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var newest int64
+	for _, cs := range reserved {
+		for _, c := range cs {
+			for id := range c.running {
+				newest = max(newest, id)
+			}
+		}
+	}
+	return newest
+}
+
 // keep records that the worker of c keeps blob id (it was given a task
 // that reads it, or said so in its hello), up to maxHeld blobs; hub.mu
 // held (or c not yet shared).

@@ -89,7 +89,7 @@ func (s *Store) CreateWorkflow(ctx context.Context, ownerID int64, w *NewWorkflo
 	}
 	var id string
 	if w.Claimable() {
-		id, _, err = s.createSmall(ctx, ownerID, w, uid, nil, 0, nil)
+		id, _, err = s.createSmall(ctx, ownerID, w, uid, nil, 0, 0, nil)
 	} else {
 		named := *w // the id made here, so that a lost answer can be looked up
 		named.ID = uuid.UUID(uid.Bytes).String()
@@ -247,17 +247,24 @@ func (w *NewWorkflow) Claimable() bool {
 // any submission; otherwise it sends none (a pick the claim refuses is the
 // caller's to see: fewer attempts than picks).
 //
-// With send, the attempts go out before the commit has returned: send is
-// called with them once the claim has returned them, while PostgreSQL
-// flushes the COMMIT that follows in the same pipeline. Until
-// CreateWorkflowClaiming returns, the attempts may not exist for anyone
-// else: the caller must hold back everything their workers say of them
-// until then. If it then returns an error, or no attempts, the caller
-// takes them back from their workers: they never existed, or were ended
-// (uncounted) meanwhile, or, when even the look for a lost answer failed,
-// hold leases that will lapse.
+// With send, the attempts go out before the commit has returned. When the
+// picks name distinct tasks (the common case), send is called before the
+// transaction starts, with attempts whose ids were reserved ahead (all
+// above newerThan: the newest attempt the picks' workers hold, so that a
+// worker's attempts stay in the order it got them) and whose task ids are
+// still 0: the workers run them while PostgreSQL writes the workflow and
+// flushes its commit (sendEarly). Otherwise send is called once the claim
+// has returned them, while PostgreSQL flushes the COMMIT that follows in
+// the same pipeline. Until CreateWorkflowClaiming returns, the attempts
+// may not exist for anyone else: the caller must hold back everything
+// their workers say of them until then. If it then returns an error, or
+// no attempts, the caller takes them back from their workers: they never
+// existed, or were ended (uncounted) meanwhile, or, when even the look for
+// a lost answer failed, hold leases that will lapse. An attempt sent but
+// not among those returned is taken back too (none is, as the claim of a
+// fresh task refuses no pick of it, but the caller does not count on it).
 func (s *Store) CreateWorkflowClaiming(ctx context.Context, ownerID int64, w *NewWorkflow, picks []SubmitPick, lease time.Duration,
-	send func([]Claimed)) (id string, claimed []Claimed, err error) {
+	newerThan int64, send func([]Claimed)) (id string, claimed []Claimed, err error) {
 	if !w.Claimable() {
 		return "", nil, fmt.Errorf("create workflow %q: %d tasks are too many to claim at submission", w.Name, len(w.Tasks))
 	}
@@ -265,7 +272,7 @@ func (s *Store) CreateWorkflowClaiming(ctx context.Context, ownerID int64, w *Ne
 	if err != nil {
 		return "", nil, err
 	}
-	id, claimed, err = s.createSmall(ctx, ownerID, w, uid, picks, lease, send)
+	id, claimed, err = s.createSmall(ctx, ownerID, w, uid, picks, lease, newerThan, send)
 	if err != nil {
 		var mc *maybeCommitted
 		if errors.As(err, &mc) {
@@ -455,7 +462,7 @@ func (s *Store) recoverSubmission(ctx context.Context, uid pgtype.UUID, pid uint
 // their names. It returns the attempts. With send as well, the COMMIT
 // takes a round trip of its own, after send (CreateWorkflowClaiming).
 func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, uid pgtype.UUID, picks []SubmitPick, lease time.Duration,
-	send func([]Claimed)) (id string, claimed []Claimed, err error) {
+	newerThan int64, send func([]Claimed)) (id string, claimed []Claimed, err error) {
 	n := len(w.Tasks)
 	var (
 		names, modules, args = make([]string, n), make([]string, n), make([]string, n)
@@ -501,6 +508,7 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, 
 	var pickNames, pickWorkers []string
 	var pickCkpts []int64
 	var pickSolos []bool
+	var pickTasks []int
 	need := make([]int, n)
 	for i := range need {
 		if deps[i] == 0 {
@@ -515,6 +523,7 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, 
 	for _, p := range picks {
 		if p.Task >= 0 && p.Task < n && deps[p.Task] == 0 {
 			pickNames, pickWorkers = append(pickNames, names[p.Task]), append(pickWorkers, p.Worker)
+			pickTasks = append(pickTasks, p.Task)
 			pickCkpts, pickSolos = append(pickCkpts, p.CkptMS), append(pickSolos, p.Solo)
 			if tw := (taskWorker{p.Task, p.Worker}); !counted[tw] {
 				counted[tw] = true
@@ -531,6 +540,24 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, 
 		// here are no news to them.
 		channel = ChannelReady
 	}
+	createArgs := []any{ownerID, w.Name, w.Priority, n, replicas, quorum, maxR, headStart.Milliseconds(),
+		names, modules, args, stdins, deps, maxAttempts, timeouts, pages, outBytes, logBytes, ckpts, seeds,
+		edgeTask, edgeName, edgeFrom, edgeOutput, channel, uid}
+	if send != nil && len(pickNames) > 0 && distinct(pickNames) {
+		// Sent before the transaction (sendEarly), unless no attempt
+		// ids could be reserved: then sent before its COMMIT, below.
+		if ids, err := s.attemptIDs.take(ctx, s.pool, len(pickNames), newerThan); err == nil {
+			early := earlyClaims(ownerID, w, uid, pickTasks, pickWorkers, pickCkpts, ids)
+			return s.sendEarly(ctx, early, send, func() *pgx.Batch {
+				b := &pgx.Batch{}
+				queueBegin(b, false) // the claim's settings; the commit is the submission's, flushed
+				b.Queue(createSmallSQL, createArgs...)
+				b.Queue(claimNewEarlySQL, pickNames, uuidParams(pickWorkers), pickCkpts, pickSolos, lease.Milliseconds(), uid, ids)
+				b.Queue("COMMIT")
+				return b
+			})
+		}
+	}
 	for try := 0; ; try++ {
 		b := &pgx.Batch{}
 		if len(pickNames) > 0 {
@@ -538,9 +565,7 @@ func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, 
 		} else {
 			b.Queue("BEGIN")
 		}
-		b.Queue(createSmallSQL, ownerID, w.Name, w.Priority, n, replicas, quorum, maxR, headStart.Milliseconds(),
-			names, modules, args, stdins, deps, maxAttempts, timeouts, pages, outBytes, logBytes, ckpts, seeds,
-			edgeTask, edgeName, edgeFrom, edgeOutput, channel, uid)
+		b.Queue(createSmallSQL, createArgs...)
 		if len(pickNames) > 0 {
 			sql := claimNewSQL
 			if distinct(pickNames) {
@@ -599,6 +624,59 @@ func (s *Store) createBatch(ctx context.Context, b *pgx.Batch, n int) (id string
 		_, err = br.Exec() // COMMIT
 	}
 	return id, claimed, err
+}
+
+// sendEarly sends early's attempts (send), then runs the batch batch
+// builds, createSmall's with the claim of those attempts under their
+// reserved ids (claimNewEarlySQL) and its COMMIT, and returns what it
+// wrote: the
+// workers run the attempts while PostgreSQL writes the workflow, and the
+// statements and the commit's WAL flush are off the path of an
+// interactive task. A transaction that PostgreSQL rolled back for a
+// deadlock or a serialization failure is run again, under the same ids:
+// nothing of it was written, and the caller holds back what the workers
+// say of the attempts until it returns. Any other error wraps errSent:
+// the submission is not tried again.
+func (s *Store) sendEarly(ctx context.Context, early []Claimed, send func([]Claimed), batch func() *pgx.Batch) (id string, claimed []Claimed, err error) {
+	send(early)
+	for try := 0; ; try++ {
+		// A batch anew each time: pgx keeps the statements' descriptions
+		// of one connection in it.
+		id, claimed, err = s.createBatch(ctx, batch(), len(early))
+		if err != nil && try < 5 && retryable(err) {
+			continue
+		}
+		if err != nil {
+			return "", nil, fmt.Errorf("%w: %w", errSent, err)
+		}
+		return id, claimed, nil
+	}
+}
+
+// earlyClaims are the attempts the claim of a new workflow's picks
+// (claimNewEarlySQL) writes, as it returns them, but for their task ids
+// (0: not drawn yet, and the workers do not need them), built before it
+// runs: pick i of task tasks[i] for workers[i] gets attempt ids[i]. A
+// fresh task has no checkpoint, inputs or setup (Claimable), and no
+// attempt or avoided worker that would make the claim refuse a pick.
+func earlyClaims(ownerID int64, w *NewWorkflow, uid pgtype.UUID, tasks []int, workers []string, ckpts []int64, ids []int64) []Claimed {
+	wf := uuid.UUID(uid.Bytes).String()
+	cs := make([]Claimed, len(tasks))
+	for i, ti := range tasks {
+		t := &w.Tasks[ti]
+		args := t.Args
+		if args == nil {
+			args = []string{}
+		}
+		ckpt := t.CkptMS
+		if ckpts[i] > 0 {
+			ckpt = ckpts[i]
+		}
+		cs[i] = Claimed{Attempt: ids[i], Worker: workers[i], WorkflowID: wf, Owner: ownerID, Name: t.Name, Module: t.Module,
+			Args: args, Stdin: t.Stdin, Priority: w.Priority, TimeoutMS: t.TimeoutMS, MemoryPages: t.MemoryPages,
+			OutputBytes: t.OutputBytes, LogBytes: t.LogBytes, CkptMS: ckpt, Seed: t.Seed}
+	}
+	return cs
 }
 
 // errSent marks an error of createSending's COMMIT, after its attempts

@@ -49,7 +49,7 @@ func TestSmallAndLargeSubmissionsWriteTheSameRows(t *testing.T) {
 			rows := map[string]any{}
 			small := func(ctx context.Context, owner int64, w *NewWorkflow) (string, error) {
 				uid, _ := newUUID()
-				id, _, err := f.s.createSmall(ctx, owner, w, uid, nil, 0, nil)
+				id, _, err := f.s.createSmall(ctx, owner, w, uid, nil, 0, 0, nil)
 				return id, err
 			}
 			for path, create := range map[string]func(context.Context, int64, *NewWorkflow) (string, error){
@@ -207,96 +207,156 @@ func BenchmarkCreateLargeWorkflow(b *testing.B) {
 // leaves the same rows as a submission followed by ClaimPicks of the same
 // picks: tasks, edges, attempts and the workers' counts, replicated or
 // not; it returns the same attempts. Picks of blocked tasks and unknown
-// indexes are ignored, and a ready task left unclaimed is reported.
+// indexes are ignored, and a ready task left unclaimed is reported. With
+// send, it sends the attempts it returns: picks of distinct tasks before
+// anything is written, with their ids drawn ahead and task ids 0 (the
+// early send), other picks once the claim has run.
 func TestSubmissionClaimsItsReadyTasks(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	for _, tc := range submissionCases {
-		t.Run(tc.name, func(t *testing.T) {
-			f := newFixture(t)
-			other, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "browser", Slots: 2}, time.Minute)
-			if err != nil {
-				t.Fatal(err)
-			}
-			dag := func() []NewTask {
-				a, c, d := f.task("a"), f.task("c"), f.task("d")
-				a.Args, a.Stdin, a.Seed, c.CkptMS = []string{"1", "2"}, []byte("in"), 7, 1500
-				b := f.task("b", NewInput{Name: "in", From: 0, Output: "stdout"})
-				return []NewTask{a, b, c, d}
-			}
-			// a on both workers (a second replica, or refused), c on the
-			// other with its own checkpoint interval, b blocked, d left.
-			picks := []SubmitPick{{Task: 0, Worker: f.worker}, {Task: 2, Worker: other.ID, CkptMS: 4000, Solo: true},
-				{Task: 1, Worker: f.worker}, {Task: 0, Worker: other.ID}, {Task: 9, Worker: f.worker}, {Task: -1, Worker: f.worker}}
+		for _, v := range []struct {
+			name        string
+			distinct    bool // no pick of a on the other worker
+			send, early bool
+		}{
+			{name: "no send"},
+			{name: "sent after the claim", send: true},
+			{name: "distinct tasks", distinct: true},
+			{name: "distinct tasks sent early", distinct: true, send: true, early: true},
+		} {
+			t.Run(tc.name+"/"+v.name, func(t *testing.T) {
+				submissionClaims(t, ctx, tc.wf, v.distinct, v.send, v.early)
+			})
+		}
+	}
+}
 
-			// A workflow of the same task names, which no claim may touch.
-			decoy := tc.wf
-			decoy.Name, decoy.Tasks = "decoy", dag()
-			decoyID, err := f.s.CreateWorkflow(ctx, f.owner, &decoy)
-			if err != nil {
-				t.Fatal(err)
-			}
-			before := dump(t, f.s, decoyID, true)
+// submissionClaims is one case of TestSubmissionClaimsItsReadyTasks: a
+// submission of wf's kind, its picks of distinct tasks or not, sent or not.
+func submissionClaims(t *testing.T, ctx context.Context, wf NewWorkflow, distinctTasks, send, early bool) {
+	t.Parallel()
+	f := newFixture(t)
+	other, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "browser", Slots: 2}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dag := func() []NewTask {
+		a, c, d := f.task("a"), f.task("c"), f.task("d")
+		a.Args, a.Stdin, a.Seed, c.CkptMS = []string{"1", "2"}, []byte("in"), 7, 1500
+		b := f.task("b", NewInput{Name: "in", From: 0, Output: "stdout"})
+		return []NewTask{a, b, c, d}
+	}
+	// a on both workers (a second replica, or refused) unless
+	// distinctTasks, c on the other with its own checkpoint interval, b
+	// blocked, d left.
+	picks := []SubmitPick{{Task: 0, Worker: f.worker}, {Task: 2, Worker: other.ID, CkptMS: 4000, Solo: true},
+		{Task: 1, Worker: f.worker}, {Task: 0, Worker: other.ID}, {Task: 9, Worker: f.worker}, {Task: -1, Worker: f.worker}}
+	if distinctTasks {
+		picks = slices.Delete(picks, 3, 4)
+	}
 
-			// The reference: submitted, then claimed by id.
-			ref := tc.wf
-			ref.Name, ref.Tasks = "wf", dag()
-			refID, err := f.s.CreateWorkflow(ctx, f.owner, &ref)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ids := taskIDs(t, f.s, refID)
-			var byID []Pick
-			for _, p := range picks[:4] {
-				byID = append(byID, Pick{TaskID: ids[ref.Tasks[p.Task].Name], Worker: p.Worker, CkptMS: p.CkptMS, Solo: p.Solo})
-			}
-			want, err := f.s.ClaimPicks(ctx, byID, time.Minute)
-			if err != nil {
-				t.Fatal(err)
-			}
+	// A workflow of the same task names, which no claim may touch.
+	decoy := wf
+	decoy.Name, decoy.Tasks = "decoy", dag()
+	decoyID, err := f.s.CreateWorkflow(ctx, f.owner, &decoy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := dump(t, f.s, decoyID, true)
 
-			w := tc.wf
-			w.Name, w.Tasks = "wf", dag()
-			id, got, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, picks, time.Minute, nil)
-			if err != nil {
-				t.Fatal(err)
+	// The reference: submitted, then claimed by id.
+	ref := wf
+	ref.Name, ref.Tasks = "wf", dag()
+	refID, err := f.s.CreateWorkflow(ctx, f.owner, &ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := taskIDs(t, f.s, refID)
+	var byID []Pick
+	for _, p := range picks {
+		if p.Task >= 0 && p.Task < len(ref.Tasks) {
+			byID = append(byID, Pick{TaskID: ids[ref.Tasks[p.Task].Name], Worker: p.Worker, CkptMS: p.CkptMS, Solo: p.Solo})
+		}
+	}
+	want, err := f.s.ClaimPicks(ctx, byID, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	w := wf
+	w.Name, w.Tasks = "wf", dag()
+	var sent []Claimed
+	var sendFn func([]Claimed)
+	if send {
+		sendFn = func(cl []Claimed) {
+			sent = slices.Clone(cl)
+			if !early {
+				return // the claim ran; its COMMIT may have ended or not
 			}
-			if len(got) < 2 || len(got) != len(want) {
-				t.Fatalf("claimed %d attempts at submission, %d after: want the same, at least a and c", len(got), len(want))
+			var n int
+			if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE workflow_id = $1`, cl[0].WorkflowID).Scan(&n); err != nil {
+				t.Error(err)
 			}
-			perWorker := map[string]int64{}
-			for i := range got {
-				if got[i].WorkflowID != id || got[i].Attempt <= want[len(want)-1].Attempt {
-					t.Errorf("attempt %d of workflow %s: want workflow %s and a new attempt id", got[i].Attempt, got[i].WorkflowID, id)
+			if n != 0 {
+				t.Errorf("%d tasks of the workflow when its attempts were sent early: want none, not written yet", n)
+			}
+		}
+	}
+	id, got, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, picks, time.Minute, want[len(want)-1].Attempt, sendFn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if send {
+		if len(sent) != len(got) {
+			t.Fatalf("sent %d attempts, claimed %d: want the same", len(sent), len(got))
+		}
+		for i := range sent {
+			if early {
+				if sent[i].TaskID != 0 {
+					t.Errorf("attempt %d sent early with task id %d: want 0, not drawn yet", sent[i].Attempt, sent[i].TaskID)
 				}
-				got[i].Attempt, got[i].TaskID, got[i].WorkflowID = want[i].Attempt, want[i].TaskID, want[i].WorkflowID
-				perWorker[got[i].Worker]++
+				sent[i].TaskID = got[i].TaskID
 			}
-			if !reflect.DeepEqual(got, want) {
-				t.Errorf("claimed at submission %+v\nclaimed after %+v", got, want)
-			}
-			rows := func(id string) []string {
-				r := dump(t, f.s, id, true)
-				return append(r, queryRows(t, f.s, `SELECT t.name, a.state, a.restored_seq, a.ckpt_ms, a.worker_id = $2,
-					a.lease_until - a.started_at, $3::bool FROM attempts a JOIN tasks t ON t.id = a.task_id
-					WHERE t.workflow_id = $1 ORDER BY t.name, a.worker_id = $2`, id, f.worker, false)...)
-			}
-			if g, w := rows(id), rows(refID); !reflect.DeepEqual(g, w) {
-				t.Errorf("rows differ:\nclaimed at submission %v\nclaimed after %v", g, w)
-			}
-			if after := dump(t, f.s, decoyID, true); !reflect.DeepEqual(after, before) {
-				t.Errorf("another workflow's tasks of the same names changed:\nbefore %v\nafter %v", before, after)
-			}
-			for _, wk := range []string{f.worker, other.ID} {
-				var n int64
-				if err := f.s.pool.QueryRow(ctx, `SELECT attempts FROM workers WHERE id = $1`, wk).Scan(&n); err != nil {
-					t.Fatal(err)
-				}
-				if n != 2*perWorker[wk] {
-					t.Errorf("worker has %d attempts, want %d: as many claimed after its submission as at it", n, 2*perWorker[wk])
-				}
-			}
-		})
+		}
+		if !reflect.DeepEqual(sent, got) {
+			t.Errorf("sent %+v\nclaimed %+v", sent, got)
+		}
+	}
+	if len(got) < 2 || len(got) != len(want) {
+		t.Fatalf("claimed %d attempts at submission, %d after: want the same, at least a and c", len(got), len(want))
+	}
+	perWorker := map[string]int64{}
+	for i := range got {
+		if got[i].WorkflowID != id || got[i].Attempt <= want[len(want)-1].Attempt {
+			t.Errorf("attempt %d of workflow %s: want workflow %s and a new attempt id", got[i].Attempt, got[i].WorkflowID, id)
+		}
+		got[i].Attempt, got[i].TaskID, got[i].WorkflowID = want[i].Attempt, want[i].TaskID, want[i].WorkflowID
+		perWorker[got[i].Worker]++
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("claimed at submission %+v\nclaimed after %+v", got, want)
+	}
+	rows := func(id string) []string {
+		r := dump(t, f.s, id, true)
+		return append(r, queryRows(t, f.s, `SELECT t.name, a.state, a.restored_seq, a.ckpt_ms, a.worker_id = $2,
+			a.lease_until - a.started_at, $3::bool FROM attempts a JOIN tasks t ON t.id = a.task_id
+			WHERE t.workflow_id = $1 ORDER BY t.name, a.worker_id = $2`, id, f.worker, false)...)
+	}
+	if g, w := rows(id), rows(refID); !reflect.DeepEqual(g, w) {
+		t.Errorf("rows differ:\nclaimed at submission %v\nclaimed after %v", g, w)
+	}
+	if after := dump(t, f.s, decoyID, true); !reflect.DeepEqual(after, before) {
+		t.Errorf("another workflow's tasks of the same names changed:\nbefore %v\nafter %v", before, after)
+	}
+	for _, wk := range []string{f.worker, other.ID} {
+		var n int64
+		if err := f.s.pool.QueryRow(ctx, `SELECT attempts FROM workers WHERE id = $1`, wk).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 2*perWorker[wk] {
+			t.Errorf("worker has %d attempts, want %d: as many claimed after its submission as at it", n, 2*perWorker[wk])
+		}
 	}
 }
 
@@ -316,14 +376,14 @@ func TestSubmissionClaimingAllNotifiesNobody(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := NewWorkflow{Name: "all", Priority: "batch", Tasks: []NewTask{f.task("a"), f.task("b", NewInput{From: 0, Output: "stdout"})}}
-	if _, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &all, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, nil); err != nil || len(claimed) != 1 {
+	if _, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &all, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, 0, nil); err != nil || len(claimed) != 1 {
 		t.Fatalf("%d claimed, err %v: want a", len(claimed), err)
 	}
 	if _, err := f.s.pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, ChannelReady); err != nil {
 		t.Fatal(err)
 	}
 	some := NewWorkflow{Name: "some", Priority: "batch", Tasks: []NewTask{f.task("a"), f.task("c")}}
-	if _, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &some, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, nil); err != nil || len(claimed) != 1 {
+	if _, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &some, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, 0, nil); err != nil || len(claimed) != 1 {
 		t.Fatalf("%d claimed, err %v: want a, and c left", len(claimed), err)
 	}
 	for _, want := range []string{"marker", ""} {
@@ -353,7 +413,7 @@ func TestSubmissionClaimsOnlySmallWorkflows(t *testing.T) {
 	if w.Claimable() {
 		t.Errorf("%d tasks: claimable", len(many))
 	}
-	if _, _, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, nil); err == nil {
+	if _, _, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, 0, nil); err == nil {
 		t.Errorf("%d tasks: claimed at submission", len(many))
 	}
 	var n int
@@ -543,7 +603,7 @@ func TestLostSubmissionAnswerRequeuesItsAttempts(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	w := NewWorkflow{Name: "wf", Priority: "batch", Tasks: []NewTask{f.task("a")}}
-	id, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, nil)
+	id, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, 0, nil)
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("%d claimed, err %v", len(claimed), err)
 	}
@@ -579,10 +639,14 @@ func TestLostSubmissionAnswerRequeuesItsAttempts(t *testing.T) {
 // cancels it (as a WAL flush or a synchronous standby keeps a COMMIT).
 // Real PostgreSQL behaviour at the moment a claiming submission's attempts
 // are already out.
-const atCommitSQL = `CREATE FUNCTION test_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+const atCommitSQL = `CREATE SEQUENCE test_deadlocks;
+CREATE FUNCTION test_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
 	IF NEW.name = 'held-at-commit' THEN PERFORM pg_advisory_xact_lock(4242); END IF;
 	IF NEW.name = 'refused-at-commit' THEN RAISE EXCEPTION 'refused at commit'; END IF;
+	IF NEW.name = 'deadlocked-once' AND nextval('test_deadlocks') = 1 THEN
+		RAISE EXCEPTION 'deadlock detected at commit' USING ERRCODE = '40P01';
+	END IF;
 	IF NEW.name = 'stuck-at-commit' THEN
 		LOOP
 			BEGIN
@@ -597,6 +661,35 @@ BEGIN
 END $$;
 CREATE CONSTRAINT TRIGGER test_at_commit AFTER INSERT ON workflows DEFERRABLE INITIALLY DEFERRED
 	FOR EACH ROW EXECUTE FUNCTION test_at_commit()`
+
+// A submission whose attempts went out before it ran, rolled back by a
+// deadlock (here at its COMMIT), runs again under the same attempt ids:
+// the attempts the workers got are the ones written, sent once.
+func TestEarlySentSubmissionRetriesADeadlock(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	if _, err := f.s.pool.Exec(ctx, atCommitSQL); err != nil {
+		t.Fatal(err)
+	}
+	w := NewWorkflow{Name: "deadlocked-once", Priority: "interactive", Tasks: []NewTask{f.task("a"), f.task("b")}}
+	var sent [][]Claimed
+	id, claimed, err := f.s.CreateWorkflowClaiming(ctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}, {Task: 1, Worker: f.worker}},
+		time.Minute, 0, func(cl []Claimed) { sent = append(sent, cl) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tries int64
+	if err := f.s.pool.QueryRow(ctx, `SELECT last_value FROM test_deadlocks`).Scan(&tries); err != nil || tries != 2 {
+		t.Fatalf("committed at try %d (%v), want the second", tries, err)
+	}
+	if len(sent) != 1 || len(claimed) != 2 || claimed[0].Attempt != sent[0][0].Attempt || claimed[1].Attempt != sent[0][1].Attempt {
+		t.Fatalf("sent %d times, claimed %+v: want the attempts sent once, written", len(sent), claimed)
+	}
+	if st := f.states(t, id); st["a"] != StateRunning || st["b"] != StateRunning {
+		t.Errorf("tasks %v, want both running", st)
+	}
+}
 
 // A claiming submission with send gives its attempts out before its COMMIT
 // has ended: send runs while the COMMIT is held, the attempts visible to
@@ -633,7 +726,7 @@ func TestClaimingSubmissionSendsBeforeItsCommit(t *testing.T) {
 			defer cancel()
 			w := NewWorkflow{Name: name, Priority: "interactive", Tasks: []NewTask{f.task("a")}}
 			var sent []Claimed
-			id, claimed, err := f.s.CreateWorkflowClaiming(cctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute,
+			id, claimed, err := f.s.CreateWorkflowClaiming(cctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, 0,
 				func(cl []Claimed) {
 					sent = cl
 					if len(cl) == 1 && visible(cl[0].Attempt) {
@@ -698,7 +791,7 @@ func TestLostAnswerOfACommitInFlight(t *testing.T) {
 			released := giveUpAtCommit(t, f, sentC, cancel, tt.release)
 			w := NewWorkflow{Name: "stuck-at-commit", Priority: "interactive", Tasks: []NewTask{f.task("a")}}
 			var sent []Claimed
-			id, claimed, err := f.s.CreateWorkflowClaiming(cctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute,
+			id, claimed, err := f.s.CreateWorkflowClaiming(cctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, 0,
 				func(cl []Claimed) {
 					sent = cl
 					close(sentC)

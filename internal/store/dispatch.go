@@ -578,6 +578,22 @@ var claimNewSQL = claimNewCTE + claimLockedCTE + claimReplicasCTEs + claimTailSQ
 // claimNewOnePerTaskSQL is claimNewSQL for picks of distinct tasks.
 var claimNewOnePerTaskSQL = claimNewCTE + claimLockedCTE + claimOnePerTaskCTEs + claimTailSQL
 
+// claimNewEarlySQL is claimNewOnePerTaskSQL with the attempts' ids given
+// ($7, one per pick, drawn ahead by idBlock) rather than drawn from the
+// sequence: CreateWorkflowClaiming sends the attempts before it runs.
+var claimNewEarlySQL = claimEarlyCTE + claimLockedCTE + claimEarlyOnePerTaskCTEs() + claimTailSQL
+
+// claimEarlyOnePerTaskCTEs are claimOnePerTaskCTEs with each attempt's id
+// taken from its pick (claimEarlyCTE's aid).
+func claimEarlyOnePerTaskCTEs() string {
+	const from, to = "SELECT nextval('attempts_id_seq') AS attempt, o.* FROM (\n\t\tSELECT p.task_id,", "SELECT o.aid AS attempt, o.* FROM (\n\t\tSELECT p.aid, p.task_id,"
+	s := strings.Replace(claimOnePerTaskCTEs, from, to, 1)
+	if s == claimOnePerTaskCTEs {
+		panic("store: claimOnePerTaskCTEs no longer draws its attempt ids as claimEarlyOnePerTaskCTEs expects")
+	}
+	return s
+}
+
 // claimPicksCTE and claimNewCTE are the picks (p) of the claim statements.
 const (
 	claimPicksCTE = `
@@ -588,6 +604,12 @@ WITH p AS (
 WITH p AS (
 	SELECT t.id AS task_id, u.w, u.ckpt, u.solo, u.ord
 	FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bool[]) WITH ORDINALITY AS u(name, w, ckpt, solo, ord)
+	JOIN tasks t ON t.workflow_id = $6 AND t.name = u.name
+)`
+	claimEarlyCTE = `
+WITH p AS (
+	SELECT t.id AS task_id, u.w, u.ckpt, u.solo, u.ord, u.aid
+	FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bool[], $7::bigint[]) WITH ORDINALITY AS u(name, w, ckpt, solo, aid, ord)
 	JOIN tasks t ON t.workflow_id = $6 AND t.name = u.name
 )`
 )

@@ -67,6 +67,9 @@ type Store struct {
 	// tracer, when set, traces the statements of the pool's connections
 	// (the tests' withTracer).
 	tracer pgx.QueryTracer
+	// attemptIDs are the attempt ids drawn for claims whose attempts go
+	// out before the claim runs (CreateWorkflowClaiming).
+	attemptIDs idBlock
 }
 
 // Option configures a Store (Open).
