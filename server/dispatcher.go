@@ -625,20 +625,43 @@ func (d *dispatcher) send(ctx context.Context, claimed []store.Claimed, err erro
 		d.beforeStart(ctx)
 	}
 	for c, as := range byConn {
-		started := d.hub.started(c, as, owners[c])
+		undeliverable = d.start(c, as, owners[c], undeliverable)
 		settled[c] = true
-		if !started {
-			// The worker left (or reconnected) meanwhile: put its tasks back
-			// at once, without using up an attempt.
-			for i := range as {
-				undeliverable = append(undeliverable, store.Completion{Attempt: as[i].Attempt, Worker: c.id, Reason: protocol.ReasonWorker,
-					Message: "the worker disconnected before the task reached it; queued again", End: store.EndUnstarted})
+	}
+	return undeliverable
+}
+
+// start records attempts as (of owners) on c and queues their frames,
+// in one step for c (assignMu), and returns undeliverable with those that
+// cannot go: all of them when the worker left (or reconnected) meanwhile,
+// and any older than an attempt c holds already (hub.started). Their
+// tasks go back at once, without using up an attempt.
+func (d *dispatcher) start(c *conn, as []protocol.Assign, owners []int64, undeliverable []store.Completion) []store.Completion {
+	c.assignMu.Lock()
+	defer c.assignMu.Unlock()
+	stale, ok := d.hub.started(c, as, owners)
+	if !ok {
+		for i := range as {
+			undeliverable = append(undeliverable, store.Completion{Attempt: as[i].Attempt, Worker: c.id, Reason: protocol.ReasonWorker,
+				Message: "the worker disconnected before the task reached it; queued again", End: store.EndUnstarted})
+		}
+		return undeliverable
+	}
+	if len(stale) > 0 {
+		for _, i := range stale {
+			undeliverable = append(undeliverable, store.Completion{Attempt: as[i].Attempt, Worker: c.id, Reason: protocol.ReasonWorker,
+				Message: "claimed for the worker before an attempt it got first; queued again", End: store.EndUnstarted})
+		}
+		kept := make([]protocol.Assign, 0, len(as)-len(stale))
+		for i := range as {
+			if !slices.Contains(stale, i) {
+				kept = append(kept, as[i])
 			}
-			continue
 		}
-		for _, batch := range assignFrames(as, d.cfg.MaxFrameBytes) {
-			c.enqueue(&protocol.Frame{Type: protocol.TypeAssign, Assign: batch})
-		}
+		as = kept
+	}
+	for _, batch := range assignFrames(as, d.cfg.MaxFrameBytes) {
+		c.enqueue(&protocol.Frame{Type: protocol.TypeAssign, Assign: batch})
 	}
 	return undeliverable
 }

@@ -116,7 +116,7 @@ func TestSlotsLeftByAFewTasksGoToTheBusyOwnerAtOnce(t *testing.T) {
 		held[i], owners[i] = protocol.Assign{Attempt: int64(1_000_000 + i), Module: f.module}, f.owner.ID
 	}
 	s.hub.setFree(full, 0)
-	if !s.hub.started(full, held, owners) {
+	if _, ok := s.hub.started(full, held, owners); !ok {
 		t.Fatal("started refused")
 	}
 	socketless(s, f.worker.ID, 4)

@@ -75,7 +75,7 @@ func TestOutcomesAreFencedByConnection(t *testing.T) {
 	if n := held(); n != 0 {
 		t.Fatalf("%d bytes held after a refused result", n)
 	}
-	if !s.hub.started(c, []protocol.Assign{{Attempt: attempt, Module: f.module}}, []int64{0}) {
+	if _, ok := s.hub.started(c, []protocol.Assign{{Attempt: attempt, Module: f.module}}, []int64{0}); !ok {
 		t.Fatal("started refused")
 	}
 	s.hub.setFree(c, 0)

@@ -363,7 +363,7 @@ func TestCheckpointCostIsObservedForItsModule(t *testing.T) {
 	if d, ok := cost(); ok {
 		t.Fatalf("a checkpoint of an attempt not held was timed: %v", d)
 	}
-	if !s.hub.started(c, []protocol.Assign{{Attempt: claimed[0].Attempt, Module: f.module}}, []int64{0}) {
+	if _, ok := s.hub.started(c, []protocol.Assign{{Attempt: claimed[0].Attempt, Module: f.module}}, []int64{0}); !ok {
 		t.Fatal("started refused")
 	}
 	checkpoint(claimed[0].Attempt)

@@ -27,6 +27,9 @@ type conn struct {
 	ws      *websocket.Conn
 	wmu     sync.Mutex    // one writer at a time on ws (gorilla's rule)
 	done    chan struct{} // closed when the connection ends
+	// assignMu is held from recording attempts (hub.started) to queueing
+	// their assign frames: the worker gets its attempts in id order.
+	assignMu sync.Mutex
 
 	// Frames wait in queue for a writer goroutine that exists only while
 	// there is something to write: an idle worker costs no goroutine for
@@ -404,16 +407,30 @@ func (h *hub) release(slots []*conn) {
 }
 
 // started records attempts now running on c, the connection whose slots
-// were reserved for them, of owners (owners[i] owns as[i]). It reports false
-// when c is no longer the worker's connection (it left or reconnected
-// meanwhile).
-func (h *hub) started(c *conn, as []protocol.Assign, owners []int64) bool {
+// were reserved for them, of owners (owners[i] owns as[i], in ascending
+// attempt order). It reports false when c is no longer the worker's
+// connection (it left or reconnected meanwhile). An attempt older than one
+// c holds is not recorded, and its index is in stale: the caller must not
+// send it. A worker's attempts are numbered in the order it gets them (the
+// reaper and the bound on wall time rank them by id), and two claims for
+// one worker may reach here in another order than their ids'. The caller
+// holds c.assignMu until it has queued the frames of those recorded.
+func (h *hub) started(c *conn, as []protocol.Assign, owners []int64) (stale []int, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.conns[c.id] != c {
-		return false
+		return nil, false
+	}
+	var newest int64
+	for id := range c.running {
+		newest = max(newest, id)
 	}
 	for i := range as {
+		if as[i].Attempt < newest {
+			stale = append(stale, i)
+			continue
+		}
+		newest = as[i].Attempt
 		if old, ok := c.running[as[i].Attempt]; ok {
 			h.countLocked(old.owner, -1)
 		}
@@ -428,7 +445,7 @@ func (h *hub) started(c *conn, as []protocol.Assign, owners []int64) bool {
 			}
 		}
 	}
-	return true
+	return stale, true
 }
 
 // newestAttempt returns the newest (highest) attempt id that the

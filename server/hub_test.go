@@ -97,7 +97,7 @@ func TestSetQueue(t *testing.T) {
 	if len(slots) != 66 {
 		t.Fatalf("reserved %d, want 66", len(slots))
 	}
-	if !h.started(c, []protocol.Assign{{Attempt: 1}, {Attempt: 2}, {Attempt: 3}}, []int64{0, 0, 0}) {
+	if _, ok := h.started(c, []protocol.Assign{{Attempt: 1}, {Attempt: 2}, {Attempt: 3}}, []int64{0, 0, 0}); !ok {
 		t.Fatal("started refused")
 	}
 	h.release(slots[3:])
@@ -159,7 +159,7 @@ func TestReserveWalksOnlyWorkersWithRoom(t *testing.T) {
 	if got := ids(h.reserve(10)); !slices.Equal(got, []string{"busy"}) {
 		t.Fatalf("reserved %v, want busy's one slot", got)
 	}
-	if !h.started(busy, []protocol.Assign{{Attempt: 7, Module: "m"}}, []int64{0}) {
+	if _, ok := h.started(busy, []protocol.Assign{{Attempt: 7, Module: "m"}}, []int64{0}); !ok {
 		t.Fatal("started: busy is no longer connected")
 	}
 	if got := h.reserve(10); len(got) != 0 {
@@ -359,8 +359,9 @@ func TestRunningByOwnerFollowsTheAttempts(t *testing.T) {
 		return c
 	}
 	c, d := newConn("c"), newConn("d")
-	if !h.started(c, []protocol.Assign{{Attempt: 1}, {Attempt: 2}, {Attempt: 3}, {Attempt: 4}, {Attempt: 5}}, []int64{7, 7, 7, 8, 0}) ||
-		!h.started(d, []protocol.Assign{{Attempt: 6}, {Attempt: 7}}, []int64{7, 8}) {
+	_, okC := h.started(c, []protocol.Assign{{Attempt: 1}, {Attempt: 2}, {Attempt: 3}, {Attempt: 4}, {Attempt: 5}}, []int64{7, 7, 7, 8, 0})
+	_, okD := h.started(d, []protocol.Assign{{Attempt: 6}, {Attempt: 7}}, []int64{7, 8})
+	if !okC || !okD {
 		t.Fatal("started refused")
 	}
 	check := func(step string, want map[int64]int) {
@@ -385,4 +386,58 @@ func TestRunningByOwnerFollowsTheAttempts(t *testing.T) {
 	check("the gone connection's attempt ended", map[int64]int{7: 1})
 	h.finished(c, 3)
 	check("all ended", map[int64]int{})
+}
+
+// A worker gets its attempts in id order: started records none older than
+// an attempt the connection holds (recorded before, or earlier in the same
+// call), and names those it left out; an attempt recorded again is not
+// older than itself.
+func TestStartedKeepsAttemptsInIDOrder(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		held  []int64
+		as    []int64
+		stale []int
+	}{
+		{"nothing held", nil, []int64{3, 4}, nil},
+		{"newer than held", []int64{2}, []int64{3, 4}, nil},
+		{"older than held", []int64{5}, []int64{3, 6, 7}, []int{0}},
+		{"all older", []int64{9}, []int64{3, 4}, []int{0, 1}},
+		{"again", []int64{5}, []int64{5}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHub(time.Minute, time.Minute)
+			c := &conn{id: "w", threads: 4, slots: 8, free: 8, running: map[int64]heldAttempt{}}
+			c.heard.Store(time.Now().UnixNano())
+			h.add(c)
+			assigns := func(ids []int64) ([]protocol.Assign, []int64) {
+				as := make([]protocol.Assign, len(ids))
+				for i, id := range ids {
+					as[i].Attempt = id
+				}
+				return as, make([]int64, len(ids))
+			}
+			if len(tc.held) > 0 {
+				as, owners := assigns(tc.held)
+				if _, ok := h.started(c, as, owners); !ok {
+					t.Fatal("started refused the held attempts")
+				}
+			}
+			as, owners := assigns(tc.as)
+			stale, ok := h.started(c, as, owners)
+			if !ok {
+				t.Fatal("started refused")
+			}
+			if !slices.Equal(stale, tc.stale) {
+				t.Errorf("stale %v, want %v", stale, tc.stale)
+			}
+			for i, id := range tc.as {
+				_, recorded := c.running[id]
+				if want := !slices.Contains(tc.stale, i) || slices.Contains(tc.held, id); recorded != want {
+					t.Errorf("attempt %d recorded: %v, want %v", id, recorded, want)
+				}
+			}
+		})
+	}
 }

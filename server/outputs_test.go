@@ -275,7 +275,7 @@ func TestOutputUploads(t *testing.T) {
 	}
 
 	c := socketless(s, f.worker.ID, 3)
-	if !s.hub.started(c, []protocol.Assign{{Attempt: a, Module: f.module}, {Attempt: b, Module: f.module}}, []int64{0, 0}) {
+	if _, ok := s.hub.started(c, []protocol.Assign{{Attempt: a, Module: f.module}, {Attempt: b, Module: f.module}}, []int64{0, 0}); !ok {
 		t.Fatal("started refused")
 	}
 	result := func(attempt int64, uploaded ...protocol.Uploaded) {

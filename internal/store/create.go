@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // NewWorkflow is a validated workflow ready to be written.
@@ -600,6 +601,11 @@ func (s *Store) createBatch(ctx context.Context, b *pgx.Batch, n int) (id string
 		return "", nil, err
 	}
 	defer pc.Release()
+	return createBatchOn(ctx, pc, b, n)
+}
+
+// createBatchOn is createBatch on pc.
+func createBatchOn(ctx context.Context, pc *pgxpool.Conn, b *pgx.Batch, n int) (id string, claimed []Claimed, err error) {
 	br := pc.SendBatch(ctx, b)
 	defer func() {
 		if cerr := br.Close(); err == nil {
@@ -638,11 +644,20 @@ func (s *Store) createBatch(ctx context.Context, b *pgx.Batch, n int) (id string
 // say of the attempts until it returns. Any other error wraps errSent:
 // the submission is not tried again.
 func (s *Store) sendEarly(ctx context.Context, early []Claimed, send func([]Claimed), batch func() *pgx.Batch) (id string, claimed []Claimed, err error) {
+	// The connection first: the workers' gates stay shut from send to
+	// the commit, and not while the pool is busy.
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	// A connection released inside its transaction (after an error) is
+	// closed by the pool, which ends the transaction.
+	defer pc.Release()
 	send(early)
 	for try := 0; ; try++ {
 		// A batch anew each time: pgx keeps the statements' descriptions
-		// of one connection in it.
-		id, claimed, err = s.createBatch(ctx, batch(), len(early))
+		// in it (the same connection, but the cache may have changed).
+		id, claimed, err = createBatchOn(ctx, pc, batch(), len(early))
 		if err != nil && try < 5 && retryable(err) {
 			continue
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // submissionCases are the workflow settings the submission tests try.
@@ -662,6 +663,40 @@ END $$;
 CREATE CONSTRAINT TRIGGER test_at_commit AFTER INSERT ON workflows DEFERRABLE INITIALLY DEFERRED
 	FOR EACH ROW EXECUTE FUNCTION test_at_commit()`
 
+// A submission sends its attempts early only once it has a connection:
+// the workers' gates stay shut from the send to the commit, and must not
+// while the pool has no connection free.
+func TestEarlySendWaitsForAConnection(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	if _, err := f.s.attemptIDs.take(ctx, f.s.pool, 1, 0); err != nil { // ids at hand: none need a connection
+		t.Fatal(err)
+	}
+	var held []*pgxpool.Conn
+	for range f.s.pool.Config().MaxConns {
+		c, err := f.s.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	// No connection comes free: the submission gives up when its
+	// context ends, having sent nothing.
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	sent := false
+	w := NewWorkflow{Name: "waits", Priority: "interactive", Tasks: []NewTask{f.task("a")}}
+	_, _, err := f.s.CreateWorkflowClaiming(cctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, 0,
+		func([]Claimed) { sent = true })
+	for _, c := range held {
+		c.Release()
+	}
+	if err == nil || sent {
+		t.Errorf("submission without a connection: err %v, sent %v; want an error, nothing sent", err, sent)
+	}
+}
+
 // A submission whose attempts went out before it ran, rolled back by a
 // deadlock (here at its COMMIT), runs again under the same attempt ids:
 // the attempts the workers got are the ones written, sent once.
@@ -692,10 +727,10 @@ func TestEarlySentSubmissionRetriesADeadlock(t *testing.T) {
 }
 
 // A claiming submission with send gives its attempts out before its COMMIT
-// has ended: send runs while the COMMIT is held, the attempts visible to
-// nobody else, and they are there once it returns. A COMMIT that fails
-// after send returns an error, with nothing written, so that the caller
-// takes the attempts back.
+// has ended (before its transaction, or while its COMMIT is held: both
+// sendPaths), the attempts visible to nobody else, and they are there once
+// it returns. A COMMIT that fails after send returns an error, with
+// nothing written, so that the caller takes the attempts back.
 func TestClaimingSubmissionSendsBeforeItsCommit(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -715,51 +750,82 @@ func TestClaimingSubmissionSendsBeforeItsCommit(t *testing.T) {
 		}
 		return n == 1
 	}
-	for _, name := range []string{"held-at-commit", "refused-at-commit"} {
-		t.Run(name, func(t *testing.T) {
-			if _, err := admin.Exec(ctx, `SELECT pg_advisory_lock(4242)`); err != nil {
-				t.Fatal(err)
-			}
-			// Bounded: with the attempts read only after the COMMIT, send
-			// would never run while the lock is held.
-			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-			defer cancel()
-			w := NewWorkflow{Name: name, Priority: "interactive", Tasks: []NewTask{f.task("a")}}
-			var sent []Claimed
-			id, claimed, err := f.s.CreateWorkflowClaiming(cctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, 0,
-				func(cl []Claimed) {
-					sent = cl
-					if len(cl) == 1 && visible(cl[0].Attempt) {
-						t.Errorf("attempt %d visible to another connection before the commit", cl[0].Attempt)
+	for _, path := range sendPaths(t, f) {
+		for _, name := range []string{"held-at-commit", "refused-at-commit"} {
+			t.Run(path.name+"/"+name, func(t *testing.T) {
+				if _, err := admin.Exec(ctx, `SELECT pg_advisory_lock(4242)`); err != nil {
+					t.Fatal(err)
+				}
+				// Bounded: with the attempts read only after the COMMIT, send
+				// would never run while the lock is held.
+				cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				defer cancel()
+				w := path.workflow(name, f.task("a"))
+				var sent []Claimed
+				id, claimed, err := f.s.CreateWorkflowClaiming(cctx, f.owner, &w, path.picks, time.Minute, 0,
+					func(cl []Claimed) {
+						sent = cl
+						if len(cl) == 1 && visible(cl[0].Attempt) {
+							t.Errorf("attempt %d visible to another connection before the commit", cl[0].Attempt)
+						}
+						if _, err := admin.Exec(ctx, `SELECT pg_advisory_unlock(4242)`); err != nil {
+							t.Error(err)
+						}
+					})
+				if len(sent) != len(path.picks) {
+					t.Fatalf("send got %d attempts (err %v), want %d", len(sent), err, len(path.picks))
+				}
+				if name == "refused-at-commit" {
+					if err == nil || claimed != nil || id != "" {
+						t.Errorf("got id %q, %d attempts, err %v: want an error and nothing", id, len(claimed), err)
 					}
-					if _, err := admin.Exec(ctx, `SELECT pg_advisory_unlock(4242)`); err != nil {
-						t.Error(err)
+					var n int
+					if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM workflows WHERE name = $1`, w.Name).Scan(&n); err != nil || n != 0 {
+						t.Errorf("%d workflows named %s written (err %v), want none", n, w.Name, err)
 					}
-				})
-			if len(sent) != 1 {
-				t.Fatalf("send got %d attempts (err %v), want 1", len(sent), err)
-			}
-			if name == "refused-at-commit" {
-				if err == nil || claimed != nil || id != "" {
-					t.Errorf("got id %q, %d attempts, err %v: want an error and nothing", id, len(claimed), err)
+					if visible(sent[0].Attempt) {
+						t.Errorf("attempt %d written without its commit", sent[0].Attempt)
+					}
+					return
 				}
-				var n int
-				if err := f.s.pool.QueryRow(ctx, `SELECT count(*) FROM workflows WHERE name = $1`, w.Name).Scan(&n); err != nil || n != 0 {
-					t.Errorf("%d workflows named %s written (err %v), want none", n, w.Name, err)
+				if err != nil || len(claimed) != len(sent) || claimed[0].Attempt != sent[0].Attempt {
+					t.Fatalf("got %d attempts, err %v: want those sent", len(claimed), err)
 				}
-				if visible(sent[0].Attempt) {
-					t.Errorf("attempt %d written without its commit", sent[0].Attempt)
+				if !visible(sent[0].Attempt) {
+					t.Errorf("attempt %d not visible after the commit", sent[0].Attempt)
 				}
-				return
-			}
-			if err != nil || len(claimed) != 1 || claimed[0].Attempt != sent[0].Attempt {
-				t.Fatalf("got %d attempts, err %v: want the one sent", len(claimed), err)
-			}
-			if !visible(sent[0].Attempt) {
-				t.Errorf("attempt %d not visible after the commit", sent[0].Attempt)
-			}
-		})
+			})
+		}
 	}
+}
+
+// sendPath is one of the ways a claiming submission with send sends its
+// attempts: picks of distinct tasks go before its transaction, replicas of
+// one task on two workers once its claim has run (createSending).
+type sendPath struct {
+	name     string
+	picks    []SubmitPick
+	replicas int
+}
+
+// sendPaths returns both, with a second worker registered for the
+// replicas.
+func sendPaths(t *testing.T, f *fixture) []sendPath {
+	t.Helper()
+	other, err := f.s.RegisterWorker(context.Background(), WorkerHello{Kind: "browser", Slots: 2}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []sendPath{
+		{"early", []SubmitPick{{Task: 0, Worker: f.worker}}, 1},
+		{"after the claim", []SubmitPick{{Task: 0, Worker: f.worker}, {Task: 0, Worker: other.ID}}, 2},
+	}
+}
+
+// workflow is an interactive workflow named name of tasks, replicated as
+// p's picks need.
+func (p sendPath) workflow(name string, tasks ...NewTask) NewWorkflow {
+	return NewWorkflow{Name: name, Priority: "interactive", Tasks: tasks, Replicas: p.replicas, Quorum: p.replicas, MaxReplicas: p.replicas}
 }
 
 // A claiming submission whose COMMIT's answer is lost while the COMMIT is
@@ -778,53 +844,55 @@ func TestLostAnswerOfACommitInFlight(t *testing.T) {
 	if _, err := f.s.pool.Exec(ctx, atCommitSQL); err != nil {
 		t.Fatal(err)
 	}
-	for _, tt := range []struct {
-		name    string
-		release bool // the COMMIT goes on, some time after the client gave up
-	}{{"committed", true}, {"terminated", false}} {
-		t.Run(tt.name, func(t *testing.T) {
-			// Once the COMMIT waits (for the lock), the client gives up on
-			// it; the lock is let go a while after that, or never.
-			cctx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			sentC := make(chan struct{})
-			released := giveUpAtCommit(t, f, sentC, cancel, tt.release)
-			w := NewWorkflow{Name: "stuck-at-commit", Priority: "interactive", Tasks: []NewTask{f.task("a")}}
-			var sent []Claimed
-			id, claimed, err := f.s.CreateWorkflowClaiming(cctx, f.owner, &w, []SubmitPick{{Task: 0, Worker: f.worker}}, time.Minute, 0,
-				func(cl []Claimed) {
-					sent = cl
-					close(sentC)
-				})
-			if len(sent) != 1 {
-				t.Fatalf("send got %d attempts (err %v), want 1", len(sent), err)
-			}
-			if rerr := <-released; rerr != nil {
-				t.Fatal(rerr)
-			}
-			var state, task string
-			var attempts int
-			row := f.s.pool.QueryRow(ctx, `SELECT a.state, t.state, t.attempts FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.id = $1`,
-				sent[0].Attempt)
-			if !tt.release {
-				if err == nil || id != "" {
-					t.Errorf("got id %q, err %v: want an error", id, err)
+	for _, path := range sendPaths(t, f) {
+		for _, tt := range []struct {
+			name    string
+			release bool // the COMMIT goes on, some time after the client gave up
+		}{{"committed", true}, {"terminated", false}} {
+			t.Run(path.name+"/"+tt.name, func(t *testing.T) {
+				// Once the COMMIT waits (for the lock), the client gives up on
+				// it; the lock is let go a while after that, or never.
+				cctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				sentC := make(chan struct{})
+				released := giveUpAtCommit(t, f, sentC, cancel, tt.release)
+				w := path.workflow("stuck-at-commit", f.task("a"))
+				var sent []Claimed
+				id, claimed, err := f.s.CreateWorkflowClaiming(cctx, f.owner, &w, path.picks, time.Minute, 0,
+					func(cl []Claimed) {
+						sent = cl
+						close(sentC)
+					})
+				if len(sent) != len(path.picks) {
+					t.Fatalf("send got %d attempts (err %v), want %d", len(sent), err, len(path.picks))
 				}
-				if err := row.Scan(&state, &task, &attempts); !errors.Is(err, pgx.ErrNoRows) {
-					t.Errorf("attempt %s written (err %v), want nothing", state, err)
+				if rerr := <-released; rerr != nil {
+					t.Fatal(rerr)
 				}
-				return
-			}
-			if err != nil || claimed != nil || id == "" {
-				t.Fatalf("got id %q, %d attempts, err %v: want the workflow's id, its attempt taken back", id, len(claimed), err)
-			}
-			if err := row.Scan(&state, &task, &attempts); err != nil {
-				t.Fatal(err)
-			}
-			if state == "running" || task != StateReady || attempts != 0 {
-				t.Errorf("attempt %s, task %s after %d counted attempts: want the attempt ended, the task ready after none", state, task, attempts)
-			}
-		})
+				var state, task string
+				var attempts int
+				row := f.s.pool.QueryRow(ctx, `SELECT a.state, t.state, t.attempts FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE a.id = $1`,
+					sent[0].Attempt)
+				if !tt.release {
+					if err == nil || id != "" {
+						t.Errorf("got id %q, err %v: want an error", id, err)
+					}
+					if err := row.Scan(&state, &task, &attempts); !errors.Is(err, pgx.ErrNoRows) {
+						t.Errorf("attempt %s written (err %v), want nothing", state, err)
+					}
+					return
+				}
+				if err != nil || claimed != nil || id == "" {
+					t.Fatalf("got id %q, %d attempts, err %v: want the workflow's id, its attempt taken back", id, len(claimed), err)
+				}
+				if err := row.Scan(&state, &task, &attempts); err != nil {
+					t.Fatal(err)
+				}
+				if state == "running" || task != StateReady || attempts != 0 {
+					t.Errorf("attempt %s, task %s after %d counted attempts: want the attempt ended, the task ready after none", state, task, attempts)
+				}
+			})
+		}
 	}
 }
 
