@@ -22,17 +22,17 @@ func TestAttemptIDsDrawnAhead(t *testing.T) {
 			t.Fatal(err)
 		}
 		if len(ids) != n || !slices.IsSorted(ids) || len(slices.Compact(slices.Clone(ids))) != n {
-			t.Fatalf("took %v: want %d distinct ids, ascending", ids, n)
+			t.Fatalf("drew %v: want %d distinct ids, ascending", ids, n)
 		}
 		if ids[0] <= newerThan {
-			t.Fatalf("took %v: want ids above %d", ids, newerThan)
+			t.Fatalf("drew %v: want ids above %d", ids, newerThan)
 		}
 		return ids
 	}
 	first := take(3, 0)
 	next := take(2, 0)
 	if next[0] <= first[2] || next[1] >= first[0]+idBlockSize {
-		t.Errorf("took %v, then %v: want the next ids of the same block", first, next)
+		t.Errorf("drew %v, then %v: want the next ids of the same block", first, next)
 	}
 	f.submit(t, "batch", f.task("a"))
 	claimed := f.claim(t, 1, time.Minute)
@@ -44,9 +44,9 @@ func TestAttemptIDsDrawnAhead(t *testing.T) {
 	}
 	after := take(1, claimed[0].Attempt)
 	if after[0] <= claimed[0].Attempt {
-		t.Errorf("took %v after attempt %d: want a newer id", after, claimed[0].Attempt)
+		t.Errorf("drew %v after attempt %d: want a newer id", after, claimed[0].Attempt)
 	}
 	if many := take(idBlockSize+5, 0); many[0] <= after[0] {
-		t.Errorf("took %d ids from %d after %d: want newer ones", len(many), many[0], after[0])
+		t.Errorf("drew %d ids from %d after %d: want newer ones", len(many), many[0], after[0])
 	}
 }
