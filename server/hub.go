@@ -421,10 +421,7 @@ func (h *hub) started(c *conn, as []protocol.Assign, owners []int64) (stale []in
 	if h.conns[c.id] != c {
 		return nil, false
 	}
-	var newest int64
-	for id := range c.running {
-		newest = max(newest, id)
-	}
+	newest := c.newestLocked()
 	for i := range as {
 		if as[i].Attempt < newest {
 			stale = append(stale, i)
@@ -459,10 +456,18 @@ func (h *hub) newestAttempt(reserved map[string][]*conn) int64 {
 	var newest int64
 	for _, cs := range reserved {
 		for _, c := range cs {
-			for id := range c.running {
-				newest = max(newest, id)
-			}
+			newest = max(newest, c.newestLocked())
 		}
+	}
+	return newest
+}
+
+// newestLocked returns the highest attempt id c holds, 0 if none; hub.mu
+// held.
+func (c *conn) newestLocked() int64 {
+	var newest int64
+	for id := range c.running {
+		newest = max(newest, id)
 	}
 	return newest
 }
