@@ -460,8 +460,9 @@ func (s *Store) recoverSubmission(ctx context.Context, uid pgtype.UUID, pid uint
 // With picks, the same round trip claims them (claimNewSQL, between the
 // statement and the COMMIT): the tasks are found by the workflow's id,
 // made here rather than by PostgreSQL so that the claim can name it, and
-// their names. It returns the attempts. With send as well, the COMMIT
-// takes a round trip of its own, after send (CreateWorkflowClaiming).
+// their names. It returns the attempts. With send as well, the attempts
+// go out before the transaction when the picks name distinct tasks
+// (sendEarly), else between the claim and the COMMIT (createSending).
 func (s *Store) createSmall(ctx context.Context, ownerID int64, w *NewWorkflow, uid pgtype.UUID, picks []SubmitPick, lease time.Duration,
 	newerThan int64, send func([]Claimed)) (id string, claimed []Claimed, err error) {
 	n := len(w.Tasks)
@@ -632,13 +633,12 @@ func createBatchOn(ctx context.Context, pc *pgxpool.Conn, b *pgx.Batch, n int) (
 	return id, claimed, err
 }
 
-// sendEarly sends early's attempts (send), then runs the batch batch
-// builds, createSmall's with the claim of those attempts under their
-// reserved ids (claimNewEarlySQL) and its COMMIT, and returns what it
-// wrote: the
-// workers run the attempts while PostgreSQL writes the workflow, and the
-// statements and the commit's WAL flush are off the path of an
-// interactive task. A transaction that PostgreSQL rolled back for a
+// sendEarly sends early's attempts (send), then runs the batch that batch
+// builds (createSmall's, with the claim of those attempts under their
+// reserved ids, claimNewEarlySQL, and its COMMIT) and returns what it
+// wrote: the workers run the attempts while PostgreSQL writes the
+// workflow, and the statements and the commit's WAL flush are off the path
+// of an interactive task. A transaction that PostgreSQL rolled back for a
 // deadlock or a serialization failure is run again, under the same ids:
 // nothing of it was written, and the caller holds back what the workers
 // say of the attempts until it returns. Any other error wraps errSent:
@@ -694,8 +694,9 @@ func earlyClaims(ownerID int64, w *NewWorkflow, uid pgtype.UUID, tasks []int, wo
 	return cs
 }
 
-// errSent marks an error of createSending's COMMIT, after its attempts
-// went out: the submission is not tried again.
+// errSent marks an error after the attempts went out (createSending's
+// COMMIT, any error of sendEarly's transaction): the submission is not
+// tried again.
 var errSent = errors.New("attempts sent before the commit")
 
 // createSending sends createSmall's batch and its COMMIT in one write,
