@@ -462,11 +462,15 @@ func (h *hub) newestAttempt(reserved map[string][]*conn) int64 {
 	return newest
 }
 
-// newestLocked returns the highest attempt id c holds, 0 if none; hub.mu
-// held.
+// newestLocked returns the highest attempt id c holds, 0 if none: those
+// it runs, and those whose outcome arrived and is not committed yet (they
+// still run as far as the database knows); hub.mu held.
 func (c *conn) newestLocked() int64 {
 	var newest int64
 	for id := range c.running {
+		newest = max(newest, id)
+	}
+	for id := range c.outcomes {
 		newest = max(newest, id)
 	}
 	return newest

@@ -395,16 +395,18 @@ func TestRunningByOwnerFollowsTheAttempts(t *testing.T) {
 func TestStartedKeepsAttemptsInIDOrder(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name  string
-		held  []int64
-		as    []int64
-		stale []int
+		name     string
+		held     []int64
+		reported bool // the outcome of held[0] arrived, not committed yet
+		as       []int64
+		stale    []int
 	}{
-		{"nothing held", nil, []int64{3, 4}, nil},
-		{"newer than held", []int64{2}, []int64{3, 4}, nil},
-		{"older than held", []int64{5}, []int64{3, 6, 7}, []int{0}},
-		{"all older", []int64{9}, []int64{3, 4}, []int{0, 1}},
-		{"again", []int64{5}, []int64{5}, nil},
+		{"nothing held", nil, false, []int64{3, 4}, nil},
+		{"newer than held", []int64{2}, false, []int64{3, 4}, nil},
+		{"older than held", []int64{5}, false, []int64{3, 6, 7}, []int{0}},
+		{"all older", []int64{9}, false, []int64{3, 4}, []int{0, 1}},
+		{"again", []int64{5}, false, []int64{5}, nil},
+		{"older than an outcome not committed", []int64{8}, true, []int64{6, 9}, []int{0}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHub(time.Minute, time.Minute)
@@ -422,6 +424,12 @@ func TestStartedKeepsAttemptsInIDOrder(t *testing.T) {
 				as, owners := assigns(tc.held)
 				if _, ok := h.started(c, as, owners); !ok {
 					t.Fatal("started refused the held attempts")
+				}
+			}
+			if tc.reported {
+				// Its outcome arrived: out of c.running, not committed.
+				if ok, _, _ := h.takeOutcome(c, tc.held[0], &payloadHold{}); !ok {
+					t.Fatal("outcome refused")
 				}
 			}
 			as, owners := assigns(tc.as)
