@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
+	"github.com/cyclepool/cyclepool/internal/store"
 )
 
 // A wait returns once every gate open for its worker when it began has
@@ -456,5 +458,30 @@ func TestEarlyAttemptIsNewerThanTheWorkersOthers(t *testing.T) {
 	}
 	if sub := <-done; sub.err != nil {
 		t.Fatal(sub.err)
+	}
+}
+
+// An attempt older than one its worker holds is not sent: it ends as never
+// started, to be queued again, and the slot reserved for it is free again.
+func TestStaleAttemptGivesItsSlotBack(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	s := New(f.st, Config{Replica: "test", Lease: time.Minute, Poll: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	c := socketless(s, f.worker.ID, 2)
+	if slots := s.hub.reserve(2); len(slots) != 2 {
+		t.Fatalf("reserved %d slots, want 2", len(slots))
+	}
+	if ends := s.disp.start(c, []protocol.Assign{{Attempt: 100, Module: f.module}}, []int64{0}, nil); len(ends) != 0 {
+		t.Fatalf("attempt 100 not started: %+v", ends)
+	}
+	ends := s.disp.start(c, []protocol.Assign{{Attempt: 50, Module: f.module}}, []int64{0}, nil)
+	if len(ends) != 1 || ends[0].Attempt != 50 || ends[0].End != store.EndUnstarted {
+		t.Errorf("ends %+v, want attempt 50 ended as never started", ends)
+	}
+	if _, running := c.running[50]; running {
+		t.Error("attempt 50 recorded as running")
+	}
+	if free := s.hub.freeOf(c); free != 1 {
+		t.Errorf("%d free slots, want 1: the stale attempt's slot given back", free)
 	}
 }

@@ -648,10 +648,13 @@ func (d *dispatcher) start(c *conn, as []protocol.Assign, owners []int64, undeli
 		return undeliverable
 	}
 	if len(stale) > 0 {
-		for _, i := range stale {
+		slots := make([]*conn, len(stale)) // reserved for them, free again
+		for k, i := range stale {
 			undeliverable = append(undeliverable, store.Completion{Attempt: as[i].Attempt, Worker: c.id, Reason: protocol.ReasonWorker,
 				Message: "claimed for the worker before an attempt it got first; queued again", End: store.EndUnstarted})
+			slots[k] = c
 		}
+		d.hub.release(slots)
 		kept := make([]protocol.Assign, 0, len(as)-len(stale))
 		for i := range as {
 			if !slices.Contains(stale, i) {
