@@ -456,8 +456,21 @@ func TestEarlyAttemptIsNewerThanTheWorkersOthers(t *testing.T) {
 	if ack := w.next(protocol.TypeAck).Acks[0]; ack.Attempt != next || !ack.OK {
 		t.Errorf("ack %+v, want attempt %d accepted", ack, next)
 	}
-	if sub := <-done; sub.err != nil {
+	sub := <-done
+	if sub.err != nil {
 		t.Fatal(sub.err)
+	}
+	// The attempt sent was the one drawn for it, not one claimed again
+	// after an older one was left out (hub.started).
+	db, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(ctx)
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = $1`,
+		sub.id).Scan(&n); err != nil || n != 1 {
+		t.Errorf("%d attempts of the task (%v), want the one sent early", n, err)
 	}
 }
 
