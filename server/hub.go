@@ -455,8 +455,12 @@ func (h *hub) newestAttempt(reserved map[string][]*conn) int64 {
 	defer h.mu.Unlock()
 	var newest int64
 	for _, cs := range reserved {
+		var last *conn // a worker's slots are one connection, repeated
 		for _, c := range cs {
-			newest = max(newest, c.newestLocked())
+			if c != last {
+				newest = max(newest, c.newestLocked())
+				last = c
+			}
 		}
 	}
 	return newest
