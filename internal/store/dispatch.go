@@ -581,18 +581,7 @@ var claimNewOnePerTaskSQL = claimNewCTE + claimLockedCTE + claimOnePerTaskCTEs +
 // claimNewEarlySQL is claimNewOnePerTaskSQL with the attempts' ids given
 // ($7, one per pick, drawn ahead by idBlock) rather than drawn from the
 // sequence: CreateWorkflowClaiming sends the attempts before it runs.
-var claimNewEarlySQL = claimEarlyCTE + claimLockedCTE + claimEarlyOnePerTaskCTEs() + claimTailSQL
-
-// claimEarlyOnePerTaskCTEs are claimOnePerTaskCTEs with each attempt's id
-// taken from its pick (claimEarlyCTE's aid).
-func claimEarlyOnePerTaskCTEs() string {
-	const from, to = "SELECT nextval('attempts_id_seq') AS attempt, o.* FROM (\n\t\tSELECT p.task_id,", "SELECT o.aid AS attempt, o.* FROM (\n\t\tSELECT p.aid, p.task_id,"
-	s := strings.Replace(claimOnePerTaskCTEs, from, to, 1)
-	if s == claimOnePerTaskCTEs {
-		panic("store: claimOnePerTaskCTEs no longer draws its attempt ids as claimEarlyOnePerTaskCTEs expects")
-	}
-	return s
-}
+var claimNewEarlySQL = claimEarlyCTE + claimLockedCTE + onePerTaskCTEs("o.aid", "p.aid, ") + claimTailSQL
 
 // claimPicksCTE and claimNewCTE are the picks (p) of the claim statements.
 const (
@@ -681,9 +670,15 @@ const dataBytesSQL = `CASE WHEN ok.setup IS NULL THEN 0 ELSE coalesce((SELECT su
 // claimOnePerTaskCTEs are claimReplicasCTEs for picks of distinct tasks:
 // every locked task has a pending replica for its one pick, unless its
 // worker runs or ran one of it already.
-var claimOnePerTaskCTEs = `, ok AS (
-	SELECT nextval('attempts_id_seq') AS attempt, o.* FROM (
-		SELECT p.task_id, p.w, p.ckpt, p.solo, p.ord, l.workflow_id, l.owner_id, l.name, l.module_id, l.args, l.stdin,
+var claimOnePerTaskCTEs = onePerTaskCTEs("nextval('attempts_id_seq')", "")
+
+// onePerTaskCTEs are claimOnePerTaskCTEs with each attempt's id from the
+// expression attempt (over o, the chosen picks, whose columns pick adds
+// to: claimNewEarlySQL's ids drawn ahead).
+func onePerTaskCTEs(attempt, pick string) string {
+	return `, ok AS (
+	SELECT ` + attempt + ` AS attempt, o.* FROM (
+		SELECT ` + pick + `p.task_id, p.w, p.ckpt, p.solo, p.ord, l.workflow_id, l.owner_id, l.name, l.module_id, l.args, l.stdin,
 			l.priority, l.timeout_ms, l.memory_pages, l.output_bytes, l.log_bytes, l.seed, l.setup, l.checkpoint,
 			l.checkpoint_seq, CASE WHEN p.ckpt > 0 THEN p.ckpt ELSE l.ckpt_ms END AS ckpt_ms
 		FROM p JOIN locked l ON l.id = p.task_id
@@ -698,6 +693,7 @@ var claimOnePerTaskCTEs = `, ok AS (
 		attempts = t.attempts + 1, started_at = coalesce(t.started_at, now()), updated_at = now()
 	FROM ok WHERE t.id = ok.task_id
 )`
+}
 
 // DataAllowanceBytesPerSecond is the slowest download the server's bound
 // on how long an attempt may be held allows for (a volunteer's link of
