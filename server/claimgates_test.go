@@ -498,3 +498,55 @@ func TestStaleAttemptGivesItsSlotBack(t *testing.T) {
 		t.Errorf("%d free slots, want 1: the stale attempt's slot given back", free)
 	}
 }
+
+// notClaimed splits what an early submission sent against what its claim
+// wrote: the attempts sent but not written go back to their workers, and
+// only the undeliverable attempts that were written are ended.
+func TestNotClaimed(t *testing.T) {
+	t.Parallel()
+	cl := func(ids ...int64) []store.Claimed {
+		var cs []store.Claimed
+		for _, id := range ids {
+			cs = append(cs, store.Claimed{Attempt: id})
+		}
+		return cs
+	}
+	ends := func(ids ...int64) []store.Completion {
+		var cs []store.Completion
+		for _, id := range ids {
+			cs = append(cs, store.Completion{Attempt: id})
+		}
+		return cs
+	}
+	ids := func(cs []store.Claimed) []int64 {
+		var out []int64
+		for _, c := range cs {
+			out = append(out, c.Attempt)
+		}
+		return out
+	}
+	endIDs := func(cs []store.Completion) []int64 {
+		var out []int64
+		for _, c := range cs {
+			out = append(out, c.Attempt)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name                      string
+		sent, claimed             []store.Claimed
+		undeliverable             []store.Completion
+		wantGone, wantUndelivered []int64
+	}{
+		{"all written", cl(1, 2), cl(1, 2), ends(2), nil, []int64{2}},
+		{"one refused", cl(1, 2, 3), cl(1, 3), ends(2, 3), []int64{2}, []int64{3}},
+		{"none written", cl(1, 2), cl(), ends(1), []int64{1, 2}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gone, kept := notClaimed(tc.sent, tc.undeliverable, tc.claimed)
+			if !slices.Equal(ids(gone), tc.wantGone) || !slices.Equal(endIDs(kept), tc.wantUndelivered) {
+				t.Errorf("gone %v, undeliverable %v; want %v, %v", ids(gone), endIDs(kept), tc.wantGone, tc.wantUndelivered)
+			}
+		})
+	}
+}
