@@ -217,31 +217,6 @@ func TestModuleDownload(t *testing.T) {
 		t.Fatalf("second push: %d %v, want 200 with id %s", status, answer, id)
 	}
 
-	for _, from := range []string{"the database", "the cache"} {
-		resp, err := http.Get(m.url + "/modules/" + id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp.StatusCode != http.StatusOK || !bytes.Equal(got, body) {
-			t.Fatalf("module from %s: %s, %d bytes, want 200 and the %d bytes pushed", from, resp.Status, len(got), len(body))
-		}
-		h := resp.Header
-		if cc := h.Get("Cache-Control"); cc != "public, max-age=31536000, immutable" {
-			t.Errorf("module from %s: Cache-Control %q, want public, a year's max-age, immutable", from, cc)
-		}
-		if ct := h.Get("Content-Type"); ct != "application/wasm" {
-			t.Errorf("module from %s: Content-Type %q, want application/wasm", from, ct)
-		}
-		if et := h.Get("ETag"); et != `"`+id+`"` {
-			t.Errorf("module from %s: ETag %q, want the quoted id", from, et)
-		}
-	}
-
 	get := func(method string, header ...string) (*http.Response, []byte) {
 		t.Helper()
 		req, err := http.NewRequest(method, m.url+"/modules/"+id, nil)
@@ -262,6 +237,23 @@ func TestModuleDownload(t *testing.T) {
 		}
 		return resp, got
 	}
+	for _, from := range []string{"the database", "the cache"} {
+		resp, got := get("GET")
+		if resp.StatusCode != http.StatusOK || !bytes.Equal(got, body) {
+			t.Fatalf("module from %s: %s, %d bytes, want 200 and the %d bytes pushed", from, resp.Status, len(got), len(body))
+		}
+		h := resp.Header
+		if cc := h.Get("Cache-Control"); cc != "public, max-age=31536000, immutable" {
+			t.Errorf("module from %s: Cache-Control %q, want public, a year's max-age, immutable", from, cc)
+		}
+		if ct := h.Get("Content-Type"); ct != "application/wasm" {
+			t.Errorf("module from %s: Content-Type %q, want application/wasm", from, ct)
+		}
+		if et := h.Get("ETag"); et != `"`+id+`"` {
+			t.Errorf("module from %s: ETag %q, want the quoted id", from, et)
+		}
+	}
+
 	resp, got := get("GET", "Range", "bytes=100-1123")
 	if resp.StatusCode != http.StatusPartialContent || !bytes.Equal(got, body[100:1124]) ||
 		resp.Header.Get("Content-Range") != "bytes 100-1123/4096" || resp.Header.Get("ETag") != `"`+id+`"` {
