@@ -271,54 +271,79 @@ func get(t *testing.T, url string) (int, string) {
 }
 
 // A worker that leaves gives back at once the attempts waiting in its
-// queue: they run elsewhere long before their leases (a minute here) could
-// lapse, charged to nobody, while the attempt it may have been running
-// keeps its lease for the worker to come back.
+// queue: they run elsewhere long before their leases (five minutes here)
+// could lapse, charged to nobody. The attempt it may have been running
+// waits for the worker to come back for the reconnect grace, not for its
+// lease: with a grace of a lease it is still held when the others are done;
+// with a second it runs again elsewhere long before its lease could lapse,
+// its first attempt a loss, not one of the task's attempts.
 func TestQueuedAttemptsReturnWhenTheWorkerLeaves(t *testing.T) {
 	t.Parallel()
-	p := newPlatform(t, "--lease", "60s")
-	echo := push(t, p.client, "echo")
-	f := dialFakeQueue(t, p.srv.url, 3)
-	var tasks []task
-	for i := range 4 {
-		tasks = append(tasks, task{"name": fmt.Sprintf("t%d", i), "module": echo, "max_attempts": 1,
-			"stdin": map[string]any{"data": fmt.Sprintf("hello %d\n", i)}})
-	}
-	id := submit(t, p.client, workflow("queued", tasks...))
-	var held []protocol.Assign
-	for len(held) < 4 {
-		held = append(held, f.next(t, protocol.TypeAssign, 30*time.Second).Assign...)
-	}
-	f.ws.CloseNow()
-	startWorker(t, "worker", 1, p.srv.url)
-	// The oldest attempt may have been running: it waits for its lease.
-	// The three queued ones are done by the new worker, well before.
-	eventually(t, 30*time.Second, "three tasks done", func() bool {
-		st, err := p.client.Status(context.Background(), id)
-		return err == nil && st.Counts.Done == 3
-	})
-	st, err := p.client.Status(context.Background(), id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	oldest := held[0].Attempt
-	for _, a := range held[1:] {
-		oldest = min(oldest, a.Attempt)
-	}
-	for _, a := range held {
-		name := strings.TrimPrefix(a.Task, id+"/")
-		as := attempts(t, p.client, id, name)
-		if a.Attempt == oldest {
-			if st.Task(name).State != client.TaskRunning || len(as) != 1 || as[0].State != "running" {
-				t.Errorf("the oldest attempt's task %s: %s, attempts %+v; want still held by the worker that left", name, st.Task(name).State, as)
+	for _, tc := range []struct {
+		name  string
+		grace string
+		// rerun: the oldest attempt's task runs again before its lease.
+		rerun bool
+	}{
+		{name: "grace of a lease", grace: "300s"},
+		{name: "grace of a second", grace: "1s", rerun: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := newPlatform(t, "--lease", "300s", "--reconnect-grace", tc.grace)
+			echo := push(t, p.client, "echo")
+			f := dialFakeQueue(t, p.srv.url, 3)
+			var tasks []task
+			for i := range 4 {
+				tasks = append(tasks, task{"name": fmt.Sprintf("t%d", i), "module": echo, "max_attempts": 1,
+					"stdin": map[string]any{"data": fmt.Sprintf("hello %d\n", i)}})
 			}
-			continue
-		}
-		if st.Task(name).State != client.TaskDone || st.Task(name).Attempts != 1 || len(as) != 2 ||
-			!strings.Contains(as[0].Reason, "left before it started") {
-			t.Errorf("queued task %s: %s, %d attempts charged, attempts %+v; want done, charged only the one that succeeded",
-				name, st.Task(name).State, st.Task(name).Attempts, as)
-		}
+			id := submit(t, p.client, workflow("queued", tasks...))
+			var held []protocol.Assign
+			for len(held) < 4 {
+				held = append(held, f.next(t, protocol.TypeAssign, 30*time.Second).Assign...)
+			}
+			f.ws.CloseNow()
+			startWorker(t, "worker", 1, p.srv.url)
+			want := 3
+			if tc.rerun {
+				want = 4
+			}
+			eventually(t, 30*time.Second, fmt.Sprintf("%d tasks done", want), func() bool {
+				st, err := p.client.Status(context.Background(), id)
+				return err == nil && st.Counts.Done == want
+			})
+			st, err := p.client.Status(context.Background(), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			oldest := held[0].Attempt
+			for _, a := range held[1:] {
+				oldest = min(oldest, a.Attempt)
+			}
+			for _, a := range held {
+				name := strings.TrimPrefix(a.Task, id+"/")
+				as := attempts(t, p.client, id, name)
+				switch {
+				case a.Attempt == oldest && !tc.rerun:
+					if st.Task(name).State != client.TaskRunning || len(as) != 1 || as[0].State != "running" {
+						t.Errorf("the oldest attempt's task %s: %s, attempts %+v; want still held by the worker that left", name, st.Task(name).State, as)
+					}
+				case a.Attempt == oldest:
+					if st.Task(name).State != client.TaskDone || st.Task(name).Attempts != 1 || len(as) != 2 ||
+						as[0].State != "lost" || !strings.Contains(as[0].Reason, "vanished while running it") {
+						t.Errorf("the oldest attempt's task %s: %s, %d attempts charged, attempts %+v; want done, its first attempt lost",
+							name, st.Task(name).State, st.Task(name).Attempts, as)
+					}
+				default:
+					if st.Task(name).State != client.TaskDone || st.Task(name).Attempts != 1 || len(as) != 2 ||
+						!strings.Contains(as[0].Reason, "left before it started") {
+						t.Errorf("queued task %s: %s, %d attempts charged, attempts %+v; want done, charged only the one that succeeded",
+							name, st.Task(name).State, st.Task(name).Attempts, as)
+					}
+				}
+			}
+		})
 	}
 }
 

@@ -671,26 +671,24 @@ func (h *hub) add(c *conn) {
 
 // remove forgets c, the worker's connection that ended. Unless the worker
 // has a newer connection to this replica already, it returns the attempts
-// c held that cannot have started: a worker runs at most threads attempts
-// at once, the oldest it holds (attempt ids grow in the order of
-// assignment, and a worker starts its queued attempts in that order), so
-// the others waited in its queue (docs/RATIONALE.md).
-func (h *hub) remove(c *conn) (unstarted []int64) {
+// c held that cannot have started, and those that may have: a worker runs
+// at most threads attempts at once, the oldest it holds (attempt ids grow
+// in the order of assignment, and a worker starts its queued attempts in
+// that order), so the others waited in its queue (docs/RATIONALE.md).
+func (h *hub) remove(c *conn) (unstarted, mayHaveRun []int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.conns[c.id] != c {
-		return nil
+		return nil, nil
 	}
 	h.dropLocked(c)
-	if len(c.running) <= c.threads {
-		return nil
-	}
 	held := make([]int64, 0, len(c.running))
 	for a := range c.running {
 		held = append(held, a)
 	}
 	slices.Sort(held)
-	return held[c.threads:]
+	n := min(len(held), c.threads)
+	return held[n:], held[:n]
 }
 
 func (h *hub) dropLocked(c *conn) {

@@ -449,3 +449,44 @@ func TestStartedKeepsAttemptsInIDOrder(t *testing.T) {
 		})
 	}
 }
+
+// remove splits the attempts of a worker's connection that ended into
+// those that waited in its queue and its threads oldest, which may have
+// run; a connection the worker has replaced already gives neither.
+func TestRemoveSplitsQueuedFromMayHaveRun(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name                   string
+		threads                int
+		held                   []int64
+		replaced               bool
+		wantQueued, wantMayRun []int64
+	}{
+		{name: "queue beyond the threads", threads: 2, held: []int64{9, 3, 7, 5}, wantQueued: []int64{7, 9}, wantMayRun: []int64{3, 5}},
+		{name: "fewer than the threads", threads: 2, held: []int64{4}, wantMayRun: []int64{4}},
+		{name: "nothing held", threads: 1},
+		{name: "replaced by a newer connection", threads: 1, held: []int64{1, 2}, replaced: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHub(time.Minute, time.Minute)
+			c := &conn{id: "w", threads: tc.threads, slots: tc.threads, operator: true, running: map[int64]heldAttempt{}}
+			for _, a := range tc.held {
+				c.running[a] = heldAttempt{}
+			}
+			h.add(c)
+			if tc.replaced { // as add does when the worker reconnects (without a socket to close here)
+				h.mu.Lock()
+				h.dropLocked(c)
+				h.conns[c.id] = &conn{id: "w", threads: 1, slots: 1, operator: true, running: map[int64]heldAttempt{}}
+				h.mu.Unlock()
+			}
+			queued, mayRun := h.remove(c)
+			if len(queued) != len(tc.wantQueued) || len(queued) > 0 && !slices.Equal(queued, tc.wantQueued) {
+				t.Errorf("queued %v, want %v", queued, tc.wantQueued)
+			}
+			if len(mayRun) != len(tc.wantMayRun) || len(mayRun) > 0 && !slices.Equal(mayRun, tc.wantMayRun) {
+				t.Errorf("may have run %v, want %v", mayRun, tc.wantMayRun)
+			}
+		})
+	}
+}

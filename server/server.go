@@ -39,6 +39,10 @@ type Config struct {
 	// Lease is how long an attempt stays held without a heartbeat before
 	// it is lost and its task queued again (default 15s).
 	Lease time.Duration
+	// ReconnectGrace is how long the attempts a worker may have been
+	// running wait for it to come back after its socket closed, instead of
+	// the rest of their leases (default Lease/3, at most Lease).
+	ReconnectGrace time.Duration
 	// Heartbeat is the interval at which workers are asked to heartbeat
 	// (default Lease/5).
 	Heartbeat time.Duration
@@ -143,6 +147,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Lease <= 0 {
 		c.Lease = 15 * time.Second
+	}
+	if c.ReconnectGrace <= 0 || c.ReconnectGrace > c.Lease {
+		c.ReconnectGrace = min(c.Lease, max(c.Lease/3, c.ReconnectGrace))
 	}
 	if c.Heartbeat <= 0 {
 		c.Heartbeat = c.Lease / 5

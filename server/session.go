@@ -135,7 +135,7 @@ func (s *Server) serveWorker(ctx context.Context, cancel context.CancelFunc, ws 
 	s.metrics.workerConnects.WithLabelValues(c.kind).Inc()
 	s.hub.add(c)
 	defer func() {
-		unstarted := s.hub.remove(c) // from now on nothing more is sent to c
+		unstarted, mayHaveRun := s.hub.remove(c) // from now on nothing more is sent to c
 		// Attempts sent to it before their commit returned exist once
 		// it has: they may be among those ended below.
 		_ = s.hub.gates.wait(s.ctx, c.id)
@@ -150,9 +150,12 @@ func (s *Server) serveWorker(ctx context.Context, cancel context.CancelFunc, ws 
 		// The attempts it held in its queue go back at once, at their
 		// tasks' places and charged to nobody: there is no lease to wait
 		// out for work that never started. Those it may have been running
-		// keep their leases, for the worker to come back with their
-		// results in time.
-		returned, err := s.store.WorkerGone(gctx, c.id, c.session, unstarted)
+		// wait for the worker to come back with their results for
+		// ReconnectGrace at most, not for the rest of their leases: a
+		// socket that closed is a worker that went away, or one that
+		// reconnects at once (docs/RATIONALE.md).
+		returned, err := s.store.WorkerGone(gctx, store.Gone{Worker: c.id, Session: c.session,
+			Unstarted: unstarted, MayHaveRun: mayHaveRun, Grace: s.cfg.ReconnectGrace})
 		if err != nil {
 			s.log.Warn("record worker gone", "worker", c.id, "err", err)
 		}
@@ -344,7 +347,7 @@ func (s *Server) greet(ctx context.Context, ws *websocket.Conn, r *http.Request,
 		if !greeted {
 			gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			if _, err := s.store.WorkerGone(gctx, reg.ID, reg.Session, nil); err != nil {
+			if _, err := s.store.WorkerGone(gctx, store.Gone{Worker: reg.ID, Session: reg.Session}); err != nil {
 				s.log.Warn("record worker gone", "worker", reg.ID, "err", err)
 			}
 		}

@@ -49,6 +49,8 @@ func runServe(ctx context.Context, args []string) error {
 	localSlots := fs.Int("local-worker", 0, "also run a headless worker with this many slots in this process (0: none)")
 	localShare := fs.Int("local-worker-cpu-share", 100, "the local worker's --cpu-share: percentage of each slot's CPU time that tasks may use (10 to 100, Linux only)")
 	lease := fs.Duration("lease", 15*time.Second, "how long an attempt survives without a heartbeat before its task is requeued")
+	reconnectGrace := fs.Duration("reconnect-grace", 0, "how long the attempts a worker may have been running wait for it to come back after its socket closed, "+
+		"before their tasks are requeued (0: a third of --lease; at most --lease)")
 	wallGrace := fs.Duration("wall-grace", 0, "how long past its task's wall time a worker may hold an attempt before the server takes it back, "+
 		"charged to the worker (0: six leases and five minutes)")
 	retention := fs.Duration("worker-retention", 30*24*time.Hour, "how long the record of a disconnected worker is kept (its reputation with it)")
@@ -126,7 +128,7 @@ func runServe(ctx context.Context, args []string) error {
 	if every == 0 {
 		every = -1 // server.Config: no limit
 	}
-	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, Poll: *poll, Fairness: strategy, WorkerRetention: *retention,
+	srv := server.New(st, server.Config{Replica: *replica, Lease: *lease, ReconnectGrace: *reconnectGrace, Poll: *poll, Fairness: strategy, WorkerRetention: *retention,
 		DataQuota: *dataQuota << 20, ModuleSpoolDir: filepath.Join(*dataDir, "modules"), ModuleSpoolBytes: *moduleSpool << 20, FrameAncestors: *frameAncestors, NewWorkerBurst: *newWorkerBurst, NewWorkerEvery: every, SessionKey: sessionKey, Verify: verify,
 		Logger: log})
 	hs := srv.HTTPServer()

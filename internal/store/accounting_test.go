@@ -222,10 +222,10 @@ func TestWorkerGoneReturnsItsQueuedAttempts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := f.s.WorkerGone(ctx, f.worker, reg.Session, []int64{cs["b"].Attempt, cs["c"].Attempt}); err != nil || n != 0 {
+	if n, err := f.s.WorkerGone(ctx, Gone{Worker: f.worker, Session: reg.Session, Unstarted: []int64{cs["b"].Attempt, cs["c"].Attempt}}); err != nil || n != 0 {
 		t.Fatalf("an old connection's end returned %d attempts (%v) while a newer one holds them", n, err)
 	}
-	if n, err := f.s.WorkerGone(ctx, f.worker, newer.Session, []int64{cs["b"].Attempt, cs["c"].Attempt}); err != nil || n != 2 {
+	if n, err := f.s.WorkerGone(ctx, Gone{Worker: f.worker, Session: newer.Session, Unstarted: []int64{cs["b"].Attempt, cs["c"].Attempt}}); err != nil || n != 2 {
 		t.Fatalf("returned %d attempts: %v", n, err)
 	}
 	for name, want := range map[string]string{"a": "running", "b": "ready", "c": "ready"} {

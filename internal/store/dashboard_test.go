@@ -224,7 +224,7 @@ func TestWorkerTasksAndActivity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.s.WorkerGone(ctx, w2, reg.Session, nil); err != nil {
+	if _, err := f.s.WorkerGone(ctx, Gone{Worker: w2, Session: reg.Session}); err != nil {
 		t.Fatal(err)
 	}
 	if wt, err := f.s.WorkerTasks(ctx, f.owner); err != nil || len(wt) != 1 {
@@ -240,13 +240,13 @@ func TestWorkerTasksAndActivity(t *testing.T) {
 	if err != nil || again.ID != old.ID || again.Session == old.Session {
 		t.Fatalf("reconnect: %+v, %v; want the same id in a new session", again, err)
 	}
-	if _, err := f.s.WorkerGone(ctx, old.ID, old.Session, nil); err != nil {
+	if _, err := f.s.WorkerGone(ctx, Gone{Worker: old.ID, Session: old.Session}); err != nil {
 		t.Fatal(err)
 	}
 	if wt, err := f.s.WorkerTasks(ctx, f.owner); err != nil || len(wt) != 2 {
 		t.Errorf("after the old connection of a reconnected worker ended: %d connected workers (%v), want 2", len(wt), err)
 	}
-	if _, err := f.s.WorkerGone(ctx, old.ID, again.Session, nil); err != nil {
+	if _, err := f.s.WorkerGone(ctx, Gone{Worker: old.ID, Session: again.Session}); err != nil {
 		t.Fatal(err)
 	}
 	act, err := f.s.Activity(ctx, 60)
@@ -323,7 +323,7 @@ func TestPruneWorkers(t *testing.T) {
 	}
 	gone := func(reg Registration, ago time.Duration) {
 		t.Helper()
-		if _, err := f.s.WorkerGone(ctx, reg.ID, reg.Session, nil); err != nil {
+		if _, err := f.s.WorkerGone(ctx, Gone{Worker: reg.ID, Session: reg.Session}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := f.s.pool.Exec(ctx, `UPDATE workers SET last_seen = now() - $2 * interval '1 second' WHERE id = $1`,

@@ -129,7 +129,7 @@ func TestHotPathStatementsRunWithTheirSettings(t *testing.T) {
 			if len(cs) != 1 {
 				t.Fatalf("%d claimed", len(cs))
 			}
-			if _, err := f.s.WorkerGone(ctx, reg.ID, reg.Session, nil); err != nil {
+			if _, err := f.s.WorkerGone(ctx, Gone{Worker: reg.ID, Session: reg.Session}); err != nil {
 				t.Fatal(err)
 			}
 			again := WorkerHello{Kind: "headless", Slots: 1, ID: reg.ID, Token: reg.Token, Running: []int64{cs[0].Attempt}}

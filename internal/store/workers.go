@@ -444,44 +444,67 @@ const workerGoneLockSQL = `SELECT 1 FROM workers WHERE id = $1 FOR UPDATE`
 // whether it did. It must run after workerGoneLockSQL, as a statement of
 // its own: a statement sees the connections committed before it started,
 // and after a wait for the worker's row PostgreSQL re-reads that row
-// alone, not the connections a hello holding it opened meanwhile.
+// alone, not the connections a hello holding it opened meanwhile. When it
+// did, the leases of the worker's attempts $3 that are still running end
+// within $4 ms at the latest (never later than they would have).
 const workerGoneSQL = `WITH ended AS (
 	UPDATE worker_sessions SET disconnected_at = now() WHERE id = $2 AND disconnected_at IS NULL),
 upd AS (UPDATE workers SET connected = false, last_seen = now() WHERE id = $1
 	AND NOT EXISTS (SELECT 1 FROM worker_sessions WHERE worker_id = $1 AND disconnected_at IS NULL AND id <> $2)
-	RETURNING id)
+	RETURNING id),
+cut AS (UPDATE attempts a SET lease_until = least(a.lease_until, now() + $4 * interval '1 millisecond')
+	WHERE a.id = ANY($3) AND a.worker_id = $1 AND a.state = 'running' AND EXISTS (SELECT 1 FROM upd))
 SELECT EXISTS (SELECT 1 FROM upd)`
 
-// WorkerGone records that a worker's connection (session, from
-// RegisterWorker) closed. The worker stays connected if it has a newer
-// connection already (it reconnected, to this replica or another, before
-// the old socket was noticed gone). Its running attempts keep their leases
-// until they lapse, so that a worker that reconnects in time can still
-// deliver; the attempts of unstarted, which it held in its queue, end at
-// once unless it is still connected (EndUnstarted: charged to nobody). It
-// returns how many of those ended.
-func (s *Store) WorkerGone(ctx context.Context, id string, session int64, unstarted []int64) (int, error) {
-	// One round trip, one (implicit) transaction: the lock, then the
-	// statement that looks for the worker's other connections, with a
-	// snapshot taken once the lock is held (READ COMMITTED).
+// Gone is a worker's connection that closed (WorkerGone).
+type Gone struct {
+	// Worker and Session name the worker and its connection (from
+	// RegisterWorker).
+	Worker  string
+	Session int64
+	// Unstarted are the attempts the worker held in its queue: they end
+	// at once (EndUnstarted: charged to nobody).
+	Unstarted []int64
+	// MayHaveRun are the attempts it may have been running: their leases
+	// end within Grace, for the worker to come back with their results
+	// until then.
+	MayHaveRun []int64
+	Grace      time.Duration
+}
+
+// WorkerGone records that a worker's connection closed. The worker stays
+// connected if it has a newer connection already (it reconnected, to this
+// replica or another, before the old socket was noticed gone), and then
+// nothing else changes. Otherwise the attempts it held in its queue end at
+// once, and the leases of those it may have been running end within
+// g.Grace: a worker that reconnects in time renews them and still
+// delivers. It returns how many queued attempts ended.
+func (s *Store) WorkerGone(ctx context.Context, g Gone) (int, error) {
+	// One round trip, one transaction: the lock, then the statement that
+	// looks for the worker's other connections, with a snapshot taken
+	// once the lock is held (READ COMMITTED). With the hot path's
+	// settings: the attempts are found by key however few the planner
+	// thinks there are.
 	var gone bool
 	b := &pgx.Batch{}
-	b.Queue(workerGoneLockSQL, id)
-	b.Queue(workerGoneSQL, id, session).QueryRow(func(r pgx.Row) error { return r.Scan(&gone) })
+	queueBegin(b, false)
+	b.Queue(workerGoneLockSQL, g.Worker)
+	b.Queue(workerGoneSQL, g.Worker, g.Session, g.MayHaveRun, g.Grace.Milliseconds()).QueryRow(func(r pgx.Row) error { return r.Scan(&gone) })
+	b.Queue("COMMIT")
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
-		return 0, fmt.Errorf("disconnect worker %s: %w", id, err)
+		return 0, fmt.Errorf("disconnect worker %s: %w", g.Worker, err)
 	}
-	if !gone || len(unstarted) == 0 {
+	if !gone || len(g.Unstarted) == 0 {
 		return 0, nil
 	}
-	ends := make([]Completion, len(unstarted))
-	for i, a := range unstarted {
-		ends[i] = Completion{Attempt: a, Worker: id, Reason: "worker", End: EndUnstarted,
+	ends := make([]Completion, len(g.Unstarted))
+	for i, a := range g.Unstarted {
+		ends[i] = Completion{Attempt: a, Worker: g.Worker, Reason: "worker", End: EndUnstarted,
 			Message: "the worker left before it started the task; queued again"}
 	}
 	acc, err := s.Complete(ctx, ends)
 	if err != nil {
-		return 0, fmt.Errorf("return the queued attempts of worker %s: %w", id, err)
+		return 0, fmt.Errorf("return the queued attempts of worker %s: %w", g.Worker, err)
 	}
 	n := 0
 	for _, ok := range acc {

@@ -444,24 +444,17 @@ func TestRegistrationReadsByKeyWithStaleStatistics(t *testing.T) {
 		sql      string
 		args     []any
 		anyJoins bool
-		// cold: the store runs it without the hot path's settings
-		// (WorkerGone), so it is explained with the generic plan
-		// PostgreSQL may choose after five runs, sequential scans on.
-		cold bool
 	}{
 		{"reconnection", registerProvedSQL, []any{[]string{one.ID}, [][]byte{HashToken(one.Token)}, []string{"browser"}, []int32{1},
-			[]string{""}, []string{dev}, []string{"r"}, []bool{false}, []string{""}, []bool{true}, int64(60000)}, true, false},
-		{"history", registerSessionsSQL, []any{[]string{one.ID}}, true, false},
-		{"record", workerRecordsSQL + ` WHERE w.id = ANY($1::uuid[])`, []any{[]string{one.ID}}, true, false},
-		{"held attempts", renewHeldSQL, []any{[]int64{cs[0].Attempt}, []string{one.ID}, int64(60000), []bool{true}, int64(60000)}, false, false},
-		{"gone", workerGoneSQL, []any{one.ID, one.Session}, false, true},
+			[]string{""}, []string{dev}, []string{"r"}, []bool{false}, []string{""}, []bool{true}, int64(60000)}, true},
+		{"history", registerSessionsSQL, []any{[]string{one.ID}}, true},
+		{"record", workerRecordsSQL + ` WHERE w.id = ANY($1::uuid[])`, []any{[]string{one.ID}}, true},
+		{"held attempts", renewHeldSQL, []any{[]int64{cs[0].Attempt}, []string{one.ID}, int64(60000), []bool{true}, int64(60000)}, false},
+		{"gone", workerGoneSQL, []any{one.ID, one.Session, []int64{cs[0].Attempt}, int64(5000)}, false},
 	} {
 		for _, nestloop := range []bool{true, !q.anyJoins} {
 			nl := map[bool]string{true: "on", false: "off"}[nestloop]
 			plan := f.explainHot(t, q.sql, q.args, "enable_nestloop", nl)
-			if q.cold {
-				plan = f.explain(t, q.sql, q.args, false, "plan_cache_mode", "force_generic_plan", "enable_nestloop", nl)
-			}
 			plan.walk(func(p *planNode) {
 				switch p.Relation {
 				case "workers", "worker_sessions", "attempts", "tasks":
@@ -584,7 +577,7 @@ func TestWorkerGoneWaitsForARacingRegistration(t *testing.T) {
 	}
 	gone := make(chan ended, 1)
 	go func() {
-		n, err := f.s.WorkerGone(ctx, reg.ID, reg.Session, []int64{q})
+		n, err := f.s.WorkerGone(ctx, Gone{Worker: reg.ID, Session: reg.Session, Unstarted: []int64{q}})
 		gone <- ended{n, err}
 	}()
 	f.waitForLockWaits(t, 2)
@@ -610,5 +603,89 @@ func TestWorkerGoneWaitsForARacingRegistration(t *testing.T) {
 	}
 	if st := f.attemptStates(t); st[x] != "running" || st[q] != "running" {
 		t.Errorf("attempts x and q are %s and %s, want running", st[x], st[q])
+	}
+}
+
+// The end of a worker's last connection ends the leases of the attempts it
+// may have been running within the grace, and its queued ones at once;
+// a connection that is not its last changes nothing, a lease shorter than
+// the grace stays as it was, and a worker that comes back after the cut
+// renews the leases of the attempts it lists.
+func TestWorkerGoneCutsTheLeasesOfWhatItMayHaveRun(t *testing.T) {
+	t.Parallel()
+	const lease, grace = time.Minute, 2 * time.Second
+	for _, tc := range []struct {
+		name string
+		// claimLease is the lease the attempts were claimed with.
+		claimLease time.Duration
+		// newer: the worker reconnected before its old connection's end.
+		newer bool
+		// back: the worker reconnects after it, listing the attempt.
+		back bool
+		// wantCut: the running attempt's lease ends within the grace.
+		wantCut, wantQueuedEnded bool
+	}{
+		{name: "last connection", claimLease: lease, wantCut: true, wantQueuedEnded: true},
+		{name: "a newer connection is open", claimLease: lease, newer: true},
+		{name: "lease shorter than the grace", claimLease: time.Second, wantQueuedEnded: true},
+		{name: "back after the cut", claimLease: lease, back: true, wantCut: true, wantQueuedEnded: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := newFixture(t)
+			f.submit(t, "batch", f.task("x"), f.task("q"))
+			reg, err := f.s.RegisterWorker(ctx, WorkerHello{Kind: "headless", Slots: 1, Replica: "A"}, lease)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.worker = reg.ID
+			cs := f.claim(t, 2, tc.claimLease)
+			if len(cs) != 2 {
+				t.Fatalf("%d claimed, want 2", len(cs))
+			}
+			x, q := cs[0].Attempt, cs[1].Attempt
+			leaseLeft := func() time.Duration {
+				t.Helper()
+				var ms float64
+				if err := f.s.pool.QueryRow(ctx, `SELECT extract(epoch FROM lease_until - now()) * 1000 FROM attempts WHERE id = $1`, x).Scan(&ms); err != nil {
+					t.Fatal(err)
+				}
+				return time.Duration(ms) * time.Millisecond
+			}
+			before := leaseLeft()
+			if tc.newer {
+				if _, err := f.s.RegisterWorker(ctx, WorkerHello{ID: reg.ID, Token: reg.Token, Kind: "headless", Slots: 1, Replica: "B",
+					Running: []int64{x, q}}, lease); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n, err := f.s.WorkerGone(ctx, Gone{Worker: reg.ID, Session: reg.Session, Unstarted: []int64{q}, MayHaveRun: []int64{x}, Grace: grace})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := n == 1; got != tc.wantQueuedEnded {
+				t.Errorf("%d queued attempts ended, want the queued one ended: %v", n, tc.wantQueuedEnded)
+			}
+			left := leaseLeft()
+			switch {
+			case tc.wantCut && left > grace:
+				t.Errorf("the running attempt's lease ends in %v, want within the grace (%v)", left, grace)
+			case !tc.wantCut && left < before-grace:
+				t.Errorf("the running attempt's lease ends in %v, %v before the connection ended: want it untouched", left, before)
+			}
+			if st := f.attemptStates(t)[x]; st != "running" {
+				t.Errorf("the attempt that may have run is %s, want running until its lease lapses", st)
+			}
+			if tc.back {
+				if _, err := f.s.RegisterWorker(ctx, WorkerHello{ID: reg.ID, Token: reg.Token, Kind: "headless", Slots: 1, Replica: "B",
+					Running: []int64{x}}, lease); err != nil {
+					t.Fatal(err)
+				}
+				if left := leaseLeft(); left <= grace {
+					t.Errorf("after the worker came back listing it, the attempt's lease ends in %v, want renewed (%v)", left, lease)
+				}
+			}
+		})
 	}
 }
