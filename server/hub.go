@@ -120,6 +120,9 @@ type heldAttempt struct {
 	module   string
 	workflow string // "" when not known (an attempt a hello listed)
 	owner    int64  // the workflow's owner; 0 when not known
+	// given: taken back from the worker's queue while it was silent
+	// (dropQueued); it is held until the worker reports it cancelled.
+	given bool
 }
 
 // workflowOf returns the workflow id of an assignment's task name
@@ -689,6 +692,49 @@ func (h *hub) remove(c *conn) (unstarted, mayHaveRun []int64) {
 	slices.Sort(held)
 	n := min(len(held), c.threads)
 	return held[n:], held[:n]
+}
+
+// dropQueued takes back, from c's worker that has been silent for longer
+// than h.silent (its read loop waited that long for a frame: not while it
+// handled one, which may wait for the database), the attempts that wait
+// in its queue: it runs at most
+// threads attempts at once, its oldest, so the others cannot have started
+// before it fell silent (remove's rule). It sends the worker a cancel for
+// them; they stay in c.running, their slots taken, until the worker
+// reports them cancelled (a report for an attempt it does not hold would
+// count against it: fencedReport), and count no more for their owners. It
+// returns those it took back now, sorted; none for a worker that holds
+// nothing beyond its threads, is idle (paused with nothing held), or is
+// not silent at now (Unix ns).
+func (h *hub) dropQueued(c *conn, now int64) []int64 {
+	if c.idle.Load() || !silentFor(c, now, h.silent) {
+		return nil
+	}
+	h.mu.Lock()
+	if h.conns[c.id] != c || len(c.running) <= c.threads {
+		h.mu.Unlock()
+		return nil
+	}
+	held := make([]int64, 0, len(c.running))
+	for a := range c.running {
+		held = append(held, a)
+	}
+	slices.Sort(held)
+	var queued []int64
+	for _, a := range held[c.threads:] {
+		if ha := c.running[a]; !ha.given {
+			h.countLocked(ha.owner, -1)
+			ha.owner, ha.given = 0, true
+			c.running[a] = ha
+			queued = append(queued, a)
+		}
+	}
+	h.mu.Unlock()
+	if len(queued) > 0 {
+		c.enqueue(&protocol.Frame{Type: protocol.TypeCancel, Cancel: &protocol.Cancel{Attempts: queued,
+			Reason: "you fell silent with it in your queue: it was given to another worker"}})
+	}
+	return queued
 }
 
 func (h *hub) dropLocked(c *conn) {

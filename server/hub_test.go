@@ -1,6 +1,7 @@
 package server
 
 import (
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -486,6 +487,55 @@ func TestRemoveSplitsQueuedFromMayHaveRun(t *testing.T) {
 			}
 			if len(mayRun) != len(tc.wantMayRun) || len(mayRun) > 0 && !slices.Equal(mayRun, tc.wantMayRun) {
 				t.Errorf("may have run %v, want %v", mayRun, tc.wantMayRun)
+			}
+		})
+	}
+}
+
+// dropQueued takes back the queued attempts of a worker silent for longer
+// than the hub's limit, once: not those of a worker heard from, or idle, or
+// holding no more than its threads.
+func TestDropQueuedTakesBackASilentWorkersQueue(t *testing.T) {
+	t.Parallel()
+	const silent = time.Second
+	now := time.Now().UnixNano()
+	for _, tc := range []struct {
+		name    string
+		threads int
+		held    []int64
+		heard   time.Duration // the last frame, before now
+		idle    bool
+		want    []int64
+	}{
+		{name: "silent with a queue", threads: 1, held: []int64{4, 2, 3}, heard: 2 * silent, want: []int64{3, 4}},
+		{name: "heard from", threads: 1, held: []int64{4, 2, 3}, heard: silent / 2},
+		{name: "idle", threads: 1, heard: 2 * silent, idle: true},
+		{name: "no queue", threads: 2, held: []int64{7, 8}, heard: 2 * silent},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHub(silent, time.Minute)
+			gone := make(chan struct{})
+			close(gone) // frames sent to it are dropped
+			c := &conn{id: "w", threads: tc.threads, slots: tc.threads + 2, done: gone, log: slog.New(slog.DiscardHandler),
+				operator: true, running: map[int64]heldAttempt{}}
+			for _, a := range tc.held {
+				c.running[a] = heldAttempt{owner: 1}
+			}
+			c.waiting.Store(now - int64(tc.heard)) // the read loop waits for a frame since
+			c.idle.Store(tc.idle)
+			h.add(c)
+			got := h.dropQueued(c, now)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("took back %v, want %v", got, tc.want)
+			}
+			if again := h.dropQueued(c, now); len(again) != 0 {
+				t.Errorf("took back %v a second time", again)
+			}
+			if len(c.running) != len(tc.held) {
+				t.Errorf("the connection holds %d attempts, want all %d until the worker reports them", len(c.running), len(tc.held))
+			}
+			if n := h.runningByOwner()[1]; n != len(tc.held)-len(tc.want) {
+				t.Errorf("%d attempts count for their owner, want %d", n, len(tc.held)-len(tc.want))
 			}
 		})
 	}

@@ -515,17 +515,58 @@ func (s *Server) readLoop(ctx context.Context, c *conn) error {
 // heap made it walk them all about every 15 ms (pgx arms a 15 ms timer
 // around each write to the database, which marks the heap for a walk),
 // 3.5% of a replica's CPU in the scale benchmark (docs/RATIONALE.md).
+//
+// The same pass takes back the queued attempts of workers that have been
+// silent long enough to be given no new work (hub.dropQueued), so that
+// they run elsewhere at once rather than when their leases lapse: a phone
+// asleep with its queue full held them for a lease.
 func (s *Server) closeSilent(ctx context.Context) {
 	limit := s.cfg.silenceLimit()
-	every(ctx, limit/20, func(context.Context) {
+	every(ctx, min(limit/20, s.hub.silent/4), func(ctx context.Context) {
 		now := time.Now().UnixNano()
 		for _, c := range s.hub.all() {
 			if silentFor(c, now, limit) && c.silenced.CompareAndSwap(false, true) {
 				s.metrics.silenceCloses.Inc()
 				c.ws.Close()
+				continue
+			}
+			if queued := s.hub.dropQueued(c, now); len(queued) > 0 {
+				go s.returnQueued(ctx, c, queued)
 			}
 		}
 	})
+}
+
+// returnQueued ends the attempts that waited in the queue of c's silent
+// worker (hub.dropQueued) as never started: charged to nobody, their tasks
+// queued again at their places.
+func (s *Server) returnQueued(ctx context.Context, c *conn, queued []int64) {
+	// Attempts sent to it before their commit returned exist once it has.
+	if err := s.hub.gates.wait(ctx, c.id); err != nil {
+		return
+	}
+	ends := make([]store.Completion, len(queued))
+	for i, a := range queued {
+		ends[i] = store.Completion{Attempt: a, Worker: c.id, Reason: "worker", End: store.EndUnstarted,
+			Message: "the worker fell silent before it started the task; queued again"}
+	}
+	acc, err := s.store.Complete(ctx, ends)
+	if err != nil {
+		// Held no more here: their leases lapse, and the reaper judges
+		// them by the same rule.
+		s.log.Warn("return the queued attempts of a silent worker", "worker", c.id, "err", err)
+		return
+	}
+	n := 0
+	for _, ok := range acc {
+		if ok {
+			n++
+		}
+	}
+	if n > 0 {
+		c.log.Info("worker silent; the attempts in its queue went back", "attempts", n)
+		s.wake()
+	}
 }
 
 // silentFor reports whether c's read loop has waited for a frame for limit
