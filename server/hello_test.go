@@ -103,9 +103,17 @@ func TestHellosAreRegisteredInBatches(t *testing.T) {
 		}
 		seen[ids[i]] = true
 	}
+	// The last batch is counted once its welcomes are on their way: wait
+	// for it.
 	var m dto.Metric
-	if err := s.metrics.batchSize.WithLabelValues("hello").(prometheus.Histogram).Write(&m); err != nil {
-		t.Fatal(err)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		m.Reset()
+		if err := s.metrics.batchSize.WithLabelValues("hello").(prometheus.Histogram).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		if m.GetHistogram().GetSampleSum() >= n || time.Now().After(deadline) {
+			break
+		}
 	}
 	// The two flushes that waited, and the rest together: 3 batches, or a
 	// few more if a hello counted as waiting was still on its way into the
