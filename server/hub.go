@@ -520,8 +520,11 @@ func (h *hub) holds(c *conn, attempt int64) (module string, ok bool) {
 func (h *hub) renews(c *conn, attempt int64) (ok, reported bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if _, running := c.running[attempt]; running {
-		return true, false
+	if ha, running := c.running[attempt]; running {
+		// One taken back (dropQueued) has ended: a renewal would find it
+		// lost and drop it from c.running, and the worker's report of
+		// it cancelled, which follows, would be fenced.
+		return !ha.given, false
 	}
 	_, ok = c.outcomes[attempt]
 	return ok, ok
@@ -685,13 +688,23 @@ func (h *hub) remove(c *conn) (unstarted, mayHaveRun []int64) {
 		return nil, nil
 	}
 	h.dropLocked(c)
-	held := make([]int64, 0, len(c.running))
-	for a := range c.running {
-		held = append(held, a)
-	}
-	slices.Sort(held)
+	held := c.rankedLocked()
 	n := min(len(held), c.threads)
 	return held[n:], held[:n]
+}
+
+// rankedLocked returns the attempts c holds, oldest first, but for those
+// taken back from its queue already (dropQueued: ended, waiting for the
+// worker's report): they rank for nothing. hub.mu held.
+func (c *conn) rankedLocked() []int64 {
+	held := make([]int64, 0, len(c.running))
+	for a, ha := range c.running {
+		if !ha.given {
+			held = append(held, a)
+		}
+	}
+	slices.Sort(held)
+	return held
 }
 
 // dropQueued takes back, from c's worker that has been silent for longer
@@ -710,24 +723,26 @@ func (h *hub) dropQueued(c *conn, now int64) []int64 {
 	if c.idle.Load() || !silentFor(c, now, h.silent) {
 		return nil
 	}
+	// The cancel goes after the assign frames of attempts recorded for c
+	// (hub.started holds assignMu until they are queued): a worker
+	// ignores a cancel for an attempt it has not heard of.
+	c.assignMu.Lock()
+	defer c.assignMu.Unlock()
 	h.mu.Lock()
 	if h.conns[c.id] != c || len(c.running) <= c.threads {
 		h.mu.Unlock()
 		return nil
 	}
-	held := make([]int64, 0, len(c.running))
-	for a := range c.running {
-		held = append(held, a)
-	}
-	slices.Sort(held)
+	held := c.rankedLocked()
 	var queued []int64
-	for _, a := range held[c.threads:] {
-		if ha := c.running[a]; !ha.given {
-			h.countLocked(ha.owner, -1)
-			ha.owner, ha.given = 0, true
-			c.running[a] = ha
-			queued = append(queued, a)
-		}
+	if len(held) > c.threads {
+		queued = held[c.threads:]
+	}
+	for _, a := range queued {
+		ha := c.running[a]
+		h.countLocked(ha.owner, -1)
+		ha.owner, ha.given = 0, true
+		c.running[a] = ha
 	}
 	h.mu.Unlock()
 	if len(queued) > 0 {

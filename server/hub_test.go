@@ -1,12 +1,21 @@
 package server
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"maps"
+	"net"
+	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorilla/websocket"
 
 	"github.com/cyclepool/cyclepool/internal/protocol"
 	"github.com/cyclepool/cyclepool/internal/store"
@@ -509,7 +518,7 @@ func TestDropQueuedTakesBackASilentWorkersQueue(t *testing.T) {
 	}{
 		{name: "silent with a queue", threads: 1, held: []int64{4, 2, 3}, heard: 2 * silent, want: []int64{3, 4}},
 		{name: "heard from", threads: 1, held: []int64{4, 2, 3}, heard: silent / 2},
-		{name: "idle", threads: 1, heard: 2 * silent, idle: true},
+		{name: "idle", threads: 1, held: []int64{4, 2, 3}, heard: 2 * silent, idle: true},
 		{name: "no queue", threads: 2, held: []int64{7, 8}, heard: 2 * silent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -537,6 +546,39 @@ func TestDropQueuedTakesBackASilentWorkersQueue(t *testing.T) {
 			if n := h.runningByOwner()[1]; n != len(tc.held)-len(tc.want) {
 				t.Errorf("%d attempts count for their owner, want %d", n, len(tc.held)-len(tc.want))
 			}
+			for _, a := range tc.want {
+				if ok, _ := h.renews(c, a); ok {
+					t.Errorf("attempt %d, taken back, is renewed by a heartbeat", a)
+				}
+			}
+			if unstarted, mayRun := h.remove(c); len(unstarted)+len(mayRun) != len(tc.held)-len(tc.want) {
+				t.Errorf("the connection's end ranks %v and %v, want those taken back left out", unstarted, mayRun)
+			}
+
 		})
+	}
+}
+
+// Only the worker's side closing the connection cuts the leases of what it
+// may have been running; a close of the replica's own does not.
+func TestPeerClosed(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"close frame", &websocket.CloseError{Code: websocket.CloseGoingAway}, true},
+		{"end without a close frame", &websocket.CloseError{Code: websocket.CloseAbnormalClosure, Text: io.ErrUnexpectedEOF.Error()}, true},
+		{"EOF", fmt.Errorf("read header: %w", io.EOF), true},
+		{"reset", &net.OpError{Op: "read", Err: os.NewSyscallError("read", syscall.ECONNRESET)}, true},
+		{"closed here", &net.OpError{Op: "read", Err: net.ErrClosed}, false},
+		{"protocol error", protocolError{errors.New("bad frame")}, false},
+		{"shutdown", context.Canceled, false},
+		{"none", nil, false},
+	} {
+		if got := peerClosed(tc.err); got != tc.want {
+			t.Errorf("%s: peerClosed(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
 	}
 }

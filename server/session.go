@@ -8,12 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -134,6 +136,7 @@ func (s *Server) serveWorker(ctx context.Context, cancel context.CancelFunc, ws 
 	}()
 	s.metrics.workerConnects.WithLabelValues(c.kind).Inc()
 	s.hub.add(c)
+	var grace time.Duration // set once the read loop ended: see peerClosed
 	defer func() {
 		unstarted, mayHaveRun := s.hub.remove(c) // from now on nothing more is sent to c
 		// Attempts sent to it before their commit returned exist once
@@ -151,11 +154,11 @@ func (s *Server) serveWorker(ctx context.Context, cancel context.CancelFunc, ws 
 		// tasks' places and charged to nobody: there is no lease to wait
 		// out for work that never started. Those it may have been running
 		// wait for the worker to come back with their results for
-		// ReconnectGrace at most, not for the rest of their leases: a
-		// socket that closed is a worker that went away, or one that
-		// reconnects at once (docs/RATIONALE.md).
+		// ReconnectGrace at most, not for the rest of their leases, when
+		// the worker's side closed the socket: a worker that went away,
+		// or one that reconnects at once (docs/RATIONALE.md).
 		returned, err := s.store.WorkerGone(gctx, store.Gone{Worker: c.id, Session: c.session,
-			Unstarted: unstarted, MayHaveRun: mayHaveRun, Grace: s.cfg.ReconnectGrace})
+			Unstarted: unstarted, MayHaveRun: mayHaveRun, Grace: grace})
 		if err != nil {
 			s.log.Warn("record worker gone", "worker", c.id, "err", err)
 		}
@@ -166,6 +169,9 @@ func (s *Server) serveWorker(ctx context.Context, cancel context.CancelFunc, ws 
 	}()
 	s.wakeSlots()
 	err := s.readLoop(ctx, c)
+	if peerClosed(err) && !c.silenced.Load() {
+		grace = s.cfg.ReconnectGrace
+	}
 	var ce *websocket.CloseError
 	switch {
 	case err == nil, errors.As(err, &ce), errors.Is(err, context.Canceled):
@@ -179,6 +185,22 @@ func (s *Server) serveWorker(ctx context.Context, cancel context.CancelFunc, ws 
 		}
 	}
 	ws.Close()
+}
+
+// peerClosed reports whether the read loop's error says the worker's side
+// closed the connection: a close frame, or the connection's end without
+// one (a process killed: EOF, or a reset). Not a close of this replica's
+// own (a protocol error, silence, a write that failed or timed out, which
+// close the socket here first), nor the replica's shutdown.
+func peerClosed(err error) bool {
+	var ce *websocket.CloseError
+	switch {
+	case err == nil, errors.Is(err, net.ErrClosed), errors.Is(err, context.Canceled):
+		return false
+	case errors.As(err, &ce), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET):
+		return true
+	}
+	return false
 }
 
 // protocolError is a frame that breaks the protocol; it closes that socket only.
@@ -552,8 +574,8 @@ func (s *Server) returnQueued(ctx context.Context, c *conn, queued []int64) {
 	}
 	acc, err := s.store.Complete(ctx, ends)
 	if err != nil {
-		// Held no more here: their leases lapse, and the reaper judges
-		// them by the same rule.
+		// They end when the worker reports them cancelled (charged to
+		// nobody, queued again), or when their leases lapse.
 		s.log.Warn("return the queued attempts of a silent worker", "worker", c.id, "err", err)
 		return
 	}

@@ -117,9 +117,10 @@ func TestSilentWorkerIsDisconnected(t *testing.T) {
 // A worker that has said nothing for longer than the hub's silent limit
 // (two and a half heartbeat intervals) gives back at once the attempts
 // waiting in its queue, charged to nobody, while the one it may be running
-// keeps its lease (a minute here). It is told to cancel the three; its
-// reports of them cancelled do not count against it (fencedReport), and its
-// running one still reports. Over a real WebSocket, with a real database.
+// keeps its lease (a minute here). It is told to cancel the three; a
+// heartbeat that still lists them renews none, its reports of them
+// cancelled do not count against it (fencedReport), and its running one
+// still reports. Over a real WebSocket, with a real database.
 func TestSilentWorkerGivesBackItsQueue(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -262,6 +263,17 @@ func TestSilentWorkerGivesBackItsQueue(t *testing.T) {
 			t.Errorf("queued attempt %d not cancelled (cancelled: %v)", a, cancelled)
 		}
 	}
+	// Awake, it heartbeats first, listing all four, as a worker does
+	// before it has handled the cancel: that renews none of the three,
+	// nor takes them from the connection.
+	var running []protocol.Progress
+	for _, a := range held {
+		running = append(running, protocol.Progress{Attempt: a})
+	}
+	if err := send(&protocol.Frame{Type: protocol.TypeHeartbeat, Heartbeat: &protocol.Heartbeat{Running: running}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // for a renewal, were one made, to come back
 	var fails []protocol.Fail
 	for _, a := range held[1:] {
 		fails = append(fails, protocol.Fail{Attempt: a, Reason: protocol.ReasonCancelled, Message: "cancelled by the server"})

@@ -467,7 +467,7 @@ type Gone struct {
 	Unstarted []int64
 	// MayHaveRun are the attempts it may have been running: their leases
 	// end within Grace, for the worker to come back with their results
-	// until then.
+	// until then (Grace 0: they keep their leases).
 	MayHaveRun []int64
 	Grace      time.Duration
 }
@@ -489,7 +489,11 @@ func (s *Store) WorkerGone(ctx context.Context, g Gone) (int, error) {
 	b := &pgx.Batch{}
 	queueBegin(b, false)
 	b.Queue(workerGoneLockSQL, g.Worker)
-	b.Queue(workerGoneSQL, g.Worker, g.Session, g.MayHaveRun, g.Grace.Milliseconds()).QueryRow(func(r pgx.Row) error { return r.Scan(&gone) })
+	cut := g.MayHaveRun
+	if g.Grace <= 0 {
+		cut = nil // no grace: their leases stay as they are
+	}
+	b.Queue(workerGoneSQL, g.Worker, g.Session, cut, g.Grace.Milliseconds()).QueryRow(func(r pgx.Row) error { return r.Scan(&gone) })
 	b.Queue("COMMIT")
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
 		return 0, fmt.Errorf("disconnect worker %s: %w", g.Worker, err)
