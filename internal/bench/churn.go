@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cyclepool/cyclepool/client"
@@ -112,7 +113,98 @@ func (b *bench) churn(ctx context.Context) error {
 	if soak.err == nil && base.err == nil {
 		b.printf("churn_makespan_ratio: %.2f", soak.makespan.Seconds()/base.makespan.Seconds())
 	}
+
+	// Volunteers whose phones fall asleep: the second worker is stopped
+	// (SIGSTOP: its socket stays open, silent) for sleepFor, then goes on,
+	// every awakeFor.
+	log.Info("sleep run", "awake", awakeFor, "asleep", sleepFor)
+	since, err = b.dbNow(ctx)
+	if err != nil {
+		return err
+	}
+	sleeper, err := startWorker("churn-sleeper")
+	if err != nil {
+		return err
+	}
+	defer sleeper.stop()
+	if err := b.waitNewWorkers(ctx, since, 1); err != nil {
+		return err
+	}
+	sleepy, err := b.runSleeping(ctx, wf, max(3*time.Minute, 5*base.makespan), sleeper)
+	if err != nil {
+		return fmt.Errorf("sleep run: %w", err)
+	}
+	b.printf("churn_sleeps: %d", sleepy.kills)
+	b.printf("churn_sleep_makespan_s: %.1f", sleepy.makespan.Seconds())
+	if sleepy.err != nil {
+		b.printf("churn_sleep_workflow: FAILED: %v", sleepy.err)
+	} else if made, err := b.attemptsMade(ctx, sleepy.id); err == nil {
+		b.printf("churn_sleep_attempts_per_task: %.2f", float64(made)/float64(b.cfg.ChurnTasks))
+		if base.err == nil {
+			b.printf("churn_sleep_makespan_ratio: %.2f", sleepy.makespan.Seconds()/base.makespan.Seconds())
+		}
+	}
 	return nil
+}
+
+// awakeFor and sleepFor are the cycle of the churn part's sleeping worker:
+// it runs for awakeFor, then is stopped for sleepFor, longer than the
+// silence after which a worker's queue goes back (two and a half heartbeat
+// intervals: 7.5 s) but shorter than a lease (15 s).
+const (
+	awakeFor = 6 * time.Second
+	sleepFor = 10 * time.Second
+)
+
+// runSleeping submits a workflow and waits up to limit for its end while
+// the worker process w, connected before the submission, is stopped
+// (SIGSTOP) for sleepFor after every awakeFor, and continued. Its kills
+// are the times w slept. A workflow that does not end done is reported in
+// churnRun.err, as runChurn does.
+func (b *bench) runSleeping(ctx context.Context, wf []byte, limit time.Duration, w *process) (churnRun, error) {
+	var run churnRun
+	start := time.Now()
+	s, err := b.client.Submit(ctx, wf)
+	if err != nil {
+		return run, err
+	}
+	run.id = s.ID
+	done := make(chan error, 1)
+	go func() { done <- b.waitDone(ctx, s.ID, limit) }()
+	asleep := false
+	t := time.NewTimer(awakeFor)
+	defer t.Stop()
+cycle:
+	for {
+		select {
+		case err = <-done:
+			break cycle
+		case <-t.C:
+			if asleep {
+				_ = w.cmd.Process.Signal(syscall.SIGCONT)
+				t.Reset(awakeFor)
+			} else {
+				_ = w.cmd.Process.Signal(syscall.SIGSTOP)
+				run.kills++
+				t.Reset(sleepFor)
+			}
+			asleep = !asleep
+		}
+	}
+	if asleep {
+		_ = w.cmd.Process.Signal(syscall.SIGCONT)
+	}
+	run.makespan = time.Since(start)
+	if err != nil {
+		if ctx.Err() != nil {
+			return run, ctx.Err()
+		}
+		run.err = fmt.Errorf("%w; %s", err, b.taskStates(ctx, s.ID))
+		if _, cerr := b.client.Cancel(ctx, s.ID); cerr != nil {
+			b.cfg.Logger.Warn("churn: cancel the unfinished workflow", "workflow", s.ID, "err", cerr)
+		}
+	}
+	return run, nil
 }
 
 // counterWorkflow is a workflow of n counter tasks, task i counting
