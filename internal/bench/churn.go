@@ -11,7 +11,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/cyclepool/cyclepool/client"
@@ -181,10 +180,14 @@ cycle:
 			break cycle
 		case <-t.C:
 			if asleep {
-				_ = w.cmd.Process.Signal(syscall.SIGCONT)
+				if err := wakeProcess(w); err != nil {
+					return run, err
+				}
 				t.Reset(awakeFor)
 			} else {
-				_ = w.cmd.Process.Signal(syscall.SIGSTOP)
+				if err := sleepProcess(w); err != nil {
+					return run, err
+				}
 				run.kills++
 				t.Reset(sleepFor)
 			}
@@ -192,7 +195,7 @@ cycle:
 		}
 	}
 	if asleep {
-		_ = w.cmd.Process.Signal(syscall.SIGCONT)
+		_ = wakeProcess(w)
 	}
 	run.makespan = time.Since(start)
 	if err != nil {
