@@ -157,26 +157,14 @@ func pathOf(segments ...string) string {
 // do sends a request to path (already escaped, with an optional query) and
 // returns the response when its status is 2xx; otherwise an *APIError.
 func (c *Client) do(ctx context.Context, method, path string, body io.Reader, contentType, accept string) (*http.Response, error) {
-	if c.base == "" {
-		return nil, errors.New("no server URL")
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
-	if err != nil {
-		return nil, err
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	if c.userAgent != "" {
-		req.Header.Set("User-Agent", c.userAgent)
-	}
+	h := http.Header{}
 	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
+		h.Set("Content-Type", contentType)
 	}
 	if accept != "" {
-		req.Header.Set("Accept", accept)
+		h.Set("Accept", accept)
 	}
-	resp, err := c.http.Do(req)
+	resp, err := c.send(ctx, method, path, body, h)
 	if err != nil {
 		return nil, err
 	}
@@ -185,6 +173,28 @@ func (c *Client) do(ctx context.Context, method, path string, body io.Reader, co
 		return nil, decodeError(resp)
 	}
 	return resp, nil
+}
+
+// send sends a request with the client's token and user agent and the
+// headers h, and returns the answer whatever its status.
+func (c *Client) send(ctx context.Context, method, path string, body io.Reader, h http.Header) (*http.Response, error) {
+	if c.base == "" {
+		return nil, errors.New("no server URL")
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range h {
+		req.Header[k] = v
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if c.userAgent != "" {
+		req.Header.Set("User-Agent", c.userAgent)
+	}
+	return c.http.Do(req)
 }
 
 // doJSON sends a request and decodes a JSON answer into out (if non-nil). It

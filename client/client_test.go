@@ -34,6 +34,8 @@ type fakeServer struct {
 	submitted [][]byte
 	statuses  map[string]*Status
 	outputs   map[string][]byte // "task\x00output" -> bytes
+	asked     []asked           // the requests for outputs
+	cutAfter  int               // > 0: output bodies break after that many bytes
 	paths     []string          // escaped request paths
 	events    func(w http.ResponseWriter, r *http.Request, flush func())
 }
@@ -134,16 +136,44 @@ func (f *fakeServer) setStatus(st *Status) {
 	f.mu.Unlock()
 }
 
+// output answers as the server does: the output's hash as its ETag, with
+// ranges and conditional requests (http.ServeContent). With cutAfter set,
+// the connection breaks after that many bytes of the body.
 func (f *fakeServer) output(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	b, ok := f.outputs[r.PathValue("task")+"\x00"+r.PathValue("output")]
+	f.asked = append(f.asked, asked{rng: r.Header.Get("Range"), ifNoneMatch: r.Header.Get("If-None-Match")})
+	cut := f.cutAfter
 	f.mu.Unlock()
 	if !ok {
 		writeJSON(w, 404, map[string]string{"error": "no such output"})
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Write(b)
+	w.Header().Set("ETag", `"`+moduleIDOf(b)+`"`)
+	if cut > 0 {
+		w = &cutWriter{ResponseWriter: w, left: cut}
+	}
+	http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(b))
+}
+
+// asked is what a request for an output asked for.
+type asked struct{ rng, ifNoneMatch string }
+
+// cutWriter writes left bytes of a body, then breaks the connection.
+type cutWriter struct {
+	http.ResponseWriter
+	left int
+}
+
+func (c *cutWriter) Write(p []byte) (int, error) {
+	if len(p) > c.left {
+		c.ResponseWriter.Write(p[:c.left])
+		c.ResponseWriter.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}
+	c.left -= len(p)
+	return c.ResponseWriter.Write(p)
 }
 
 func moduleIDOf(b []byte) string {
@@ -552,6 +582,89 @@ func TestResultsDownloadsEveryOutput(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("output with a slash was not requested as one escaped segment: %q", f.paths)
+	}
+}
+
+// A download cut off goes on from where it stopped when Results runs
+// again (a range request, its temporary file kept meanwhile); an output
+// already there with its bytes is not downloaded again (If-None-Match
+// with its hash); one there with other bytes is replaced; and the kept
+// part of an output that changed since (its task ran again) is downloaded
+// whole once its hash does not match.
+func TestResultsGoOnWhereTheyStopped(t *testing.T) {
+	f, c := newFakeServer(t)
+	f.setStatus(&Status{ID: "wf1", State: "done", Tasks: []Task{{Name: "t", State: "done", Outputs: []Output{{Name: "big"}}}}})
+	data := make([]byte, 1<<20)
+	for i := range data {
+		data[i] = byte(i * 7 / 3)
+	}
+	f.outputs["t\x00big"] = data
+	dir := t.TempDir()
+	file, part := filepath.Join(dir, "t", "big"), filepath.Join(dir, "t", "big.part")
+	last := func() asked {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.asked[len(f.asked)-1]
+	}
+
+	f.mu.Lock()
+	f.cutAfter = 300 << 10
+	f.mu.Unlock()
+	if err := c.Results(t.Context(), "wf1", dir); err == nil || !strings.Contains(err.Error(), "is kept") {
+		t.Fatalf("a download cut off: %v, want an error saying the part is kept", err)
+	}
+	fi, err := os.Stat(part)
+	if err != nil || fi.Size() == 0 || fi.Size() > 300<<10 {
+		t.Fatalf("part kept: %v, %v; want up to 300 KiB", fi, err)
+	}
+	if _, err := os.Stat(file); !os.IsNotExist(err) {
+		t.Fatalf("the output's file exists before its download ended: %v", err)
+	}
+	f.mu.Lock()
+	f.cutAfter = 0
+	f.mu.Unlock()
+	if err := c.Results(t.Context(), "wf1", dir); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("bytes=%d-", fi.Size()); last().rng != want {
+		t.Errorf("the second run asked for %q, want %q", last().rng, want)
+	}
+	if got, err := os.ReadFile(file); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the resumed output: %d bytes, %v; want the output's %d", len(got), err, len(data))
+	}
+
+	if err := c.Results(t.Context(), "wf1", dir); err != nil {
+		t.Fatal(err)
+	}
+	if a := last(); a.ifNoneMatch != `"`+moduleIDOf(data)+`"` || a.rng != "" {
+		t.Errorf("the third run asked %+v, want If-None-Match with the file's hash", a)
+	}
+
+	must(t, os.WriteFile(file, []byte("not the output"), 0o644))
+	if err := c.Results(t.Context(), "wf1", dir); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(file); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("a file with other bytes: %d bytes after, %v; want the output's", len(got), err)
+	}
+
+	// The task ran again: its output changed, and a part of the old one
+	// is kept.
+	must(t, os.Remove(file))
+	must(t, os.WriteFile(part, data[:1000], 0o644))
+	changed := slices.Clone(data)
+	changed[500] ^= 0xff // within the part kept
+	f.mu.Lock()
+	f.outputs["t\x00big"] = changed
+	f.mu.Unlock()
+	if err := c.Results(t.Context(), "wf1", dir); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(file); err != nil || !bytes.Equal(got, changed) {
+		t.Errorf("the changed output: %v; want its new bytes", err)
+	}
+	if _, err := os.Stat(part); !os.IsNotExist(err) {
+		t.Errorf("the part is still there: %v", err)
 	}
 }
 

@@ -2,18 +2,26 @@ package client
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
 // Results downloads every output of every done task of a workflow to
 // dir/<task>/<output>, creating directories as needed (an output named
-// "plots/a.png" becomes dir/<task>/plots/a.png). Existing files are
-// replaced. Task and output names that would leave dir (absolute paths,
+// "plots/a.png" becomes dir/<task>/plots/a.png). A file there already
+// with the output's bytes is left as it is, another replaced; a download
+// cut off (its temporary file, <output>.part, is kept) goes on from where
+// it stopped when Results runs again, and every file's bytes are checked
+// against the hash the server gives as its ETag before it takes its
+// place. Task and output names that would leave dir (absolute paths,
 // ".." elements, and so on) are refused before anything is downloaded, and
 // every file is written through an os.Root on dir, so a symbolic link inside
 // dir cannot lead outside it either. Tasks that are not done are skipped;
@@ -87,34 +95,128 @@ func (c *Client) Results(ctx context.Context, id, dir string) error {
 }
 
 // download writes one output to rel under root, through the temporary
-// file tmp renamed into place once complete.
+// file tmp renamed into place once complete and checked. A file at rel
+// with the output's bytes is kept (If-None-Match with its hash: no body
+// comes). A tmp left by a download cut off is resumed (Range), and kept
+// when the download is cut off again (an error reading the answer), so
+// that the next call goes on from there.
 func (c *Client) download(ctx context.Context, root *os.Root, id, task, output, rel, tmp string) error {
+	fail := func(err error) error { return fmt.Errorf("task %q output %q: %w", task, output, err) }
 	if d := filepath.Dir(rel); d != "." {
 		if err := root.MkdirAll(d, 0o755); err != nil {
-			return fmt.Errorf("task %q output %q: %w", task, output, err)
+			return fail(err)
 		}
 	}
-	body, err := c.Output(ctx, id, task, output)
-	if err != nil {
-		return err
+	h := http.Header{}
+	var from int64 // bytes of tmp to go on from
+	if sum, err := hashFile(root, rel); err == nil {
+		h.Set("If-None-Match", `"`+sum+`"`)
+	} else if fi, err := root.Stat(tmp); err == nil && fi.Mode().IsRegular() && fi.Size() > 0 {
+		from = fi.Size()
+		h.Set("Range", fmt.Sprintf("bytes=%d-", from))
 	}
-	defer body.Close()
-	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	p := pathOf("workflows", id, "tasks", task, "outputs", output)
+	resp, err := c.send(ctx, http.MethodGet, p, nil, h)
 	if err != nil {
-		return fmt.Errorf("task %q output %q: %w", task, output, err)
+		return fail(err)
 	}
-	_, err = io.Copy(f, body)
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusNotModified:
+		return nil // rel has its bytes
+	case http.StatusPartialContent:
+		if start, ok := rangeStart(resp.Header.Get("Content-Range")); !ok || start != from {
+			return fail(fmt.Errorf("the server answered bytes=%d- with %q", from, resp.Header.Get("Content-Range")))
+		}
+	case http.StatusRequestedRangeNotSatisfiable:
+		// tmp is as long as the output, or longer: it was not this
+		// output's. Start again.
+		resp.Body.Close()
+		if err := root.Remove(tmp); err != nil {
+			return fail(err)
+		}
+		return c.download(ctx, root, id, task, output, rel, tmp)
+	case http.StatusOK:
+		from = 0
+	default:
+		return fail(decodeError(resp))
+	}
+	sum := sha256.New()
+	flags := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
+	if from > 0 {
+		// The bytes kept count towards the hash.
+		kept, err := root.Open(tmp)
+		if err != nil {
+			return fail(err)
+		}
+		n, err := io.Copy(sum, io.LimitReader(kept, from))
+		kept.Close()
+		if err == nil && n != from {
+			err = fmt.Errorf("%s shrank while it was read", tmp)
+		}
+		if err != nil {
+			return fail(err)
+		}
+		flags = os.O_WRONLY | os.O_APPEND
+	}
+	f, err := root.OpenFile(tmp, flags, 0o644)
+	if err != nil {
+		return fail(err)
+	}
+	_, err = io.Copy(io.MultiWriter(f, sum), resp.Body)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err == nil {
-		err = root.Rename(tmp, rel)
-	}
 	if err != nil {
+		return fail(fmt.Errorf("%w (%s is kept: run again to go on from there)", err, filepath.Join(root.Name(), tmp)))
+	}
+	if etag := strings.Trim(resp.Header.Get("ETag"), `"`); strings.HasPrefix(etag, "sha256:") {
+		if got := "sha256:" + hex.EncodeToString(sum.Sum(nil)); got != etag {
+			_ = root.Remove(tmp)
+			if from > 0 {
+				// The bytes kept were of another version of the output
+				// (its task ran again): download it whole.
+				return c.download(ctx, root, id, task, output, rel, tmp)
+			}
+			return fail(fmt.Errorf("the bytes downloaded hash to %s, not %s", got, etag))
+		}
+	}
+	if err := root.Rename(tmp, rel); err != nil {
 		_ = root.Remove(tmp)
-		return fmt.Errorf("task %q output %q: %w", task, output, err)
+		return fail(err)
 	}
 	return nil
+}
+
+// hashFile returns "sha256:<hex>" of the regular file rel under root.
+func hashFile(root *os.Root, rel string) (string, error) {
+	f, err := root.Open(rel)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return "", fmt.Errorf("%s is not a regular file", rel)
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// rangeStart returns the first byte of a Content-Range "bytes a-b/n".
+func rangeStart(cr string) (int64, bool) {
+	rest, ok := strings.CutPrefix(cr, "bytes ")
+	if !ok {
+		return 0, false
+	}
+	a, _, ok := strings.Cut(rest, "-")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(a, 10, 64)
+	return n, err == nil
 }
 
 // checkTaskName refuses task names that cannot be one directory name.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"image"
 	"image/png"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -114,6 +115,36 @@ func TestExamplesOnTheEmbeddedDatabase(t *testing.T) {
 	for _, ex := range examples {
 		cli("wait", ids[ex], "--timeout", "4m")
 		cli("results", ids[ex], "-o", filepath.Join(work, "out", ex))
+	}
+	// Again into the same directory: every file there has its output's
+	// bytes, so none is downloaded (If-None-Match with its hash) or
+	// written again.
+	again, long := filepath.Join(work, "out", examples[0]), time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+	files := 0
+	touch := func(check bool) {
+		t.Helper()
+		err := filepath.WalkDir(again, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || !d.Type().IsRegular() {
+				return err
+			}
+			if !check {
+				files++
+				return os.Chtimes(p, long, long)
+			}
+			if fi, err := os.Stat(p); err != nil || !fi.ModTime().Equal(long) {
+				t.Errorf("%s was written again by a second results (%v)", p, err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	touch(false)
+	cli("results", ids[examples[0]], "-o", again)
+	touch(true)
+	if files == 0 {
+		t.Fatalf("no file in %s", again)
 	}
 	select {
 	case out := <-watched:
