@@ -364,12 +364,44 @@ func (r *scaleRun) streamFigures(ctx context.Context, ids []string, failover tim
 	r.b.printf("scale_ready_to_running_p50_ms: %.2f", ms(percentile(steady, 50)))
 	r.b.printf("scale_ready_to_running_p99_ms: %.2f", ms(percentile(steady, 99)))
 	r.b.printf("scale_ready_to_running_failover_p99_ms: %.2f", ms(percentile(all, 99)))
-	var twice int
-	if err := r.b.db.QueryRow(ctx, `SELECT count(*) FROM (SELECT a.task_id FROM attempts a JOIN tasks t ON t.id = a.task_id
-		WHERE t.workflow_id = ANY($1::uuid[]) GROUP BY a.task_id HAVING count(*) > 1) x`, ids).Scan(&twice); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	// An attempt that ended as never started (its reason ends "queued
+	// again": the worker left or fell silent with it queued, its frame
+	// never reached the worker, or it was refused for coming after a
+	// newer one) did not run: it is counted apart.
+	var twice, unstarted int
+	if err := r.b.db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE ran > 1), coalesce(sum(attempts - ran), 0) FROM (
+		SELECT a.task_id, count(*) AS attempts, count(*) FILTER (WHERE NOT (a.state = 'lost' AND a.reason LIKE '%queued again')) AS ran
+		FROM attempts a JOIN tasks t ON t.id = a.task_id WHERE t.workflow_id = ANY($1::uuid[]) GROUP BY a.task_id) x`,
+		ids).Scan(&twice, &unstarted); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return err
 	}
 	r.b.printf("scale_tasks_run_twice: %d", twice)
+	r.b.printf("scale_attempts_never_started: %d", unstarted)
+	if twice > 0 {
+		// Why: every attempt of those tasks, for a reader to tell a task
+		// that ran twice from one whose first attempt never started.
+		rows, err := r.b.db.Query(ctx, `SELECT a.task_id, a.id, a.state, a.reason FROM attempts a
+			WHERE a.task_id IN (SELECT a.task_id FROM attempts a JOIN tasks t ON t.id = a.task_id
+				WHERE t.workflow_id = ANY($1::uuid[]) GROUP BY a.task_id
+				HAVING count(*) FILTER (WHERE NOT (a.state = 'lost' AND a.reason LIKE '%queued again')) > 1 LIMIT 5)
+			ORDER BY a.task_id, a.id`, ids)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var task, attempt int64
+			var state, reason string
+			if err := rows.Scan(&task, &attempt, &state, &reason); err != nil {
+				rows.Close()
+				return err
+			}
+			r.b.printf("scale_tasks_run_twice_attempt: task %d attempt %d %s %q", task, attempt, state, reason)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
