@@ -52,23 +52,14 @@ func (b *bench) churn(ctx context.Context) error {
 	startWorker := func(name string) (*process, error) {
 		return b.startWorkerArgs(name, "--slots", strconv.Itoa(slots))
 	}
-	since, err := b.dbNow(ctx)
+	ws, err := b.connectWorkers(ctx, startWorker, "churn-steady", "churn-second")
+	for _, w := range ws {
+		defer w.stop()
+	}
 	if err != nil {
 		return err
 	}
-	steady, err := startWorker("churn-steady")
-	if err != nil {
-		return err
-	}
-	defer steady.stop()
-	second, err := startWorker("churn-second")
-	if err != nil {
-		return err
-	}
-	defer second.stop()
-	if err := b.waitNewWorkers(ctx, since, 2); err != nil {
-		return err
-	}
+	second := ws[1]
 	// Both workers compile the module (into the cache that every later
 	// process shares) and start their slot processes before anything is
 	// measured.
@@ -117,19 +108,14 @@ func (b *bench) churn(ctx context.Context) error {
 	// (SIGSTOP: its socket stays open, silent) for sleepFor, then goes on,
 	// every awakeFor.
 	log.Info("sleep run", "awake", awakeFor, "asleep", sleepFor)
-	since, err = b.dbNow(ctx)
+	ws, err = b.connectWorkers(ctx, startWorker, "churn-sleeper")
+	for _, w := range ws {
+		defer w.stop()
+	}
 	if err != nil {
 		return err
 	}
-	sleeper, err := startWorker("churn-sleeper")
-	if err != nil {
-		return err
-	}
-	defer sleeper.stop()
-	if err := b.waitNewWorkers(ctx, since, 1); err != nil {
-		return err
-	}
-	sleepy, err := b.runSleeping(ctx, wf, max(3*time.Minute, 5*base.makespan), sleeper)
+	sleepy, err := b.runSleeping(ctx, wf, max(3*time.Minute, 5*base.makespan), ws[0])
 	if err != nil {
 		return fmt.Errorf("sleep run: %w", err)
 	}
@@ -198,16 +184,26 @@ cycle:
 		_ = wakeProcess(w)
 	}
 	run.makespan = time.Since(start)
+	return run, b.judgeChurn(ctx, &run, err)
+}
+
+// connectWorkers starts a worker process named after each of names with
+// start and waits until they are connected. It returns those it started,
+// for the caller to stop, with the first error.
+func (b *bench) connectWorkers(ctx context.Context, start func(name string) (*process, error), names ...string) ([]*process, error) {
+	since, err := b.dbNow(ctx)
 	if err != nil {
-		if ctx.Err() != nil {
-			return run, ctx.Err()
-		}
-		run.err = fmt.Errorf("%w; %s", err, b.taskStates(ctx, s.ID))
-		if _, cerr := b.client.Cancel(ctx, s.ID); cerr != nil {
-			b.cfg.Logger.Warn("churn: cancel the unfinished workflow", "workflow", s.ID, "err", cerr)
-		}
+		return nil, err
 	}
-	return run, nil
+	var ws []*process
+	for _, name := range names {
+		w, err := start(name)
+		if err != nil {
+			return ws, err
+		}
+		ws = append(ws, w)
+	}
+	return ws, b.waitNewWorkers(ctx, since, len(names))
 }
 
 // counterWorkflow is a workflow of n counter tasks, task i counting
@@ -294,23 +290,30 @@ func (b *bench) runChurn(ctx context.Context, wf []byte, limit time.Duration,
 		}
 	}
 	run.makespan = time.Since(start)
+	return run, b.judgeChurn(ctx, &run, err)
+}
+
+// judgeChurn checks that the workflow of run, which waitDone ended with
+// err, has every task done, and reports it in run.err (cancelling it)
+// when not. It returns ctx's error when the wait ended with it.
+func (b *bench) judgeChurn(ctx context.Context, run *churnRun, err error) error {
 	if err == nil { // the workflow says done: so must each of its tasks
 		var notDone int
 		if err = b.db.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE workflow_id = $1 AND state <> 'done'`,
-			s.ID).Scan(&notDone); err == nil && notDone > 0 {
-			err = fmt.Errorf("workflow %s is done with %d tasks not done", s.ID, notDone)
+			run.id).Scan(&notDone); err == nil && notDone > 0 {
+			err = fmt.Errorf("workflow %s is done with %d tasks not done", run.id, notDone)
 		}
 	}
 	if err != nil {
 		if ctx.Err() != nil {
-			return run, ctx.Err()
+			return ctx.Err()
 		}
-		run.err = fmt.Errorf("%w; %s", err, b.taskStates(ctx, s.ID))
-		if _, cerr := b.client.Cancel(ctx, s.ID); cerr != nil {
-			b.cfg.Logger.Warn("churn: cancel the unfinished workflow", "workflow", s.ID, "err", cerr)
+		run.err = fmt.Errorf("%w; %s", err, b.taskStates(ctx, run.id))
+		if _, cerr := b.client.Cancel(ctx, run.id); cerr != nil {
+			b.cfg.Logger.Warn("churn: cancel the unfinished workflow", "workflow", run.id, "err", cerr)
 		}
 	}
-	return run, nil
+	return nil
 }
 
 // taskStates says how many tasks of a workflow are in each state, and
