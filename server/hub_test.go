@@ -535,10 +535,10 @@ func TestDropQueuedTakesBackASilentWorkersQueue(t *testing.T) {
 			h.add(c)
 			got := h.dropQueued(c, now)
 			if !slices.Equal(got, tc.want) {
-				t.Errorf("took back %v, want %v", got, tc.want)
+				t.Errorf("dropQueued returned %v, want %v", got, tc.want)
 			}
 			if again := h.dropQueued(c, now); len(again) != 0 {
-				t.Errorf("took back %v a second time", again)
+				t.Errorf("dropQueued returned %v again", again)
 			}
 			if len(c.running) != len(tc.held) {
 				t.Errorf("the connection holds %d attempts, want all %d until the worker reports them", len(c.running), len(tc.held))

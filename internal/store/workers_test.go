@@ -670,7 +670,7 @@ func TestWorkerGoneCutsTheLeasesOfWhatItMayHaveRun(t *testing.T) {
 			left := leaseLeft()
 			switch {
 			case tc.wantCut && left > grace:
-				t.Errorf("the running attempt's lease ends in %v, want within the grace (%v)", left, grace)
+				t.Errorf("the running attempt's lease ends in %v, want at most the grace (%v)", left, grace)
 			case !tc.wantCut && left < before-grace:
 				t.Errorf("the running attempt's lease ends in %v, %v before the connection ended: want it untouched", left, before)
 			case !tc.newer && left > before: // a newer connection's hello renewed it
