@@ -128,6 +128,13 @@ func (b *bench) browser(ctx context.Context) error {
 	if err := b.browserVsWazero(ctx, p); err != nil {
 		b.printf("browser_vs_wazero: error: %v", err)
 	}
+	// What the page costs once it has settled, waiting for work: a
+	// volunteer's tab open with nothing to do.
+	time.Sleep(3 * time.Second)
+	idle0, idleStart := b.cpuNow(), time.Now()
+	time.Sleep(10 * time.Second) // CPU time comes in ticks of 10 ms
+	idle := b.cpuNow().sub(idle0)
+	b.printf("browser_idle_settled_chromium_cpu_ms_per_s: %.1f", float64(idle.browser.Microseconds())/1000/time.Since(idleStart).Seconds())
 	return nil
 }
 

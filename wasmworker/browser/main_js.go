@@ -199,7 +199,7 @@ func main() {
 	// against 30, measured after the page's first 25 seconds).
 	stringify := js.Global().Get("JSON").Get("stringify")
 	last := ""
-	postStatus := func() {
+	postStatus := func() (posted bool) {
 		st := w.Stats()
 		why := b.pause()
 		_, cpu := r.snapshot()
@@ -218,7 +218,7 @@ func main() {
 		key := fmt.Sprint(id, st.Connected, st.Server, st.Done, st.Failed, st.Cancelled, st.Refused, shown, cpu.Milliseconds(), why,
 			stringify.Invoke(counts).String(), stringify.Invoke(trace).String())
 		if key == last {
-			return
+			return false
 		}
 		last = key
 		self.Call("postMessage", map[string]any{
@@ -234,13 +234,29 @@ func main() {
 				"evicted": counts.Get("dataEvicted"), "unkept": counts.Get("dataUnkept")},
 			"trace": trace,
 		})
+		return true
 	}
-	tick := time.NewTicker(250 * time.Millisecond)
+	// Looked at four times a second while the status changes, once a
+	// second after two seconds without a change: looking costs the Go
+	// worker a wake-up and a few calls into JavaScript, which an idle page
+	// paid four times a second for nothing.
+	const busyEvery, idleEvery = 250 * time.Millisecond, time.Second
+	tick := time.NewTimer(busyEvery)
 	defer tick.Stop()
+	unchanged := 0
 	for {
 		select {
 		case <-tick.C:
-			postStatus()
+			if postStatus() {
+				unchanged = 0
+			} else {
+				unchanged++
+			}
+			if unchanged >= 8 {
+				tick.Reset(idleEvery)
+			} else {
+				tick.Reset(busyEvery)
+			}
 			continue
 		case <-b.stopc:
 		}
