@@ -567,23 +567,12 @@ func (s *Server) returnQueued(ctx context.Context, c *conn, queued []int64) {
 	if err := s.hub.gates.wait(ctx, c.id); err != nil {
 		return
 	}
-	ends := make([]store.Completion, len(queued))
-	for i, a := range queued {
-		ends[i] = store.Completion{Attempt: a, Worker: c.id, Reason: "worker", End: store.EndUnstarted,
-			Message: "the worker fell silent before it started the task; queued again"}
-	}
-	acc, err := s.store.Complete(ctx, ends)
+	n, err := s.store.EndUnstarted(ctx, c.id, queued, "the worker fell silent before it started the task; queued again")
 	if err != nil {
 		// They end when the worker reports them cancelled (charged to
 		// nobody, queued again), or when their leases lapse.
 		s.log.Warn("return the queued attempts of a silent worker", "worker", c.id, "err", err)
 		return
-	}
-	n := 0
-	for _, ok := range acc {
-		if ok {
-			n++
-		}
 	}
 	if n > 0 {
 		c.log.Info("worker silent; the attempts in its queue went back", "attempts", n)

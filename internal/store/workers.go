@@ -501,14 +501,24 @@ func (s *Store) WorkerGone(ctx context.Context, g Gone) (int, error) {
 	if !gone || len(g.Unstarted) == 0 {
 		return 0, nil
 	}
-	ends := make([]Completion, len(g.Unstarted))
-	for i, a := range g.Unstarted {
-		ends[i] = Completion{Attempt: a, Worker: g.Worker, Reason: "worker", End: EndUnstarted,
-			Message: "the worker left before it started the task; queued again"}
+	n, err := s.EndUnstarted(ctx, g.Worker, g.Unstarted, "the worker left before it started the task; queued again")
+	if err != nil {
+		return 0, fmt.Errorf("return the queued attempts of worker %s: %w", g.Worker, err)
+	}
+	return n, nil
+}
+
+// EndUnstarted ends the running attempts of worker that never started
+// (EndUnstarted: charged to nobody, their tasks queued again at their
+// places), with message as their reason's, and returns how many it ended.
+func (s *Store) EndUnstarted(ctx context.Context, worker string, attempts []int64, message string) (int, error) {
+	ends := make([]Completion, len(attempts))
+	for i, a := range attempts {
+		ends[i] = Completion{Attempt: a, Worker: worker, Reason: "worker", End: EndUnstarted, Message: message}
 	}
 	acc, err := s.Complete(ctx, ends)
 	if err != nil {
-		return 0, fmt.Errorf("return the queued attempts of worker %s: %w", g.Worker, err)
+		return 0, err
 	}
 	n := 0
 	for _, ok := range acc {
